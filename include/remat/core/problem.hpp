@@ -1,0 +1,302 @@
+// remat/core/problem.hpp — the rematerialization problem: a bipartite graph of data and ops.
+//
+// This is the `remat.problem/1` model of FORMATS.md §1 (after Checkmate, Jain et al.,
+// MLSys 2020, and Rockmate, Zhao et al., ICML 2023, whose graphs of data and computations
+// it generalises): data have sizes, ops read and write data, take time and transient
+// memory, and some must run exactly once. A Problem is immutable; ProblemBuilder makes
+// one and checks it, naming the offending item in every error.
+#pragma once
+
+#include <cmath>
+#include <compare>
+#include <cstddef>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "errors.hpp"
+
+namespace remat {
+
+/// Dense index of a data in its Problem.
+struct DataId {
+    std::size_t index = 0;
+    friend auto operator<=>(const DataId&, const DataId&) = default;
+};
+
+/// Dense index of an op in its Problem.
+struct OpId {
+    std::size_t index = 0;
+    friend auto operator<=>(const OpId&, const OpId&) = default;
+};
+
+struct Data {
+    std::string name;
+    Bytes bytes = 0;
+    friend bool operator==(const Data&, const Data&) = default;
+};
+
+struct Op {
+    std::string name;
+    double time = 0.0;
+    Bytes overhead = 0;
+    std::vector<DataId> reads;
+    std::vector<DataId> writes;
+    bool exactly_once = false;
+    friend bool operator==(const Op&, const Op&) = default;
+};
+
+class ProblemBuilder;
+
+class Problem {
+public:
+    [[nodiscard]] const std::string& name() const noexcept { return name_; }
+
+    [[nodiscard]] std::size_t data_count() const noexcept { return data_.size(); }
+    [[nodiscard]] std::size_t op_count() const noexcept { return ops_.size(); }
+    [[nodiscard]] std::span<const Data> all_data() const noexcept { return data_; }
+    [[nodiscard]] std::span<const Op> all_ops() const noexcept { return ops_; }
+    [[nodiscard]] const Data& data(DataId id) const { return data_.at(id.index); }
+    [[nodiscard]] const Op& op(OpId id) const { return ops_.at(id.index); }
+
+    /// Ops that write / read a data, in op order.
+    [[nodiscard]] std::span<const OpId> writers(DataId id) const { return writers_.at(id.index); }
+    [[nodiscard]] std::span<const OpId> readers(DataId id) const { return readers_.at(id.index); }
+
+    [[nodiscard]] std::span<const DataId> initial() const noexcept { return initial_; }
+    [[nodiscard]] std::span<const DataId> final_data() const noexcept { return final_; }
+    [[nodiscard]] bool is_initial(DataId id) const { return is_initial_.at(id.index) != 0; }
+    [[nodiscard]] bool is_final(DataId id) const { return is_final_.at(id.index) != 0; }
+
+    /// The op that ends the forward phase, when the problem names one.
+    [[nodiscard]] std::optional<OpId> loss() const noexcept { return loss_; }
+    /// The framework's own order of the step (FORMATS.md §4); empty when not given.
+    [[nodiscard]] std::span<const OpId> autograd_order() const noexcept { return autograd_; }
+
+    [[nodiscard]] std::optional<DataId> find_data(std::string_view name) const {
+        if (const auto it = data_index_.find(std::string(name)); it != data_index_.end()) return DataId{it->second};
+        return std::nullopt;
+    }
+    [[nodiscard]] std::optional<OpId> find_op(std::string_view name) const {
+        if (const auto it = op_index_.find(std::string(name)); it != op_index_.end()) return OpId{it->second};
+        return std::nullopt;
+    }
+    /// Like find_data / find_op, but an unknown name is an InvalidInput error.
+    [[nodiscard]] DataId data_id(std::string_view name) const {
+        if (auto id = find_data(name)) return *id;
+        throw InvalidInput("problem '" + name_ + "' has no data named '" + std::string(name) + "'");
+    }
+    [[nodiscard]] OpId op_id(std::string_view name) const {
+        if (auto id = find_op(name)) return *id;
+        throw InvalidInput("problem '" + name_ + "' has no op named '" + std::string(name) + "'");
+    }
+
+    /// Sum of the sizes of all initial data: the memory of the first state.
+    [[nodiscard]] Bytes initial_bytes() const noexcept {
+        Bytes total = 0;
+        for (const DataId d : initial_) total += data_[d.index].bytes;
+        return total;
+    }
+
+    friend bool operator==(const Problem&, const Problem&) = default;
+
+private:
+    friend class ProblemBuilder;
+    Problem() = default;
+
+    std::string name_;
+    std::vector<Data> data_;
+    std::vector<Op> ops_;
+    std::vector<std::vector<OpId>> writers_;
+    std::vector<std::vector<OpId>> readers_;
+    std::vector<DataId> initial_;
+    std::vector<DataId> final_;
+    std::vector<char> is_initial_;
+    std::vector<char> is_final_;
+    std::optional<OpId> loss_;
+    std::vector<OpId> autograd_;
+    std::unordered_map<std::string, std::size_t> data_index_;
+    std::unordered_map<std::string, std::size_t> op_index_;
+};
+
+/// What an op is, before it gets its id.
+struct OpSpec {
+    std::string name;
+    double time = 0.0;
+    Bytes overhead = 0;
+    std::vector<DataId> reads;
+    std::vector<DataId> writes;
+    bool exactly_once = false;
+};
+
+/// Builds a Problem. Names are checked as they are added; the graph as a whole
+/// (writers of final data, reachability of exactly-once ops, the autograd order) in build().
+class ProblemBuilder {
+public:
+    explicit ProblemBuilder(std::string name) {
+        if (name.empty()) throw InvalidInput("a problem needs a non-empty name");
+        problem_.name_ = std::move(name);
+    }
+
+    DataId add_data(std::string name, Bytes bytes) {
+        if (name.empty()) throw InvalidInput("data #" + std::to_string(problem_.data_.size()) + " has an empty name");
+        if (bytes < 0)
+            throw InvalidInput("data '" + name + "' has negative size " + std::to_string(bytes) + " bytes");
+        if (problem_.data_index_.contains(name)) throw InvalidInput("data '" + name + "' is defined twice");
+        const DataId id{problem_.data_.size()};
+        problem_.data_index_.emplace(name, id.index);
+        problem_.data_.push_back(Data{std::move(name), bytes});
+        return id;
+    }
+
+    OpId add_op(OpSpec spec) {
+        const std::string& name = spec.name;
+        if (name.empty()) throw InvalidInput("op #" + std::to_string(problem_.ops_.size()) + " has an empty name");
+        if (problem_.op_index_.contains(name)) throw InvalidInput("op '" + name + "' is defined twice");
+        if (!std::isfinite(spec.time) || spec.time < 0)
+            throw InvalidInput("op '" + name + "' has time " + std::to_string(spec.time) +
+                               "; times must be finite and non-negative");
+        if (spec.overhead < 0)
+            throw InvalidInput("op '" + name + "' has negative overhead " + std::to_string(spec.overhead));
+        if (spec.writes.empty()) throw InvalidInput("op '" + name + "' writes nothing; every op must write a data");
+        check_list(name, "reads", spec.reads);
+        check_list(name, "writes", spec.writes);
+        const OpId id{problem_.ops_.size()};
+        problem_.op_index_.emplace(name, id.index);
+        problem_.ops_.push_back(Op{std::move(spec.name), spec.time, spec.overhead, std::move(spec.reads),
+                                   std::move(spec.writes), spec.exactly_once});
+        return id;
+    }
+
+    void add_initial(DataId id) { add_to_list(id, "initial", problem_.initial_); }
+    void add_final(DataId id) { add_to_list(id, "final", problem_.final_); }
+    void set_loss(OpId id) {
+        check_op(id, "loss");
+        problem_.loss_ = id;
+    }
+    void set_autograd_order(std::vector<OpId> order) {
+        for (const OpId op : order) check_op(op, "autograd");
+        problem_.autograd_ = std::move(order);
+    }
+
+    /// Names already added, for readers of other formats.
+    [[nodiscard]] std::optional<DataId> find_data(std::string_view name) const { return problem_.find_data(name); }
+    [[nodiscard]] std::optional<OpId> find_op(std::string_view name) const { return problem_.find_op(name); }
+    [[nodiscard]] DataId data_id(std::string_view name) const { return problem_.data_id(name); }
+    [[nodiscard]] OpId op_id(std::string_view name) const { return problem_.op_id(name); }
+
+    /// Checks the whole graph and returns the problem. The builder is left empty.
+    [[nodiscard]] Problem build() {
+        Problem& p = problem_;
+        const std::size_t n_data = p.data_.size();
+        p.writers_.assign(n_data, {});
+        p.readers_.assign(n_data, {});
+        for (std::size_t i = 0; i < p.ops_.size(); ++i) {
+            for (const DataId d : p.ops_[i].reads) p.readers_[d.index].push_back(OpId{i});
+            for (const DataId d : p.ops_[i].writes) p.writers_[d.index].push_back(OpId{i});
+        }
+        p.is_initial_.assign(n_data, 0);
+        p.is_final_.assign(n_data, 0);
+        for (const DataId d : p.initial_) p.is_initial_[d.index] = 1;
+        for (const DataId d : p.final_) p.is_final_[d.index] = 1;
+
+        // Which data can ever become live, ignoring memory: a fixpoint from the initial data.
+        std::vector<char> reachable = p.is_initial_;
+        std::vector<char> runnable(p.ops_.size(), 0);
+        for (bool changed = true; changed;) {
+            changed = false;
+            for (std::size_t i = 0; i < p.ops_.size(); ++i) {
+                if (runnable[i]) continue;
+                const Op& op = p.ops_[i];
+                bool ready = true;
+                for (const DataId d : op.reads) ready = ready && reachable[d.index];
+                if (!ready) continue;
+                runnable[i] = 1;
+                changed = true;
+                for (const DataId d : op.writes) reachable[d.index] = 1;
+            }
+        }
+        for (const DataId d : p.final_) {
+            const Data& data = p.data_[d.index];
+            if (p.writers_[d.index].empty() && !p.is_initial_[d.index])
+                throw InvalidInput("final data '" + data.name + "' has no writer and is not initial");
+            if (!reachable[d.index])
+                throw InvalidInput("final data '" + data.name +
+                                   "' can never be computed: every writer needs data that nothing produces");
+        }
+        for (std::size_t i = 0; i < p.ops_.size(); ++i) {
+            const Op& op = p.ops_[i];
+            if (!op.exactly_once || runnable[i]) continue;
+            std::string missing;
+            for (const DataId d : op.reads)
+                if (!reachable[d.index]) missing += (missing.empty() ? "'" : ", '") + p.data_[d.index].name + "'";
+            throw InvalidInput("exactly-once op '" + op.name + "' can never run: it reads " + missing +
+                               ", which no op can produce from the initial data");
+        }
+        check_autograd_order();
+
+        Problem result = std::move(problem_);
+        problem_ = Problem{};
+        return result;
+    }
+
+private:
+    void check_data(DataId id, const std::string& where) const {
+        if (id.index >= problem_.data_.size())
+            throw InvalidInput(where + ": data id " + std::to_string(id.index) + " does not exist");
+    }
+    void check_op(OpId id, const std::string& where) const {
+        if (id.index >= problem_.ops_.size())
+            throw InvalidInput(where + ": op id " + std::to_string(id.index) + " does not exist");
+    }
+    void check_list(const std::string& op, const char* field, const std::vector<DataId>& list) const {
+        for (std::size_t i = 0; i < list.size(); ++i) {
+            check_data(list[i], "op '" + op + "' " + field);
+            for (std::size_t j = 0; j < i; ++j)
+                if (list[j] == list[i])
+                    throw InvalidInput("op '" + op + "' lists data '" + problem_.data_[list[i].index].name +
+                                       "' twice in " + field);
+        }
+    }
+    void add_to_list(DataId id, const char* list_name, std::vector<DataId>& list) {
+        check_data(id, list_name);
+        for (const DataId d : list)
+            if (d == id)
+                throw InvalidInput("data '" + problem_.data_[id.index].name + "' is listed twice in " + list_name);
+        list.push_back(id);
+    }
+
+    // The autograd order must be runnable as written: each op's reads written earlier (or
+    // initial), each exactly-once op once, and every final data produced.
+    void check_autograd_order() const {
+        const Problem& p = problem_;
+        if (p.autograd_.empty()) return;
+        std::vector<char> available = p.is_initial_;
+        std::vector<char> ran(p.ops_.size(), 0);
+        for (std::size_t pos = 0; pos < p.autograd_.size(); ++pos) {
+            const Op& op = p.ops_[p.autograd_[pos].index];
+            for (const DataId d : op.reads)
+                if (!available[d.index])
+                    throw InvalidInput("autograd order: op '" + op.name + "' (position " + std::to_string(pos) +
+                                       ") reads '" + p.data_[d.index].name + "' before any earlier op writes it");
+            if (op.exactly_once && ran[p.autograd_[pos].index])
+                throw InvalidInput("autograd order: exactly-once op '" + op.name + "' appears twice");
+            ran[p.autograd_[pos].index] = 1;
+            for (const DataId d : op.writes) available[d.index] = 1;
+        }
+        for (std::size_t i = 0; i < p.ops_.size(); ++i)
+            if (p.ops_[i].exactly_once && !ran[i])
+                throw InvalidInput("autograd order omits exactly-once op '" + p.ops_[i].name + "'");
+        for (const DataId d : p.final_)
+            if (!available[d.index])
+                throw InvalidInput("autograd order never produces final data '" + p.data_[d.index].name + "'");
+    }
+
+    Problem problem_;
+};
+
+}  // namespace remat

@@ -1,0 +1,85 @@
+// remat/core/solver.hpp — the Solver concept and the Plan it returns.
+//
+// A solver is a pure function (problem, budget) → plan with no global state. Solvers are
+// plugged in at compile time: any type with `solve(const Problem&, Bytes) const -> Plan`
+// and a `name()` models remat::Solver, whether it lives in remat or in user code.
+#pragma once
+
+#include <cmath>
+#include <concepts>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "errors.hpp"
+#include "problem.hpp"
+#include "schedule.hpp"
+#include "simulate.hpp"
+
+namespace remat {
+
+/// How a solver's answer stands.
+enum class SolveStatus {
+    optimal,    ///< proven optimal within the solver's model
+    feasible,   ///< valid and within budget, optimality not proven (gap may say by how much)
+    heuristic,  ///< a rule, not a search (store-all, periodic)
+};
+
+[[nodiscard]] constexpr std::string_view to_string(SolveStatus status) noexcept {
+    switch (status) {
+        case SolveStatus::optimal: return "optimal";
+        case SolveStatus::feasible: return "feasible";
+        case SolveStatus::heuristic: return "heuristic";
+    }
+    return "unknown";
+}
+
+struct SolverStats {
+    std::string solver;
+    double solve_seconds = 0.0;
+    SolveStatus status = SolveStatus::heuristic;
+    /// Relative MILP gap, when a MILP solver stopped before proving optimality.
+    std::optional<double> gap;
+    /// Free-form description of the options used ("slots=500", "k=4").
+    std::string options;
+};
+
+/// A schedule with what it costs under the simulator.
+struct Plan {
+    Schedule schedule;
+    double time = 0.0;  ///< simulated time
+    Bytes peak = 0;     ///< simulated peak
+    Bytes budget = 0;   ///< the budget it was made for
+    SolverStats stats;
+};
+
+template <class S>
+concept Solver = requires(const S& solver, const Problem& problem, Bytes budget) {
+    { solver.solve(problem, budget) } -> std::same_as<Plan>;
+    { solver.name() } -> std::convertible_to<std::string_view>;
+};
+
+/// Builds a Plan from a schedule after checking it with the simulator: a solver never
+/// returns a plan that is invalid or over budget, whatever its internal accounting said.
+[[nodiscard]] inline Plan make_checked_plan(const Problem& problem, Schedule schedule, Bytes budget, SolverStats stats) {
+    const SimulationReport report = simulate(problem, schedule);
+    if (!report.valid)
+        throw SolverError("solver '" + stats.solver + "' produced an invalid schedule for '" + problem.name() +
+                          "': " + report.error + " (this is a bug in the solver; please report it with the problem file)");
+    if (report.peak > budget)
+        throw SolverError("solver '" + stats.solver + "' produced a schedule of peak " + std::to_string(report.peak) +
+                          " bytes above the budget " + std::to_string(budget) + " for '" + problem.name() +
+                          "' (this is a bug in the solver; please report it with the problem file)");
+    return Plan{std::move(schedule), report.time, report.peak, budget, std::move(stats)};
+}
+
+/// A budget given as a percentage of a reference peak: floor(percent × reference / 100).
+[[nodiscard]] inline Bytes percent_of(Bytes reference, double percent) {
+    if (!std::isfinite(percent) || percent < 0) throw InvalidInput("a budget percentage must be finite and >= 0");
+    // Whole percentages in integer arithmetic, so that "40%" is exactly floor(40 × P / 100).
+    if (percent == std::floor(percent) && percent <= 1e6 && reference < (Bytes{1} << 42))
+        return static_cast<Bytes>(percent) * reference / 100;
+    return static_cast<Bytes>(std::floor(percent * static_cast<double>(reference) / 100.0));
+}
+
+}  // namespace remat

@@ -1,0 +1,14 @@
+// remat/remat.hpp — umbrella header: everything of remat that needs only the standard
+// library (problem, chain, schedule, simulator, solvers, MILP model and partitioning).
+//
+// Optional layers are included on their own: remat/io/json.hpp (nlohmann/json),
+// remat/milp/lp_solve.hpp and remat/milp/cbc.hpp (MILP backends), remat/torch/*.hpp.
+#pragma once
+
+#include "core/errors.hpp"
+#include "core/problem.hpp"
+#include "core/chain.hpp"
+#include "core/schedule.hpp"
+#include "core/simulate.hpp"
+#include "core/solver.hpp"
+#include "solvers/store_all.hpp"
