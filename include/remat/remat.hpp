@@ -12,3 +12,4 @@
 #include "core/simulate.hpp"
 #include "core/solver.hpp"
 #include "solvers/store_all.hpp"
+#include "solvers/exhaustive.hpp"
