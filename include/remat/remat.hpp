@@ -13,3 +13,4 @@
 #include "core/solver.hpp"
 #include "solvers/store_all.hpp"
 #include "solvers/exhaustive.hpp"
+#include "solvers/periodic.hpp"
