@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "errors.hpp"
@@ -102,6 +103,16 @@ struct ChainIds {
     return ids;
 }
 
+namespace detail {
+// "F" + "3" + "+" built by appending: GCC 12 warns falsely (-Wrestrict) on
+// `const char* + std::string` once inlined.
+[[nodiscard]] inline std::string stage_name(std::string_view prefix, std::size_t stage, std::string_view suffix = {}) {
+    std::string name(prefix);
+    name.append(std::to_string(stage)).append(suffix);
+    return name;
+}
+}  // namespace detail
+
 /// The exact expansion of FORMATS.md §5.
 [[nodiscard]] inline Problem to_problem(const Chain& chain) {
     validate(chain);
@@ -111,25 +122,24 @@ struct ChainIds {
     a[0] = b.add_data("a0", chain.input_bytes);
     for (std::size_t l = 1; l <= L; ++l) {
         const Stage& st = chain.stages[l - 1];
-        const std::string n = std::to_string(l);
-        a[l] = b.add_data("a" + n, st.out_bytes);
-        s[l] = b.add_data("s" + n, st.saved_bytes - st.out_bytes);
-        g[l] = b.add_data("g" + n, st.out_bytes);
+        a[l] = b.add_data(detail::stage_name("a", l), st.out_bytes);
+        s[l] = b.add_data(detail::stage_name("s", l), st.saved_bytes - st.out_bytes);
+        g[l] = b.add_data(detail::stage_name("g", l), st.out_bytes);
     }
     g[0] = b.add_data("g0", chain.input_bytes);
     std::vector<OpId> order;
     for (std::size_t l = 1; l <= L; ++l) {
         const Stage& st = chain.stages[l - 1];
-        const std::string n = std::to_string(l);
-        b.add_op({"F" + n, st.fwd_time, st.fwd_overhead, {a[l - 1]}, {a[l]}, false});
-        order.push_back(b.add_op({"F" + n + "+", st.fwd_time, st.fwd_overhead, {a[l - 1]}, {a[l], s[l]}, false}));
+        b.add_op({detail::stage_name("F", l), st.fwd_time, st.fwd_overhead, {a[l - 1]}, {a[l]}, false});
+        order.push_back(
+            b.add_op({detail::stage_name("F", l, "+"), st.fwd_time, st.fwd_overhead, {a[l - 1]}, {a[l], s[l]}, false}));
     }
     const OpId loss = b.add_op({"loss", 0.0, 0, {a[L]}, {g[L]}, true});
     order.push_back(loss);
     for (std::size_t l = L; l >= 1; --l) {
         const Stage& st = chain.stages[l - 1];
         order.push_back(
-            b.add_op({"B" + std::to_string(l), st.bwd_time, st.bwd_overhead, {g[l], s[l], a[l], a[l - 1]}, {g[l - 1]}, true}));
+            b.add_op({detail::stage_name("B", l), st.bwd_time, st.bwd_overhead, {g[l], s[l], a[l], a[l - 1]}, {g[l - 1]}, true}));
     }
     b.add_initial(a[0]);
     b.add_final(g[0]);
@@ -148,16 +158,15 @@ struct ChainIds {
     if (problem.op_count() != 3 * L + 1) return std::nullopt;
     Chain chain{problem.name(), problem.data(*a0).bytes, {}};
     for (std::size_t l = 1; l <= L; ++l) {
-        const std::string n = std::to_string(l);
-        const auto fwd = problem.find_op("F" + n + "+");
-        const auto bwd = problem.find_op("B" + n);
-        const auto a = problem.find_data("a" + n);
-        const auto s = problem.find_data("s" + n);
+        const auto fwd = problem.find_op(detail::stage_name("F", l, "+"));
+        const auto bwd = problem.find_op(detail::stage_name("B", l));
+        const auto a = problem.find_data(detail::stage_name("a", l));
+        const auto s = problem.find_data(detail::stage_name("s", l));
         if (!fwd || !bwd || !a || !s) return std::nullopt;
         const Op& f = problem.op(*fwd);
         const Op& bw = problem.op(*bwd);
         const Bytes out = problem.data(*a).bytes;
-        chain.stages.push_back(Stage{n, f.time, bw.time, out, out + problem.data(*s).bytes, f.overhead, bw.overhead});
+        chain.stages.push_back(Stage{std::to_string(l), f.time, bw.time, out, out + problem.data(*s).bytes, f.overhead, bw.overhead});
     }
     try {
         if (to_problem(chain) == problem) return chain;

@@ -1,0 +1,149 @@
+// The store-all reference of FORMATS.md §4 and the exact search over all schedules.
+#include <catch2/catch.hpp>
+
+#include <random>
+
+#include <remat/remat.hpp>
+
+using namespace remat;
+
+namespace {
+
+std::vector<std::string> op_names(const Problem& p, const Schedule& s) {
+    std::vector<std::string> names;
+    for (const Step& step : s)
+        if (step.is_run()) names.push_back(p.op(step.op()).name);
+    return names;
+}
+
+// A residual block without an autograd order: x → f → y, x + y → z, with backward ops and
+// a no-grad alternative writer of y.
+Problem residual_without_autograd() {
+    ProblemBuilder b("residual");
+    const DataId x = b.add_data("x", 100);
+    const DataId y = b.add_data("y", 100);
+    const DataId sy = b.add_data("sy", 300);
+    const DataId z = b.add_data("z", 100);
+    const DataId gz = b.add_data("gz", 100);
+    const DataId gy = b.add_data("gy", 100);
+    const DataId gx_res = b.add_data("gx.res", 100);
+    const DataId gx_f = b.add_data("gx.f", 100);
+    b.add_op({"Ff", 2.0, 0, {x}, {y}, false});
+    b.add_op({"Ff+", 2.0, 0, {x}, {y, sy}, false});
+    b.add_op({"Fadd", 0.5, 0, {x, y}, {z}, false});
+    b.add_op({"loss", 0.0, 0, {z}, {gz}, true});
+    b.add_op({"Badd", 0.5, 0, {gz}, {gy, gx_res}, true});
+    b.add_op({"Bf", 4.0, 50, {gy, sy, x}, {gx_f}, true});
+    b.add_initial(x);
+    b.add_final(gx_res);
+    b.add_final(gx_f);
+    return b.build();
+}
+
+Chain random_chain(std::mt19937& rng, std::size_t length) {
+    std::uniform_int_distribution<int> size(1, 8);
+    std::uniform_int_distribution<int> time(1, 5);
+    Chain c{"random", size(rng) * 16, {}};
+    for (std::size_t l = 0; l < length; ++l) {
+        const Bytes out = size(rng) * 16;
+        c.stages.push_back(Stage{std::to_string(l + 1), double(time(rng)), double(time(rng)), out, out + size(rng) * 16 - 16,
+                                 size(rng) % 3 == 0 ? 16 : 0, size(rng) % 3 == 0 ? 32 : 0});
+    }
+    return c;
+}
+
+}  // namespace
+
+TEST_CASE("store-all follows the autograd order and frees each data after its last read") {
+    const Problem p = to_problem(Chain{"c", 10, {{"1", 1, 2, 20, 50, 0, 0}, {"2", 1, 2, 30, 30, 0, 0}}});
+    const Reference ref = store_all_reference(p);
+    CHECK(op_names(p, ref.schedule) == std::vector<std::string>{"F1+", "F2+", "loss", "B2", "B1"});
+    CHECK(ref.time == 6.0);
+    // Peak during B2: a0 a1 s1 a2 s2(0) g2 + g1 = 10+20+30+30+0+30+20.
+    CHECK(ref.peak == 140);
+    const SimulationReport r = simulate(p, ref.schedule);
+    REQUIRE(r.valid);
+    CHECK(r.timeline.back().after == 10 + 10);  // a0 and g0 only
+}
+
+TEST_CASE("store-all chooses an order when the problem gives none") {
+    const Problem p = residual_without_autograd();
+    const Reference ref = store_all_reference(p);
+    // The with-grad forward is chosen because the backward needs its saved state; the
+    // no-grad alternative is never run.
+    CHECK(op_names(p, ref.schedule) == std::vector<std::string>{"Ff+", "Fadd", "loss", "Badd", "Bf"});
+    CHECK(ref.time == 7.0);
+    CHECK(simulate(p, ref.schedule).valid);
+}
+
+TEST_CASE("StoreAll solver: plan at P_ref, Infeasible below with P_ref as smallest budget") {
+    const Problem p = residual_without_autograd();
+    const Reference ref = store_all_reference(p);
+    const Plan plan = StoreAll{}.solve(p, ref.peak);
+    CHECK(plan.peak == ref.peak);
+    CHECK(plan.time == ref.time);
+    CHECK(plan.stats.solver == "store-all");
+    try {
+        (void)StoreAll{}.solve(p, ref.peak - 1);
+        FAIL("expected Infeasible");
+    } catch (const Infeasible& e) {
+        CHECK(e.smallest_feasible() == ref.peak);
+        CHECK(e.budget() == ref.peak - 1);
+    }
+}
+
+TEST_CASE("Exhaustive: tiny-chain optimum and smallest budget match the reference table") {
+    const Problem p = to_problem(Chain{"tiny-chain", 4096, {{"l1", 1.0, 2.0, 4096, 12288, 0, 512}}});
+    CHECK(smallest_feasible_budget(p) == 25088);
+    const Plan plan = Exhaustive{}.solve(p, 25088);
+    CHECK(plan.time == 3.0);
+    CHECK(plan.stats.status == SolveStatus::optimal);
+    CHECK_THROWS_AS(Exhaustive{}.solve(p, 25087), Infeasible);
+}
+
+TEST_CASE("Exhaustive: recomputation trades time for memory on a chain") {
+    const Problem p = to_problem(Chain{"three", 10, {{"1", 1, 1, 100, 300, 0, 0}, {"2", 1, 1, 100, 300, 0, 0},
+                                                   {"3", 1, 1, 10, 10, 0, 0}}});
+    const Reference ref = store_all_reference(p);
+    const Bytes smallest = smallest_feasible_budget(p);
+    CHECK(smallest < ref.peak);
+    const Plan at_ref = Exhaustive{}.solve(p, ref.peak);
+    CHECK(at_ref.time == ref.time);
+    const Plan tight = Exhaustive{}.solve(p, smallest);
+    CHECK(tight.peak <= smallest);
+    CHECK(tight.time >= ref.time);
+    try {
+        (void)Exhaustive{}.solve(p, smallest - 1);
+        FAIL("expected Infeasible");
+    } catch (const Infeasible& e) {
+        CHECK(e.smallest_feasible() == smallest);
+        CHECK_THAT(e.what(), Catch::Contains("three") && Catch::Contains(std::to_string(smallest)));
+    }
+}
+
+TEST_CASE("Exhaustive on random chains: valid, within budget, never worse than store-all, monotone in budget") {
+    std::mt19937 rng(20261122);
+    for (int trial = 0; trial < 40; ++trial) {
+        const Problem p = to_problem(random_chain(rng, 1 + trial % 4));
+        const Reference ref = store_all_reference(p);
+        const Bytes smallest = smallest_feasible_budget(p);
+        REQUIRE(smallest <= ref.peak);
+        double previous = std::numeric_limits<double>::infinity();
+        for (int k = 0; k <= 4; ++k) {
+            const Bytes budget = smallest + (ref.peak - smallest) * k / 4;
+            const Plan plan = Exhaustive{}.solve(p, budget);
+            const SimulationReport r = simulate(p, plan.schedule);
+            REQUIRE(r.fits(budget));
+            CHECK(r.time == plan.time);
+            CHECK(plan.time <= previous);
+            previous = plan.time;
+        }
+        CHECK(previous == ref.time);
+    }
+}
+
+TEST_CASE("Exhaustive refuses problems beyond its reach with a clear message") {
+    std::mt19937 rng(7);
+    const Problem p = to_problem(random_chain(rng, 30));
+    CHECK_THROWS_WITH(Exhaustive{}.solve(p, 1 << 30), Catch::Contains("at most 64 data") && Catch::Contains("checkmate"));
+}
