@@ -1,0 +1,313 @@
+// remat/torch/module.hpp — a drop-in module that trains a chain model inside a memory budget.
+//
+// Give it the model (a torch::nn::Sequential, or stages), a sample input, a budget and a
+// solver type (StoreAll, Periodic, Rotor — Beaumont et al., "Optimal checkpointing for
+// heterogeneous chains", 2019 — or any remat::Solver): it profiles the chain, plans, and
+// behaves like the model, so that
+//     auto loss = criterion(m->forward(x), y); loss.backward(); optimizer.step();
+// is unchanged. forward() runs the plan up to `loss` inside a custom autograd Function,
+// whose backward runs the rest of the plan (DESIGN.md §4.6). The parameters are the
+// model's own tensors: an optimizer built on either sees the same ones.
+//
+// Inputs of another shape, dtype or device than the profiled sample: with
+// ShapePolicy::replan (the default) the module profiles and plans again for that input on
+// first sight, at the same budget specification (a percentage is taken of the new
+// store-all peak; a byte budget may then throw Infeasible), and keeps up to
+// `max_cached_shapes` plans; with ShapePolicy::reject it throws InvalidInput. Without
+// autograd (NoGradGuard, or nothing requires grad) forward() simply runs the stages.
+#pragma once
+
+#include <cstddef>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/pimpl.h>
+
+#include "../core/chain.hpp"
+#include "../core/errors.hpp"
+#include "../core/solver.hpp"
+#include "../io/budget.hpp"
+#include "../solvers/store_all.hpp"
+#include "executor.hpp"
+#include "memory.hpp"
+#include "profile.hpp"
+#include "sequential.hpp"
+
+namespace remat::torch {
+
+/// What forward() does with an input unlike the profiled sample.
+enum class ShapePolicy { replan, reject };
+
+struct CheckpointOptions {
+    ProfileOptions profile;
+    ShapePolicy on_new_shape = ShapePolicy::replan;
+    /// Plans kept for distinct input shapes (the oldest is dropped beyond it).
+    std::size_t max_cached_shapes = 8;
+    /// Fuse stages that return views of their input into a neighbour (see fuse_aliasing_stages).
+    bool fuse_aliasing = true;
+    /// A summary line per plan on stderr.
+    bool verbose = false;
+};
+
+/// A budget in bytes of activation memory (the simulator's peak: parameters and their
+/// gradients are not counted).
+[[nodiscard]] inline BudgetSpec budget_bytes(Bytes bytes) {
+    if (bytes < 0) throw InvalidInput("a budget must be non-negative, not " + std::to_string(bytes) + " bytes");
+    return BudgetSpec{BudgetSpec::Kind::bytes, bytes, 0.0};
+}
+/// A budget as a percentage of the chain's store-all peak (FORMATS.md §4).
+[[nodiscard]] inline BudgetSpec budget_percent(double percent) {
+    (void)percent_of(0, percent);  // validates
+    return BudgetSpec{BudgetSpec::Kind::percent, 0, percent};
+}
+
+namespace detail {
+
+template <class Probe>
+struct StepHandle {
+    std::shared_ptr<ChainStep<Probe>> step;
+    std::shared_ptr<StepReport> report;
+};
+
+template <class Probe>
+struct StepCapsule : ::torch::CustomClassHolder {
+    explicit StepCapsule(StepHandle<Probe> h) : handle(std::move(h)) {}
+    StepHandle<Probe> handle;
+};
+
+inline constexpr const char* capsule_key = "remat.step";
+
+/// The autograd function around one planned step. The parameters are inputs, so autograd
+/// accumulates their gradients exactly as for the plain model (and leaves them alone when
+/// the caller asks for other gradients only).
+template <class Probe>
+struct PlannedChain : ::torch::autograd::Function<PlannedChain<Probe>> {
+    static at::Tensor forward(::torch::autograd::AutogradContext* ctx, const at::Tensor& input,
+                              at::TensorList parameters, StepHandle<Probe> handle) {
+        (void)input;
+        (void)parameters;  // inputs for autograd's sake; the step already knows them
+        at::Tensor output = handle.step->forward();
+        ctx->saved_data[capsule_key] = at::IValue::make_capsule(
+            c10::intrusive_ptr<::torch::CustomClassHolder>(c10::make_intrusive<StepCapsule<Probe>>(std::move(handle))));
+        return output;
+    }
+
+    static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
+                                                     ::torch::autograd::variable_list grad_outputs) {
+        const auto found = ctx->saved_data.find(capsule_key);
+        if (found == ctx->saved_data.end())
+            throw ExecutionError("remat checkpointed module: backward through the same forward twice; a planned step "
+                                 "frees its activations as it goes, so call forward() again for another backward");
+        StepHandle<Probe> handle = std::move(static_cast<StepCapsule<Probe>*>(found->second.toCapsule().get())->handle);
+        ctx->saved_data.erase(found);
+        StepGradients gradients = handle.step->backward(std::move(grad_outputs.at(0)));
+        if (handle.report) *handle.report = handle.step->report();
+        ::torch::autograd::variable_list result;
+        result.reserve(gradients.parameters.size() + 2);
+        result.push_back(std::move(gradients.input));
+        for (at::Tensor& g : gradients.parameters) result.push_back(std::move(g));
+        result.emplace_back();  // the step handle is not a tensor
+        return result;
+    }
+};
+
+}  // namespace detail
+
+/// The module; use it through Checkpointed<S, Probe> (a ModuleHolder) or checkpoint().
+template <Solver S = StoreAll, MemoryProbe Probe = CpuMemoryProbe>
+class CheckpointedImpl : public ::torch::nn::Module {
+public:
+    /// Plans for a chain of stages; the stages' modules are registered as submodules.
+    CheckpointedImpl(StageList stages, const at::Tensor& sample, BudgetSpec budget, S solver = S{},
+                     CheckpointOptions options = {}, Probe probe = Probe{})
+        : ::torch::nn::Module("remat::torch::Checkpointed"),
+          budget_(budget),
+          solver_(std::move(solver)),
+          options_(std::move(options)),
+          probe_(std::move(probe)),
+          last_report_(std::make_shared<StepReport>()) {
+        if (stages.empty()) throw InvalidInput("checkpointed module: no stages");
+        if (!sample.defined()) throw InvalidInput("checkpointed module: the sample input is undefined");
+        register_stages(stages);
+        stages_ = options_.fuse_aliasing ? fuse_aliasing_stages(std::move(stages), sample) : std::move(stages);
+        current_ = compile(sample, budget_);
+        cache_.push_back(current_);
+    }
+
+    /// Plans for a Sequential, one stage per element (nest Sequentials for coarser stages).
+    CheckpointedImpl(const ::torch::nn::Sequential& model, const at::Tensor& sample, BudgetSpec budget, S solver = S{},
+                     CheckpointOptions options = {}, Probe probe = Probe{})
+        : CheckpointedImpl(stages_of(model), sample, budget, std::move(solver), std::move(options), std::move(probe)) {}
+
+    /// Runs the plan's forward part; the backward part runs when the loss is back-propagated.
+    at::Tensor forward(const at::Tensor& input) {
+        if (!needs_autograd(input)) {
+            at::Tensor x = input;
+            for (const ChainStage& s : stages_) x = s.forward(x);
+            return x;
+        }
+        const std::shared_ptr<Compiled> compiled = plan_for(input);
+        auto step = std::make_shared<ChainStep<Probe>>(compiled->executor.start(compiled->plan, input, false));
+        return detail::PlannedChain<Probe>::apply(input, at::TensorList(compiled->executor.parameters()),
+                                                  detail::StepHandle<Probe>{std::move(step), last_report_});
+    }
+
+    /// Plans again at another budget, for every input shape seen so far (no re-profiling).
+    /// All or nothing: when some shape is infeasible, Infeasible is thrown and the old plans stay.
+    void replan(BudgetSpec budget) {
+        std::vector<std::shared_ptr<Compiled>> fresh;
+        for (const auto& c : cache_) fresh.push_back(plan_again(c->executor, budget));
+        for (std::size_t i = 0; i < cache_.size(); ++i)
+            if (cache_[i] == current_) current_ = fresh[i];
+        cache_ = std::move(fresh);
+        budget_ = budget;
+    }
+
+    /// Profiles for `sample`'s shape (again) and plans at `budget`; other shapes are re-planned.
+    void replan(BudgetSpec budget, const at::Tensor& sample) {
+        auto compiled = compile(sample, budget);
+        replan(budget);
+        std::erase_if(cache_, [&](const auto& c) { return matches(c->executor.profile(), sample); });
+        cache_.push_back(compiled);
+        current_ = compiled;
+    }
+
+    /// The chain, plan and costs for the last input shape used (or the sample's).
+    [[nodiscard]] const Chain& chain() const noexcept { return current_->executor.chain(); }
+    [[nodiscard]] const ChainProfile& profile() const noexcept { return current_->executor.profile(); }
+    [[nodiscard]] const Problem& problem() const noexcept { return current_->executor.problem(); }
+    [[nodiscard]] const Plan& plan() const noexcept { return current_->plan.plan(); }
+    [[nodiscard]] const ExecutablePlan& executable_plan() const noexcept { return current_->plan; }
+    [[nodiscard]] const ChainExecutor<Probe>& executor() const noexcept { return current_->executor; }
+    /// The budget in bytes of the current plan.
+    [[nodiscard]] Bytes budget() const noexcept { return current_->budget; }
+    [[nodiscard]] const BudgetSpec& budget_spec() const noexcept { return budget_; }
+    /// P_ref and T_ref of FORMATS.md §4 for the current shape.
+    [[nodiscard]] Bytes store_all_peak() const noexcept { return current_->reference.peak; }
+    [[nodiscard]] double store_all_time() const noexcept { return current_->reference.time; }
+    /// What the last completed step measured.
+    [[nodiscard]] const StepReport& last_report() const noexcept { return *last_report_; }
+    [[nodiscard]] const StageList& stages() const noexcept { return stages_; }
+    [[nodiscard]] const S& solver() const noexcept { return solver_; }
+    [[nodiscard]] std::size_t cached_shapes() const noexcept { return cache_.size(); }
+
+private:
+    struct Compiled {
+        ChainExecutor<Probe> executor;
+        Reference reference;
+        Bytes budget;
+        ExecutablePlan plan;
+    };
+
+    [[nodiscard]] bool needs_autograd(const at::Tensor& input) const {
+        if (!::torch::autograd::GradMode::is_enabled()) return false;
+        if (input.requires_grad()) return true;
+        for (const ChainStage& s : stages_)
+            for (const at::Tensor& p : s.parameters)
+                if (p.requires_grad()) return true;
+        return false;
+    }
+
+    void register_stages(const StageList& stages) {
+        const auto modules = modules_of(stages);
+        for (std::size_t i = 0; i < modules.size(); ++i) register_module("stage" + std::to_string(i), modules[i]);
+        // Tensors of stages without a module become this module's parameters and buffers.
+        std::size_t p = 0, b = 0;
+        for (const ChainStage& s : stages) {
+            if (!s.modules.empty()) continue;
+            for (const at::Tensor& t : s.parameters)
+                if (t.defined()) register_parameter("param" + std::to_string(p++), t, t.requires_grad());
+            for (const at::Tensor& t : s.buffers)
+                if (t.defined()) register_buffer("buffer" + std::to_string(b++), t);
+        }
+    }
+
+    [[nodiscard]] std::shared_ptr<Compiled> compile(const at::Tensor& sample, const BudgetSpec& budget) const {
+        ProfileOptions profile_options = options_.profile;
+        profile_options.verbose = profile_options.verbose || options_.verbose;
+        ChainProfile profile = profile_chain(stages_, sample, profile_options, probe_);
+        return plan_again(ChainExecutor<Probe>(stages_, std::move(profile), probe_), budget);
+    }
+
+    [[nodiscard]] std::shared_ptr<Compiled> plan_again(const ChainExecutor<Probe>& executor, const BudgetSpec& budget) const {
+        const Problem& problem = executor.problem();
+        Reference reference = store_all_reference(problem);
+        const Bytes bytes = budget.resolve(reference.peak);
+        Plan plan = solver_.solve(problem, bytes);
+        ExecutablePlan executable = executor.prepare(std::move(plan));
+        if (options_.verbose) {
+            std::ostringstream line;
+            const double overhead = reference.time > 0 ? executable.predicted_time() / reference.time - 1 : 0.0;
+            line << "remat: chain '" << executor.chain().name << "' (" << executor.chain().length()
+                 << " stages, input " << detail::sizes_string(executor.profile().input_sizes) << "): store-all peak "
+                 << format_bytes(reference.peak) << ", budget " << format_bytes(bytes) << ", " << solver_.name()
+                 << " plan peak " << format_bytes(executable.predicted_peak()) << ", predicted overhead "
+                 << overhead * 100 << " %";
+            std::cerr << line.str() << '\n';
+        }
+        return std::make_shared<Compiled>(Compiled{executor, std::move(reference), bytes, std::move(executable)});
+    }
+
+    [[nodiscard]] std::shared_ptr<Compiled> plan_for(const at::Tensor& input) {
+        if (matches(current_->executor.profile(), input)) return current_;
+        for (const auto& c : cache_)
+            if (matches(c->executor.profile(), input)) return current_ = c;
+        if (options_.on_new_shape == ShapePolicy::reject)
+            throw InvalidInput("checkpointed module: planned for inputs of shape " +
+                               detail::sizes_string(current_->executor.profile().input_sizes) + " (" +
+                               std::string(c10::toString(current_->executor.profile().input_dtype)) + " on " +
+                               current_->executor.profile().input_device.str() + "), got " +
+                               detail::sizes_string(input.sizes().vec()) + " (" +
+                               std::string(c10::toString(input.scalar_type())) + " on " + input.device().str() +
+                               "); call replan(budget, sample) for that shape or use ShapePolicy::replan");
+        current_ = compile(input, budget_);
+        cache_.push_back(current_);
+        if (cache_.size() > std::max<std::size_t>(options_.max_cached_shapes, 1)) cache_.erase(cache_.begin());
+        return current_;
+    }
+
+    StageList stages_;
+    BudgetSpec budget_;
+    S solver_;
+    CheckpointOptions options_;
+    Probe probe_;
+    std::shared_ptr<StepReport> last_report_;
+    std::shared_ptr<Compiled> current_;
+    std::vector<std::shared_ptr<Compiled>> cache_;
+};
+
+/// The module holder: `Checkpointed<Rotor> m(model, sample, budget_percent(50), Rotor{});`
+/// then `m->forward(x)`, `m->parameters()`, `m->train()` as with any module.
+template <Solver S = StoreAll, MemoryProbe Probe = CpuMemoryProbe>
+class Checkpointed : public ::torch::nn::ModuleHolder<CheckpointedImpl<S, Probe>> {
+public:
+    using ::torch::nn::ModuleHolder<CheckpointedImpl<S, Probe>>::ModuleHolder;
+};
+
+/// Profiles `model` on `sample`, plans at `budget` with `solver`, and returns the module.
+template <Solver S = StoreAll, MemoryProbe Probe = CpuMemoryProbe>
+[[nodiscard]] Checkpointed<S, Probe> checkpoint(const ::torch::nn::Sequential& model, const at::Tensor& sample,
+                                                BudgetSpec budget, S solver = S{}, CheckpointOptions options = {},
+                                                Probe probe = Probe{}) {
+    return Checkpointed<S, Probe>(
+        std::make_shared<CheckpointedImpl<S, Probe>>(model, sample, budget, std::move(solver), std::move(options), std::move(probe)));
+}
+
+template <Solver S = StoreAll, MemoryProbe Probe = CpuMemoryProbe>
+[[nodiscard]] Checkpointed<S, Probe> checkpoint(StageList stages, const at::Tensor& sample, BudgetSpec budget,
+                                                S solver = S{}, CheckpointOptions options = {}, Probe probe = Probe{}) {
+    return Checkpointed<S, Probe>(std::make_shared<CheckpointedImpl<S, Probe>>(
+        std::move(stages), sample, budget, std::move(solver), std::move(options), std::move(probe)));
+}
+
+}  // namespace remat::torch

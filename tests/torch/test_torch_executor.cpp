@@ -1,0 +1,276 @@
+// Memory probe, profiler and chain executor on real tensors (CPU).
+#include <catch2/catch.hpp>
+
+#include <torch/torch.h>
+
+#include <remat/remat.hpp>
+#include <remat/solvers/periodic.hpp>
+#include <remat/solvers/rotor.hpp>
+#include <remat/torch/executor.hpp>
+#include <remat/torch/memory.hpp>
+#include <remat/torch/profile.hpp>
+#include <remat/torch/sequential.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "models.hpp"
+
+namespace rt = remat::torch;
+using remat_test::same;
+
+namespace {
+
+rt::ProfileOptions quick_profile() {
+    rt::ProfileOptions options;
+    options.repeats = 1;
+    options.warmup = 0;
+    return options;
+}
+
+remat::Bytes tolerance(remat::Bytes predicted) { return std::max<remat::Bytes>(predicted / 20, 64 * 1024); }
+
+at::Tensor cross_entropy(const at::Tensor& out, const at::Tensor& target) {
+    return torch::nn::functional::cross_entropy(out, target);
+}
+
+}  // namespace
+
+TEST_CASE("cpu probe sees every tensor allocation and its release", "[torch][memory]") {
+    at::set_num_threads(1);
+    rt::CpuMemoryProbe probe;
+    static_assert(rt::MemoryProbe<rt::CpuMemoryProbe>);
+    const remat::Bytes before = probe.current();
+    {
+        const at::Tensor t = at::empty({1000}, at::kFloat);
+        CHECK(probe.current() - before == 4000);
+        probe.reset_peak();
+        CHECK(probe.peak() == probe.current());
+        {
+            const at::Tensor u = at::empty({250}, at::kDouble);
+            CHECK(probe.current() - before == 6000);
+        }
+        CHECK(probe.current() - before == 4000);
+        CHECK(probe.peak() - before == 6000);
+    }
+    CHECK(probe.current() == before);
+
+    // The raw interface (oneDNN frees through it) needs context == data.
+    c10::Allocator* allocator = c10::GetCPUAllocator();
+    void* raw = allocator->raw_allocate(512);
+    CHECK(probe.current() - before == 512);
+    allocator->raw_deallocate(raw);
+    CHECK(probe.current() == before);
+
+    // A convolution (oneDNN on this build) forward and backward runs through the probe.
+    auto conv = torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 3).padding(1));
+    const at::Tensor x = torch::randn({2, 3, 8, 8}, torch::requires_grad());
+    conv->forward(x).sum().backward();
+    CHECK(x.grad().defined());
+}
+
+TEST_CASE("profiler measures sizes with the executor's primitives and leaves the model untouched", "[torch][profile]") {
+    at::set_num_threads(1);
+    auto model = remat_test::make_mlp(16, 32, 3, 4, 0.25);
+    model->train();
+    const rt::StageList stages = remat_test::blocks_of(model);
+    REQUIRE(stages.size() == 5);
+    const at::Tensor sample = torch::randn({8, 16});
+
+    std::vector<at::Tensor> buffers_before;
+    for (const auto& b : model->buffers()) buffers_before.push_back(b.clone());
+    const at::Tensor rng_before = at::detail::getDefaultCPUGenerator().get_state();
+
+    std::vector<std::string> lines;
+    rt::ProfileOptions options = quick_profile();
+    options.name = "mlp";
+    options.progress = [&](const std::string& line) { lines.push_back(line); };
+    const rt::ChainProfile profile = rt::profile_chain(stages, sample, options);
+
+    CHECK(lines.size() == stages.size());
+    const remat::Chain& chain = profile.chain;
+    CHECK(chain.name == "mlp");
+    CHECK(chain.input_bytes == 8 * 16 * 4);
+    REQUIRE(chain.length() == 5);
+    for (std::size_t l = 0; l < 4; ++l) CHECK(chain.stages[l].out_bytes == 8 * 32 * 4);
+    CHECK(chain.stages[4].out_bytes == 8 * 4 * 4);
+    // Linear + ReLU keeps the linear output (ReLU saves its own output, which is a_1).
+    CHECK(chain.stages[0].saved_bytes == 8 * 32 * 4);
+    // Linear, BatchNorm, ReLU, Dropout keep more than their output: linear out, BN out,
+    // relu out, the dropout mask and BN's batch statistics.
+    for (std::size_t l = 1; l < 4; ++l) CHECK(chain.stages[l].saved_bytes > 3 * chain.stages[l].out_bytes);
+    for (const remat::Stage& s : chain.stages) {
+        CHECK(s.fwd_time > 0);
+        CHECK(s.bwd_time > 0);
+    }
+    CHECK(profile.random == std::vector<char>{0, 1, 1, 1, 0});
+    for (const remat::Bytes b : profile.unreleased_bytes) CHECK(b == 0);
+
+    const auto buffers_after = model->buffers();
+    for (std::size_t i = 0; i < buffers_before.size(); ++i) CHECK(same(buffers_before[i], buffers_after[i]));
+    CHECK(same(rng_before, at::detail::getDefaultCPUGenerator().get_state()));
+    for (const auto& p : model->parameters()) CHECK(!p.grad().defined());
+}
+
+TEST_CASE("stages that return views of their input are fused", "[torch][profile]") {
+    auto model = remat_test::make_convnet(4, 1, 3, 0.0);
+    const at::Tensor sample = torch::randn({2, 3, 6, 6});
+    const rt::StageList stages = rt::group_stages_at(rt::stages_of(model), {3, 7, 8, 9});
+    REQUIRE(stages.size() == 5);
+    // Flatten returns a view: profiling it alone is refused, with advice.
+    CHECK_THROWS_WITH(rt::profile_chain(stages, sample, quick_profile()),
+                      Catch::Contains("view") && Catch::Contains("fuse_aliasing_stages"));
+    const rt::StageList fused = rt::fuse_aliasing_stages(stages, sample);
+    REQUIRE(fused.size() == 4);
+    CHECK(fused[2].name == "7:AdaptiveAvgPool2d+8:Flatten");
+    const rt::ChainProfile profile = rt::profile_chain(fused, sample, quick_profile());
+    CHECK(profile.chain.length() == 4);
+}
+
+TEST_CASE("executor runs hand-written and solver schedules with plain autograd's results", "[torch][executor]") {
+    at::set_num_threads(1);
+    auto model = remat_test::make_mlp(12, 24, 4, 5, 0.3, 3);
+    auto reference = remat_test::copy_of(model);
+    model->train();
+    reference->train();
+    const at::Tensor x = torch::randn({6, 12});
+    const at::Tensor y = torch::randint(0, 5, {6}, torch::kLong);
+    const rt::StageList stages = remat_test::blocks_of(model);
+    rt::ChainExecutor<> executor(stages, rt::profile_chain(stages, x, quick_profile()));
+    const remat::Problem& problem = executor.problem();
+    const std::size_t L = stages.size();
+
+    // Hand-written: keep only a0 and a3, recompute everything else, some stages twice
+    // without grad before their with-grad run; a schedule no solver here makes.
+    const remat::ChainIds id = remat::chain_ids(L);
+    remat::Schedule schedule;
+    for (std::size_t l = 1; l <= L; ++l) {
+        schedule.push_back(remat::Step::run(id.fwd[l]));
+        if (l - 1 != 0 && l - 1 != 3) schedule.push_back(remat::Step::free(id.a[l - 1]));
+    }
+    schedule.push_back(remat::Step::run(id.loss));
+    for (std::size_t l = L; l >= 1; --l) {
+        const std::size_t from = l > 3 ? 3 : 0;
+        for (std::size_t k = from + 1; k < l; ++k) {
+            schedule.push_back(remat::Step::run(id.fwd[k]));
+            if (k - 1 != from) schedule.push_back(remat::Step::free(id.a[k - 1]));
+        }
+        schedule.push_back(remat::Step::run(id.fwd_grad[l]));
+        if (l - 1 != from) schedule.push_back(remat::Step::free(id.a[l - 1]));
+        // Recompute a_{l-1} without grad (B_l reads it), keeping the graph s_l intact.
+        if (l - 1 != from) {
+            for (std::size_t k = from + 1; k < l; ++k) {
+                schedule.push_back(remat::Step::run(id.fwd[k]));
+                if (k - 1 != from) schedule.push_back(remat::Step::free(id.a[k - 1]));
+            }
+        }
+        schedule.push_back(remat::Step::run(id.bwd[l]));
+        schedule.push_back(remat::Step::free(id.g[l]));
+        schedule.push_back(remat::Step::free(id.s[l]));
+        schedule.push_back(remat::Step::free(id.a[l]));
+        if (l - 1 != 0 && l - 1 != 3) schedule.push_back(remat::Step::free(id.a[l - 1]));
+        if (l == 4) schedule.push_back(remat::Step::free(id.a[3]));
+    }
+    const remat::SimulationReport sim = remat::simulate(problem, schedule);
+    INFO(sim.error);
+    REQUIRE(sim.valid);
+
+    std::vector<rt::ExecutablePlan> plans;
+    plans.push_back(executor.prepare(schedule));
+    plans.push_back(executor.prepare(remat::StoreAll{}.solve(problem, remat::store_all_reference(problem).peak)));
+    plans.push_back(executor.prepare(remat::Periodic{}.solve(problem, remat::store_all_reference(problem).peak)));
+
+    for (std::size_t p = 0; p < plans.size(); ++p) {
+        INFO("plan " << p << " (" << plans[p].plan().stats.solver << ")");
+        for (auto& param : model->parameters()) param.mutable_grad() = at::Tensor();
+        for (auto& param : reference->parameters()) param.mutable_grad() = at::Tensor();
+        const at::Tensor x1 = x.clone().requires_grad_(true);
+        const at::Tensor x2 = x.clone().requires_grad_(true);
+        torch::manual_seed(42 + p);
+        const at::Tensor out_ref = reference->forward(x1);
+        const at::Tensor loss_ref = cross_entropy(out_ref, y);
+        loss_ref.backward();
+
+        torch::manual_seed(42 + p);
+        rt::ChainStep<> step = executor.start(plans[p], x2);
+        const at::Tensor out = step.forward();
+        CHECK(same(out, out_ref));
+        at::Tensor leaf = out.detach().requires_grad_(true);
+        at::Tensor grad = torch::autograd::grad({cross_entropy(leaf, y)}, {leaf})[0];
+        rt::StepGradients grads = step.backward(std::move(grad));
+        CHECK(same(grads.input, x1.grad()));
+        CHECK(step.report().forward_runs >= L);
+        rt::accumulate_gradients(executor.parameters(), std::move(grads));
+        const auto params = model->parameters();
+        const auto ref_params = reference->parameters();
+        REQUIRE(params.size() == ref_params.size());
+        for (std::size_t i = 0; i < params.size(); ++i) {
+            INFO("parameter " << i << " differs by " << remat_test::max_diff(params[i].grad(), ref_params[i].grad()));
+            CHECK(same(params[i].grad(), ref_params[i].grad()));
+        }
+        // Batch-norm statistics moved once per step, as in plain training.
+        const auto buffers = model->buffers();
+        const auto ref_buffers = reference->buffers();
+        for (std::size_t i = 0; i < buffers.size(); ++i) CHECK(same(buffers[i], ref_buffers[i]));
+    }
+    CHECK(plans[0].predicted_time() > plans[1].predicted_time());
+}
+
+TEST_CASE("executor's measured peak matches the simulator's prediction", "[torch][executor][memory]") {
+    at::set_num_threads(1);
+    rt::CpuMemoryProbe probe;
+    auto model = remat_test::make_mlp(32, 64, 6, 4, 0.2, 5);
+    model->train();
+    const at::Tensor x = torch::randn({32, 32});
+    const at::Tensor y = torch::randint(0, 4, {32}, torch::kLong);
+    const rt::StageList stages = remat_test::blocks_of(model);
+    rt::ChainExecutor<> executor(stages, rt::profile_chain(stages, x, quick_profile()));
+    const remat::Problem& problem = executor.problem();
+    const remat::Bytes p_ref = remat::store_all_reference(problem).peak;
+    const remat::Rotor rotor;
+    const remat::Bytes smallest = rotor.smallest_budget(executor.chain());
+
+    struct Case {
+        std::string name;
+        remat::Plan plan;
+    };
+    std::vector<Case> cases;
+    cases.push_back({"store-all", remat::StoreAll{}.solve(problem, p_ref)});
+    cases.push_back({"periodic", remat::Periodic{}.solve(problem, p_ref)});
+    for (const double percent : {100.0, 70.0, 50.0})
+        if (remat::percent_of(p_ref, percent) >= smallest)
+            cases.push_back({"rotor " + std::to_string(int(percent)) + "%",
+                             rotor.solve(problem, remat::percent_of(p_ref, percent))});
+    cases.push_back({"rotor smallest", rotor.solve(problem, smallest)});
+
+    for (const Case& c : cases) {
+        const rt::ExecutablePlan plan = executor.prepare(c.plan);
+        for (int repeat = 0; repeat < 2; ++repeat) {
+            for (auto& param : model->parameters()) param.mutable_grad() = at::Tensor();
+            const remat::Bytes before = probe.current();
+            const rt::StepResult result =
+                executor.step(plan, x, [&](const at::Tensor& out) { return cross_entropy(out, y); });
+            const rt::StepReport& r = result.report;
+            INFO(c.name << ": predicted " << r.predicted_peak << " measured " << r.measured_peak << " budget "
+                        << c.plan.budget);
+            CHECK(r.completed);
+            if (std::getenv("REMAT_TRACE")) {
+                const auto& sim = plan.simulation();
+                for (std::size_t i = 0; i < c.plan.schedule.size(); ++i)
+                    std::cerr << i << " " << remat::describe(problem, c.plan.schedule[i]) << " sim " << sim.timeline[i].during
+                              << " measured " << r.measured_timeline[i] << " diff "
+                              << (r.measured_timeline[i] - sim.timeline[i].during) << "\n";
+            }
+            CHECK(r.predicted_peak == plan.predicted_peak());
+            CHECK(std::abs(r.measured_peak - r.predicted_peak) <= tolerance(r.predicted_peak));
+            CHECK(r.measured_peak <= c.plan.budget + tolerance(r.predicted_peak));
+            // Nothing of the step stays but the output, the loss and the new gradients.
+            remat::Bytes grad_bytes = 0;
+            for (const auto& param : model->parameters()) grad_bytes += param.grad().nbytes();
+            CHECK(probe.current() - before <= grad_bytes + static_cast<remat::Bytes>(result.output.nbytes()) + 64);
+        }
+    }
+}
