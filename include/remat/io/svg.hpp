@@ -1,0 +1,241 @@
+// remat/io/svg.hpp — a picture of a plan: memory over the steps of its schedule, as SVG.
+//
+// It draws what the simulator of FORMATS.md §3 reports (SimulationReport::timeline): the
+// memory while each step runs (shaded; it includes the op's new outputs and its transient
+// overhead) and the memory between steps (a line), with the budget as a horizontal line,
+// the store-all peak P_ref when known, and the loss step that separates the forward phase
+// from the backward phase — the figure the Rotor and Checkmate papers use to show where a
+// schedule spends its memory. Standard library only; the output is a self-contained SVG.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "../core/problem.hpp"
+#include "../core/schedule.hpp"
+#include "../core/simulate.hpp"
+#include "../core/solver.hpp"
+#include "budget.hpp"
+
+namespace remat {
+
+/// What to draw besides the timeline.
+struct TimelineChart {
+    std::string title;                     ///< first line, e.g. the problem and solver
+    std::string subtitle;                  ///< second line, e.g. time and peak
+    std::optional<Bytes> budget;           ///< drawn as a red dashed line
+    std::optional<Bytes> reference_peak;   ///< P_ref, drawn as a grey dashed line
+    std::optional<std::size_t> loss_step;  ///< index of the step that runs the loss op
+    int width = 960;
+    int height = 480;
+};
+
+namespace detail::svg_impl {
+
+inline std::string xml_escape(std::string_view text) {
+    std::string out;
+    out.reserve(text.size());
+    for (const char c : text) {
+        switch (c) {
+            case '&': out += "&amp;"; break;
+            case '<': out += "&lt;"; break;
+            case '>': out += "&gt;"; break;
+            case '"': out += "&quot;"; break;
+            case '\'': out += "&apos;"; break;
+            default: out += c;
+        }
+    }
+    return out;
+}
+
+inline std::string coord(double v) {
+    char buffer[32];
+    std::snprintf(buffer, sizeof buffer, "%.1f", v);
+    return buffer;
+}
+
+// Tick spacing for bytes: a power of two, so that labels read "8 MiB", "16 MiB", ...
+inline Bytes byte_tick(Bytes top) {
+    const double raw = static_cast<double>(std::max<Bytes>(top, 1)) / 5.0;
+    Bytes step = 1;
+    while (static_cast<double>(step) < raw) step *= 2;
+    return step;
+}
+
+// Tick spacing for step numbers: 1, 2 or 5 times a power of ten, at most about ten ticks.
+inline std::size_t step_tick(std::size_t steps) {
+    std::size_t base = 1;
+    while (true) {
+        for (const std::size_t m : {std::size_t{1}, std::size_t{2}, std::size_t{5}})
+            if (steps / (base * m) <= 10) return base * m;
+        base *= 10;
+    }
+}
+
+inline std::string format_number(double value, const char* format = "%.4g") {
+    char buffer[32];
+    std::snprintf(buffer, sizeof buffer, format, value);
+    return buffer;
+}
+
+}  // namespace detail::svg_impl
+
+/// The SVG picture of a simulated schedule.
+[[nodiscard]] inline std::string timeline_svg(const SimulationReport& report, const TimelineChart& chart) {
+    using detail::svg_impl::coord;
+    const auto& points = report.timeline;
+    const std::size_t n = points.size();
+    const double left = 92, right = 24, top = 64, bottom = 74;
+    const double width = std::max(chart.width, 320);
+    const double height = std::max(chart.height, 240);
+    const double x0 = left, x1 = width - right, y0 = top, y1 = height - bottom;
+
+    Bytes highest = std::max<Bytes>(report.peak, 1);
+    if (chart.budget) highest = std::max(highest, *chart.budget);
+    if (chart.reference_peak) highest = std::max(highest, *chart.reference_peak);
+    const Bytes tick = detail::svg_impl::byte_tick(highest + highest / 10);
+    const Bytes y_top = (highest + highest / 10 + tick - 1) / tick * tick;
+    const auto x = [&](double step) { return x0 + (x1 - x0) * step / static_cast<double>(std::max<std::size_t>(n, 1)); };
+    const auto y = [&](Bytes bytes) {
+        return y1 - (y1 - y0) * static_cast<double>(bytes) / static_cast<double>(y_top);
+    };
+
+    std::string svg;
+    svg += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + coord(width) + "\" height=\"" + coord(height) +
+           "\" viewBox=\"0 0 " + coord(width) + " " + coord(height) +
+           "\" font-family=\"Helvetica, Arial, sans-serif\" font-size=\"12\">\n";
+    svg += "<title>" + detail::svg_impl::xml_escape(chart.title) + "</title>\n";
+    svg += "<rect x=\"0\" y=\"0\" width=\"" + coord(width) + "\" height=\"" + coord(height) + "\" fill=\"white\"/>\n";
+    svg += "<text x=\"" + coord(x0) + "\" y=\"24\" font-size=\"16\" font-weight=\"bold\">" +
+           detail::svg_impl::xml_escape(chart.title) + "</text>\n";
+    svg += "<text x=\"" + coord(x0) + "\" y=\"44\" fill=\"#444\">" + detail::svg_impl::xml_escape(chart.subtitle) + "</text>\n";
+
+    // Memory grid and labels.
+    svg += "<g class=\"y-axis\" fill=\"#444\" text-anchor=\"end\">\n";
+    for (Bytes v = 0; v <= y_top; v += tick) {
+        svg += "<line x1=\"" + coord(x0) + "\" y1=\"" + coord(y(v)) + "\" x2=\"" + coord(x1) + "\" y2=\"" + coord(y(v)) +
+               "\" stroke=\"#e4e4e4\"/>\n";
+        svg += "<text x=\"" + coord(x0 - 6) + "\" y=\"" + coord(y(v) + 4) + "\">" + format_bytes(v) + "</text>\n";
+    }
+    svg += "<text transform=\"translate(18 " + coord((y0 + y1) / 2) + ") rotate(-90)\" text-anchor=\"middle\">memory</text>\n";
+    svg += "</g>\n";
+
+    // Step axis.
+    const std::size_t every = detail::svg_impl::step_tick(std::max<std::size_t>(n, 1));
+    svg += "<g class=\"x-axis\" fill=\"#444\" text-anchor=\"middle\">\n";
+    for (std::size_t s = 0; s <= n; s += every)
+        svg += "<text x=\"" + coord(x(static_cast<double>(s))) + "\" y=\"" + coord(y1 + 18) + "\">" + std::to_string(s) +
+               "</text>\n";
+    svg += "<text x=\"" + coord((x0 + x1) / 2) + "\" y=\"" + coord(y1 + 36) + "\">step</text>\n";
+    svg += "</g>\n";
+
+    // Memory while each step runs: a step-shaped area.
+    if (n > 0) {
+        std::string area = "M" + coord(x(0)) + " " + coord(y(0));
+        for (std::size_t i = 0; i < n; ++i) {
+            const std::string top_y = coord(y(points[i].during));
+            area += " L" + coord(x(static_cast<double>(i))) + " " + top_y + " L" + coord(x(static_cast<double>(i + 1))) +
+                    " " + top_y;
+        }
+        area += " L" + coord(x(static_cast<double>(n))) + " " + coord(y(0)) + " Z";
+        svg += "<path class=\"during\" d=\"" + area + "\" fill=\"#9ecae1\" stroke=\"none\"/>\n";
+    }
+    // Memory between steps: initial state, then after each step.
+    {
+        std::string line = coord(x(0)) + "," + coord(y(report.initial));
+        for (std::size_t i = 0; i < n; ++i)
+            line += " " + coord(x(static_cast<double>(i + 1))) + "," + coord(y(points[i].after));
+        svg += "<polyline class=\"after\" points=\"" + line + "\" fill=\"none\" stroke=\"#08519c\" stroke-width=\"1.5\"/>\n";
+    }
+
+    // Axes on top of the area.
+    svg += "<line x1=\"" + coord(x0) + "\" y1=\"" + coord(y1) + "\" x2=\"" + coord(x1) + "\" y2=\"" + coord(y1) +
+           "\" stroke=\"#222\"/>\n";
+    svg += "<line x1=\"" + coord(x0) + "\" y1=\"" + coord(y0) + "\" x2=\"" + coord(x0) + "\" y2=\"" + coord(y1) +
+           "\" stroke=\"#222\"/>\n";
+
+    if (chart.loss_step && *chart.loss_step < n) {
+        const std::string lx = coord(x(static_cast<double>(*chart.loss_step) + 0.5));
+        svg += "<line class=\"loss\" x1=\"" + lx + "\" y1=\"" + coord(y0) + "\" x2=\"" + lx + "\" y2=\"" + coord(y1) +
+               "\" stroke=\"#555\" stroke-dasharray=\"2 3\"/>\n";
+        svg += "<text x=\"" + lx + "\" y=\"" + coord(y0 - 4) +
+               "\" fill=\"#555\" text-anchor=\"middle\">loss: forward | backward</text>\n";
+    }
+    if (chart.reference_peak) {
+        const std::string ry = coord(y(*chart.reference_peak));
+        svg += "<line class=\"reference\" x1=\"" + coord(x0) + "\" y1=\"" + ry + "\" x2=\"" + coord(x1) + "\" y2=\"" + ry +
+               "\" stroke=\"#888\" stroke-dasharray=\"4 4\"/>\n";
+        svg += "<text x=\"" + coord(x0 + 4) + "\" y=\"" + coord(y(*chart.reference_peak) - 4) +
+               "\" fill=\"#666\">store-all peak " + format_bytes(*chart.reference_peak) + "</text>\n";
+    }
+    if (chart.budget) {
+        const std::string by = coord(y(*chart.budget));
+        svg += "<line class=\"budget\" x1=\"" + coord(x0) + "\" y1=\"" + by + "\" x2=\"" + coord(x1) + "\" y2=\"" + by +
+               "\" stroke=\"#d62728\" stroke-width=\"1.5\" stroke-dasharray=\"8 4\"/>\n";
+        svg += "<text x=\"" + coord(x1 - 4) + "\" y=\"" + coord(y(*chart.budget) - 4) +
+               "\" fill=\"#d62728\" text-anchor=\"end\">budget " + format_bytes(*chart.budget) + "</text>\n";
+    }
+    // Where the peak happens.
+    if (n > 0) {
+        std::size_t at = 0;
+        for (std::size_t i = 1; i < n; ++i)
+            if (points[i].during > points[at].during) at = i;
+        if (points[at].during == report.peak) {
+            const double px = x(static_cast<double>(at) + 0.5);
+            svg += "<circle class=\"peak\" cx=\"" + coord(px) + "\" cy=\"" + coord(y(report.peak)) +
+                   "\" r=\"3.5\" fill=\"#08519c\"/>\n";
+            svg += "<text x=\"" + coord(px) + "\" y=\"" + coord(y(report.peak) - 8) +
+                   "\" text-anchor=\"middle\" fill=\"#08519c\">peak " + format_bytes(report.peak) + "</text>\n";
+        }
+    }
+
+    // Legend.
+    const double ly = height - 16;
+    svg += "<g class=\"legend\" fill=\"#333\">\n";
+    svg += "<rect x=\"" + coord(x0) + "\" y=\"" + coord(ly - 9) + "\" width=\"14\" height=\"10\" fill=\"#9ecae1\"/>\n";
+    svg += "<text x=\"" + coord(x0 + 20) + "\" y=\"" + coord(ly) + "\">memory while a step runs</text>\n";
+    svg += "<line x1=\"" + coord(x0 + 200) + "\" y1=\"" + coord(ly - 4) + "\" x2=\"" + coord(x0 + 218) + "\" y2=\"" +
+           coord(ly - 4) + "\" stroke=\"#08519c\" stroke-width=\"1.5\"/>\n";
+    svg += "<text x=\"" + coord(x0 + 224) + "\" y=\"" + coord(ly) + "\">memory between steps</text>\n";
+    svg += "<line x1=\"" + coord(x0 + 390) + "\" y1=\"" + coord(ly - 4) + "\" x2=\"" + coord(x0 + 408) + "\" y2=\"" +
+           coord(ly - 4) + "\" stroke=\"#d62728\" stroke-width=\"1.5\" stroke-dasharray=\"8 4\"/>\n";
+    svg += "<text x=\"" + coord(x0 + 414) + "\" y=\"" + coord(ly) + "\">budget</text>\n";
+    svg += "</g>\n";
+    svg += "</svg>\n";
+    return svg;
+}
+
+/// The picture of a plan: title "problem — solver", subtitle with time, peak and budget.
+[[nodiscard]] inline std::string timeline_svg(const Problem& problem, const Plan& plan,
+                                              std::optional<Bytes> reference_peak = std::nullopt) {
+    const SimulationReport report = simulate(problem, plan.schedule);
+    TimelineChart chart;
+    chart.title = problem.name() + " \u2014 " + plan.stats.solver + " (" + std::string(to_string(plan.stats.status)) +
+                  (plan.stats.options.empty() ? "" : ", " + plan.stats.options) + ")";
+    chart.subtitle = std::to_string(plan.schedule.size()) + " steps, time " +
+                     detail::svg_impl::format_number(report.time) + ", budget " + format_bytes(plan.budget) +
+                     ", peak " + format_bytes(report.peak);
+    if (reference_peak && *reference_peak > 0)
+        chart.subtitle += " (" + detail::svg_impl::format_number(100.0 * static_cast<double>(report.peak) /
+                                                                     static_cast<double>(*reference_peak),
+                                                                 "%.1f") +
+                          " % of the store-all peak)";
+    if (!report.valid) chart.subtitle += " \u2014 INVALID: " + report.error;
+    chart.budget = plan.budget;
+    chart.reference_peak = reference_peak;
+    if (const auto loss = problem.loss())
+        for (std::size_t i = 0; i < plan.schedule.size(); ++i)
+            if (plan.schedule[i].is_run() && plan.schedule[i].op() == *loss) {
+                chart.loss_step = i;
+                break;
+            }
+    return timeline_svg(report, chart);
+}
+
+}  // namespace remat
