@@ -14,3 +14,4 @@
 #include "solvers/store_all.hpp"
 #include "solvers/exhaustive.hpp"
 #include "solvers/periodic.hpp"
+#include "solvers/rotor.hpp"
