@@ -436,3 +436,14 @@ TEST_CASE("every truncation or one-character corruption is either read or an Inv
         }
     CHECK(rejected > tiny.size() / 3);
 }
+
+TEST_CASE("deeply nested values are rejected without exhausting the stack", "[json][bad-input]") {
+    const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+    CHECK_THAT(problem_error(with(tiny, "\"time\": 2.0", "\"time\": " + deep)),
+               Catch::Contains("at /ops/3/time: ops[3] 'B1' 'time' must be a number, not an array"));
+    const auto problem = remat::io::parse_any(tiny);
+    CHECK_THAT(error_of([&] {
+                   (void)remat::io::parse_schedule(problem, with(tiny_schedule, "{\"run\": \"B1\"}", deep));
+               }),
+               Catch::Contains("at /steps/2: steps[2] must be {\"run\": OP} or {\"free\": DATA}, not an array"));
+}

@@ -134,8 +134,10 @@ inline std::string join(const std::vector<std::string_view>& items) {
     return out;
 }
 
-// A short rendering of a JSON value for messages.
+// A short rendering of a scalar JSON value for messages (never of a container, whose
+// rendering would recurse as deep as the input is nested).
 inline std::string preview(const json& value) {
+    if (value.is_structured()) return value.is_array() ? "[...]" : "{...}";
     std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
     if (text.size() > 40) text = text.substr(0, 37) + "...";
     return text;
@@ -561,9 +563,17 @@ inline SavedSchedule read_schedule(const Problem& problem, const json& document,
     saved.steps.reserve(steps.size());
     for (std::size_t i = 0; i < steps.size(); ++i) {
         const Node node = Reader::element(steps_node, i, item("steps", i));
-        if (!node.value.is_object() || node.value.size() != 1 ||
-            !(node.value.contains("run") || node.value.contains("free")))
-            r.fail(node.path, node.what + " must be {\"run\": OP} or {\"free\": DATA}, not " + preview(node.value));
+        if (!node.value.is_object())
+            r.fail(node.path, node.what + " must be {\"run\": OP} or {\"free\": DATA}, not " + type_name(node.value));
+        if (node.value.size() != 1 || !(node.value.contains("run") || node.value.contains("free"))) {
+            std::vector<std::string_view> keys;
+            for (const auto& [key, unused] : node.value.items()) {
+                (void)unused;
+                keys.push_back(key);
+            }
+            r.fail(node.path, node.what + " must be {\"run\": OP} or {\"free\": DATA}, not an object with fields " +
+                                  (keys.empty() ? std::string("(none)") : join(keys)));
+        }
         if (node.value.contains("run")) {
             const Node op_node{node.value.at("run"), node.path + "/run", node.what + " 'run'"};
             const std::string name = r.name(op_node);
