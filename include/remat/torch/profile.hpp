@@ -93,18 +93,23 @@ inline double seconds_since(Clock::time_point start) {
 /// in between: profiling must leave no trace on the model.
 class ModelStateGuard {
 public:
-    ModelStateGuard(const StageList& stages, const c10::Device& device) : stages_(stages), rng_(RngState::capture(device)) {
-        for (const ChainStage& s : stages) buffers_.emplace_back(s.buffers);
+    // Keeps the buffer handles themselves: the stage list may change (or be moved away)
+    // before the guard restores them.
+    ModelStateGuard(const StageList& stages, const c10::Device& device) : rng_(RngState::capture(device)) {
+        for (const ChainStage& s : stages) {
+            targets_.push_back(s.buffers);
+            buffers_.emplace_back(s.buffers);
+        }
     }
     ~ModelStateGuard() {
-        for (std::size_t i = 0; i < stages_.size(); ++i) buffers_[i].restore(stages_[i].buffers);
+        for (std::size_t i = 0; i < targets_.size(); ++i) buffers_[i].restore(targets_[i]);
         rng_.restore();
     }
     ModelStateGuard(const ModelStateGuard&) = delete;
     ModelStateGuard& operator=(const ModelStateGuard&) = delete;
 
 private:
-    const StageList& stages_;
+    std::vector<std::vector<at::Tensor>> targets_;
     RngState rng_;
     std::vector<BufferSnapshot> buffers_;
 };
