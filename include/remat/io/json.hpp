@@ -241,9 +241,9 @@ public:
     void expect_object(const Node& node, const std::vector<std::string_view>& required,
                        const std::vector<std::string_view>& optional) const {
         if (!node.value.is_object()) fail(node.path, node.what + " must be a JSON object, not " + type_name(node.value));
-        for (const auto& [key, unused] : node.value.items()) {
-            (void)unused;
-            const auto known = [&](std::string_view k) { return k == key; };
+        for (auto it = node.value.begin(); it != node.value.end(); ++it) {
+            const std::string& key = it.key();
+            const auto known = [&key](std::string_view k) { return k == key; };
             if (std::any_of(required.begin(), required.end(), known) ||
                 std::any_of(optional.begin(), optional.end(), known))
                 continue;

@@ -1,0 +1,189 @@
+// examples/cli/solver_table.hpp — the solvers the command-line programs offer, in one table.
+//
+// remat-plan (--solver NAME[:VARIANT]) and plan-demo both read this table; adding a solver
+// to the programs means adding one entry here (e.g. `checkmate` with variants `lpsolve` and
+// `cbc`, guarded by REMAT_WITH_LPSOLVE / REMAT_WITH_CBC). The library itself dispatches at
+// compile time (the Solver concept); this runtime table exists only for the programs.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <remat/remat.hpp>
+#include <remat/solvers/periodic.hpp>
+#include <remat/solvers/rotor.hpp>
+#include <remat/solvers/exhaustive.hpp>
+
+namespace remat::cli {
+
+/// What the command line says about how to solve, besides the budget.
+struct SolveOptions {
+    std::string variant;               ///< the part after ':' in --solver NAME:VARIANT, or empty
+    std::optional<double> time_limit;  ///< --time-limit S, for solvers that search
+    bool verbose = false;              ///< progress on stderr
+};
+
+struct SolverEntry {
+    std::string_view name;
+    std::string_view summary;       ///< one line for --help
+    std::string_view variant_help;  ///< what NAME:VARIANT accepts; empty when no variant
+    /// Chains only (FORMATS.md §5 expansions): other problems get a clear error.
+    bool chains_only = false;
+    /// Chosen when --solver is not given: the first applicable entry with this flag.
+    bool default_choice = false;
+    /// Applies to this problem at all (hard limits of the method).
+    std::function<bool(const Problem&)> applies;
+    /// Finishes in about a second on this problem (the demo runs only those).
+    std::function<bool(const Problem&)> quick;
+    /// Plans at a budget: a Plan, or Infeasible carrying the smallest feasible budget.
+    std::function<Plan(const Problem&, Bytes, const SolveOptions&)> solve;
+};
+
+namespace detail {
+
+inline bool is_chain(const Problem& problem) { return as_chain(problem).has_value(); }
+inline bool always(const Problem&) { return true; }
+
+inline std::size_t positive_variant(std::string_view name, std::string_view help, const SolveOptions& options) {
+    const std::string& v = options.variant;
+    std::size_t value = 0;
+    bool ok = !v.empty() && v.size() <= 9;
+    for (const char c : v) {
+        ok = ok && c >= '0' && c <= '9';
+        if (ok) value = value * 10 + static_cast<std::size_t>(c - '0');
+    }
+    if (!ok || value == 0)
+        throw InvalidInput("solver '" + std::string(name) + ":" + v + "': expected " + std::string(help));
+    return value;
+}
+
+inline void no_variant(std::string_view name, const SolveOptions& options) {
+    if (!options.variant.empty())
+        throw InvalidInput("solver '" + std::string(name) + "' takes no ':" + options.variant + "' variant");
+}
+
+}  // namespace detail
+
+/// Every solver the programs offer, in the order --help lists them.
+[[nodiscard]] inline const std::vector<SolverEntry>& solver_table() {
+    static const std::vector<SolverEntry> table = [] {
+        std::vector<SolverEntry> t;
+        {
+            SolverEntry e{"rotor", "optimal persistent schedule of a chain (Beaumont et al. 2019)",
+                          "rotor:SLOTS, the number of memory slots of the DP (default 500)", true, true, {}, {}, {}};
+            e.applies = detail::is_chain;
+            e.quick = detail::is_chain;
+            e.solve = [name = e.name, help = e.variant_help](const Problem& p, Bytes budget, const SolveOptions& o) {
+                RotorOptions options;
+                if (!o.variant.empty()) options.slots = detail::positive_variant(name, help, o);
+                options.time_limit_seconds = o.time_limit;
+                options.verbose = o.verbose;
+                return Rotor(options).solve(p, budget);
+            };
+            t.push_back(std::move(e));
+        }
+        {
+            SolverEntry e{"periodic", "checkpoint every k-th stage input (Chen et al. 2016)",
+                          "periodic:K, the stages per segment (default ceil(sqrt(L)))", true, false, {}, {}, {}};
+            e.applies = detail::is_chain;
+            e.quick = detail::is_chain;
+            e.solve = [name = e.name, help = e.variant_help](const Problem& p, Bytes budget, const SolveOptions& o) {
+                std::optional<std::size_t> k;
+                if (!o.variant.empty()) k = detail::positive_variant(name, help, o);
+                return Periodic(k).solve(p, budget);
+            };
+            t.push_back(std::move(e));
+        }
+        {
+            SolverEntry e{"exhaustive", "exact optimum over all schedules by A* search (small problems)", "", false,
+                          false, {}, {}, {}};
+            e.applies = [](const Problem& p) { return p.data_count() <= 64; };
+            e.quick = [](const Problem& p) { return p.data_count() <= 20; };
+            e.solve = [name = e.name](const Problem& p, Bytes budget, const SolveOptions& o) {
+                detail::no_variant(name, o);
+                ExhaustiveOptions options;
+                if (o.time_limit) options.time_limit_seconds = *o.time_limit;
+                return Exhaustive(options).solve(p, budget);
+            };
+            t.push_back(std::move(e));
+        }
+        {
+            SolverEntry e{"store-all", "no rematerialization: the framework's own order (the reference)", "", false,
+                          true, {}, {}, {}};
+            e.applies = detail::always;
+            e.quick = detail::always;
+            e.solve = [name = e.name](const Problem& p, Bytes budget, const SolveOptions& o) {
+                detail::no_variant(name, o);
+                return StoreAll{}.solve(p, budget);
+            };
+            t.push_back(std::move(e));
+        }
+        return t;
+    }();
+    return table;
+}
+
+/// The entry named by NAME or NAME:VARIANT (the variant goes to `options`).
+[[nodiscard]] inline const SolverEntry& find_solver(std::string_view spec, SolveOptions& options) {
+    const auto colon = spec.find(':');
+    const std::string_view name = spec.substr(0, colon);
+    options.variant = colon == std::string_view::npos ? std::string() : std::string(spec.substr(colon + 1));
+    for (const SolverEntry& e : solver_table())
+        if (e.name == name) {
+            if (colon != std::string_view::npos && e.variant_help.empty())
+                throw InvalidInput("solver '" + std::string(name) + "' takes no ':VARIANT'");
+            return e;
+        }
+    std::string known;
+    for (const SolverEntry& e : solver_table()) known += (known.empty() ? "" : ", ") + std::string(e.name);
+    throw InvalidInput("unknown solver '" + std::string(name) + "'; known solvers: " + known);
+}
+
+/// The solver used when none is named: the first applicable default choice.
+[[nodiscard]] inline const SolverEntry& default_solver(const Problem& problem) {
+    for (const SolverEntry& e : solver_table())
+        if (e.default_choice && e.applies(problem)) return e;
+    return solver_table().back();
+}
+
+/// Runs an entry, turning "does not apply" into a clear InvalidInput.
+[[nodiscard]] inline Plan solve_with(const SolverEntry& entry, const Problem& problem, Bytes budget,
+                                     const SolveOptions& options) {
+    if (!entry.applies(problem))
+        throw InvalidInput("solver '" + std::string(entry.name) + "' does not apply to problem '" + problem.name() + "'" +
+                           (entry.chains_only ? ": it is not a chain (FORMATS.md §5); use a general solver" : ""));
+    return entry.solve(problem, budget, options);
+}
+
+/// The smallest budget at which the entry has a plan: asked at budget 0, the solver answers
+/// with Infeasible carrying it. A solver that does not know it is searched by bisection
+/// between 0 and `upper` (a budget known to work, e.g. P_ref), assuming monotonicity.
+[[nodiscard]] inline std::optional<Bytes> smallest_feasible(const SolverEntry& entry, const Problem& problem,
+                                                            const SolveOptions& options, Bytes upper) {
+    try {
+        return solve_with(entry, problem, 0, options).peak;
+    } catch (const Infeasible& e) {
+        if (e.smallest_feasible()) return e.smallest_feasible();
+    }
+    const auto feasible = [&](Bytes b) {
+        try {
+            (void)solve_with(entry, problem, b, options);
+            return true;
+        } catch (const Infeasible&) {
+            return false;
+        }
+    };
+    if (!feasible(upper)) return std::nullopt;
+    Bytes lo = 0, hi = upper;  // infeasible at lo, feasible at hi
+    while (hi - lo > 1) {
+        const Bytes mid = lo + (hi - lo) / 2;
+        (feasible(mid) ? hi : lo) = mid;
+    }
+    return hi;
+}
+
+}  // namespace remat::cli

@@ -1,0 +1,350 @@
+// Tests of remat/io/budget.hpp, remat/io/svg.hpp, the remat-plan command line (run
+// in-process) and the bundled example problems with their README figures.
+#include <catch2/catch.hpp>
+
+#include <remat/io/budget.hpp>
+#include <remat/io/json.hpp>
+#include <remat/io/svg.hpp>
+#include <remat/remat.hpp>
+
+#include "../../examples/cli/remat_plan.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+using remat::Bytes;
+using remat::InvalidInput;
+
+const fs::path problems = fs::path(REMAT_SOURCE_DIR) / "examples" / "problems";
+
+std::string budget_error(const std::string& text) {
+    try {
+        (void)remat::parse_budget(text, 25088);
+    } catch (const InvalidInput& e) {
+        return e.what();
+    }
+    FAIL("budget '" << text << "' was accepted");
+    return {};
+}
+
+// Tags open and close in order (self-closing ones count as both), and nothing follows the root.
+bool balanced_markup(const std::string& text) {
+    std::vector<std::string> open;
+    std::size_t pos = 0;
+    while ((pos = text.find('<', pos)) != std::string::npos) {
+        const std::size_t end = text.find('>', pos);
+        if (end == std::string::npos) return false;
+        const std::string tag = text.substr(pos + 1, end - pos - 1);
+        pos = end + 1;
+        if (tag.empty()) return false;
+        if (tag.back() == '/') continue;
+        const std::size_t name_end = tag.find_first_of(" \n\t");
+        if (tag.front() == '/') {
+            if (open.empty() || open.back() != tag.substr(1)) return false;
+            open.pop_back();
+            if (open.empty() && text.find('<', pos) != std::string::npos) return false;
+        } else {
+            open.push_back(tag.substr(0, name_end));
+        }
+    }
+    return open.empty();
+}
+
+struct CliResult {
+    int code;
+    std::string out;
+    std::string err;
+};
+
+CliResult cli(const std::vector<std::string>& args) {
+    std::ostringstream out, err;
+    const int code = remat::cli::run_remat_plan(args, out, err);
+    return {code, out.str(), err.str()};
+}
+
+std::string tiny_chain() { return (problems / "tiny-chain.chain.json").string(); }
+std::string diamond() { return (problems / "diamond.problem.json").string(); }
+
+fs::path scratch_dir() {
+    const fs::path dir = fs::temp_directory_path() / "remat_test_cli";
+    fs::create_directories(dir);
+    return dir;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ budgets
+
+TEST_CASE("budgets parse as bytes, sizes with units and percentages of P_ref", "[budget]") {
+    CHECK(remat::parse_budget("25088", 1) == 25088);
+    CHECK(remat::parse_budget("25088B", 1) == 25088);
+    CHECK(remat::parse_budget(" 7 b ", 1) == 7);
+    CHECK(remat::parse_budget("512MiB", 1) == Bytes{512} << 20);
+    CHECK(remat::parse_budget("2GiB", 1) == Bytes{2} << 30);
+    CHECK(remat::parse_budget("1.5 GiB", 1) == Bytes{3} << 29);
+    CHECK(remat::parse_budget("24.5KiB", 1) == 25088);
+    CHECK(remat::parse_budget("1tib", 1) == Bytes{1} << 40);
+    CHECK(remat::parse_budget("100KB", 1) == 100'000);
+    CHECK(remat::parse_budget("1.5MB", 1) == 1'500'000);
+    CHECK(remat::parse_budget("3GB", 1) == 3'000'000'000);
+    CHECK(remat::parse_budget("2TB", 1) == 2'000'000'000'000);
+    CHECK(remat::parse_budget("0.000001KiB", 1) == 0);  // rounded down to whole bytes
+    CHECK(remat::parse_budget("40%", 25088) == 10035);    // floor(40 × 25088 / 100)
+    CHECK(remat::parse_budget("12.5%", 25088) == 3136);
+    CHECK(remat::parse_budget("100 %", 49283072) == 49283072);
+    CHECK(remat::parse_budget("150%", 100) == 150);
+    const remat::BudgetSpec spec = remat::parse_budget_spec("40%");
+    CHECK(spec.is_percent());
+    CHECK(spec.percent == 40.0);
+    CHECK(spec.resolve(1000) == 400);
+    CHECK_FALSE(remat::parse_budget_spec("4KiB").is_percent());
+    CHECK(remat::parse_bytes("4KiB") == 4096);
+}
+
+TEST_CASE("malformed budgets are InvalidInput naming the text", "[budget]") {
+    CHECK_THAT(budget_error(""), Catch::Contains("budget '': it is empty"));
+    CHECK_THAT(budget_error("abc"), Catch::Contains("budget 'abc': it does not start with a number"));
+    CHECK_THAT(budget_error("-5"), Catch::Contains("cannot be negative"));
+    CHECK_THAT(budget_error("5.5"), Catch::Contains("a number of bytes must be whole"));
+    CHECK_THAT(budget_error("5 XB"), Catch::Contains("unknown unit 'XB'"));
+    CHECK_THAT(budget_error("40%%"), Catch::Contains("unknown unit '%%'"));
+    CHECK_THAT(budget_error("1e3"), Catch::Contains("unknown unit 'e3'"));
+    CHECK_THAT(budget_error("99999999999999999999"), Catch::Contains("too large"));
+    CHECK_THAT(budget_error("9000000TiB"), Catch::Contains("too large"));
+    CHECK_THAT(budget_error("1.1234567GiB"), Catch::Contains("at most 6 decimals"));
+    CHECK_THAT(budget_error("."), Catch::Contains("does not start with a number"));
+    CHECK_THROWS_AS(remat::parse_bytes("40%"), InvalidInput);
+}
+
+TEST_CASE("byte counts format with binary units and three significant digits", "[budget]") {
+    CHECK(remat::format_bytes(0) == "0 B");
+    CHECK(remat::format_bytes(1023) == "1023 B");
+    CHECK(remat::format_bytes(1024) == "1 KiB");
+    CHECK(remat::format_bytes(25088) == "24.5 KiB");
+    CHECK(remat::format_bytes(Bytes{512} << 20) == "512 MiB");
+    CHECK(remat::format_bytes(Bytes{3} << 29) == "1.5 GiB");
+    CHECK(remat::format_bytes(1'000'000) == "977 KiB");
+    CHECK(remat::format_bytes(-2048) == "-2 KiB");
+    CHECK(remat::format_bytes(std::numeric_limits<Bytes>::max()) == "8 EiB");
+    CHECK(remat::format_bytes(std::numeric_limits<Bytes>::min()) == "-8 EiB");
+    // What it prints, it parses back to within the rounding.
+    CHECK(remat::parse_budget(remat::format_bytes(Bytes{512} << 20), 1) == Bytes{512} << 20);
+}
+
+// ------------------------------------------------------------------ SVG
+
+TEST_CASE("the memory timeline is well-formed SVG with the budget line", "[svg]") {
+    const auto problem = remat::io::load_problem(problems / "diamond.problem.json");
+    const auto ref = remat::store_all_reference(problem);
+    const auto plan = remat::StoreAll{}.solve(problem, 50'000'000);
+    const std::string svg = remat::timeline_svg(problem, plan, ref.peak);
+    CHECK(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0) == 0);
+    CHECK(svg.size() > 7);
+    CHECK(svg.substr(svg.size() - 7) == "</svg>\n");
+    CHECK(balanced_markup(svg));
+    CHECK_THAT(svg, Catch::Contains("class=\"budget\""));
+    CHECK_THAT(svg, Catch::Contains("budget 47.7 MiB"));
+    CHECK_THAT(svg, Catch::Contains("class=\"during\""));
+    CHECK_THAT(svg, Catch::Contains("class=\"after\""));
+    CHECK_THAT(svg, Catch::Contains("class=\"loss\""));
+    CHECK_THAT(svg, Catch::Contains("store-all peak 47 MiB"));
+    CHECK_THAT(svg, Catch::Contains("diamond"));
+    CHECK_THAT(svg, Catch::Contains("store-all"));
+    CHECK_THAT(svg, Catch::Contains("time 19.5"));
+    CHECK_THAT(svg, Catch::Contains("peak 47 MiB"));
+    // The memory axis has readable byte labels.
+    CHECK_THAT(svg, Catch::Contains(">16 MiB</text>"));
+    // One point per state: the initial one and one after each step.
+    const auto polyline = svg.find("<polyline class=\"after\" points=\"");
+    REQUIRE(polyline != std::string::npos);
+    const auto points_end = svg.find('"', polyline + 33);
+    const std::string points = svg.substr(polyline + 33, points_end - polyline - 33);
+    CHECK(static_cast<std::size_t>(std::count(points.begin(), points.end(), ',')) == plan.schedule.size() + 1);
+}
+
+TEST_CASE("the timeline escapes text and draws empty or invalid schedules", "[svg]") {
+    remat::SimulationReport empty;
+    empty.valid = true;
+    remat::TimelineChart chart;
+    chart.title = "a<b & \"c\"";
+    chart.budget = 1000;
+    const std::string svg = remat::timeline_svg(empty, chart);
+    CHECK_THAT(svg, Catch::Contains("a&lt;b &amp; &quot;c&quot;"));
+    CHECK(balanced_markup(svg));
+    CHECK_THAT(svg, Catch::Contains("class=\"budget\""));
+
+    const auto problem = remat::io::load_problem(problems / "tiny-chain.chain.json");
+    remat::Plan bad;
+    bad.schedule = {remat::Step::run(problem.op_id("B1"))};
+    bad.budget = 25088;
+    bad.stats.solver = "hand";
+    const std::string invalid = remat::timeline_svg(problem, bad);
+    CHECK(balanced_markup(invalid));
+    CHECK_THAT(invalid, Catch::Contains("INVALID"));
+}
+
+// ------------------------------------------------------------------ remat-plan
+
+TEST_CASE("remat-plan prints a summary of the plan", "[cli]") {
+    const auto r = cli({tiny_chain(), "--budget", "100%"});
+    CHECK(r.code == 0);
+    CHECK(r.err.empty());
+    CHECK_THAT(r.out, Catch::Contains("tiny-chain: chain of 1 stage, 5 data, 4 ops; T_ref 3, P_ref 25088 B (24.5 KiB)"));
+    CHECK_THAT(r.out, Catch::Contains("solver    rotor: optimal"));
+    CHECK_THAT(r.out, Catch::Contains("time      3, overhead +0.0 % vs T_ref"));
+    CHECK_THAT(r.out, Catch::Contains("peak      25088 B (24.5 KiB), 100.0 % of budget"));
+    CHECK_THAT(r.out, Catch::Contains("schedule  6 steps (3 runs, 3 frees)"));
+    // Non-chains get store-all by default.
+    CHECK_THAT(cli({diamond(), "--budget", "47MiB"}).out, Catch::Contains("solver    store-all: heuristic"));
+}
+
+TEST_CASE("remat-plan --json prints exactly one line with the agreed fields", "[cli]") {
+    const auto r = cli({tiny_chain(), "--budget=25088", "--json", "--solver", "periodic"});
+    CHECK(r.code == 0);
+    REQUIRE(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+    const auto line = nlohmann::json::parse(r.out);
+    CHECK(line.at("solver") == "periodic");
+    CHECK(line.at("budget") == 25088);
+    CHECK(line.at("feasible") == true);
+    CHECK(line.at("time") == 3.0);
+    CHECK(line.at("peak") == 25088);
+    CHECK(line.at("T_ref") == 3.0);
+    CHECK(line.at("P_ref") == 25088);
+    CHECK(line.at("solve_seconds").is_number());
+    CHECK(line.at("status") == "heuristic");
+    CHECK(line.at("gap").is_null());
+    const auto ordered = nlohmann::ordered_json::parse(r.out);
+    std::vector<std::string> keys;
+    for (const auto& [key, value] : ordered.items()) keys.push_back(key);
+    CHECK(keys == std::vector<std::string>{"solver", "budget", "feasible", "time", "peak", "T_ref", "P_ref",
+                                           "solve_seconds", "status", "gap"});
+}
+
+TEST_CASE("remat-plan exits 3 on an infeasible budget and names the smallest feasible one", "[cli]") {
+    auto r = cli({tiny_chain(), "--budget", "24KiB", "--json"});
+    CHECK(r.code == 3);
+    const auto line = nlohmann::json::parse(r.out);
+    CHECK(line.at("feasible") == false);
+    CHECK(line.at("time").is_null());
+    CHECK(line.at("smallest_feasible") == 25088);
+    CHECK_THAT(r.err, Catch::Contains("the smallest feasible budget for rotor is 25088 B"));
+    r = cli({diamond(), "--budget", "40MiB", "--solver", "exhaustive"});
+    CHECK(r.code == 0);
+    r = cli({diamond(), "--budget", "30MiB", "--solver", "exhaustive"});
+    CHECK(r.code == 3);
+    CHECK_THAT(r.err, Catch::Contains("38797312"));
+}
+
+TEST_CASE("remat-plan exits 2 on bad arguments and bad files", "[cli]") {
+    const auto bad = [](const std::vector<std::string>& args, const std::string& message) {
+        const auto r = cli(args);
+        CHECK(r.code == 2);
+        CHECK_THAT(r.err, Catch::Contains(message));
+    };
+    bad({tiny_chain()}, "--budget is required");
+    bad({"--budget", "1"}, "no problem file given");
+    bad({tiny_chain(), "--budget", "1", "--frobnicate"}, "unknown option '--frobnicate'");
+    bad({tiny_chain(), "--budget"}, "--budget needs a value");
+    bad({tiny_chain(), "--budget", "1", "--budget", "2"}, "--budget is given twice");
+    bad({tiny_chain(), "--budget", "1", "--sweep", "0"}, "--sweep expects a whole number");
+    bad({tiny_chain(), "--budget", "1", "--time-limit", "soon"}, "--time-limit expects a positive number");
+    bad({tiny_chain(), tiny_chain(), "--budget", "1"}, "one problem file only");
+    bad({tiny_chain(), "--budget", "lots"}, "budget 'lots'");
+    bad({tiny_chain(), "--budget", "1", "--solver", "magic"}, "unknown solver 'magic'; known solvers: rotor, periodic");
+    bad({tiny_chain(), "--budget", "1", "--solver", "store-all:x"}, "takes no ':VARIANT'");
+    bad({tiny_chain(), "--budget", "1", "--solver", "rotor:many"}, "rotor:SLOTS");
+    bad({diamond(), "--budget", "1", "--solver", "rotor"}, "does not apply to problem 'diamond' (not a chain)");
+    bad({"/nonexistent.json", "--budget", "1"}, "cannot read '/nonexistent.json'");
+    bad({tiny_chain(), "--sweep", "3", "--out", "x.json"}, "--out and --svg need --budget");
+    CHECK_THAT(cli({tiny_chain()}).err, Catch::Contains("usage: remat-plan FILE.json --budget B"));
+
+    const fs::path broken = scratch_dir() / "broken.json";
+    remat::io::write_file(broken, R"({"format": "remat.chain/1", "name": "x", "input_bytes": 1, "stages": [
+      {"name": "l1", "fwd_time": 1, "bwd_time": 1, "out_bytes": -4, "saved_bytes": 4}]})");
+    bad({broken.string(), "--budget", "1"}, broken.string() + ": at /stages/0/out_bytes: stages[0] 'l1' 'out_bytes' is negative");
+
+    const auto help = cli({"--help"});
+    CHECK(help.code == 0);
+    CHECK_THAT(help.out, Catch::Contains("--sweep N"));
+    CHECK_THAT(help.out, Catch::Contains("Exit codes: 0 ok, 2 bad input, 3 infeasible budget"));
+}
+
+TEST_CASE("remat-plan writes the schedule and the timeline", "[cli]") {
+    const fs::path dir = scratch_dir();
+    const fs::path schedule = dir / "plan.json";
+    const fs::path picture = dir / "plan.svg";
+    const auto r = cli({tiny_chain(), "--budget", "25088", "--out", schedule.string(), "--svg", picture.string()});
+    REQUIRE(r.code == 0);
+    CHECK_THAT(r.out, Catch::Contains("wrote     " + schedule.string()));
+    const auto problem = remat::io::load_problem(tiny_chain());
+    const auto saved = remat::io::load_schedule(problem, schedule);
+    CHECK(saved.solver == "rotor");
+    CHECK(saved.budget == Bytes{25088});
+    const auto report = remat::simulate(problem, saved.steps);
+    REQUIRE(report.valid);
+    REQUIRE(saved.predicted);
+    CHECK(report.time == saved.predicted->time);
+    CHECK(report.peak == saved.predicted->peak);
+    CHECK(report.peak <= 25088);
+    std::ifstream in(picture);
+    const std::string svg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    CHECK(svg.rfind("<svg", 0) == 0);
+    CHECK_THAT(svg, Catch::Contains("class=\"budget\""));
+    fs::remove_all(dir);
+}
+
+TEST_CASE("remat-plan --sweep plans budgets from the smallest feasible one to P_ref", "[cli]") {
+    auto r = cli({diamond(), "--sweep", "4", "--solver", "exhaustive"});
+    CHECK(r.code == 0);
+    CHECK_THAT(r.out, Catch::Contains("4 budgets from the smallest feasible 38797312 B (37 MiB) to P_ref"));
+    CHECK_THAT(r.out, Catch::Contains("38797312 B (37 MiB)"));
+    CHECK_THAT(r.out, Catch::Contains("+20.5 %"));  // 23.5 / 19.5 - 1 at the smallest budget
+    CHECK_THAT(r.out, Catch::Contains("49283072 B (47 MiB)"));
+
+    r = cli({diamond(), "--sweep", "3", "--solver", "exhaustive", "--json"});
+    CHECK(r.code == 0);
+    REQUIRE(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+    const auto line = nlohmann::json::parse(r.out);
+    CHECK(line.at("smallest_feasible") == 38797312);
+    REQUIRE(line.at("sweep").size() == 3);
+    CHECK(line.at("sweep")[0].at("budget") == 38797312);
+    CHECK(line.at("sweep")[0].at("time") == 23.5);
+    CHECK(line.at("sweep")[2].at("budget") == 49283072);
+    CHECK(line.at("sweep")[2].at("time") == 19.5);
+
+    // A solver that does not say its smallest budget is bisected: store-all's is P_ref.
+    r = cli({diamond(), "--sweep", "2", "--budget", "100%", "--json"});
+    CHECK(r.code == 0);
+    CHECK(nlohmann::json::parse(r.out).at("smallest_feasible") == 49283072);
+}
+
+// ------------------------------------------------------------------ the bundled examples
+
+TEST_CASE("every bundled example problem loads and matches the figures of its README", "[examples]") {
+    std::ifstream readme(problems / "README.md");
+    REQUIRE(readme);
+    const std::regex row(R"(^\| `([^`]+)` \|[^|]*\| ([0-9.e+-]+) \| ([0-9]+) \|)");
+    std::size_t checked = 0;
+    for (std::string line; std::getline(readme, line);) {
+        std::smatch m;
+        if (!std::regex_search(line, m, row)) continue;
+        INFO(m[1].str());
+        const auto problem = remat::io::load_problem(problems / m[1].str());
+        const auto ref = remat::store_all_reference(problem);
+        CHECK(ref.time == Approx(std::stod(m[2].str())).epsilon(1e-9));
+        CHECK(ref.peak == std::stoll(m[3].str()));
+        ++checked;
+    }
+    std::size_t files = 0;
+    for (const auto& entry : fs::directory_iterator(problems)) files += entry.path().extension() == ".json" ? 1 : 0;
+    CHECK(checked == files);
+    CHECK(files >= 7);
+}
