@@ -15,3 +15,5 @@
 #include "solvers/exhaustive.hpp"
 #include "solvers/periodic.hpp"
 #include "solvers/rotor.hpp"
+#include "io/budget.hpp"
+#include "io/svg.hpp"
