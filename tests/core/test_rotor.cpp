@@ -462,7 +462,7 @@ TEST_CASE("property: with arbitrary byte sizes, rounded slots still fit the budg
                 CHECK(plan.time >= ref.time - 1e-9);
                 const RotorSequence seq = rotor_plan(to_rotor_chain(chain), budget, options);
                 CHECK(seq.peak == plan.peak);
-                CHECK(seq.from_dp == (plan.stats.status == SolveStatus::optimal));
+                CHECK(seq.optimal == (plan.stats.status == SolveStatus::optimal));
             }
         }
     }

@@ -22,9 +22,21 @@
 //                                             peak S + x_{l-1} + saved_bytes + x_l + x_{l-1} + bwd_overhead
 //   free_activation(l) frees a_l.
 // Saved_k always contains a_l (saved_bytes ≥ out_bytes); backward frees Saved_k and g_l.
+// A block of Rockmate with option k = (forward sub-schedule F, backward sub-schedule B)
+// maps onto it as: fwd_time = time(F); saved_bytes = what F leaves live beside the block
+// input; fwd_overhead = peak(F) − (live before F) − saved_bytes; bwd_time = time(B);
+// bwd_overhead = peak(B) − (live before B) − x_{l-1}; F and B must keep a_{l-1} live.
+// In a sub-chain (a, b) the F∅/F_ck forwards run while g_b is live (for b < L), the input
+// a_{a-1} stays live throughout, and a checkpoint a_{j-1} is freed right after the part
+// above it is back-propagated; these are exactly the peaks the DP adds up.
+//
 // With slots, every size is rounded up to whole slots and the budget down, so a plan the
 // DP accepts always fits under the simulator; with sizes that are multiples of the slot,
-// the DP is exact.
+// the DP is exact. The DP is O(M·L³) (M slots); it stays fast by pruning F∅ runs whose
+// forwards no longer fit, skipping the memory range where a candidate cannot beat the
+// row, and keeping its table in single precision (times are compared as excess over a
+// lower bound, so ties within ~1e-7 of the recomputation time are broken arbitrarily;
+// every reported time is recomputed exactly).
 #pragma once
 
 #include <algorithm>
@@ -97,8 +109,8 @@ struct RotorChain {
     friend bool operator==(const RotorChain&, const RotorChain&) = default;
 };
 
-/// One step of an abstract Rotor schedule. `stage` is 1-based (0 only for free_activation
-/// of nothing, which never occurs: a_0 is never freed); `option` indexes RotorStage::options.
+/// One step of an abstract Rotor schedule. `stage` is 1-based (unused for the loss; a_0 is
+/// never freed); `option` indexes RotorStage::options (unused for no-grad forwards).
 struct RotorAction {
     enum class Kind : unsigned char { forward_nograd, forward, loss, backward, free_activation };
     Kind kind = Kind::forward_nograd;
@@ -111,9 +123,10 @@ struct RotorSequence {
     std::vector<RotorAction> actions;
     double time = 0.0;  ///< total time of the actions
     Bytes peak = 0;     ///< exact peak in bytes under the memory model above
-    /// True when the DP found it (optimal among persistent schedules within the slot
-    /// model); false for the least-memory fallback used when slot rounding left no plan.
-    bool from_dp = true;
+    /// True when the plan is optimal among persistent schedules within the slot model (or
+    /// stores everything, which nothing beats); false for the least-memory fallback used
+    /// when slot rounding left the DP no plan.
+    bool optimal = true;
     Bytes slot_bytes = 1;
     std::size_t slots = 0;  ///< memory slots of the DP (floor(budget / slot_bytes))
 };
@@ -677,6 +690,24 @@ template <class Choose>
     return out;
 }
 
+// Every stage with grad, fastest option, no recomputation.
+[[nodiscard]] inline std::vector<RotorAction> store_all_actions(const RotorChain& chain) {
+    using K = RotorAction::Kind;
+    const std::size_t L = chain.length();
+    std::vector<std::size_t> best(L + 1, 0);
+    for (std::size_t l = 1; l <= L; ++l) {
+        const auto& opts = chain.stages[l - 1].options;
+        for (std::size_t k = 1; k < opts.size(); ++k)
+            if (opts[k].fwd_time + opts[k].bwd_time < opts[best[l]].fwd_time + opts[best[l]].bwd_time) best[l] = k;
+    }
+    std::vector<RotorAction> actions;
+    actions.reserve(2 * L + 1);
+    for (std::size_t l = 1; l <= L; ++l) actions.push_back({K::forward, l, best[l]});
+    actions.push_back({K::loss, 0, 0});
+    for (std::size_t l = L; l >= 1; --l) actions.push_back({K::backward, l, best[l]});
+    return actions;
+}
+
 [[nodiscard]] inline Bytes rotor_gcd(const RotorChain& chain) {
     Bytes g = 0;
     const auto add = [&](Bytes v) { g = std::gcd(g, v < 0 ? -v : v); };
@@ -710,7 +741,7 @@ template <class Choose>
 /// Beaumont et al. 2019, with K options per stage). Throws Infeasible with the smallest
 /// budget that works when `budget` is too small. With `slots` (no fixed slot size), when
 /// slot rounding leaves the DP no plan although the exact least-memory schedule fits,
-/// that schedule is returned (from_dp = false).
+/// that schedule is returned (optimal = false).
 [[nodiscard]] inline RotorSequence rotor_plan(const RotorChain& chain, Bytes budget, const RotorOptions& options = {}) {
     validate(chain);
     const std::size_t L = chain.length();
@@ -760,7 +791,7 @@ template <class Choose>
         }
         // Rounding left no plan, but the exact least-memory schedule fits the budget.
         seq.actions = from_needs(exact_units, exact_needs, 0);
-        seq.from_dp = false;
+        seq.optimal = false;
         seq.slots = 0;
         if (options.verbose) std::cerr << stats_line(unit, 0) << ": slot rounding left no plan, least-memory schedule\n";
     } else {
@@ -779,6 +810,15 @@ template <class Choose>
                           " (this is a bug in the solver; please report it with the chain)");
     seq.time = ev.time;
     seq.peak = ev.peak;
+    // Rounding can hide that storing everything fits; when it does, nothing is faster.
+    const std::vector<RotorAction> all = detail::store_all_actions(chain);
+    const RotorEvaluation store_all = rotor_evaluate(chain, all);
+    if (store_all.valid && store_all.peak <= budget && store_all.time < seq.time) {
+        seq.actions = all;
+        seq.time = store_all.time;
+        seq.peak = store_all.peak;
+        seq.optimal = true;
+    }
     return seq;
 }
 
@@ -815,10 +855,10 @@ private:
     [[nodiscard]] Plan solve(const Problem& problem, const Chain& chain, Bytes budget) const {
         const auto start = std::chrono::steady_clock::now();
         const RotorSequence seq = rotor_plan(to_rotor_chain(chain), budget, options_);
-        SolverStats stats{std::string(name()), 0.0, seq.from_dp ? SolveStatus::optimal : SolveStatus::feasible,
+        SolverStats stats{std::string(name()), 0.0, seq.optimal ? SolveStatus::optimal : SolveStatus::feasible,
                           std::nullopt,
                           "slot_bytes=" + std::to_string(seq.slot_bytes) + " slots=" + std::to_string(seq.slots) +
-                              (seq.from_dp ? "" : " (least-memory fallback)")};
+                              (seq.optimal ? "" : " (least-memory fallback)")};
         Schedule schedule = rotor_to_schedule(seq.actions, chain.length());
         stats.solve_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         return make_checked_plan(problem, std::move(schedule), budget, std::move(stats));
