@@ -153,6 +153,8 @@ std::optional<Bytes> infeasible_smallest(const auto& solver, const Problem& p, B
 
 }  // namespace
 
+static_assert(Solver<Rotor> && Solver<Periodic>);
+
 TEST_CASE("rotor on tiny-chain: smallest feasible budget 25088, optimum 3.0") {
     const Chain chain{"tiny-chain", 4096, {Stage{"l1", 1.0, 2.0, 4096, 12288, 0, 512}}};
     const Problem p = to_problem(chain);
@@ -359,6 +361,11 @@ TEST_CASE("rotor rejects bad input") {
     RotorChain low_overhead = to_rotor_chain(chain);
     low_overhead.stages[0].options[0].bwd_overhead = -5;  // below −x_0 = −4
     CHECK_THROWS_WITH(rotor_plan(low_overhead, 100), Catch::Contains("bwd_overhead"));
+    // The time limit is honoured.
+    RotorOptions no_time;
+    no_time.time_limit_seconds = 0.0;
+    std::mt19937_64 rng(3);
+    CHECK_THROWS_WITH(Rotor(no_time).solve(unit_chain(rng, 30, 1), 200), Catch::Contains("time limit"));
     // A slot so small that the table cannot be held.
     RotorOptions tiny_slots;
     tiny_slots.slot_bytes = 1;
