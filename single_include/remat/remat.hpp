@@ -1362,4 +1362,1283 @@ private:
 
 }  // namespace remat
 // ---- end remat/solvers/periodic.hpp ----
+// ---- begin remat/solvers/rotor.hpp ----
+// remat/solvers/rotor.hpp — Rotor: the optimal persistent schedule of a chain.
+//
+// Beaumont, Eyraud-Dubois, Herrmann, Joly, Shilova, "Optimal checkpointing for
+// heterogeneous chains: how to train deep neural networks with limited memory" (2019).
+// A dynamic program over sub-chains and discretised memory finds the fastest persistent
+// schedule: at every level of the recursion the first stage of a sub-chain runs either with
+// grad (F_all, keeping what its backward needs) or without grad keeping its input (F_ck),
+// followed by no-grad forwards that free their input (F∅) up to the next checkpoint.
+//
+// The DP is written for K options per stage (Zhao et al., "Rockmate", ICML 2023): each
+// stage has one cheap no-grad forward and K alternative (forward with grad, backward)
+// pairs, and the F_all branch picks the best. A plain chain is the case K = 1. The core
+// works on a RotorChain and returns an abstract RotorSequence of actions; the Rotor solver
+// translates it into the FORMATS.md §5 expansion of a Chain.
+//
+// Memory model (the FORMATS.md §3 simulator, stage l has input a_{l-1}, output a_l and
+// gradients g_l, g_{l-1} of the same sizes; "S" is whatever else is live):
+//   forward_nograd(l)  S+{a_{l-1}}           → S+{a_{l-1},a_l}       peak S + x_{l-1} + x_l + nograd_overhead
+//   forward(l,k)       S+{a_{l-1}}           → S+{a_{l-1}}+Saved_k   peak S + x_{l-1} + saved_bytes + fwd_overhead
+//   loss               S+{a_L}               → S+{a_L,g_L}           peak S + x_L + loss_overhead (S includes a_L)
+//   backward(l,k)      S+{a_{l-1}}+Saved_k+{g_l} → S+{a_{l-1},g_{l-1}}
+//                                             peak S + x_{l-1} + saved_bytes + x_l + x_{l-1} + bwd_overhead
+//   free_activation(l) frees a_l.
+// Saved_k always contains a_l (saved_bytes ≥ out_bytes); backward frees Saved_k and g_l.
+// A block of Rockmate with option k = (forward sub-schedule F, backward sub-schedule B)
+// maps onto it as: fwd_time = time(F); saved_bytes = what F leaves live beside the block
+// input; fwd_overhead = peak(F) − (live before F) − saved_bytes; bwd_time = time(B);
+// bwd_overhead = peak(B) − (live before B) − x_{l-1}; F and B must keep a_{l-1} live.
+// In a sub-chain (a, b) the F∅/F_ck forwards run while g_b is live (for b < L), the input
+// a_{a-1} stays live throughout, and a checkpoint a_{j-1} is freed right after the part
+// above it is back-propagated; these are exactly the peaks the DP adds up.
+//
+// With slots, every size is rounded up to whole slots and the budget down, so a plan the
+// DP accepts always fits under the simulator; with sizes that are multiples of the slot,
+// the DP is exact. The DP is O(M·L³) (M slots); it stays fast by pruning F∅ runs whose
+// forwards no longer fit, skipping the memory range where a candidate cannot beat the
+// row, and keeping its table in single precision (times are compared as excess over a
+// lower bound, so ties within ~1e-7 of the recomputation time are broken arbitrarily;
+// every reported time is recomputed exactly).
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <iostream>
+#include <limits>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+
+namespace remat {
+
+/// One (forward with grad, backward) alternative of a stage. Sizes in bytes, relative to
+/// the state the action starts from (see the memory model above):
+struct RotorOption {
+    double fwd_time = 0.0;
+    double bwd_time = 0.0;
+    /// Everything the forward leaves live for the backward, the stage output a_l included
+    /// and its input a_{l-1} excluded (for a plain chain: Stage::saved_bytes = a_l + s_l).
+    Bytes saved_bytes = 0;
+    /// Forward peak = (live before) + saved_bytes + fwd_overhead. Must be ≥ 0.
+    Bytes fwd_overhead = 0;
+    /// Backward peak = (live before, i.e. a_{l-1} + Saved + g_l + the rest) + x_{l-1} + bwd_overhead,
+    /// where x_{l-1} accounts for g_{l-1}. May be negative (a block that frees g_l or saved
+    /// data before it writes g_{l-1}), but the peak may not be below the start or end state:
+    /// bwd_overhead ≥ −x_{l-1} and bwd_overhead ≥ −(saved_bytes + x_l).
+    Bytes bwd_overhead = 0;
+    friend bool operator==(const RotorOption&, const RotorOption&) = default;
+};
+
+struct RotorStage {
+    /// x_l: size of the stage output a_l and of its gradient g_l.
+    Bytes out_bytes = 0;
+    /// The cheap forward without grad: writes only a_l.
+    double nograd_time = 0.0;
+    /// Its peak = (live before, a_{l-1} included) + x_l + nograd_overhead. Must be ≥ 0.
+    Bytes nograd_overhead = 0;
+    /// K ≥ 1 alternatives.
+    std::vector<RotorOption> options;
+    friend bool operator==(const RotorStage&, const RotorStage&) = default;
+};
+
+struct RotorChain {
+    std::string name;
+    /// x_0: size of the chain input a_0 (live throughout, never freed) and of g_0.
+    Bytes input_bytes = 0;
+    std::vector<RotorStage> stages;
+    /// The loss reads a_L and writes g_L; its peak = (live before) + x_L + loss_overhead.
+    double loss_time = 0.0;
+    Bytes loss_overhead = 0;
+
+    [[nodiscard]] std::size_t length() const noexcept { return stages.size(); }
+    /// x_l for l = 0..L.
+    [[nodiscard]] Bytes activation_bytes(std::size_t l) const {
+        return l == 0 ? input_bytes : stages.at(l - 1).out_bytes;
+    }
+    friend bool operator==(const RotorChain&, const RotorChain&) = default;
+};
+
+/// One step of an abstract Rotor schedule. `stage` is 1-based (unused for the loss; a_0 is
+/// never freed); `option` indexes RotorStage::options (unused for no-grad forwards).
+struct RotorAction {
+    enum class Kind : unsigned char { forward_nograd, forward, loss, backward, free_activation };
+    Kind kind = Kind::forward_nograd;
+    std::size_t stage = 0;
+    std::size_t option = 0;
+    friend bool operator==(const RotorAction&, const RotorAction&) = default;
+};
+
+struct RotorSequence {
+    std::vector<RotorAction> actions;
+    double time = 0.0;  ///< total time of the actions
+    Bytes peak = 0;     ///< exact peak in bytes under the memory model above
+    /// True when the plan is optimal among persistent schedules within the slot model (or
+    /// stores everything, which nothing beats); false for the least-memory fallback used
+    /// when slot rounding left the DP no plan.
+    bool optimal = true;
+    Bytes slot_bytes = 1;
+    std::size_t slots = 0;  ///< memory slots of the DP (floor(budget / slot_bytes))
+};
+
+struct RotorOptions {
+    /// Number of memory slots the budget is cut into (when slot_bytes is not given).
+    /// When every size is a multiple of a common unit g and budget/g ≤ slots, the slot is
+    /// g and the DP is exact; otherwise the slot is ⌈budget/slots⌉ rounded up to a multiple of g.
+    std::size_t slots = 500;
+    /// A fixed slot size in bytes; overrides `slots`. With it the solver is monotone in
+    /// the budget and Infeasible reports the smallest budget that works at this slot size.
+    std::optional<Bytes> slot_bytes;
+    /// Give up (SolverError) when the DP runs longer than this.
+    std::optional<double> time_limit_seconds;
+    /// Progress on stderr.
+    bool verbose = false;
+};
+
+/// Throws InvalidInput naming the stage and option when a RotorChain breaks the rules above.
+inline void validate(const RotorChain& chain) {
+    const std::string who = "rotor chain '" + chain.name + "'";
+    if (chain.stages.empty()) throw InvalidInput(who + " has no stages");
+    if (chain.input_bytes < 0) throw InvalidInput(who + ": input_bytes is negative");
+    if (chain.loss_overhead < 0) throw InvalidInput(who + ": loss_overhead is negative");
+    if (!std::isfinite(chain.loss_time) || chain.loss_time < 0) throw InvalidInput(who + ": loss_time must be finite and >= 0");
+    for (std::size_t l = 1; l <= chain.length(); ++l) {
+        const RotorStage& s = chain.stages[l - 1];
+        const std::string st = who + " stage " + std::to_string(l);
+        if (s.out_bytes < 0) throw InvalidInput(st + ": out_bytes is negative");
+        if (!std::isfinite(s.nograd_time) || s.nograd_time < 0) throw InvalidInput(st + ": nograd_time must be finite and >= 0");
+        if (s.nograd_overhead < 0) throw InvalidInput(st + ": nograd_overhead is negative");
+        if (s.options.empty()) throw InvalidInput(st + " has no options; give at least one (forward, backward) option");
+        const Bytes in = chain.activation_bytes(l - 1);
+        for (std::size_t k = 0; k < s.options.size(); ++k) {
+            const RotorOption& o = s.options[k];
+            const std::string op = st + " option " + std::to_string(k);
+            if (!std::isfinite(o.fwd_time) || o.fwd_time < 0) throw InvalidInput(op + ": fwd_time must be finite and >= 0");
+            if (!std::isfinite(o.bwd_time) || o.bwd_time < 0) throw InvalidInput(op + ": bwd_time must be finite and >= 0");
+            if (o.saved_bytes < s.out_bytes)
+                throw InvalidInput(op + ": saved_bytes (" + std::to_string(o.saved_bytes) + ") is below out_bytes (" +
+                                   std::to_string(s.out_bytes) + "); the saved data include the stage output");
+            if (o.fwd_overhead < 0) throw InvalidInput(op + ": fwd_overhead is negative");
+            if (o.bwd_overhead < -in || o.bwd_overhead < -(o.saved_bytes + s.out_bytes))
+                throw InvalidInput(op + ": bwd_overhead " + std::to_string(o.bwd_overhead) +
+                                   " puts the backward peak below its start or end state");
+        }
+    }
+}
+
+/// A plain chain as a RotorChain with one option per stage (K = 1).
+[[nodiscard]] inline RotorChain to_rotor_chain(const Chain& chain) {
+    validate(chain);
+    RotorChain out{chain.name, chain.input_bytes, {}, 0.0, 0};
+    out.stages.reserve(chain.length());
+    for (const Stage& s : chain.stages)
+        out.stages.push_back(RotorStage{
+            s.out_bytes, s.fwd_time, s.fwd_overhead, {RotorOption{s.fwd_time, s.bwd_time, s.saved_bytes, s.fwd_overhead, s.bwd_overhead}}});
+    return out;
+}
+
+/// What a RotorSequence costs under the memory model above (exact bytes): valid or the
+/// first invalid action and why. For a plain chain this equals simulate() on the
+/// translated schedule.
+struct RotorEvaluation {
+    bool valid = false;
+    std::string error;
+    double time = 0.0;
+    Bytes peak = 0;
+};
+
+[[nodiscard]] inline RotorEvaluation rotor_evaluate(const RotorChain& chain, const std::vector<RotorAction>& actions) {
+    RotorEvaluation ev;
+    const std::size_t L = chain.length();
+    const auto x = [&](std::size_t l) { return chain.activation_bytes(l); };
+    std::vector<char> act(L + 1, 0), grad(L + 1, 0), backward_done(L + 1, 0);
+    std::vector<std::optional<std::size_t>> saved(L + 1);
+    bool loss_done = false;
+    act[0] = 1;
+    Bytes mem = x(0);
+    ev.peak = mem;
+    const auto fail = [&](std::size_t i, const std::string& why) {
+        ev.valid = false;
+        ev.error = "action " + std::to_string(i) + ": " + why;
+        return ev;
+    };
+    for (std::size_t i = 0; i < actions.size(); ++i) {
+        const RotorAction& a = actions[i];
+        const std::size_t l = a.stage;
+        const std::string sl = std::to_string(l);
+        if (a.kind != RotorAction::Kind::loss && (l > L || (l == 0 && a.kind != RotorAction::Kind::free_activation)))
+            return fail(i, "stage " + sl + " does not exist");
+        Bytes during = mem;
+        switch (a.kind) {
+            case RotorAction::Kind::forward_nograd: {
+                if (!act[l - 1]) return fail(i, "forward of stage " + sl + " without its input");
+                if (act[l]) return fail(i, "forward of stage " + sl + " while its output is live");
+                during = mem + x(l) + chain.stages[l - 1].nograd_overhead;
+                mem += x(l);
+                act[l] = 1;
+                ev.time += chain.stages[l - 1].nograd_time;
+                break;
+            }
+            case RotorAction::Kind::forward: {
+                if (a.option >= chain.stages[l - 1].options.size()) return fail(i, "stage " + sl + " has no such option");
+                const RotorOption& o = chain.stages[l - 1].options[a.option];
+                if (!act[l - 1]) return fail(i, "forward of stage " + sl + " without its input");
+                if (act[l]) return fail(i, "forward of stage " + sl + " while its output is live");
+                during = mem + o.saved_bytes + o.fwd_overhead;
+                mem += o.saved_bytes;
+                act[l] = 1;
+                saved[l] = a.option;
+                ev.time += o.fwd_time;
+                break;
+            }
+            case RotorAction::Kind::loss: {
+                if (loss_done) return fail(i, "the loss runs twice");
+                if (!act[L]) return fail(i, "loss without the chain output");
+                during = mem + x(L) + chain.loss_overhead;
+                mem += x(L);
+                grad[L] = 1;
+                loss_done = true;
+                ev.time += chain.loss_time;
+                break;
+            }
+            case RotorAction::Kind::backward: {
+                if (backward_done[l]) return fail(i, "backward of stage " + sl + " runs twice");
+                if (!saved[l] || *saved[l] != a.option)
+                    return fail(i, "backward of stage " + sl + " without the saved data of option " + std::to_string(a.option));
+                if (!grad[l]) return fail(i, "backward of stage " + sl + " without its output gradient");
+                if (!act[l - 1]) return fail(i, "backward of stage " + sl + " without its input");
+                const RotorOption& o = chain.stages[l - 1].options[a.option];
+                during = mem + x(l - 1) + o.bwd_overhead;
+                mem += x(l - 1) - o.saved_bytes - x(l);
+                grad[l - 1] = 1;
+                grad[l] = 0;
+                act[l] = 0;
+                saved[l].reset();
+                backward_done[l] = 1;
+                ev.time += o.bwd_time;
+                break;
+            }
+            case RotorAction::Kind::free_activation: {
+                if (l == 0) return fail(i, "the chain input a0 belongs to the caller and is never freed");
+                if (!act[l]) return fail(i, "free of a" + sl + ", which is not live");
+                if (saved[l]) return fail(i, "free of a" + sl + " while the saved data of stage " + sl + " hold it");
+                mem -= x(l);
+                act[l] = 0;
+                break;
+            }
+        }
+        ev.peak = std::max({ev.peak, during, mem});
+    }
+    if (!loss_done) return fail(actions.size(), "the loss never ran");
+    for (std::size_t l = 1; l <= L; ++l)
+        if (!backward_done[l]) return fail(actions.size(), "backward of stage " + std::to_string(l) + " never ran");
+    if (!grad[0]) return fail(actions.size(), "g0 is not live at the end");
+    ev.valid = true;
+    return ev;
+}
+
+/// The plain-chain schedule (ids of chain_ids(L)) of an action sequence with K = 1.
+[[nodiscard]] inline Schedule rotor_to_schedule(const std::vector<RotorAction>& actions, std::size_t length) {
+    const ChainIds id = chain_ids(length);
+    Schedule out;
+    out.reserve(actions.size() * 2);
+    for (const RotorAction& a : actions) {
+        switch (a.kind) {
+            case RotorAction::Kind::forward_nograd: out.push_back(Step::run(id.fwd.at(a.stage))); break;
+            case RotorAction::Kind::forward: out.push_back(Step::run(id.fwd_grad.at(a.stage))); break;
+            case RotorAction::Kind::loss: out.push_back(Step::run(id.loss)); break;
+            case RotorAction::Kind::backward:
+                out.push_back(Step::run(id.bwd.at(a.stage)));
+                out.push_back(Step::free(id.g.at(a.stage)));
+                out.push_back(Step::free(id.s.at(a.stage)));
+                out.push_back(Step::free(id.a.at(a.stage)));
+                break;
+            case RotorAction::Kind::free_activation: out.push_back(Step::free(id.a.at(a.stage))); break;
+        }
+    }
+    return out;
+}
+
+namespace detail {
+
+// Rounds up for any sign (unit > 0): the conservative direction for memory.
+[[nodiscard]] constexpr Bytes ceil_units(Bytes v, Bytes unit) noexcept {
+    return v >= 0 ? (v / unit) + (v % unit != 0 ? 1 : 0) : -((-v) / unit);
+}
+
+// The chain in integer units (bytes when unit = 1, slots otherwise), every term rounded up,
+// with the per-option peaks of the memory model precomputed. Indices are 1-based stages.
+struct RotorUnits {
+    struct Option {
+        Bytes fwd = 0;     // x_{l-1} + saved + fwd_overhead (the upper gradient comes on top)
+        Bytes bwd = 0;     // x_{l-1} + saved + x_l + x_{l-1} + bwd_overhead
+        Bytes extra = 0;   // saved − x_l: what stays live beside a_l for the backward
+        Bytes leaf = 0;    // least memory of the leaf (forward, [loss], backward)
+        double time = 0.0;       // fwd + bwd
+        double leaf_time = 0.0;  // fwd + bwd (+ loss for the last stage)
+    };
+    std::size_t L = 0;
+    std::vector<Bytes> x;            // [0..L]
+    std::vector<Bytes> nograd;       // [1..L]: x_{l-1} + x_l + nograd_overhead
+    std::vector<double> nograd_time; // [1..L]
+    std::vector<std::vector<Option>> options;  // [1..L]
+
+    // Size of the gradient that is live while sub-chain (a, b) runs forwards.
+    [[nodiscard]] Bytes upper(std::size_t b) const noexcept { return b < L ? x[b] : 0; }
+};
+
+[[nodiscard]] inline RotorUnits make_units(const RotorChain& chain, Bytes unit) {
+    RotorUnits u;
+    const std::size_t L = chain.length();
+    u.L = L;
+    u.x.resize(L + 1);
+    for (std::size_t l = 0; l <= L; ++l) u.x[l] = ceil_units(chain.activation_bytes(l), unit);
+    u.nograd.assign(L + 1, 0);
+    u.nograd_time.assign(L + 1, 0.0);
+    u.options.resize(L + 1);
+    const Bytes loss_ov = ceil_units(chain.loss_overhead, unit);
+    for (std::size_t l = 1; l <= L; ++l) {
+        const RotorStage& s = chain.stages[l - 1];
+        u.nograd[l] = u.x[l - 1] + u.x[l] + ceil_units(s.nograd_overhead, unit);
+        u.nograd_time[l] = s.nograd_time;
+        for (const RotorOption& o : s.options) {
+            RotorUnits::Option opt;
+            const Bytes saved = ceil_units(o.saved_bytes, unit);
+            opt.fwd = u.x[l - 1] + saved + ceil_units(o.fwd_overhead, unit);
+            opt.bwd = u.x[l - 1] + saved + u.x[l] + u.x[l - 1] + ceil_units(o.bwd_overhead, unit);
+            opt.extra = ceil_units(o.saved_bytes - s.out_bytes, unit);
+            opt.leaf = std::max(opt.fwd + u.upper(l), opt.bwd);
+            if (l == L) opt.leaf = std::max(opt.leaf, u.x[l - 1] + saved + u.x[l] + loss_ov);
+            opt.time = o.fwd_time + o.bwd_time;
+            opt.leaf_time = l == L ? opt.time + chain.loss_time : opt.time;
+            u.options[l].push_back(opt);
+        }
+    }
+    return u;
+}
+
+// Branch of the recursion for sub-chain (a, b): the leaf with option k (a == b), F_all
+// with option k, or F_ck at a followed by F∅ up to the checkpoint a_{j-1}.
+struct RotorChoice {
+    enum class Kind : unsigned char { none, leaf, all, ck };
+    Kind kind = Kind::none;
+    std::size_t index = 0;  // option k, or j
+};
+
+// Least memory (in units) with which sub-chain (a, b) can be back-propagated by a
+// persistent schedule, for every (a, b); with the fastest such schedule's choice as a
+// tie-break. Exact in the model: Opt(a, b, m) < ∞ ⇔ m ≥ need(a, b), because every branch's
+// constraints are thresholds on m and the sub-chains' needs compose by max.
+struct RotorNeeds {
+    std::size_t L = 0;
+    std::vector<Bytes> need;      // [(a-1)*L + (b-1)]
+    std::vector<double> time;     // time of the chosen least-memory schedule
+    std::vector<RotorChoice> choice;
+    [[nodiscard]] std::size_t at(std::size_t a, std::size_t b) const noexcept { return (a - 1) * L + (b - 1); }
+};
+
+[[nodiscard]] inline RotorNeeds compute_needs(const RotorUnits& u) {
+    const std::size_t L = u.L;
+    RotorNeeds n;
+    n.L = L;
+    n.need.assign(L * L, std::numeric_limits<Bytes>::max());
+    n.time.assign(L * L, std::numeric_limits<double>::infinity());
+    n.choice.assign(L * L, {});
+    for (std::size_t b = 1; b <= L; ++b) {
+        for (std::size_t a = b; a >= 1; --a) {
+            Bytes best = std::numeric_limits<Bytes>::max();
+            double best_time = std::numeric_limits<double>::infinity();
+            RotorChoice choice;
+            const auto consider = [&](Bytes need, double time, RotorChoice c) {
+                if (need < best || (need == best && time < best_time)) {
+                    best = need;
+                    best_time = time;
+                    choice = c;
+                }
+            };
+            const auto& opts = u.options[a];
+            if (a == b) {
+                for (std::size_t k = 0; k < opts.size(); ++k)
+                    consider(opts[k].leaf, opts[k].leaf_time, {RotorChoice::Kind::leaf, k});
+            } else {
+                const std::size_t sub = n.at(a + 1, b);
+                for (std::size_t k = 0; k < opts.size(); ++k)
+                    consider(std::max({opts[k].fwd + u.upper(b), opts[k].bwd, n.need[sub] + u.x[a - 1] + opts[k].extra}),
+                             opts[k].time + n.time[sub], {RotorChoice::Kind::all, k});
+                Bytes fwd = 0;
+                double pre = 0.0;
+                for (std::size_t j = a + 1; j <= b; ++j) {
+                    const std::size_t l = j - 1;
+                    fwd = std::max(fwd, u.nograd[l] + (l > a ? u.x[a - 1] : 0));
+                    pre += u.nograd_time[l];
+                    const std::size_t right = n.at(j, b), left = n.at(a, j - 1);
+                    consider(std::max({fwd + u.upper(b), n.need[right] + u.x[a - 1], n.need[left]}),
+                             pre + n.time[right] + n.time[left], {RotorChoice::Kind::ck, j});
+                }
+            }
+            n.need[n.at(a, b)] = best;
+            n.time[n.at(a, b)] = best_time;
+            n.choice[n.at(a, b)] = choice;
+        }
+    }
+    return n;
+}
+
+// The DP's hot loops. Rows hold, for every memory m, the least time of a sub-chain minus
+// its lower bound (below), in single precision: half the memory traffic of doubles, which
+// is what bounds this DP; times are compared to ~1e-7 of the recomputation time and every
+// reported time is recomputed exactly.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define REMAT_ROTOR_KERNEL __attribute__((target_clones("avx2", "default")))
+#else
+#define REMAT_ROTOR_KERNEL
+#endif
+
+// row[m] = min(row[m], c + src[m]) for m in [lo, hi] (src already shifted).
+REMAT_ROTOR_KERNEL inline void rotor_relax1(float* row, const float* src, float c, std::size_t lo,
+                                            std::size_t hi) noexcept {
+    for (std::size_t m = lo; m <= hi; ++m) {
+        const float v = c + src[m];
+        row[m] = v < row[m] ? v : row[m];
+    }
+}
+
+// row[m] = min(row[m], c + s1[m] + s2[m]) for m in [lo, hi] (s1 already shifted).
+REMAT_ROTOR_KERNEL inline void rotor_relax2(float* row, const float* s1, const float* s2, float c, std::size_t lo,
+                                            std::size_t hi) noexcept {
+    for (std::size_t m = lo; m <= hi; ++m) {
+        const float v = c + s1[m] + s2[m];
+        row[m] = v < row[m] ? v : row[m];
+    }
+}
+
+#undef REMAT_ROTOR_KERNEL
+
+// The time table of the DP: for every sub-chain (a, b) and memory m = 0..M, the least
+// time of a persistent schedule, stored as its excess over the lower bound
+// T(a, b) = Σ_{l=a..b} min_k (fwd + bwd) (+ the loss when b = L), which every schedule
+// pays. The recursion is additive in T, so excesses follow the same recursion with
+// constants pre_j (F∅ run) and time_k − t_a (option k). One row of M+1 floats per
+// sub-chain, column by column (all a for b = 1, then b = 2, ...).
+class RotorTable {
+public:
+    RotorTable(const RotorUnits& u, const RotorNeeds& needs, std::size_t M, const RotorOptions& options)
+        : u_(u), needs_(needs), L_(u.L), M_(M), width_(M + 1) {
+        const std::size_t pairs = L_ * (L_ + 1) / 2;
+        constexpr std::size_t max_cells = std::size_t{1} << 29;  // 2 GiB of floats
+        if (width_ > max_cells / pairs)
+            throw InvalidInput("rotor: " + std::to_string(L_) + " stages with " + std::to_string(width_) +
+                               " memory slots need a table of " + std::to_string(pairs * width_ * 4 / (1 << 20)) +
+                               " MiB; use fewer slots or a larger slot_bytes");
+        least_.assign(L_ + 1, 0.0);
+        for (std::size_t l = 1; l <= L_; ++l) {
+            double t = std::numeric_limits<double>::infinity();
+            for (const auto& o : u_.options[l]) t = std::min(t, o.leaf_time);
+            least_[l] = t;  // leaf_time = fwd + bwd, plus the loss for the last stage
+        }
+        table_.assign(pairs * width_, std::numeric_limits<float>::infinity());
+        fill(options);
+    }
+
+    [[nodiscard]] const float* row(std::size_t a, std::size_t b) const noexcept {
+        return table_.data() + (b * (b - 1) / 2 + (a - 1)) * width_;
+    }
+    /// Least time of sub-chain (a, b) at memory m minus its lower bound (∞ when none fits).
+    [[nodiscard]] float excess(std::size_t a, std::size_t b, std::size_t m) const noexcept { return row(a, b)[m]; }
+
+    // The branch that realises the table entry (a, b, m): the candidates in the DP's
+    // arithmetic, first strict minimum (the table holds the minimum, whatever the order).
+    [[nodiscard]] RotorChoice choose(std::size_t a, std::size_t b, std::size_t m) const {
+        RotorChoice choice;
+        float best = std::numeric_limits<float>::infinity();
+        const auto& opts = u_.options[a];
+        const auto mm = static_cast<Bytes>(m);
+        if (a == b) {
+            for (std::size_t k = 0; k < opts.size(); ++k) {
+                const float v = leaf_constant(a, k);
+                if (opts[k].leaf <= mm && v < best) {
+                    best = v;
+                    choice = {RotorChoice::Kind::leaf, k};
+                }
+            }
+            return choice;
+        }
+        const Bytes sub_need = needs_.need[needs_.at(a + 1, b)];
+        for (std::size_t k = 0; k < opts.size(); ++k) {
+            const Bytes off = u_.x[a - 1] + opts[k].extra;
+            if (std::max({opts[k].fwd + u_.upper(b), opts[k].bwd, sub_need + off}) > mm) continue;
+            const float v = all_constant(a, k) + row(a + 1, b)[m - static_cast<std::size_t>(off)];
+            if (v < best) {
+                best = v;
+                choice = {RotorChoice::Kind::all, k};
+            }
+        }
+        Bytes fwd = 0;
+        double pre = 0.0;
+        const Bytes off = u_.x[a - 1];
+        for (std::size_t j = a + 1; j <= b; ++j) {
+            const std::size_t l = j - 1;
+            fwd = std::max(fwd, u_.nograd[l] + (l > a ? u_.x[a - 1] : 0));
+            pre += u_.nograd_time[l];
+            if (fwd + u_.upper(b) > mm) break;
+            if (std::max(needs_.need[needs_.at(j, b)] + off, needs_.need[needs_.at(a, j - 1)]) > mm) continue;
+            const float v = static_cast<float>(pre) + row(j, b)[m - static_cast<std::size_t>(off)] + row(a, j - 1)[m];
+            if (v < best) {
+                best = v;
+                choice = {RotorChoice::Kind::ck, j};
+            }
+        }
+        return choice;
+    }
+
+private:
+    [[nodiscard]] float* mutable_row(std::size_t a, std::size_t b) noexcept {
+        return table_.data() + (b * (b - 1) / 2 + (a - 1)) * width_;
+    }
+    [[nodiscard]] float leaf_constant(std::size_t a, std::size_t k) const noexcept {
+        return static_cast<float>(u_.options[a][k].leaf_time - least_[a]);
+    }
+    [[nodiscard]] float all_constant(std::size_t a, std::size_t k) const noexcept {
+        return static_cast<float>(u_.options[a][k].time - least_[a]);
+    }
+
+    void fill(const RotorOptions& options) {
+        const auto start = std::chrono::steady_clock::now();
+        const auto M = static_cast<Bytes>(M_);
+        const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+        // Columns in blocks: row (a, c) is read by every (a, b) with b > c, so a block of
+        // columns reuses it from cache; within a block, a descends and b ascends, which
+        // keeps every dependency ((a+1, b), (j, b) for j > a, (a, c) for c < b) computed first.
+        constexpr std::size_t block = 8;
+        for (std::size_t b0 = 1; b0 <= L_; b0 += block) {
+            if (options.time_limit_seconds && elapsed() > *options.time_limit_seconds)
+                throw SolverError("rotor: time limit of " + std::to_string(*options.time_limit_seconds) +
+                                  " s reached after " + std::to_string(b0 - 1) + " of " + std::to_string(L_) +
+                                  " table columns; use fewer slots or raise the limit");
+            if (options.verbose) std::cerr << "rotor: columns " << b0 << ".." << L_ << " after " << elapsed() << " s\n";
+            const std::size_t b1 = std::min(L_, b0 + block - 1);
+            for (std::size_t a = b1; a >= 1; --a)
+                for (std::size_t b = std::max(a, b0); b <= b1; ++b) fill_row(a, b, M);
+        }
+    }
+
+    void fill_row(std::size_t a, std::size_t b, Bytes M) {
+        if (needs_.need[needs_.at(a, b)] > M) return;  // no m works: the row stays infinite
+        float* out = mutable_row(a, b);
+        const auto& opts = u_.options[a];
+        const auto hi = static_cast<std::size_t>(M);
+        if (a == b) {
+            for (std::size_t k = 0; k < opts.size(); ++k) {
+                if (opts[k].leaf > M) continue;
+                const float v = leaf_constant(a, k);
+                for (auto m = static_cast<std::size_t>(std::max<Bytes>(opts[k].leaf, 0)); m <= hi; ++m)
+                    out[m] = v < out[m] ? v : out[m];
+            }
+            return;
+        }
+        const Bytes sub_need = needs_.need[needs_.at(a + 1, b)];
+        for (std::size_t k = 0; k < opts.size(); ++k) {
+            const Bytes off = u_.x[a - 1] + opts[k].extra;
+            const Bytes lo = std::max({opts[k].fwd + u_.upper(b), opts[k].bwd, sub_need + off, Bytes{0}});
+            if (lo > M) continue;
+            rotor_relax1(out, row(a + 1, b) - off, all_constant(a, k), static_cast<std::size_t>(lo), hi);
+        }
+        Bytes fwd = 0;
+        double pre = 0.0;
+        const Bytes off = u_.x[a - 1];
+        for (std::size_t j = a + 1; j <= b; ++j) {
+            const std::size_t l = j - 1;
+            fwd = std::max(fwd, u_.nograd[l] + (l > a ? u_.x[a - 1] : 0));
+            pre += u_.nograd_time[l];
+            if (fwd + u_.upper(b) > M) break;  // longer F∅ runs only need more memory
+            const Bytes lo_bytes = std::max({fwd + u_.upper(b), needs_.need[needs_.at(j, b)] + off,
+                                             needs_.need[needs_.at(a, j - 1)], Bytes{0}});
+            if (lo_bytes > M) continue;
+            const auto lo = static_cast<std::size_t>(lo_bytes);
+            const float c = static_cast<float>(pre);
+            const float* s1 = row(j, b) - off;
+            const float* s2 = row(a, j - 1);
+            // Both rows fall as m grows, so the candidate never drops below its value at
+            // the top; it can only improve the part of `out` still above that (a prefix,
+            // since `out` falls too). Rounding is monotone, so this holds in floats.
+            const float floor = c + s1[hi] + s2[hi];
+            std::size_t first = lo, last = hi + 1;
+            while (first < last) {
+                const std::size_t mid = first + (last - first) / 2;
+                if (out[mid] <= floor) last = mid;
+                else first = mid + 1;
+            }
+            if (first > lo) rotor_relax2(out, s1, s2, c, lo, first - 1);
+        }
+    }
+
+    const RotorUnits& u_;
+    const RotorNeeds& needs_;
+    std::size_t L_;
+    std::size_t M_;
+    std::size_t width_;
+    std::vector<double> least_;  // t_l = min_k leaf_time: T(a, b) = Σ t_l
+    std::vector<float> table_;
+};
+
+// Expands choices into actions. `next(a, b, m)` gives the choice of sub-chain (a, b) at
+// memory m (m is ignored by the least-memory fallback). Iterative: chains can be long.
+template <class Choose>
+[[nodiscard]] std::vector<RotorAction> expand_rotor(const RotorUnits& u, Bytes M, Choose&& next) {
+    struct Item {
+        bool is_task = false;
+        std::size_t a = 0, b = 0;
+        Bytes m = 0;
+        RotorAction action;
+    };
+    using K = RotorAction::Kind;
+    std::vector<RotorAction> out;
+    std::vector<Item> stack{{true, 1, u.L, M, {}}};
+    std::vector<Item> pending;  // items of one expansion, pushed in reverse
+    while (!stack.empty()) {
+        const Item item = stack.back();
+        stack.pop_back();
+        if (!item.is_task) {
+            out.push_back(item.action);
+            continue;
+        }
+        const std::size_t a = item.a, b = item.b;
+        const RotorChoice c = next(a, b, item.m);
+        pending.clear();
+        const auto act = [&](K kind, std::size_t stage, std::size_t option = 0) {
+            pending.push_back({false, 0, 0, 0, RotorAction{kind, stage, option}});
+        };
+        switch (c.kind) {
+            case RotorChoice::Kind::leaf:
+                act(K::forward, a, c.index);
+                if (a == u.L) act(K::loss, 0);
+                act(K::backward, a, c.index);
+                break;
+            case RotorChoice::Kind::all:
+                act(K::forward, a, c.index);
+                pending.push_back({true, a + 1, b, item.m - u.x[a - 1] - u.options[a][c.index].extra, {}});
+                act(K::backward, a, c.index);
+                break;
+            case RotorChoice::Kind::ck: {
+                const std::size_t j = c.index;
+                act(K::forward_nograd, a);
+                for (std::size_t l = a + 1; l < j; ++l) {
+                    act(K::forward_nograd, l);
+                    act(K::free_activation, l - 1);
+                }
+                pending.push_back({true, j, b, item.m - u.x[a - 1], {}});
+                act(K::free_activation, j - 1);
+                pending.push_back({true, a, j - 1, item.m, {}});
+                break;
+            }
+            case RotorChoice::Kind::none:
+                throw SolverError("rotor: no branch realises sub-chain (" + std::to_string(a) + ", " + std::to_string(b) +
+                                  ") at " + std::to_string(item.m) + " slots (this is a bug in the solver; please report it)");
+        }
+        for (auto it = pending.rbegin(); it != pending.rend(); ++it) stack.push_back(*it);
+    }
+    return out;
+}
+
+// Every stage with grad, fastest option, no recomputation.
+[[nodiscard]] inline std::vector<RotorAction> store_all_actions(const RotorChain& chain) {
+    using K = RotorAction::Kind;
+    const std::size_t L = chain.length();
+    std::vector<std::size_t> best(L + 1, 0);
+    for (std::size_t l = 1; l <= L; ++l) {
+        const auto& opts = chain.stages[l - 1].options;
+        for (std::size_t k = 1; k < opts.size(); ++k)
+            if (opts[k].fwd_time + opts[k].bwd_time < opts[best[l]].fwd_time + opts[best[l]].bwd_time) best[l] = k;
+    }
+    std::vector<RotorAction> actions;
+    actions.reserve(2 * L + 1);
+    for (std::size_t l = 1; l <= L; ++l) actions.push_back({K::forward, l, best[l]});
+    actions.push_back({K::loss, 0, 0});
+    for (std::size_t l = L; l >= 1; --l) actions.push_back({K::backward, l, best[l]});
+    return actions;
+}
+
+[[nodiscard]] inline Bytes rotor_gcd(const RotorChain& chain) {
+    Bytes g = 0;
+    const auto add = [&](Bytes v) { g = std::gcd(g, v < 0 ? -v : v); };
+    add(chain.input_bytes);
+    add(chain.loss_overhead);
+    for (const RotorStage& s : chain.stages) {
+        add(s.out_bytes);
+        add(s.nograd_overhead);
+        for (const RotorOption& o : s.options) {
+            add(o.saved_bytes);
+            add(o.fwd_overhead);
+            add(o.bwd_overhead);
+        }
+    }
+    return g;
+}
+
+}  // namespace detail
+
+/// The least peak (bytes, exact) of any persistent schedule of `chain` under the memory
+/// model above: the smallest budget for which Rotor with exact sizes has a plan. Computed
+/// by a min-max recursion over the same branches as the DP (O(K·L² + L³)).
+[[nodiscard]] inline Bytes rotor_smallest_budget(const RotorChain& chain) {
+    validate(chain);
+    const detail::RotorUnits u = detail::make_units(chain, 1);
+    const detail::RotorNeeds n = detail::compute_needs(u);
+    return n.need[n.at(1, chain.length())];
+}
+
+/// The fastest persistent schedule of `chain` within `budget` bytes (the DP of
+/// Beaumont et al. 2019, with K options per stage). Throws Infeasible with the smallest
+/// budget that works when `budget` is too small. With `slots` (no fixed slot size), when
+/// slot rounding leaves the DP no plan although the exact least-memory schedule fits,
+/// that schedule is returned (optimal = false).
+[[nodiscard]] inline RotorSequence rotor_plan(const RotorChain& chain, Bytes budget, const RotorOptions& options = {}) {
+    validate(chain);
+    const std::size_t L = chain.length();
+    const auto stats_line = [&](Bytes unit, std::size_t M) {
+        return "rotor chain '" + chain.name + "': " + std::to_string(L) + " stages, slot " + std::to_string(unit) +
+               " bytes, " + std::to_string(M) + " slots";
+    };
+    const detail::RotorUnits exact_units = detail::make_units(chain, 1);
+    const detail::RotorNeeds exact_needs = detail::compute_needs(exact_units);
+    const Bytes smallest = exact_needs.need[exact_needs.at(1, L)];
+
+    Bytes unit = 1;
+    if (options.slot_bytes) {
+        if (*options.slot_bytes < 1) throw InvalidInput("rotor: slot_bytes must be at least 1");
+        unit = *options.slot_bytes;
+    } else {
+        if (options.slots == 0) throw InvalidInput("rotor: slots must be at least 1");
+        if (budget < smallest)
+            throw Infeasible("rotor needs at least " + std::to_string(smallest) + " bytes for '" + chain.name +
+                                 "' (the least peak of any persistent schedule), above the budget of " +
+                                 std::to_string(budget) + " bytes",
+                             budget, smallest);
+        const Bytes g = std::max<Bytes>(1, detail::rotor_gcd(chain));
+        const Bytes base = (budget + static_cast<Bytes>(options.slots) - 1) / static_cast<Bytes>(options.slots);
+        unit = std::max<Bytes>(g, g * ((base + g - 1) / g));
+    }
+    const detail::RotorUnits units = unit == 1 ? exact_units : detail::make_units(chain, unit);
+    const detail::RotorNeeds needs = unit == 1 ? exact_needs : detail::compute_needs(units);
+    const Bytes need = needs.need[needs.at(1, L)];
+    const Bytes M = budget < 0 ? -1 : budget / unit;
+
+    const auto from_needs = [&](const detail::RotorUnits& u, const detail::RotorNeeds& n, Bytes m) {
+        return detail::expand_rotor(u, m, [&](std::size_t a, std::size_t b, Bytes) { return n.choice[n.at(a, b)]; });
+    };
+    RotorSequence seq;
+    seq.slot_bytes = unit;
+    if (M < need) {
+        if (options.slot_bytes) {
+            const Bytes least = need * unit;
+            throw Infeasible("rotor with slots of " + std::to_string(unit) + " bytes needs at least " +
+                                 std::to_string(least) + " bytes for '" + chain.name + "', above the budget of " +
+                                 std::to_string(budget) + " bytes" +
+                                 (least > smallest ? " (exact sizes would need " + std::to_string(smallest) +
+                                                         "; use a smaller slot_bytes)"
+                                                   : ""),
+                             budget, least);
+        }
+        // Rounding left no plan, but the exact least-memory schedule fits the budget.
+        seq.actions = from_needs(exact_units, exact_needs, 0);
+        seq.optimal = false;
+        seq.slots = 0;
+        if (options.verbose) std::cerr << stats_line(unit, 0) << ": slot rounding left no plan, least-memory schedule\n";
+    } else {
+        const auto width = static_cast<std::size_t>(M);
+        if (options.verbose) std::cerr << stats_line(unit, width) << "\n";
+        const detail::RotorTable table(units, needs, width, options);
+        seq.actions = detail::expand_rotor(units, M, [&](std::size_t a, std::size_t b, Bytes m) {
+            return table.choose(a, b, static_cast<std::size_t>(m));
+        });
+        seq.slots = width;
+    }
+    const RotorEvaluation ev = rotor_evaluate(chain, seq.actions);
+    if (!ev.valid || ev.peak > budget)
+        throw SolverError("rotor: internal plan for '" + chain.name + "' is " +
+                          (ev.valid ? "over budget (peak " + std::to_string(ev.peak) + ")" : "invalid: " + ev.error) +
+                          " (this is a bug in the solver; please report it with the chain)");
+    seq.time = ev.time;
+    seq.peak = ev.peak;
+    // Rounding can hide that storing everything fits; when it does, nothing is faster.
+    const std::vector<RotorAction> all = detail::store_all_actions(chain);
+    const RotorEvaluation store_all = rotor_evaluate(chain, all);
+    if (store_all.valid && store_all.peak <= budget && store_all.time < seq.time) {
+        seq.actions = all;
+        seq.time = store_all.time;
+        seq.peak = store_all.peak;
+        seq.optimal = true;
+    }
+    return seq;
+}
+
+/// The Rotor solver on chains (FORMATS.md §5): the optimal persistent schedule within the
+/// budget, checked by the simulator.
+class Rotor {
+public:
+    explicit Rotor(RotorOptions options = {}) : options_(std::move(options)) {}
+
+    [[nodiscard]] static constexpr std::string_view name() noexcept { return "rotor"; }
+    [[nodiscard]] const RotorOptions& options() const noexcept { return options_; }
+
+    [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
+        const std::optional<Chain> chain = as_chain(problem);
+        if (!chain)
+            throw InvalidInput("rotor: problem '" + problem.name() +
+                               "' is not a chain (the FORMATS.md §5 expansion); use the checkmate or rockmate "
+                               "solver for general graphs");
+        return solve(problem, *chain, budget);
+    }
+
+    [[nodiscard]] Plan solve(const Chain& chain, Bytes budget) const { return solve(to_problem(chain), chain, budget); }
+
+    /// Smallest budget this solver (with these options) accepts for `chain`, exactly.
+    [[nodiscard]] Bytes smallest_budget(const Chain& chain) const {
+        const RotorChain rc = to_rotor_chain(chain);
+        if (!options_.slot_bytes) return rotor_smallest_budget(rc);
+        const detail::RotorUnits u = detail::make_units(rc, *options_.slot_bytes);
+        const detail::RotorNeeds n = detail::compute_needs(u);
+        return n.need[n.at(1, chain.length())] * *options_.slot_bytes;
+    }
+
+private:
+    [[nodiscard]] Plan solve(const Problem& problem, const Chain& chain, Bytes budget) const {
+        const auto start = std::chrono::steady_clock::now();
+        const RotorSequence seq = rotor_plan(to_rotor_chain(chain), budget, options_);
+        SolverStats stats{std::string(name()), 0.0, seq.optimal ? SolveStatus::optimal : SolveStatus::feasible,
+                          std::nullopt,
+                          "slot_bytes=" + std::to_string(seq.slot_bytes) + " slots=" + std::to_string(seq.slots) +
+                              (seq.optimal ? "" : " (least-memory fallback)")};
+        Schedule schedule = rotor_to_schedule(seq.actions, chain.length());
+        stats.solve_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        return make_checked_plan(problem, std::move(schedule), budget, std::move(stats));
+    }
+
+    RotorOptions options_;
+};
+
+}  // namespace remat
+// ---- end remat/solvers/rotor.hpp ----
+// ---- begin remat/io/budget.hpp ----
+// remat/io/budget.hpp — memory budgets as people write them, and byte counts as people read them.
+//
+// A budget is plain bytes (`25088`), a size with a unit (`512MiB`, `1.5 GiB`, `100KB`) or a
+// percentage of the store-all peak P_ref (`40%` = floor(40 × P_ref / 100), FORMATS.md §4).
+// Units, case-insensitive: B; KiB, MiB, GiB, TiB (powers of 1024); KB, MB, GB, TB (powers
+// of 1000, as disk makers and the SI use them). A fractional size with a unit is rounded
+// down to whole bytes. Standard library only.
+
+#include <array>
+#include <cctype>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <string_view>
+
+
+namespace remat {
+
+/// A parsed budget: bytes, or a percentage still to be applied to P_ref.
+struct BudgetSpec {
+    enum class Kind { bytes, percent };
+    Kind kind = Kind::bytes;
+    Bytes bytes = 0;      ///< when kind == bytes
+    double percent = 0;   ///< when kind == percent
+
+    [[nodiscard]] bool is_percent() const noexcept { return kind == Kind::percent; }
+    /// The budget in bytes, given the store-all peak P_ref (used only for a percentage).
+    [[nodiscard]] Bytes resolve(Bytes reference_peak) const {
+        return is_percent() ? percent_of(reference_peak, percent) : bytes;
+    }
+    friend bool operator==(const BudgetSpec&, const BudgetSpec&) = default;
+};
+
+namespace detail::budget_impl {
+
+struct SizeUnit {
+    std::string_view name;
+    Bytes multiplier;
+};
+
+inline constexpr std::array<SizeUnit, 9> size_units{{
+    {"b", 1},
+    {"kib", Bytes{1} << 10},
+    {"mib", Bytes{1} << 20},
+    {"gib", Bytes{1} << 30},
+    {"tib", Bytes{1} << 40},
+    {"kb", 1'000},
+    {"mb", 1'000'000},
+    {"gb", 1'000'000'000},
+    {"tb", 1'000'000'000'000},
+}};
+
+inline constexpr std::size_t max_fraction_digits = 6;
+
+[[noreturn]] inline void bad_budget(std::string_view text, const std::string& why) {
+    throw InvalidInput("budget '" + std::string(text) + "': " + why +
+                       "; write bytes (25088), a size (512MiB, 1.5GiB, 100KB) or a percentage of the store-all "
+                       "peak (40%)");
+}
+
+// "123.45" → integer part and up to six fraction digits, exactly; the rest of the text after it.
+struct Number {
+    std::uint64_t whole = 0;
+    std::uint64_t fraction = 0;  // fraction digits as an integer
+    std::size_t fraction_digits = 0;
+    std::string_view rest;
+};
+
+inline Number parse_number(std::string_view original, std::string_view text) {
+    Number n;
+    std::size_t i = 0;
+    std::size_t digits = 0;
+    for (; i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])); ++i, ++digits) {
+        const auto d = static_cast<std::uint64_t>(text[i] - '0');
+        if (n.whole > (std::numeric_limits<std::uint64_t>::max() - d) / 10) bad_budget(original, "the number is too large");
+        n.whole = n.whole * 10 + d;
+    }
+    if (i < text.size() && text[i] == '.') {
+        ++i;
+        for (; i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])); ++i, ++digits) {
+            if (++n.fraction_digits > max_fraction_digits)
+                bad_budget(original, "at most " + std::to_string(max_fraction_digits) + " decimals");
+            n.fraction = n.fraction * 10 + static_cast<std::uint64_t>(text[i] - '0');
+        }
+    }
+    if (digits == 0) bad_budget(original, "it does not start with a number");
+    n.rest = text.substr(i);
+    return n;
+}
+
+inline std::string lower(std::string_view text) {
+    std::string out(text);
+    for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return out;
+}
+
+inline std::string_view trim(std::string_view text) {
+    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
+    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
+    return text;
+}
+
+}  // namespace detail::budget_impl
+
+/// Parses "25088", "512MiB", "1.5 GiB", "100KB" or "40%". Throws InvalidInput naming the text.
+[[nodiscard]] inline BudgetSpec parse_budget_spec(std::string_view text) {
+    const std::string_view t = detail::budget_impl::trim(text);
+    if (t.empty()) detail::budget_impl::bad_budget(text, "it is empty");
+    if (t.front() == '-') detail::budget_impl::bad_budget(text, "a budget cannot be negative");
+    const detail::budget_impl::Number n = detail::budget_impl::parse_number(text, t);
+    const std::string unit = detail::budget_impl::lower(detail::budget_impl::trim(n.rest));
+    if (unit == "%") {
+        double scale = 1;
+        for (std::size_t i = 0; i < n.fraction_digits; ++i) scale *= 10;
+        const double percent = static_cast<double>(n.whole) + static_cast<double>(n.fraction) / scale;
+        return BudgetSpec{BudgetSpec::Kind::percent, 0, percent};
+    }
+    Bytes multiplier = 0;
+    if (unit.empty()) multiplier = 1;
+    for (const auto& u : detail::budget_impl::size_units)
+        if (u.name == unit) multiplier = u.multiplier;
+    if (multiplier == 0) detail::budget_impl::bad_budget(text, "unknown unit '" + std::string(detail::budget_impl::trim(n.rest)) +
+                                                      "' (known: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB, %)");
+    if (multiplier == 1 && n.fraction != 0) detail::budget_impl::bad_budget(text, "a number of bytes must be whole");
+    const auto max = static_cast<std::uint64_t>(std::numeric_limits<Bytes>::max());
+    const auto m = static_cast<std::uint64_t>(multiplier);
+    if (n.whole > max / m) detail::budget_impl::bad_budget(text, "the size is too large");
+    std::uint64_t pow10 = 1;
+    for (std::size_t i = 0; i < n.fraction_digits; ++i) pow10 *= 10;
+    // fraction < 10^6 and m <= 2^40, so the product stays below 2^63.
+    const std::uint64_t part = n.fraction * m / pow10;
+    if (n.whole * m > max - part) detail::budget_impl::bad_budget(text, "the size is too large");
+    return BudgetSpec{BudgetSpec::Kind::bytes, static_cast<Bytes>(n.whole * m + part), 0};
+}
+
+/// A budget in bytes; a percentage is taken of `reference_peak` (P_ref).
+[[nodiscard]] inline Bytes parse_budget(std::string_view text, Bytes reference_peak) {
+    return parse_budget_spec(text).resolve(reference_peak);
+}
+
+/// A size in bytes; a percentage is an error here.
+[[nodiscard]] inline Bytes parse_bytes(std::string_view text) {
+    const BudgetSpec spec = parse_budget_spec(text);
+    if (spec.is_percent()) detail::budget_impl::bad_budget(text, "a percentage is not a size here");
+    return spec.bytes;
+}
+
+/// "512 B", "24.5 KiB", "1.5 GiB", "8 MiB": three significant digits, binary units.
+[[nodiscard]] inline std::string format_bytes(Bytes bytes) {
+    constexpr std::array<const char*, 7> units{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    const bool negative = bytes < 0;
+    // Magnitude as unsigned so that the most negative value formats too.
+    const std::uint64_t magnitude =
+        negative ? std::uint64_t{0} - static_cast<std::uint64_t>(bytes) : static_cast<std::uint64_t>(bytes);
+    const std::string sign = negative ? "-" : "";
+    if (magnitude < 1024) return sign + std::to_string(magnitude) + " B";
+    std::size_t unit = 0;
+    double value = static_cast<double>(magnitude);
+    while (value >= 1024 && unit + 1 < units.size()) {
+        value /= 1024;
+        ++unit;
+    }
+    std::array<char, 32> buffer{};
+    const int decimals = value < 10 ? 2 : value < 100 ? 1 : 0;
+    std::snprintf(buffer.data(), buffer.size(), "%.*f", decimals, value);
+    std::string number(buffer.data());
+    if (number.find('.') != std::string::npos) {
+        while (number.back() == '0') number.pop_back();
+        if (number.back() == '.') number.pop_back();
+    }
+    return sign + number + " " + units[unit];
+}
+
+}  // namespace remat
+// ---- end remat/io/budget.hpp ----
+// ---- begin remat/io/svg.hpp ----
+// remat/io/svg.hpp — a picture of a plan: memory over the steps of its schedule, as SVG.
+//
+// It draws what the simulator of FORMATS.md §3 reports (SimulationReport::timeline): the
+// memory while each step runs (shaded; it includes the op's new outputs and its transient
+// overhead) and the memory between steps (a line), with the budget as a horizontal line,
+// the store-all peak P_ref when known, and the loss step that separates the forward phase
+// from the backward phase — the figure the Rotor and Checkmate papers use to show where a
+// schedule spends its memory. Standard library only; the output is a self-contained SVG.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+
+namespace remat {
+
+/// What to draw besides the timeline.
+struct TimelineChart {
+    std::string title;                     ///< first line, e.g. the problem and solver
+    std::string subtitle;                  ///< second line, e.g. time and peak
+    std::optional<Bytes> budget;           ///< drawn as a red dashed line
+    std::optional<Bytes> reference_peak;   ///< P_ref, drawn as a grey dashed line
+    std::optional<std::size_t> loss_step;  ///< index of the step that runs the loss op
+    int width = 960;
+    int height = 480;
+};
+
+namespace detail::svg_impl {
+
+inline std::string xml_escape(std::string_view text) {
+    std::string out;
+    out.reserve(text.size());
+    for (const char c : text) {
+        switch (c) {
+            case '&': out += "&amp;"; break;
+            case '<': out += "&lt;"; break;
+            case '>': out += "&gt;"; break;
+            case '"': out += "&quot;"; break;
+            case '\'': out += "&apos;"; break;
+            default: out += c;
+        }
+    }
+    return out;
+}
+
+inline std::string coord(double v) {
+    char buffer[32];
+    std::snprintf(buffer, sizeof buffer, "%.1f", v);
+    return buffer;
+}
+
+// Tick spacing for bytes: a power of two, so that labels read "8 MiB", "16 MiB", ...
+inline Bytes byte_tick(Bytes top) {
+    const double raw = static_cast<double>(std::max<Bytes>(top, 1)) / 5.0;
+    Bytes step = 1;
+    while (static_cast<double>(step) < raw) step *= 2;
+    return step;
+}
+
+// Tick spacing for step numbers: 1, 2 or 5 times a power of ten, at most about ten ticks.
+inline std::size_t step_tick(std::size_t steps) {
+    std::size_t base = 1;
+    while (true) {
+        for (const std::size_t m : {std::size_t{1}, std::size_t{2}, std::size_t{5}})
+            if (steps / (base * m) <= 10) return base * m;
+        base *= 10;
+    }
+}
+
+inline std::string format_number(double value, const char* format = "%.4g") {
+    char buffer[32];
+    std::snprintf(buffer, sizeof buffer, format, value);
+    return buffer;
+}
+
+}  // namespace detail::svg_impl
+
+/// The SVG picture of a simulated schedule.
+[[nodiscard]] inline std::string timeline_svg(const SimulationReport& report, const TimelineChart& chart) {
+    using detail::svg_impl::coord;
+    const auto& points = report.timeline;
+    const std::size_t n = points.size();
+    const double left = 92, right = 24, top = 64, bottom = 74;
+    const double width = std::max(chart.width, 320);
+    const double height = std::max(chart.height, 240);
+    const double x0 = left, x1 = width - right, y0 = top, y1 = height - bottom;
+
+    Bytes highest = std::max<Bytes>(report.peak, 1);
+    if (chart.budget) highest = std::max(highest, *chart.budget);
+    if (chart.reference_peak) highest = std::max(highest, *chart.reference_peak);
+    const Bytes tick = detail::svg_impl::byte_tick(highest + highest / 10);
+    const Bytes y_top = (highest + highest / 10 + tick - 1) / tick * tick;
+    const auto x = [&](double step) { return x0 + (x1 - x0) * step / static_cast<double>(std::max<std::size_t>(n, 1)); };
+    const auto y = [&](Bytes bytes) {
+        return y1 - (y1 - y0) * static_cast<double>(bytes) / static_cast<double>(y_top);
+    };
+
+    std::string svg;
+    svg += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + coord(width) + "\" height=\"" + coord(height) +
+           "\" viewBox=\"0 0 " + coord(width) + " " + coord(height) +
+           "\" font-family=\"Helvetica, Arial, sans-serif\" font-size=\"12\">\n";
+    svg += "<title>" + detail::svg_impl::xml_escape(chart.title) + "</title>\n";
+    svg += "<rect x=\"0\" y=\"0\" width=\"" + coord(width) + "\" height=\"" + coord(height) + "\" fill=\"white\"/>\n";
+    svg += "<text x=\"" + coord(x0) + "\" y=\"24\" font-size=\"16\" font-weight=\"bold\">" +
+           detail::svg_impl::xml_escape(chart.title) + "</text>\n";
+    svg += "<text x=\"" + coord(x0) + "\" y=\"44\" fill=\"#444\">" + detail::svg_impl::xml_escape(chart.subtitle) + "</text>\n";
+
+    // Memory grid and labels.
+    svg += "<g class=\"y-axis\" fill=\"#444\" text-anchor=\"end\">\n";
+    for (Bytes v = 0; v <= y_top; v += tick) {
+        svg += "<line x1=\"" + coord(x0) + "\" y1=\"" + coord(y(v)) + "\" x2=\"" + coord(x1) + "\" y2=\"" + coord(y(v)) +
+               "\" stroke=\"#e4e4e4\"/>\n";
+        svg += "<text x=\"" + coord(x0 - 6) + "\" y=\"" + coord(y(v) + 4) + "\">" + format_bytes(v) + "</text>\n";
+    }
+    svg += "<text transform=\"translate(18 " + coord((y0 + y1) / 2) + ") rotate(-90)\" text-anchor=\"middle\">memory</text>\n";
+    svg += "</g>\n";
+
+    // Step axis.
+    const std::size_t every = detail::svg_impl::step_tick(std::max<std::size_t>(n, 1));
+    svg += "<g class=\"x-axis\" fill=\"#444\" text-anchor=\"middle\">\n";
+    for (std::size_t s = 0; s <= n; s += every)
+        svg += "<text x=\"" + coord(x(static_cast<double>(s))) + "\" y=\"" + coord(y1 + 18) + "\">" + std::to_string(s) +
+               "</text>\n";
+    svg += "<text x=\"" + coord((x0 + x1) / 2) + "\" y=\"" + coord(y1 + 36) + "\">step</text>\n";
+    svg += "</g>\n";
+
+    // Memory while each step runs: a step-shaped area.
+    if (n > 0) {
+        std::string area = "M" + coord(x(0)) + " " + coord(y(0));
+        for (std::size_t i = 0; i < n; ++i) {
+            const std::string top_y = coord(y(points[i].during));
+            area += " L" + coord(x(static_cast<double>(i))) + " " + top_y + " L" + coord(x(static_cast<double>(i + 1))) +
+                    " " + top_y;
+        }
+        area += " L" + coord(x(static_cast<double>(n))) + " " + coord(y(0)) + " Z";
+        svg += "<path class=\"during\" d=\"" + area + "\" fill=\"#9ecae1\" stroke=\"none\"/>\n";
+    }
+    // Memory between steps: initial state, then after each step.
+    {
+        std::string line = coord(x(0)) + "," + coord(y(report.initial));
+        for (std::size_t i = 0; i < n; ++i)
+            line += " " + coord(x(static_cast<double>(i + 1))) + "," + coord(y(points[i].after));
+        svg += "<polyline class=\"after\" points=\"" + line + "\" fill=\"none\" stroke=\"#08519c\" stroke-width=\"1.5\"/>\n";
+    }
+
+    // Axes on top of the area.
+    svg += "<line x1=\"" + coord(x0) + "\" y1=\"" + coord(y1) + "\" x2=\"" + coord(x1) + "\" y2=\"" + coord(y1) +
+           "\" stroke=\"#222\"/>\n";
+    svg += "<line x1=\"" + coord(x0) + "\" y1=\"" + coord(y0) + "\" x2=\"" + coord(x0) + "\" y2=\"" + coord(y1) +
+           "\" stroke=\"#222\"/>\n";
+
+    if (chart.loss_step && *chart.loss_step < n) {
+        const std::string lx = coord(x(static_cast<double>(*chart.loss_step) + 0.5));
+        svg += "<line class=\"loss\" x1=\"" + lx + "\" y1=\"" + coord(y0) + "\" x2=\"" + lx + "\" y2=\"" + coord(y1) +
+               "\" stroke=\"#555\" stroke-dasharray=\"2 3\"/>\n";
+        svg += "<text x=\"" + lx + "\" y=\"" + coord(y0 - 4) +
+               "\" fill=\"#555\" text-anchor=\"middle\">loss: forward | backward</text>\n";
+    }
+    if (chart.reference_peak) {
+        const std::string ry = coord(y(*chart.reference_peak));
+        svg += "<line class=\"reference\" x1=\"" + coord(x0) + "\" y1=\"" + ry + "\" x2=\"" + coord(x1) + "\" y2=\"" + ry +
+               "\" stroke=\"#888\" stroke-dasharray=\"4 4\"/>\n";
+        svg += "<text x=\"" + coord(x0 + 4) + "\" y=\"" + coord(y(*chart.reference_peak) - 4) +
+               "\" fill=\"#666\">store-all peak " + format_bytes(*chart.reference_peak) + "</text>\n";
+    }
+    if (chart.budget) {
+        const std::string by = coord(y(*chart.budget));
+        svg += "<line class=\"budget\" x1=\"" + coord(x0) + "\" y1=\"" + by + "\" x2=\"" + coord(x1) + "\" y2=\"" + by +
+               "\" stroke=\"#d62728\" stroke-width=\"1.5\" stroke-dasharray=\"8 4\"/>\n";
+        svg += "<text x=\"" + coord(x1 - 4) + "\" y=\"" + coord(y(*chart.budget) - 4) +
+               "\" fill=\"#d62728\" text-anchor=\"end\">budget " + format_bytes(*chart.budget) + "</text>\n";
+    }
+    // Where the peak happens.
+    if (n > 0) {
+        std::size_t at = 0;
+        for (std::size_t i = 1; i < n; ++i)
+            if (points[i].during > points[at].during) at = i;
+        if (points[at].during == report.peak) {
+            const double px = x(static_cast<double>(at) + 0.5);
+            svg += "<circle class=\"peak\" cx=\"" + coord(px) + "\" cy=\"" + coord(y(report.peak)) +
+                   "\" r=\"3.5\" fill=\"#08519c\"/>\n";
+            svg += "<text x=\"" + coord(px) + "\" y=\"" + coord(y(report.peak) - 8) +
+                   "\" text-anchor=\"middle\" fill=\"#08519c\">peak " + format_bytes(report.peak) + "</text>\n";
+        }
+    }
+
+    // Legend.
+    const double ly = height - 16;
+    svg += "<g class=\"legend\" fill=\"#333\">\n";
+    svg += "<rect x=\"" + coord(x0) + "\" y=\"" + coord(ly - 9) + "\" width=\"14\" height=\"10\" fill=\"#9ecae1\"/>\n";
+    svg += "<text x=\"" + coord(x0 + 20) + "\" y=\"" + coord(ly) + "\">memory while a step runs</text>\n";
+    svg += "<line x1=\"" + coord(x0 + 200) + "\" y1=\"" + coord(ly - 4) + "\" x2=\"" + coord(x0 + 218) + "\" y2=\"" +
+           coord(ly - 4) + "\" stroke=\"#08519c\" stroke-width=\"1.5\"/>\n";
+    svg += "<text x=\"" + coord(x0 + 224) + "\" y=\"" + coord(ly) + "\">memory between steps</text>\n";
+    svg += "<line x1=\"" + coord(x0 + 390) + "\" y1=\"" + coord(ly - 4) + "\" x2=\"" + coord(x0 + 408) + "\" y2=\"" +
+           coord(ly - 4) + "\" stroke=\"#d62728\" stroke-width=\"1.5\" stroke-dasharray=\"8 4\"/>\n";
+    svg += "<text x=\"" + coord(x0 + 414) + "\" y=\"" + coord(ly) + "\">budget</text>\n";
+    svg += "</g>\n";
+    svg += "</svg>\n";
+    return svg;
+}
+
+/// The picture of a plan: title "problem — solver", subtitle with time, peak and budget.
+[[nodiscard]] inline std::string timeline_svg(const Problem& problem, const Plan& plan,
+                                              std::optional<Bytes> reference_peak = std::nullopt) {
+    const SimulationReport report = simulate(problem, plan.schedule);
+    TimelineChart chart;
+    chart.title = problem.name() + " \u2014 " + plan.stats.solver + " (" + std::string(to_string(plan.stats.status)) +
+                  (plan.stats.options.empty() ? "" : ", " + plan.stats.options) + ")";
+    chart.subtitle = std::to_string(plan.schedule.size()) + " steps, time " +
+                     detail::svg_impl::format_number(report.time) + ", budget " + format_bytes(plan.budget) +
+                     ", peak " + format_bytes(report.peak);
+    if (reference_peak && *reference_peak > 0)
+        chart.subtitle += " (" + detail::svg_impl::format_number(100.0 * static_cast<double>(report.peak) /
+                                                                     static_cast<double>(*reference_peak),
+                                                                 "%.1f") +
+                          " % of the store-all peak)";
+    if (!report.valid) chart.subtitle += " \u2014 INVALID: " + report.error;
+    chart.budget = plan.budget;
+    chart.reference_peak = reference_peak;
+    if (const auto loss = problem.loss())
+        for (std::size_t i = 0; i < plan.schedule.size(); ++i)
+            if (plan.schedule[i].is_run() && plan.schedule[i].op() == *loss) {
+                chart.loss_step = i;
+                break;
+            }
+    return timeline_svg(report, chart);
+}
+
+}  // namespace remat
+// ---- end remat/io/svg.hpp ----
 // ---- end remat/remat.hpp ----
