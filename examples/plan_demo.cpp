@@ -38,6 +38,11 @@ std::string fixed(double value, const char* format) {
     return buffer;
 }
 
+std::string trimmed(std::string s) {
+    while (!s.empty() && s.back() == ' ') s.pop_back();
+    return s;
+}
+
 std::string pad(std::string s, std::size_t width, bool right = true) {
     if (s.size() >= width) return s;
     return right ? std::string(width - s.size(), ' ') + s : s + std::string(width - s.size(), ' ');
@@ -101,7 +106,7 @@ void sweep(const Loaded& item) {
         header += " | " + pad(std::string(s->name), cell_width, false);
         sub += " | " + pad("time", time_width) + pad("overhead", overhead_width) + pad("peak", peak_width);
     }
-    std::cout << header << "\n" << sub << "\n";
+    std::cout << trimmed(header) << "\n" << trimmed(sub) << "\n";
     std::vector<Bytes> budgets;
     for (std::size_t i = 0; i < sweep_points; ++i)
         budgets.push_back(low + static_cast<Bytes>(static_cast<double>(high - low) * static_cast<double>(i) /
@@ -120,7 +125,7 @@ void sweep(const Loaded& item) {
             else
                 line += pad(o.failure, cell_width, false);
         }
-        std::cout << line << "\n";
+        std::cout << trimmed(line) << "\n";
     }
 }
 
