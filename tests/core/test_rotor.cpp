@@ -277,10 +277,10 @@ TEST_CASE("the multi-option DP is exact against an enumeration of options and br
     };
     int checked = 0;
     for (int trial = 0; trial < 120; ++trial) {
-        RotorChain chain{"options", size(rng), {}, trial % 2 == 0 ? 0.0 : 1.0, trial % 3 == 0 ? 2 : 0};
+        RotorChain chain{"options", size(rng), {}, trial % 2 == 0 ? 0.0 : 1.0, trial % 3 == 0 ? 2 : 0, std::nullopt};
         const std::size_t length = 1 + static_cast<std::size_t>(trial) % 3;
         for (std::size_t l = 1; l <= length; ++l) {
-            RotorStage stage{size(rng), double(time(rng)), overhead(rng), {}};
+            RotorStage stage{size(rng), double(time(rng)), overhead(rng), {}, std::nullopt};
             const Bytes in = chain.activation_bytes(l - 1);
             const int count = options(rng);
             for (int k = 0; k < count; ++k) {
