@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include <remat/io/json.hpp>
 #include <remat/remat.hpp>
 #include <remat/solvers/periodic.hpp>
 #include <remat/solvers/rotor.hpp>
@@ -109,10 +110,26 @@ TEST_CASE("profiler measures sizes with the executor's primitives and leaves the
     CHECK(profile.random == std::vector<char>{0, 1, 1, 1, 0});
     for (const remat::Bytes b : profile.unreleased_bytes) CHECK(b == 0);
 
+    // The chain goes to remat-plan as remat.chain/1.
+    CHECK(remat::io::parse_chain(remat::io::to_json(chain)) == chain);
+
     const auto buffers_after = model->buffers();
     for (std::size_t i = 0; i < buffers_before.size(); ++i) CHECK(same(buffers_before[i], buffers_after[i]));
     CHECK(same(rng_before, at::detail::getDefaultCPUGenerator().get_state()));
     for (const auto& p : model->parameters()) CHECK(!p.grad().defined());
+}
+
+TEST_CASE("profiler honours its time limit", "[torch][profile]") {
+    auto model = remat_test::make_mlp(8, 16, 2, 3, 0.0);
+    rt::ProfileOptions options;
+    options.repeats = 50;
+    options.time_limit_seconds = 0.0;
+    std::vector<std::string> lines;
+    options.progress = [&](const std::string& line) { lines.push_back(line); };
+    const rt::ChainProfile profile = rt::profile_chain(remat_test::blocks_of(model), torch::randn({4, 8}), options);
+    REQUIRE(lines.size() == 4);
+    for (const std::string& line : lines) CHECK_THAT(line, Catch::Contains("timed once"));
+    CHECK(profile.chain.length() == 4);
 }
 
 TEST_CASE("stages that return views of their input are fused", "[torch][profile]") {

@@ -19,6 +19,7 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/DeviceType.h>
 
 #if REMAT_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -31,12 +32,15 @@ namespace remat::torch {
 
 /// A probe reports live bytes now, and the most that were live since the last reset_peak().
 /// Probes are cheap handles: copying one copies the view, not the counters.
+/// `device_type()` says which tensors it sees, so that a CPU probe is never asked about
+/// CUDA tensors (it would see none of their bytes and every measure would read zero).
 template <class P>
 concept MemoryProbe = requires(P& probe, const P& const_probe) {
     { const_probe.current() } -> std::convertible_to<Bytes>;
     { const_probe.peak() } -> std::convertible_to<Bytes>;
     probe.reset_peak();
     { const_probe.name() } -> std::convertible_to<std::string_view>;
+    { const_probe.device_type() } -> std::convertible_to<c10::DeviceType>;
 };
 
 namespace detail {
@@ -142,6 +146,7 @@ public:
     /// Number of tracked allocations so far (for cost estimates and tests).
     [[nodiscard]] std::uint64_t allocations() const noexcept { return allocator_->allocations(); }
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "cpu"; }
+    [[nodiscard]] static constexpr c10::DeviceType device_type() noexcept { return c10::DeviceType::CPU; }
 
 private:
     detail::TrackingCpuAllocator* allocator_;
@@ -163,6 +168,7 @@ public:
     void reset_peak() { c10::cuda::CUDACachingAllocator::resetPeakStats(device_); }
     [[nodiscard]] c10::DeviceIndex device() const noexcept { return device_; }
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "cuda"; }
+    [[nodiscard]] static constexpr c10::DeviceType device_type() noexcept { return c10::DeviceType::CUDA; }
 
 private:
     [[nodiscard]] auto stats() const { return c10::cuda::CUDACachingAllocator::getDeviceStats(device_); }

@@ -166,6 +166,10 @@ template <MemoryProbe Probe = CpuMemoryProbe>
     if (stages.empty()) throw InvalidInput("profile_chain: no stages");
     if (!sample.defined()) throw InvalidInput("profile_chain: the sample input is undefined");
     if (options.repeats == 0) throw InvalidInput("profile_chain: repeats must be at least 1");
+    if (sample.device().type() != probe.device_type())
+        throw InvalidInput("profile_chain: the sample is on " + sample.device().str() + " but the memory probe ('" +
+                           std::string(probe.name()) + "') measures " + c10::DeviceTypeName(probe.device_type()) +
+                           " memory; use a probe for the model's device (CudaMemoryProbe for CUDA)");
     const auto start = detail::Clock::now();
     const c10::Device device = sample.device();
     const detail::ModelStateGuard guard(stages, device);
