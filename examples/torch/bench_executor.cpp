@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
     rt::CheckpointOptions module_options;
     module_options.profile.repeats = 3;
     auto module = rt::checkpoint(stages, sample, rt::budget_percent(100), remat::StoreAll{}, module_options);
-    rows.push_back({"module store-all", module->budget(), module->plan().peak, 1.0, [&](const remat_demo::Batch& b) {
+    rows.push_back({"module store-all", module->budget(), module->executable_plan().predicted_peak(), 1.0, [&](const remat_demo::Batch& b) {
                         cross_entropy(module->forward(b.x), b.y).backward();
                         return module->last_report().measured_peak;
                     }, {}, {}});

@@ -208,7 +208,7 @@ int run_demo(const Options& o, S solver) {
                                   (identical == run.losses.size() ? "" : ", max diff " + std::to_string(worst));
         const double planned = m->plan().time / m->store_all_time() - 1;
         std::printf("%-15s %10s %10s %10s %9s %9s %9s %10s  %s\n", name.c_str(), remat::format_bytes(m->budget()).c_str(),
-                    remat::format_bytes(m->plan().peak).c_str(), remat::format_bytes(run.peak()).c_str(),
+                    remat::format_bytes(m->executable_plan().predicted_peak()).c_str(), remat::format_bytes(run.peak()).c_str(),
                     milliseconds(run.step_seconds()).c_str(), milliseconds(reference.step_seconds()).c_str(),
                     percent(run.step_seconds() / reference.step_seconds() - 1).c_str(), percent(planned).c_str(),
                     match.c_str());
@@ -216,10 +216,10 @@ int run_demo(const Options& o, S solver) {
     const Run& reference = first_plain;
     std::cout << "\nlosses per step (plain):";
     for (const float l : reference.losses) std::cout << ' ' << l;
-    std::cout << "\n\npredicted: the simulator's activation peak for the plan; measured: the tracking allocator's\n"
-                 "peak during the step relative to its start (parameters and gradients excluded); step / plain:\n"
-                 "median step times of the two models trained side by side; (planned): the plan's own time\n"
-                 "estimate versus store-all.\n";
+    std::cout << "\n\npredicted: the simulator's activation peak for the plan, on the profiled problem. measured: the\n"
+                 "tracking allocator's peak during the step relative to its start (parameters and gradients\n"
+                 "excluded). step / plain: median step times of the two models trained side by side from the\n"
+                 "same state. (planned): the plan's own time estimate versus store-all.\n";
     return all_match ? 0 : 1;
 }
 

@@ -408,3 +408,54 @@ TEST_CASE("module: measured peak of a training step matches the plan", "[torch][
         }
     }
 }
+
+TEST_CASE("module: gradients asked for the input only leave the parameters alone", "[torch][module]") {
+    auto model = remat_test::make_mlp(8, 16, 3, 3, 0.2);
+    auto m = rt::checkpoint(remat_test::blocks_of(model), torch::randn({4, 8}), rt::budget_percent(100),
+                            remat::Periodic{}, quick());
+    const at::Tensor x = torch::randn({4, 8}, torch::requires_grad());
+    const at::Tensor loss = m->forward(x).square().sum();
+    const auto grads = torch::autograd::grad({loss}, {x});
+    CHECK(grads[0].defined());
+    for (const auto& p : model->parameters()) CHECK_FALSE(p.grad().defined());
+}
+
+#if REMAT_WITH_CUDA
+TEST_CASE("cuda: probe, gradients and measured peak on a GPU", "[torch][cuda]") {
+    if (!torch::cuda::is_available()) {
+        WARN("no CUDA device available: the CUDA tests are skipped");
+        return;
+    }
+    rt::CudaMemoryProbe probe(0);
+    const remat::Bytes before = probe.current();
+    {
+        const at::Tensor t = at::empty({1 << 20}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA));
+        CHECK(probe.current() - before >= (4 << 20));
+    }
+    CHECK(probe.current() == before);
+
+    auto model = remat_test::make_mlp(32, 256, 6, 5, 0.3);
+    model->to(torch::kCUDA);
+    auto reference = remat_test::copy_of(model);
+    const auto cuda = at::TensorOptions().device(at::kCUDA);
+    const at::Tensor sample = torch::randn({64, 32}, cuda);
+    auto m = rt::checkpoint<remat::Rotor, rt::CudaMemoryProbe>(remat_test::blocks_of(model), sample,
+                                                               rt::budget_percent(100), remat::Rotor{}, quick(), probe);
+    m->replan(rt::budget_bytes(std::max(remat::Rotor{}.smallest_budget(m->chain()),
+                                        remat::percent_of(m->store_all_peak(), 50))));
+    const at::Tensor x = torch::randn({64, 32}, cuda);
+    const at::Tensor y = torch::randint(0, 5, {64}, torch::TensorOptions().dtype(torch::kLong).device(at::kCUDA));
+    torch::manual_seed(3);
+    const at::Tensor out_ref = reference->forward(x);
+    cross_entropy(out_ref, y).backward();
+    torch::manual_seed(3);
+    const at::Tensor out = m->forward(x);
+    cross_entropy(out, y).backward();
+    CHECK(torch::allclose(out, out_ref, 1e-5, 1e-6));
+    const auto p = model->parameters(), q = reference->parameters();
+    for (std::size_t i = 0; i < p.size(); ++i) CHECK(torch::allclose(p[i].grad(), q[i].grad(), 1e-4, 1e-6));
+    const rt::StepReport& r = m->last_report();
+    INFO("predicted " << r.predicted_peak << ", measured " << r.measured_peak << ", budget " << m->budget());
+    CHECK(std::abs(r.measured_peak - r.predicted_peak) <= std::max<remat::Bytes>(r.predicted_peak / 20, 64 * 1024));
+}
+#endif

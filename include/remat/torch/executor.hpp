@@ -52,7 +52,10 @@ namespace remat::torch {
 /// phase is measured from its own start, taken to be the simulator's state after `loss`;
 /// `caller_bytes` says how much more the caller really held then.
 struct StepReport {
+    /// The simulator's peak for the plan on the measured problem (measured_problem()).
     Bytes predicted_peak = 0;
+    /// The simulator's peak for the plan on the chain the solver planned with (>= predicted).
+    Bytes planned_peak = 0;
     double predicted_time = 0.0;  ///< in the profile's unit: seconds
     Bytes measured_peak = 0;
     Bytes forward_peak = 0;
@@ -118,6 +121,7 @@ struct ExecutorCore {
         : stages(std::move(stages_in)),
           profile(std::move(profile_in)),
           problem(to_problem(profile.chain)),
+          measured(measured_problem(profile)),
           table(stages),
           probe(std::move(probe_in)) {
         const std::size_t L = stages.size();
@@ -145,7 +149,8 @@ struct ExecutorCore {
 
     StageList stages;
     ChainProfile profile;
-    Problem problem;
+    Problem problem;   ///< the chain's expansion: what solvers plan on
+    Problem measured;  ///< the same with each forward's own overhead: what predictions use
     ParameterTable table;
     mutable Probe probe;
     std::vector<ChainOp> ops;
@@ -156,7 +161,8 @@ struct ExecutorCore {
 
 struct PreparedSchedule {
     Plan plan;
-    SimulationReport simulation;
+    SimulationReport simulation;  ///< on the measured problem
+    Bytes planned_peak = 0;       ///< on the chain's problem
     std::size_t loss_step = 0;
     std::vector<std::size_t> forward_runs;  // per stage (index l), how many F_l / F_l+ steps
 };
@@ -173,7 +179,10 @@ class ExecutablePlan {
 public:
     [[nodiscard]] const Plan& plan() const noexcept { return prepared_->plan; }
     [[nodiscard]] const Schedule& schedule() const noexcept { return prepared_->plan.schedule; }
+    /// The simulator's peak on the measured problem: what the executor should reach.
     [[nodiscard]] Bytes predicted_peak() const noexcept { return prepared_->simulation.peak; }
+    /// The simulator's peak on the chain (an upper bound of predicted_peak()).
+    [[nodiscard]] Bytes planned_peak() const noexcept { return prepared_->planned_peak; }
     [[nodiscard]] double predicted_time() const noexcept { return prepared_->simulation.time; }
     [[nodiscard]] const SimulationReport& simulation() const noexcept { return prepared_->simulation; }
 
@@ -216,6 +225,7 @@ public:
         device_ = input.device();
         a_[0].set_external(input);
         report_.predicted_peak = prepared_->simulation.peak;
+        report_.planned_peak = prepared_->planned_peak;
         report_.predicted_time = prepared_->simulation.time;
         report_.measured_timeline.assign(prepared_->plan.schedule.size(), -1);
     }
@@ -346,8 +356,9 @@ private:
         std::optional<detail::BufferGuard> buffers;
         if (first) {
             ran_[l] = 1;
-            if (prepared_->forward_runs[l] > 1 && core_->profile.random[l - 1])
-                rng_[l] = detail::RngState::capture(device_);
+            // Every stage the plan runs again gets its numbers back, whether or not profiling saw
+            // it draw any: a stage may draw only sometimes, and a capture costs microseconds.
+            if (prepared_->forward_runs[l] > 1) rng_[l] = detail::RngState::capture(device_);
         } else {
             if (rng_[l]) replay.emplace(*rng_[l], device_);
             if (!stage.buffers.empty()) buffers.emplace(core_->recompute_snapshots[l - 1], stage.buffers);
@@ -455,7 +466,10 @@ public:
 
     [[nodiscard]] const Chain& chain() const noexcept { return core_->profile.chain; }
     [[nodiscard]] const ChainProfile& profile() const noexcept { return core_->profile; }
+    /// The chain's expansion (FORMATS.md §5): what solvers plan on.
     [[nodiscard]] const Problem& problem() const noexcept { return core_->problem; }
+    /// The same problem with each forward's own measured overhead: what predictions use.
+    [[nodiscard]] const Problem& measured_problem() const noexcept { return core_->measured; }
     [[nodiscard]] const StageList& stages() const noexcept { return core_->stages; }
     /// The trainable parameters, each once, in the order StepGradients uses.
     [[nodiscard]] const std::vector<at::Tensor>& parameters() const noexcept { return core_->table.parameters; }
@@ -464,10 +478,12 @@ public:
     /// Checks a plan against this chain (the simulator must accept it) and prepares it.
     [[nodiscard]] ExecutablePlan prepare(Plan plan) const {
         auto prepared = std::make_shared<detail::PreparedSchedule>();
-        prepared->simulation = simulate(core_->problem, plan.schedule);
-        if (!prepared->simulation.valid)
+        const SimulationReport planned = simulate(core_->problem, plan.schedule);
+        if (!planned.valid)
             throw InvalidInput("the plan is not a valid schedule of chain '" + core_->profile.chain.name +
-                               "': " + prepared->simulation.error);
+                               "': " + planned.error);
+        prepared->planned_peak = planned.peak;
+        prepared->simulation = simulate(core_->measured, plan.schedule);
         const std::size_t L = core_->stages.size();
         prepared->forward_runs.assign(L + 1, 0);
         bool found_loss = false;

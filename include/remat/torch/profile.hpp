@@ -25,6 +25,7 @@
 #include <ATen/ATen.h>
 
 #include "../core/chain.hpp"
+#include "../core/problem.hpp"
 #include "../core/errors.hpp"
 #include "../io/budget.hpp"
 #include "detail/runtime.hpp"
@@ -61,6 +62,11 @@ struct ChainProfile {
     /// Bytes a forward with autograd allocated beyond its output and what freeing its graph
     /// gave back, per stage: non-zero when a stage keeps tensors of its own between calls.
     std::vector<Bytes> unreleased_bytes;
+    /// Per stage, the transient memory of the forward without autograd (above its input and
+    /// output) and with autograd (above that and what it keeps). A chain has one forward
+    /// overhead, the larger of the two (safe for both ops); measured_problem() keeps both.
+    std::vector<Bytes> no_grad_overhead;
+    std::vector<Bytes> grad_overhead;
     double seconds = 0.0;
 };
 
@@ -122,6 +128,36 @@ inline void report(const ProfileOptions& options, const std::string& line) {
 }
 
 }  // namespace detail
+
+/// The chain's problem (FORMATS.md §5, the same data, ops and ids as to_problem) with each
+/// forward's own measured overhead: F_l the no-grad one, F_l+ the with-grad one. Solvers
+/// plan on the chain, whose single forward overhead is the larger of the two; a schedule of
+/// one is a schedule of the other, and simulating it on this problem predicts the peak the
+/// executor reaches, which the chain can only bound from above.
+[[nodiscard]] inline Problem measured_problem(const ChainProfile& profile) {
+    Problem chain_problem = to_problem(profile.chain);
+    const std::size_t L = profile.chain.length();
+    if (profile.no_grad_overhead.size() != L || profile.grad_overhead.size() != L) return chain_problem;
+    const ChainIds ids = chain_ids(L);
+    std::vector<Bytes> overhead(chain_problem.op_count(), -1);
+    for (std::size_t l = 1; l <= L; ++l) {
+        overhead[ids.fwd[l].index] = profile.no_grad_overhead[l - 1];
+        overhead[ids.fwd_grad[l].index] = profile.grad_overhead[l - 1];
+    }
+    ProblemBuilder builder(chain_problem.name());
+    for (const Data& d : chain_problem.all_data()) builder.add_data(d.name, d.bytes);
+    for (std::size_t k = 0; k < chain_problem.op_count(); ++k) {
+        const Op& op = chain_problem.op(OpId{k});
+        builder.add_op({op.name, op.time, overhead[k] >= 0 ? overhead[k] : op.overhead, op.reads, op.writes,
+                        op.exactly_once});
+    }
+    for (const DataId d : chain_problem.initial()) builder.add_initial(d);
+    for (const DataId d : chain_problem.final_data()) builder.add_final(d);
+    if (chain_problem.loss()) builder.set_loss(*chain_problem.loss());
+    const auto order = chain_problem.autograd_order();
+    builder.set_autograd_order({order.begin(), order.end()});
+    return builder.build();
+}
 
 /// Fuses every stage whose output shares storage with its input (a view such as flatten,
 /// or an in-place op) into its predecessor (or, for the first stage, its successor): the
@@ -224,6 +260,8 @@ template <MemoryProbe Probe = CpuMemoryProbe>
             result.unreleased_bytes.push_back(std::max<Bytes>((c1 - c0) - out_bytes - freed, 0));
         }
         measured.fwd_overhead = std::max<Bytes>({overhead_no_grad, overhead_grad, 0});
+        result.no_grad_overhead.push_back(std::max<Bytes>(overhead_no_grad, 0));
+        result.grad_overhead.push_back(std::max<Bytes>(overhead_grad, 0));
 
         // The backward: transient memory above its inputs and the input gradient it writes.
         {
