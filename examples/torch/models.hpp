@@ -1,0 +1,211 @@
+// examples/torch/models.hpp — two example models written in TorchScript inside C++
+// (torch::jit::Module::define), for capture (remat/torch/script.hpp), tests and benchmarks:
+//
+//  - a GPT-2-like language model (Radford et al., 2019): token and position embeddings,
+//    N pre-norm blocks of causal self-attention with dropout and a GELU MLP, a final layer
+//    norm, and an LM head tied to the token embedding;
+//  - a ResNet-like network (He et al., 2016): a convolution stem, basic residual blocks of
+//    two 3×3 convolutions with batch norm (strided blocks with a projection shortcut),
+//    global average pooling and a linear classifier.
+//
+// Each block is a submodule with its own forward, as a Python user's nn.Module would be when
+// scripted; parameters require grad, and every module has the `training` attribute that
+// train()/eval() and `self.training` need.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/jit/api/module.h>
+
+namespace remat_examples {
+
+struct GptConfig {
+    std::int64_t vocab = 512;
+    std::int64_t block_size = 64;  // longest sequence (the causal mask's size)
+    std::int64_t layers = 2;
+    std::int64_t heads = 4;
+    std::int64_t embed = 64;
+    double dropout = 0.1;
+};
+
+struct ResNetConfig {
+    std::int64_t in_channels = 3;
+    std::int64_t width = 16;               // channels of the first stage; doubled at each later stage
+    std::int64_t stages = 3;
+    std::int64_t blocks_per_stage = 2;
+    std::int64_t classes = 10;
+};
+
+namespace detail {
+
+inline std::string number(double v) {
+    std::string s = std::to_string(v);
+    return s;
+}
+
+inline void add_parameter(torch::jit::Module& m, const std::string& name, at::Tensor value) {
+    m.register_parameter(name, value.requires_grad_(true), /*is_buffer=*/false);
+}
+
+inline torch::jit::Module new_module(const std::string& type) {
+    torch::jit::Module m(type);
+    m.register_attribute("training", c10::BoolType::get(), true);
+    return m;
+}
+
+inline at::Tensor normal(std::int64_t rows, std::int64_t cols, double std) {
+    return at::randn({rows, cols}) * std;
+}
+
+inline torch::jit::Module gpt_block(const GptConfig& c, std::int64_t index) {
+    torch::jit::Module m = new_module("GptBlock");
+    const std::int64_t C = c.embed;
+    const double std = 0.02, proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers));
+    add_parameter(m, "ln1_w", at::ones({C}));
+    add_parameter(m, "ln1_b", at::zeros({C}));
+    add_parameter(m, "attn_w", normal(3 * C, C, std));
+    add_parameter(m, "attn_b", at::zeros({3 * C}));
+    add_parameter(m, "proj_w", normal(C, C, proj_std));
+    add_parameter(m, "proj_b", at::zeros({C}));
+    add_parameter(m, "ln2_w", at::ones({C}));
+    add_parameter(m, "ln2_b", at::zeros({C}));
+    add_parameter(m, "fc_w", normal(4 * C, C, std));
+    add_parameter(m, "fc_b", at::zeros({4 * C}));
+    add_parameter(m, "fc2_w", normal(C, 4 * C, proj_std));
+    add_parameter(m, "fc2_b", at::zeros({C}));
+    m.register_buffer("mask", at::ones({c.block_size, c.block_size}).tril());
+    (void)index;
+    const std::string H = std::to_string(c.heads);
+    const std::string P = number(c.dropout);
+    const std::string scale = number(1.0 / std::sqrt(static_cast<double>(C / c.heads)));
+    m.define(R"(
+def forward(self, x):
+    B = x.size(0)
+    T = x.size(1)
+    C = x.size(2)
+    h = torch.layer_norm(x, [C], self.ln1_w, self.ln1_b, 1e-5, False)
+    qkv = torch.linear(h, self.attn_w, self.attn_b)
+    q, k, v = qkv.split(C, 2)
+    q = q.view(B, T, )" + H + R"(, C // )" + H + R"().transpose(1, 2)
+    k = k.view(B, T, )" + H + R"(, C // )" + H + R"().transpose(1, 2)
+    v = v.view(B, T, )" + H + R"(, C // )" + H + R"().transpose(1, 2)
+    att = torch.matmul(q, k.transpose(-2, -1)) * )" + scale + R"(
+    att = att.masked_fill(self.mask[:T, :T] == 0, -1e30)
+    att = torch.softmax(att, -1)
+    att = torch.dropout(att, )" + P + R"(, self.training)
+    y = torch.matmul(att, v)
+    y = y.transpose(1, 2).contiguous().view(B, T, C)
+    y = torch.linear(y, self.proj_w, self.proj_b)
+    x = x + torch.dropout(y, )" + P + R"(, self.training)
+    h = torch.layer_norm(x, [C], self.ln2_w, self.ln2_b, 1e-5, False)
+    h = torch.gelu(torch.linear(h, self.fc_w, self.fc_b))
+    h = torch.linear(h, self.fc2_w, self.fc2_b)
+    return x + torch.dropout(h, )" + P + R"(, self.training)
+)");
+    return m;
+}
+
+inline std::string conv(const std::string& input, const std::string& weight, std::int64_t stride, std::int64_t padding) {
+    const std::string s = std::to_string(stride), p = std::to_string(padding);
+    return "torch.conv2d(" + input + ", self." + weight + ", None, [" + s + ", " + s + "], [" + p + ", " + p +
+           "], [1, 1], 1)";
+}
+
+inline std::string batch_norm(const std::string& input, const std::string& prefix) {
+    return "torch.batch_norm(" + input + ", self." + prefix + "_w, self." + prefix + "_b, self." + prefix + "_mean, self." +
+           prefix + "_var, self.training, 0.1, 1e-5, False)";
+}
+
+inline void add_batch_norm(torch::jit::Module& m, const std::string& prefix, std::int64_t channels) {
+    add_parameter(m, prefix + "_w", at::ones({channels}));
+    add_parameter(m, prefix + "_b", at::zeros({channels}));
+    m.register_buffer(prefix + "_mean", at::zeros({channels}));
+    m.register_buffer(prefix + "_var", at::ones({channels}));
+}
+
+inline at::Tensor conv_weight(std::int64_t out, std::int64_t in, std::int64_t k) {
+    return at::randn({out, in, k, k}) * std::sqrt(2.0 / static_cast<double>(in * k * k));
+}
+
+inline torch::jit::Module basic_block(std::int64_t in, std::int64_t out, std::int64_t stride) {
+    torch::jit::Module m = new_module("BasicBlock");
+    add_parameter(m, "conv1", conv_weight(out, in, 3));
+    add_batch_norm(m, "bn1", out);
+    add_parameter(m, "conv2", conv_weight(out, out, 3));
+    add_batch_norm(m, "bn2", out);
+    std::string shortcut = "x";
+    if (stride != 1 || in != out) {
+        add_parameter(m, "conv_sc", conv_weight(out, in, 1));
+        add_batch_norm(m, "bn_sc", out);
+        shortcut = batch_norm(conv("x", "conv_sc", stride, 0), "bn_sc");
+    }
+    m.define(R"(
+def forward(self, x):
+    out = torch.relu()" + batch_norm(conv("x", "conv1", stride, 1), "bn1") + R"()
+    out = )" + batch_norm(conv("out", "conv2", 1, 1), "bn2") + R"(
+    return torch.relu(out + )" + shortcut + R"()
+)");
+    return m;
+}
+
+}  // namespace detail
+
+/// The GPT-2-like model: forward(idx: Long[B, T]) → logits [B, T, vocab], T ≤ block_size.
+/// Parameters are drawn from the default generator (seed it for reproducible models).
+[[nodiscard]] inline torch::jit::Module make_gpt(const GptConfig& c) {
+    torch::jit::Module m = detail::new_module("Gpt");
+    detail::add_parameter(m, "wte", detail::normal(c.vocab, c.embed, 0.02));
+    detail::add_parameter(m, "wpe", detail::normal(c.block_size, c.embed, 0.01));
+    detail::add_parameter(m, "lnf_w", at::ones({c.embed}));
+    detail::add_parameter(m, "lnf_b", at::zeros({c.embed}));
+    std::string body;
+    for (std::int64_t l = 0; l < c.layers; ++l) {
+        const std::string name = "h" + std::to_string(l);
+        m.register_module(name, detail::gpt_block(c, l));
+        body += "    x = self." + name + ".forward(x)\n";
+    }
+    m.define(R"(
+def forward(self, idx):
+    T = idx.size(1)
+    pos = torch.arange(T, device=idx.device)
+    x = torch.embedding(self.wte, idx) + torch.embedding(self.wpe, pos)
+    x = torch.dropout(x, )" + detail::number(c.dropout) + R"(, self.training)
+)" + body + R"(    x = torch.layer_norm(x, [x.size(2)], self.lnf_w, self.lnf_b, 1e-5, False)
+    return torch.linear(x, self.wte)
+)");
+    return m;
+}
+
+/// The ResNet-like model: forward(x: Float[B, in_channels, H, W]) → logits [B, classes].
+[[nodiscard]] inline torch::jit::Module make_resnet(const ResNetConfig& c) {
+    torch::jit::Module m = detail::new_module("ResNet");
+    detail::add_parameter(m, "stem", detail::conv_weight(c.width, c.in_channels, 3));
+    detail::add_batch_norm(m, "bn", c.width);
+    std::string body;
+    std::int64_t channels = c.width;
+    for (std::int64_t s = 0; s < c.stages; ++s) {
+        const std::int64_t out = c.width << s;
+        for (std::int64_t b = 0; b < c.blocks_per_stage; ++b) {
+            const std::int64_t stride = (s > 0 && b == 0) ? 2 : 1;
+            const std::string name = "s" + std::to_string(s) + "b" + std::to_string(b);
+            m.register_module(name, detail::basic_block(channels, out, stride));
+            body += "    x = self." + name + ".forward(x)\n";
+            channels = out;
+        }
+    }
+    detail::add_parameter(m, "fc_w", detail::normal(c.classes, channels, 1.0 / std::sqrt(static_cast<double>(channels))));
+    detail::add_parameter(m, "fc_b", at::zeros({c.classes}));
+    m.define(R"(
+def forward(self, x):
+    x = torch.relu()" + detail::batch_norm(detail::conv("x", "stem", 1, 1), "bn") + R"()
+)" + body + R"(    x = torch.adaptive_avg_pool2d(x, [1, 1]).flatten(1)
+    return torch.linear(x, self.fc_w, self.fc_b)
+)");
+    return m;
+}
+
+}  // namespace remat_examples

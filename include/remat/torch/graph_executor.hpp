@@ -1,0 +1,649 @@
+// remat/torch/graph_executor.hpp — runs any schedule of a captured TorchScript problem on
+// real tensors.
+//
+// The problem is the op-level graph of script.hpp (the model of Checkmate, Jain et al.,
+// MLSys 2020, and Rockmate, Zhao et al., ICML 2023); a schedule of it (from StoreAll,
+// Checkmate, Rockmate, or written by hand) is executed step by step (DESIGN.md §4.6):
+//   F:G   runs op G's nodes without autograd;   F+:G  runs them on detached leaves of G's
+//   inputs, so that G's autograd graph s:G is its own;   B:G  back-propagates that graph
+//   alone with the sum of G's incoming gradient contributions, writing one contribution per
+//   input and the parameters' gradients;   free X  releases X's storage (every handle stays:
+//   the graphs that saved X see the memory a recomputation moves back in), drops a graph, or
+//   drops a gradient.
+// Random ops recompute with the numbers of their first run; buffers change once per step;
+// parameter gradients are handed over once, at the end of the step, so that a failure
+// anywhere leaves parameters, gradients and buffers as they were before the step. Through
+// forward(), the plan runs inside a custom autograd Function, so `loss.backward()` just works.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "../core/errors.hpp"
+#include "../core/problem.hpp"
+#include "../core/schedule.hpp"
+#include "../core/simulate.hpp"
+#include "../core/solver.hpp"
+#include "detail/runtime.hpp"
+#include "executor.hpp"
+#include "memory.hpp"
+#include "script.hpp"
+
+namespace remat::torch {
+
+/// The gradients a step produced: of each input (undefined unless it requires grad) and of
+/// each trainable parameter, in the order of ScriptCapture::parameters() (undefined for a
+/// parameter the step did not reach).
+struct ScriptGradients {
+    std::vector<at::Tensor> inputs;
+    std::vector<at::Tensor> parameters;
+};
+
+namespace detail::script {
+
+struct PreparedPlan {
+    Plan plan;
+    SimulationReport simulation;
+    std::size_t loss_step = 0;
+    std::vector<std::size_t> forward_runs;  // per group
+};
+
+// Flattens a value of the module's output structure into its activation leaves.
+inline void flatten(const OutputNode& node, const c10::IValue& value, std::vector<at::Tensor>& out) {
+    switch (node.kind) {
+        case OutputNode::Kind::activation:
+            if (out.size() <= node.index) out.resize(node.index + 1);
+            out[node.index] = value.toTensor();
+            return;
+        case OutputNode::Kind::constant: return;
+        case OutputNode::Kind::tuple: {
+            const auto& items = value.toTupleRef().elements();
+            for (std::size_t i = 0; i < node.children.size(); ++i) flatten(node.children[i], items[i], out);
+            return;
+        }
+        case OutputNode::Kind::list: {
+            const auto items = value.toListRef();
+            for (std::size_t i = 0; i < node.children.size(); ++i) flatten(node.children[i], items[i], out);
+            return;
+        }
+    }
+}
+
+/// Scratch copies of each group's buffers for recomputations, allocated once per executor so
+/// that a step's measured memory does not include them.
+struct Scratch {
+    std::vector<BufferSnapshot> recompute;
+};
+
+}  // namespace detail::script
+
+template <MemoryProbe Probe = CpuMemoryProbe>
+class ScriptExecutor;
+template <MemoryProbe Probe = CpuMemoryProbe>
+class ScriptStep;
+
+/// A plan checked against a captured problem and ready to run, shareable between steps.
+class ScriptPlan {
+public:
+    [[nodiscard]] const Plan& plan() const noexcept { return prepared_->plan; }
+    [[nodiscard]] const Schedule& schedule() const noexcept { return prepared_->plan.schedule; }
+    [[nodiscard]] Bytes predicted_peak() const noexcept { return prepared_->simulation.peak; }
+    [[nodiscard]] double predicted_time() const noexcept { return prepared_->simulation.time; }
+    [[nodiscard]] const SimulationReport& simulation() const noexcept { return prepared_->simulation; }
+
+private:
+    template <MemoryProbe>
+    friend class ScriptExecutor;
+    template <MemoryProbe>
+    friend class ScriptStep;
+    explicit ScriptPlan(std::shared_ptr<const detail::script::PreparedPlan> prepared) : prepared_(std::move(prepared)) {}
+    std::shared_ptr<const detail::script::PreparedPlan> prepared_;
+};
+
+/// One training step in two phases: forward() runs the plan up to `loss` and returns the
+/// module's output tensors; backward(grads) runs the rest and returns the gradients. A step
+/// that throws undoes itself (buffers; the random generators in the forward phase) and frees
+/// everything; the exception is an ExecutionError naming the plan step, the op and its node.
+template <MemoryProbe Probe>
+class ScriptStep {
+public:
+    ScriptStep(std::shared_ptr<const detail::script::Core> core, std::shared_ptr<detail::script::Scratch> scratch,
+               ScriptPlan plan, Probe* probe, const std::vector<at::Tensor>& inputs, bool continuous)
+        : core_(std::move(core)),
+          scratch_(std::move(scratch)),
+          prepared_(std::move(plan.prepared_)),
+          probe_(probe),
+          continuous_(continuous) {
+        const auto& c = *core_;
+        const ScriptCapture capture(core_);
+        if (!capture.matches(inputs)) {
+            std::string expected, got;
+            for (const auto& in : c.inputs)
+                expected += (expected.empty() ? "" : ", ") + detail::sizes_string(in.sizes) + " " +
+                            std::string(c10::toString(in.dtype)) + " on " + in.device.str();
+            for (const at::Tensor& t : inputs)
+                got += (got.empty() ? "" : ", ") +
+                       (t.defined() ? detail::sizes_string(t.sizes().vec()) + " " + std::string(c10::toString(t.scalar_type())) +
+                                          " on " + t.device().str()
+                                    : std::string("undefined"));
+            throw InvalidInput("'" + c.name + "' was captured for inputs (" + expected + "), not (" + got +
+                               "); capture again for these inputs");
+        }
+        for (std::size_t i = 0; i < inputs.size(); ++i)
+            if (inputs[i].requires_grad() != c.inputs[i].requires_grad)
+                throw InvalidInput("input " + std::to_string(i) + " of '" + c.name + "' " +
+                                   (inputs[i].requires_grad() ? "requires" : "does not require") +
+                                   " grad but was captured the other way; capture again with such an input");
+        if (c.module.is_training() != c.training)
+            throw InvalidInput("'" + c.name + "' was captured in " + (c.training ? "training" : "evaluation") +
+                               " mode but the module is now in " + (c.training ? "evaluation" : "training") +
+                               " mode; capture again after train()/eval()");
+        const std::size_t n_data = c.problem.data_count();
+        act_.resize(n_data);
+        grad_.resize(n_data);
+        graph_.resize(c.groups.size());
+        saved_live_.assign(c.groups.size(), 0);
+        rng_.resize(c.groups.size());
+        ran_.assign(c.groups.size(), 0);
+        pending_.resize(c.parameters.size());
+        device_ = c.device;
+        for (std::size_t i = 0; i < inputs.size(); ++i) act_[c.inputs[i].data.index].set_external(inputs[i]);
+        report_.predicted_peak = prepared_->simulation.peak;
+        report_.predicted_time = prepared_->simulation.time;
+        report_.measured_timeline.assign(prepared_->plan.schedule.size(), -1);
+    }
+
+    ScriptStep(ScriptStep&&) noexcept = default;
+    ScriptStep& operator=(ScriptStep&&) noexcept = default;
+    ScriptStep(const ScriptStep&) = delete;
+    ScriptStep& operator=(const ScriptStep&) = delete;
+    ~ScriptStep() { clear(); }
+
+    /// Runs the plan up to `loss`; returns one tensor per output of the module (without
+    /// autograd history; the caller may keep them).
+    std::vector<at::Tensor> forward() {
+        if (phase_ != Phase::ready)
+            throw ExecutionError("script step: forward() was already called; start a new step for a new forward");
+        for (const auto& g : core_->groups) start_buffers_.emplace_back(g.buffers);
+        start_rng_ = detail::RngState::capture(device_);
+        phase_ = Phase::forward;
+        const auto start = detail::Clock::now();
+        const Bytes initial = core_->problem.initial_bytes();
+        forward_reference_ = probe_->current() - initial;
+        report_.forward_peak = initial;
+        for (std::size_t i = 0; i < prepared_->loss_step; ++i) execute(i, forward_reference_, report_.forward_peak);
+        std::vector<at::Tensor> outputs;
+        for (const DataId d : core_->output_data) {
+            act_[d.index].expose();
+            exposed_.push_back(d.index);
+            outputs.push_back(act_[d.index].tensor().detach());
+        }
+        detail::synchronize(device_);
+        report_.forward_seconds = detail::seconds_since(start);
+        phase_ = Phase::between;
+        return outputs;
+    }
+
+    /// Runs the rest of the plan with the gradients of the loss with respect to each output
+    /// (undefined entries are taken as zeros). The executor keeps no reference to them beyond
+    /// the plan's frees.
+    ScriptGradients backward(std::vector<at::Tensor> grad_outputs) {
+        if (phase_ != Phase::between)
+            throw ExecutionError(phase_ == Phase::done || phase_ == Phase::failed
+                                     ? "script step: backward() was already called (or the step failed); a step "
+                                       "back-propagates once"
+                                     : "script step: backward() before forward()");
+        if (grad_outputs.size() != core_->output_data.size())
+            throw InvalidInput("script step: " + std::to_string(grad_outputs.size()) + " output gradients for " +
+                               std::to_string(core_->output_data.size()) + " outputs");
+        phase_ = Phase::backward;
+        const auto start = detail::Clock::now();
+        for (std::size_t o = 0; o < grad_outputs.size(); ++o) {
+            const auto& d = core_->output_grad[o];
+            if (!d) continue;
+            const at::Tensor& out = act_[core_->output_data[o].index].tensor();
+            at::Tensor g = std::move(grad_outputs[o]);
+            if (!g.defined()) {
+                g = at::zeros_like(out);
+            } else if (g.sizes() != out.sizes()) {
+                throw InvalidInput("script step: the gradient of output " + std::to_string(o) + " has shape " +
+                                   detail::sizes_string(g.sizes().vec()) + " but the output has " +
+                                   detail::sizes_string(out.sizes().vec()));
+            } else {
+                g = g.contiguous();
+            }
+            grad_[d->index] = std::move(g);
+        }
+        grad_outputs.clear();
+        const Bytes after_loss = prepared_->simulation.timeline.at(prepared_->loss_step).after;
+        const Bytes now = probe_->current();
+        report_.caller_bytes = (now - forward_reference_) - after_loss;
+        const Bytes reference = continuous_ ? forward_reference_ : now - after_loss;
+        report_.backward_peak = after_loss;
+        const Schedule& schedule = prepared_->plan.schedule;
+        for (std::size_t i = prepared_->loss_step + 1; i < schedule.size(); ++i)
+            execute(i, reference, report_.backward_peak);
+        ScriptGradients result;
+        {
+            const at::NoGradGuard no_grad;
+            for (const auto& in : core_->inputs) {
+                at::Tensor sum;
+                for (const DataId d : in.grads)
+                    if (grad_[d.index].defined()) sum = sum.defined() ? sum + grad_[d.index] : grad_[d.index];
+                result.inputs.push_back(std::move(sum));
+            }
+        }
+        result.parameters = std::move(pending_);
+        pending_.clear();
+        detail::synchronize(device_);
+        report_.backward_seconds = detail::seconds_since(start);
+        report_.measured_peak = std::max(report_.forward_peak, report_.backward_peak);
+        report_.completed = true;
+        phase_ = Phase::done;
+        clear();
+        return result;
+    }
+
+    /// Gives up a step between its phases (the caller's loss failed): buffers go back to
+    /// their values before the step and everything is freed.
+    void abort() noexcept {
+        if (phase_ == Phase::done || phase_ == Phase::failed) return;
+        restore_start_buffers();
+        phase_ = Phase::failed;
+        clear();
+    }
+
+    [[nodiscard]] const StepReport& report() const noexcept { return report_; }
+
+private:
+    enum class Phase : unsigned char { ready, forward, between, backward, done, failed };
+    using Role = detail::script::OpRole;
+    using DataRole = detail::script::DataRole;
+
+    void execute(std::size_t index, Bytes reference, Bytes& peak) {
+        const Step& step = prepared_->plan.schedule[index];
+        if (step.is_free()) {
+            release_data(step.data());
+            report_.measured_timeline[index] = probe_->current() - pending_bytes_ - held_by_caller() - reference;
+            return;
+        }
+        const detail::script::OpEntry op = core_->ops[step.op().index];
+        if (op.role == Role::loss) return;
+        const Bytes pending_before = pending_bytes_ + held_by_caller();
+        probe_->reset_peak();
+        try {
+            if (op.role == Role::backward)
+                run_backward(op.group);
+            else
+                run_forward(op.group, op.role == Role::forward_grad);
+        } catch (...) {
+            fail(index, op);
+        }
+        const Bytes during = probe_->peak() - pending_before - reference;
+        report_.measured_timeline[index] = during;
+        peak = std::max(peak, during);
+    }
+
+    void release_data(DataId d) {
+        const detail::script::DataEntry& e = core_->data[d.index];
+        switch (e.role) {
+            case DataRole::activation:
+                if (std::find(exposed_.begin(), exposed_.end(), d.index) != exposed_.end()) {
+                    // The caller holds it: forget it (a recomputation produces it afresh), and count
+                    // its bytes as the caller's for as long as the caller keeps it.
+                    if (act_[d.index].live()) {
+                        const c10::Storage& storage = act_[d.index].tensor().storage();
+                        caller_held_.emplace_back(storage.getWeakStorageImpl(), detail::storage_bytes(act_[d.index].tensor()));
+                    }
+                    act_[d.index].clear();
+                } else {
+                    act_[d.index].release();
+                }
+                break;
+            case DataRole::saved:
+                graph_[e.group].clear();
+                saved_live_[e.group] = 0;
+                break;
+            case DataRole::gradient: grad_[d.index] = at::Tensor(); break;
+            case DataRole::marker: break;
+        }
+    }
+
+    void run_forward(std::size_t k, bool with_grad) {
+        const detail::script::Group& g = core_->groups[k];
+        if (with_grad && saved_live_[k]) with_grad = false;  // only outputs can be missing
+        bool all_live = true;
+        for (const DataId d : g.output_data) all_live = all_live && act_[d.index].live();
+        if (!with_grad && all_live) return;  // nothing the op writes is missing
+        for (const DataId d : g.output_data)
+            if (act_[d.index].live()) release_data(d);  // rewritten: counted once, as in the simulator
+        std::vector<at::Tensor> inputs;
+        inputs.reserve(g.input_data.size());
+        for (const DataId d : g.input_data) inputs.push_back(act_[d.index].tensor());
+        const bool first = ran_[k] == 0;
+        std::optional<detail::RngReplay> replay;
+        std::optional<detail::BufferGuard> buffers;
+        if (first) {
+            ran_[k] = 1;
+            if (g.random && prepared_->forward_runs[k] > 1) rng_[k] = detail::RngState::capture(device_);
+        } else {
+            if (rng_[k]) replay.emplace(*rng_[k], device_);
+            if (!g.buffers.empty()) buffers.emplace(scratch_->recompute[k], g.buffers);
+        }
+        ++report_.forward_runs;
+        if (with_grad) {
+            detail::script::GroupGraph graph = detail::script::run_with_grad(*core_, g, inputs);
+            for (std::size_t o = 0; o < g.output_data.size(); ++o)
+                act_[g.output_data[o].index].install(graph.outputs[o], /*graph_holds_storage=*/true, g.name);
+            graph_[k] = std::move(graph);
+            saved_live_[k] = 1;
+        } else {
+            const std::vector<at::Tensor> outs = detail::script::run_no_grad(*core_, g, inputs);
+            for (std::size_t o = 0; o < g.output_data.size(); ++o)
+                act_[g.output_data[o].index].install(outs[o], /*graph_holds_storage=*/false, g.name);
+        }
+    }
+
+    void run_backward(std::size_t k) {
+        const detail::script::Group& g = core_->groups[k];
+        if (!graph_[k].live())
+            throw ExecutionError("the backward of op '" + g.name + "' found no autograd graph (its saved state was "
+                                 "produced without one)");
+        std::vector<std::vector<at::Tensor>> incoming(g.outputs.size());
+        for (std::size_t o = 0; o < g.outputs.size(); ++o)
+            for (const DataId d : g.incoming[o]) incoming[o].push_back(grad_[d.index]);
+        detail::script::BackwardResult r = detail::script::run_backward(g, graph_[k], incoming);
+        incoming.clear();
+        graph_[k].clear();  // consumed; the plan's `free s:G` finds nothing left to drop
+        for (std::size_t i = 0; i < g.inputs.size(); ++i)
+            if (g.input_grad[i]) grad_[g.input_grad[i]->index] = std::move(r.input_grads[i]);
+        const at::NoGradGuard no_grad;
+        for (std::size_t j = 0; j < g.parameters.size(); ++j) {
+            if (!r.parameter_grads[j].defined()) continue;
+            at::Tensor& sum = pending_[g.parameters[j]];
+            // Out of place: a gradient may share memory with another one.
+            sum = sum.defined() ? sum + r.parameter_grads[j] : std::move(r.parameter_grads[j]);
+        }
+        pending_bytes_ = 0;
+        std::unordered_set<const void*> counted;
+        for (const at::Tensor& t : pending_)
+            if (t.defined() && t.has_storage() && counted.insert(t.storage().unsafeGetStorageImpl()).second)
+                pending_bytes_ += detail::storage_bytes(t);
+    }
+
+    // Bytes of outputs the plan has freed but the caller still holds.
+    [[nodiscard]] Bytes held_by_caller() const noexcept {
+        Bytes total = 0;
+        for (const auto& [storage, bytes] : caller_held_)
+            if (storage.use_count() > 0) total += bytes;
+        return total;
+    }
+
+    void restore_start_buffers() noexcept {
+        for (std::size_t k = 0; k < start_buffers_.size(); ++k) start_buffers_[k].restore(core_->groups[k].buffers);
+    }
+
+    [[noreturn]] void fail(std::size_t index, const detail::script::OpEntry& op) {
+        const bool in_forward = phase_ == Phase::forward;
+        restore_start_buffers();
+        if (in_forward && !start_rng_.empty()) start_rng_.restore();
+        phase_ = Phase::failed;
+        clear();
+        const std::string what = describe(core_->problem, prepared_->plan.schedule[index]);
+        const std::string node = " (op '" + core_->groups[op.group].name + "', root node " +
+                                 core_->groups[op.group].where + ")";
+        const std::string context = "step " + std::to_string(index) + " of the plan, " + what + node +
+                                    " failed during the " + (in_forward ? "forward" : "backward") +
+                                    " phase; parameters, gradients and buffers are as before the step: ";
+        try {
+            throw;
+        } catch (const Error& e) {
+            std::throw_with_nested(ExecutionError(context + e.what()));
+        } catch (const std::exception& e) {
+            std::throw_with_nested(ExecutionError(context + e.what()));
+        } catch (...) {
+            std::throw_with_nested(ExecutionError(context + "unknown exception"));
+        }
+    }
+
+    void clear() noexcept {
+        for (auto& g : graph_) g.clear();
+        for (auto& a : act_) a.clear();
+        for (auto& g : grad_) g = at::Tensor();
+        pending_.clear();
+        pending_bytes_ = 0;
+        start_buffers_.clear();
+        caller_held_.clear();
+    }
+
+    std::shared_ptr<const detail::script::Core> core_;
+    std::shared_ptr<detail::script::Scratch> scratch_;
+    std::shared_ptr<const detail::script::PreparedPlan> prepared_;
+    Probe* probe_ = nullptr;
+    bool continuous_ = false;
+    Phase phase_ = Phase::ready;
+    c10::Device device_ = c10::Device(c10::DeviceType::CPU);
+    std::vector<detail::Activation> act_;
+    std::vector<at::Tensor> grad_;
+    std::vector<detail::script::GroupGraph> graph_;
+    std::vector<char> saved_live_;
+    std::vector<std::optional<detail::RngState>> rng_;
+    std::vector<char> ran_;
+    std::vector<std::size_t> exposed_;
+    std::vector<std::pair<c10::weak_intrusive_ptr<c10::StorageImpl>, Bytes>> caller_held_;
+    std::vector<at::Tensor> pending_;
+    Bytes pending_bytes_ = 0;
+    Bytes forward_reference_ = 0;
+    std::vector<detail::BufferSnapshot> start_buffers_;
+    detail::RngState start_rng_;
+    StepReport report_;
+};
+
+/// The outcome of ScriptExecutor::step.
+struct ScriptStepResult {
+    std::vector<at::Tensor> outputs;
+    at::Tensor loss;
+    std::vector<at::Tensor> input_grads;
+    StepReport report;
+};
+
+namespace detail::script {
+
+template <class Probe>
+struct StepHandle {
+    std::shared_ptr<ScriptStep<Probe>> step;
+    std::shared_ptr<StepReport> report;
+};
+
+template <class Probe>
+struct StepCapsule : ::torch::CustomClassHolder {
+    explicit StepCapsule(StepHandle<Probe> h) : handle(std::move(h)) {}
+    StepHandle<Probe> handle;
+};
+
+inline constexpr const char* capsule_key = "remat.script_step";
+
+/// The autograd function around one planned step. Inputs and parameters are its inputs, so
+/// autograd accumulates the parameters' gradients as for the plain module.
+template <class Probe>
+struct PlannedScript : ::torch::autograd::Function<PlannedScript<Probe>> {
+    static ::torch::autograd::variable_list forward(::torch::autograd::AutogradContext* ctx, at::TensorList inputs,
+                                                    at::TensorList parameters, StepHandle<Probe> handle,
+                                                    std::vector<char> differentiable) {
+        (void)inputs;
+        (void)parameters;  // autograd's business; the step already holds them
+        ::torch::autograd::variable_list outputs = handle.step->forward();
+        for (std::size_t o = 0; o < outputs.size(); ++o)
+            if (!differentiable[o]) ctx->mark_non_differentiable({outputs[o]});
+        ctx->saved_data[capsule_key] = at::IValue::make_capsule(
+            c10::intrusive_ptr<::torch::CustomClassHolder>(c10::make_intrusive<StepCapsule<Probe>>(std::move(handle))));
+        return outputs;
+    }
+
+    static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
+                                                     ::torch::autograd::variable_list grad_outputs) {
+        const auto found = ctx->saved_data.find(capsule_key);
+        if (found == ctx->saved_data.end())
+            throw ExecutionError("remat planned module: backward through the same forward twice; a planned step frees "
+                                 "its activations as it goes, so call forward() again for another backward");
+        StepHandle<Probe> handle = std::move(static_cast<StepCapsule<Probe>*>(found->second.toCapsule().get())->handle);
+        ctx->saved_data.erase(found);
+        ScriptGradients gradients = handle.step->backward(std::move(grad_outputs));
+        if (handle.report) *handle.report = handle.step->report();
+        ::torch::autograd::variable_list result;
+        for (at::Tensor& g : gradients.inputs) result.push_back(std::move(g));
+        for (at::Tensor& g : gradients.parameters) result.push_back(std::move(g));
+        result.emplace_back();  // the step handle
+        result.emplace_back();  // the differentiability flags
+        return result;
+    }
+};
+
+}  // namespace detail::script
+
+/// Runs schedules of one captured module. Copies share the capture and the probe.
+template <MemoryProbe Probe>
+class ScriptExecutor {
+public:
+    explicit ScriptExecutor(ScriptCapture capture, Probe probe = Probe{})
+        : capture_(std::move(capture)),
+          probe_(std::make_shared<Probe>(std::move(probe))),
+          scratch_(std::make_shared<detail::script::Scratch>()) {
+        for (const auto& g : capture_.core()->groups) scratch_->recompute.emplace_back(g.buffers);
+    }
+
+    [[nodiscard]] const ScriptCapture& capture() const noexcept { return capture_; }
+    [[nodiscard]] const Problem& problem() const noexcept { return capture_.problem(); }
+    /// The trainable parameters, each once, in the order ScriptGradients uses.
+    [[nodiscard]] const std::vector<at::Tensor>& parameters() const noexcept { return capture_.parameters(); }
+    [[nodiscard]] Probe& probe() const noexcept { return *probe_; }
+
+    /// Checks a plan against the captured problem (the simulator must accept it) and prepares it.
+    [[nodiscard]] ScriptPlan prepare(Plan plan) const {
+        const auto& core = *capture_.core();
+        auto prepared = std::make_shared<detail::script::PreparedPlan>();
+        prepared->simulation = simulate(core.problem, plan.schedule);
+        if (!prepared->simulation.valid)
+            throw InvalidInput("the plan is not a valid schedule of '" + core.problem.name() +
+                               "': " + prepared->simulation.error);
+        prepared->forward_runs.assign(core.groups.size(), 0);
+        bool found_loss = false;
+        for (std::size_t i = 0; i < plan.schedule.size(); ++i) {
+            const Step& step = plan.schedule[i];
+            if (!step.is_run()) continue;
+            const detail::script::OpEntry op = core.ops[step.op().index];
+            if (op.role == detail::script::OpRole::loss) {
+                prepared->loss_step = i;
+                found_loss = true;
+            } else if (op.role != detail::script::OpRole::backward) {
+                ++prepared->forward_runs[op.group];
+            }
+        }
+        if (!found_loss) throw InvalidInput("the plan never runs 'loss'");
+        prepared->plan = std::move(plan);
+        return ScriptPlan(std::move(prepared));
+    }
+    [[nodiscard]] ScriptPlan prepare(Schedule schedule) const {
+        Plan plan;
+        plan.schedule = std::move(schedule);
+        plan.stats.solver = "hand-written";
+        return prepare(std::move(plan));
+    }
+
+    /// A step to drive by hand: forward(), then backward().
+    [[nodiscard]] ScriptStep<Probe> start(const ScriptPlan& plan, const std::vector<at::Tensor>& inputs,
+                                          bool continuous = true) const {
+        return ScriptStep<Probe>(capture_.core(), scratch_, plan, probe_.get(), inputs, continuous);
+    }
+
+    /// A whole training step: forward, `loss(outputs)` (with autograd), backward, and the
+    /// parameters' gradients added into their .grad — all or nothing.
+    ScriptStepResult step(const ScriptPlan& plan, const std::vector<at::Tensor>& inputs,
+                          const std::function<at::Tensor(const std::vector<at::Tensor>&)>& loss) const {
+        ScriptStep<Probe> run = start(plan, inputs, /*continuous=*/true);
+        ScriptStepResult result;
+        result.outputs = run.forward();
+        std::vector<at::Tensor> grads(result.outputs.size());
+        try {
+            const ::torch::autograd::AutoGradMode grad_mode(true);
+            std::vector<at::Tensor> leaves, wrt;
+            std::vector<std::size_t> index;
+            for (std::size_t o = 0; o < result.outputs.size(); ++o) {
+                at::Tensor leaf = result.outputs[o].detach();
+                if (capture_.core()->output_grad[o]) {
+                    leaf.requires_grad_(true);
+                    wrt.push_back(leaf);
+                    index.push_back(o);
+                }
+                leaves.push_back(std::move(leaf));
+            }
+            const at::Tensor value = loss(leaves);
+            if (!value.defined() || value.numel() != 1)
+                throw InvalidInput("ScriptExecutor::step: the loss function must return a single value");
+            std::vector<at::Tensor> g = ::torch::autograd::grad({value}, wrt, {}, false, false, /*allow_unused=*/true);
+            for (std::size_t j = 0; j < index.size(); ++j) grads[index[j]] = std::move(g[j]);
+            result.loss = value.detach();
+        } catch (...) {
+            run.abort();
+            throw;
+        }
+        ScriptGradients gradients = run.backward(std::move(grads));
+        StepGradients to_accumulate;
+        to_accumulate.parameters = std::move(gradients.parameters);
+        accumulate_gradients(parameters(), std::move(to_accumulate));
+        result.input_grads = std::move(gradients.inputs);
+        result.report = run.report();
+        return result;
+    }
+
+    /// The module's forward under the plan, inside a custom autograd Function: back-propagating
+    /// through the returned tensors (`loss.backward()`) runs the rest of the plan and
+    /// accumulates the parameters' (and inputs') gradients as plain autograd would. Without
+    /// grad mode, this simply runs the module. `report`, when given, receives the step's
+    /// report after its backward.
+    [[nodiscard]] std::vector<at::Tensor> forward(const ScriptPlan& plan, const std::vector<at::Tensor>& inputs,
+                                                  std::shared_ptr<StepReport> report = nullptr) const {
+        const auto& core = *capture_.core();
+        bool wants_grad = ::torch::autograd::GradMode::is_enabled();
+        if (wants_grad) {
+            bool any = false;
+            for (const at::Tensor& t : inputs) any = any || t.requires_grad();
+            for (const at::Tensor& p : core.parameters) any = any || p.requires_grad();
+            wants_grad = any;
+        }
+        if (!wants_grad) {
+            std::vector<c10::IValue> args(inputs.begin(), inputs.end());
+            const c10::IValue value = ::torch::jit::Module(core.module).forward(std::move(args));
+            std::vector<at::Tensor> outputs;
+            detail::script::flatten(core.output_tree, value, outputs);
+            return outputs;
+        }
+        detail::script::StepHandle<Probe> handle{
+            std::make_shared<ScriptStep<Probe>>(start(plan, inputs, /*continuous=*/false)), std::move(report)};
+        std::vector<char> differentiable;
+        for (const auto& d : core.output_grad) differentiable.push_back(d.has_value() ? 1 : 0);
+        return detail::script::PlannedScript<Probe>::apply(at::TensorList(inputs), at::TensorList(core.parameters),
+                                                           std::move(handle), std::move(differentiable));
+    }
+
+private:
+    ScriptCapture capture_;
+    std::shared_ptr<Probe> probe_;
+    std::shared_ptr<detail::script::Scratch> scratch_;
+};
+
+}  // namespace remat::torch
