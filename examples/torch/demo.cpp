@@ -181,8 +181,8 @@ int run_demo(const Options& o, S solver) {
                         remat::format_bytes(e.smallest_feasible().value_or(0)).c_str());
             continue;
         }
-        torch::optim::SGD plain_optimizer(plain->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-        torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+        torch::optim::SGD plain_optimizer(plain->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+        torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
         Run reference, run;
         for (int s = 0; s < o.steps; ++s) {
             const remat_demo::Batch b = remat_demo::batch(c, s);

@@ -295,7 +295,12 @@ public:
     /// their values before the step and everything is freed.
     void abort() noexcept {
         if (phase_ == Phase::done || phase_ == Phase::failed) return;
-        for (std::size_t i = 0; i < start_buffers_.size(); ++i) start_buffers_[i].restore(core_->stages[i].buffers);
+        try {
+            for (std::size_t i = 0; i < start_buffers_.size(); ++i)
+                start_buffers_[i].restore(core_->stages[i].buffers);
+        } catch (...) {
+            // Copying a few buffers back failed (out of memory): nothing better is left to do.
+        }
         phase_ = Phase::failed;
         clear();
     }
@@ -413,6 +418,9 @@ private:
                                     " phase; parameters, gradients and buffers are as before the step: ";
         try {
             throw;
+        } catch (const InvalidInput& e) {
+            // A stage that breaks the chain's rules: the input is at fault, not the run.
+            std::throw_with_nested(InvalidInput(context + e.what()));
         } catch (const Error& e) {
             std::throw_with_nested(ExecutionError(context + e.what()));
         } catch (const std::exception& e) {
