@@ -1378,19 +1378,22 @@ private:
 // works on a RotorChain and returns an abstract RotorSequence of actions; the Rotor solver
 // translates it into the FORMATS.md §5 expansion of a Chain.
 //
-// Memory model (the FORMATS.md §3 simulator, stage l has input a_{l-1}, output a_l and
-// gradients g_l, g_{l-1} of the same sizes; "S" is whatever else is live):
+// Memory model (the FORMATS.md §3 simulator, stage l has input a_{l-1} of x_{l-1} bytes,
+// output a_l of x_l bytes and gradients g_l, g_{l-1} of y_l, y_{l-1} bytes; "S" is whatever
+// else is live):
 //   forward_nograd(l)  S+{a_{l-1}}           → S+{a_{l-1},a_l}       peak S + x_{l-1} + x_l + nograd_overhead
 //   forward(l,k)       S+{a_{l-1}}           → S+{a_{l-1}}+Saved_k   peak S + x_{l-1} + saved_bytes + fwd_overhead
-//   loss               S+{a_L}               → S+{a_L,g_L}           peak S + x_L + loss_overhead (S includes a_L)
+//   loss               S+{a_L}               → S+{a_L,g_L}           peak S + y_L + loss_overhead (S includes a_L)
 //   backward(l,k)      S+{a_{l-1}}+Saved_k+{g_l} → S+{a_{l-1},g_{l-1}}
-//                                             peak S + x_{l-1} + saved_bytes + x_l + x_{l-1} + bwd_overhead
+//                                             peak S + x_{l-1} + saved_bytes + y_l + y_{l-1} + bwd_overhead
 //   free_activation(l) frees a_l.
+// On a plain chain y_l = x_l. They differ on Rockmate's blocks, where the gradient of a
+// separator read by several ops of the next block arrives as several contributions.
 // Saved_k always contains a_l (saved_bytes ≥ out_bytes); backward frees Saved_k and g_l.
 // A block of Rockmate with option k = (forward sub-schedule F, backward sub-schedule B)
 // maps onto it as: fwd_time = time(F); saved_bytes = what F leaves live beside the block
 // input; fwd_overhead = peak(F) − (live before F) − saved_bytes; bwd_time = time(B);
-// bwd_overhead = peak(B) − (live before B) − x_{l-1}; F and B must keep a_{l-1} live.
+// bwd_overhead = peak(B) − (live before B) − y_{l-1}; F and B must keep a_{l-1} live.
 // In a sub-chain (a, b) the F∅/F_ck forwards run while g_b is live (for b < L), the input
 // a_{a-1} stays live throughout, and a checkpoint a_{j-1} is freed right after the part
 // above it is back-propagated; these are exactly the peaks the DP adds up.
@@ -1430,16 +1433,16 @@ struct RotorOption {
     Bytes saved_bytes = 0;
     /// Forward peak = (live before) + saved_bytes + fwd_overhead. Must be ≥ 0.
     Bytes fwd_overhead = 0;
-    /// Backward peak = (live before, i.e. a_{l-1} + Saved + g_l + the rest) + x_{l-1} + bwd_overhead,
-    /// where x_{l-1} accounts for g_{l-1}. May be negative (a block that frees g_l or saved
+    /// Backward peak = (live before, i.e. a_{l-1} + Saved + g_l + the rest) + y_{l-1} + bwd_overhead,
+    /// where y_{l-1} accounts for g_{l-1}. May be negative (a block that frees g_l or saved
     /// data before it writes g_{l-1}), but the peak may not be below the start or end state:
-    /// bwd_overhead ≥ −x_{l-1} and bwd_overhead ≥ −(saved_bytes + x_l).
+    /// bwd_overhead ≥ −y_{l-1} and bwd_overhead ≥ −(saved_bytes + y_l).
     Bytes bwd_overhead = 0;
     friend bool operator==(const RotorOption&, const RotorOption&) = default;
 };
 
 struct RotorStage {
-    /// x_l: size of the stage output a_l and of its gradient g_l.
+    /// x_l: size of the stage output a_l (and of its gradient g_l unless grad_bytes says otherwise).
     Bytes out_bytes = 0;
     /// The cheap forward without grad: writes only a_l.
     double nograd_time = 0.0;
@@ -1447,22 +1450,31 @@ struct RotorStage {
     Bytes nograd_overhead = 0;
     /// K ≥ 1 alternatives.
     std::vector<RotorOption> options;
+    /// y_l: size of the gradient g_l when it differs from out_bytes.
+    std::optional<Bytes> grad_bytes;
     friend bool operator==(const RotorStage&, const RotorStage&) = default;
 };
 
 struct RotorChain {
     std::string name;
-    /// x_0: size of the chain input a_0 (live throughout, never freed) and of g_0.
+    /// x_0: size of the chain input a_0 (live throughout, never freed) and of g_0 unless
+    /// input_grad_bytes says otherwise.
     Bytes input_bytes = 0;
     std::vector<RotorStage> stages;
-    /// The loss reads a_L and writes g_L; its peak = (live before) + x_L + loss_overhead.
+    /// The loss reads a_L and writes g_L; its peak = (live before) + y_L + loss_overhead.
     double loss_time = 0.0;
     Bytes loss_overhead = 0;
+    /// y_0: size of the gradient g_0 when it differs from input_bytes.
+    std::optional<Bytes> input_grad_bytes;
 
     [[nodiscard]] std::size_t length() const noexcept { return stages.size(); }
     /// x_l for l = 0..L.
     [[nodiscard]] Bytes activation_bytes(std::size_t l) const {
         return l == 0 ? input_bytes : stages.at(l - 1).out_bytes;
+    }
+    /// y_l for l = 0..L.
+    [[nodiscard]] Bytes gradient_bytes(std::size_t l) const {
+        return l == 0 ? input_grad_bytes.value_or(input_bytes) : stages.at(l - 1).grad_bytes.value_or(stages.at(l - 1).out_bytes);
     }
     friend bool operator==(const RotorChain&, const RotorChain&) = default;
 };
@@ -1508,16 +1520,19 @@ inline void validate(const RotorChain& chain) {
     const std::string who = "rotor chain '" + chain.name + "'";
     if (chain.stages.empty()) throw InvalidInput(who + " has no stages");
     if (chain.input_bytes < 0) throw InvalidInput(who + ": input_bytes is negative");
+    if (chain.input_grad_bytes && *chain.input_grad_bytes < 0) throw InvalidInput(who + ": input_grad_bytes is negative");
     if (chain.loss_overhead < 0) throw InvalidInput(who + ": loss_overhead is negative");
     if (!std::isfinite(chain.loss_time) || chain.loss_time < 0) throw InvalidInput(who + ": loss_time must be finite and >= 0");
     for (std::size_t l = 1; l <= chain.length(); ++l) {
         const RotorStage& s = chain.stages[l - 1];
         const std::string st = who + " stage " + std::to_string(l);
         if (s.out_bytes < 0) throw InvalidInput(st + ": out_bytes is negative");
+        if (s.grad_bytes && *s.grad_bytes < 0) throw InvalidInput(st + ": grad_bytes is negative");
         if (!std::isfinite(s.nograd_time) || s.nograd_time < 0) throw InvalidInput(st + ": nograd_time must be finite and >= 0");
         if (s.nograd_overhead < 0) throw InvalidInput(st + ": nograd_overhead is negative");
         if (s.options.empty()) throw InvalidInput(st + " has no options; give at least one (forward, backward) option");
-        const Bytes in = chain.activation_bytes(l - 1);
+        const Bytes in = chain.gradient_bytes(l - 1);
+        const Bytes out = chain.gradient_bytes(l);
         for (std::size_t k = 0; k < s.options.size(); ++k) {
             const RotorOption& o = s.options[k];
             const std::string op = st + " option " + std::to_string(k);
@@ -1527,7 +1542,7 @@ inline void validate(const RotorChain& chain) {
                 throw InvalidInput(op + ": saved_bytes (" + std::to_string(o.saved_bytes) + ") is below out_bytes (" +
                                    std::to_string(s.out_bytes) + "); the saved data include the stage output");
             if (o.fwd_overhead < 0) throw InvalidInput(op + ": fwd_overhead is negative");
-            if (o.bwd_overhead < -in || o.bwd_overhead < -(o.saved_bytes + s.out_bytes))
+            if (o.bwd_overhead < -in || o.bwd_overhead < -(o.saved_bytes + out))
                 throw InvalidInput(op + ": bwd_overhead " + std::to_string(o.bwd_overhead) +
                                    " puts the backward peak below its start or end state");
         }
@@ -1537,11 +1552,12 @@ inline void validate(const RotorChain& chain) {
 /// A plain chain as a RotorChain with one option per stage (K = 1).
 [[nodiscard]] inline RotorChain to_rotor_chain(const Chain& chain) {
     validate(chain);
-    RotorChain out{chain.name, chain.input_bytes, {}, 0.0, 0};
+    RotorChain out{chain.name, chain.input_bytes, {}, 0.0, 0, std::nullopt};
     out.stages.reserve(chain.length());
     for (const Stage& s : chain.stages)
-        out.stages.push_back(RotorStage{
-            s.out_bytes, s.fwd_time, s.fwd_overhead, {RotorOption{s.fwd_time, s.bwd_time, s.saved_bytes, s.fwd_overhead, s.bwd_overhead}}});
+        out.stages.push_back(RotorStage{s.out_bytes, s.fwd_time, s.fwd_overhead,
+                                        {RotorOption{s.fwd_time, s.bwd_time, s.saved_bytes, s.fwd_overhead, s.bwd_overhead}},
+                                        std::nullopt});
     return out;
 }
 
@@ -1559,6 +1575,7 @@ struct RotorEvaluation {
     RotorEvaluation ev;
     const std::size_t L = chain.length();
     const auto x = [&](std::size_t l) { return chain.activation_bytes(l); };
+    const auto y = [&](std::size_t l) { return chain.gradient_bytes(l); };
     std::vector<char> act(L + 1, 0), grad(L + 1, 0), backward_done(L + 1, 0);
     std::vector<std::optional<std::size_t>> saved(L + 1);
     bool loss_done = false;
@@ -1602,8 +1619,8 @@ struct RotorEvaluation {
             case RotorAction::Kind::loss: {
                 if (loss_done) return fail(i, "the loss runs twice");
                 if (!act[L]) return fail(i, "loss without the chain output");
-                during = mem + x(L) + chain.loss_overhead;
-                mem += x(L);
+                during = mem + y(L) + chain.loss_overhead;
+                mem += y(L);
                 grad[L] = 1;
                 loss_done = true;
                 ev.time += chain.loss_time;
@@ -1616,8 +1633,8 @@ struct RotorEvaluation {
                 if (!grad[l]) return fail(i, "backward of stage " + sl + " without its output gradient");
                 if (!act[l - 1]) return fail(i, "backward of stage " + sl + " without its input");
                 const RotorOption& o = chain.stages[l - 1].options[a.option];
-                during = mem + x(l - 1) + o.bwd_overhead;
-                mem += x(l - 1) - o.saved_bytes - x(l);
+                during = mem + y(l - 1) + o.bwd_overhead;
+                mem += y(l - 1) - o.saved_bytes - y(l);
                 grad[l - 1] = 1;
                 grad[l] = 0;
                 act[l] = 0;
@@ -1679,20 +1696,21 @@ namespace detail {
 struct RotorUnits {
     struct Option {
         Bytes fwd = 0;     // x_{l-1} + saved + fwd_overhead (the upper gradient comes on top)
-        Bytes bwd = 0;     // x_{l-1} + saved + x_l + x_{l-1} + bwd_overhead
+        Bytes bwd = 0;     // x_{l-1} + saved + y_l + y_{l-1} + bwd_overhead
         Bytes extra = 0;   // saved − x_l: what stays live beside a_l for the backward
         Bytes leaf = 0;    // least memory of the leaf (forward, [loss], backward)
         double time = 0.0;       // fwd + bwd
         double leaf_time = 0.0;  // fwd + bwd (+ loss for the last stage)
     };
     std::size_t L = 0;
-    std::vector<Bytes> x;            // [0..L]
+    std::vector<Bytes> x;            // [0..L] activations
+    std::vector<Bytes> y;            // [0..L] gradients
     std::vector<Bytes> nograd;       // [1..L]: x_{l-1} + x_l + nograd_overhead
     std::vector<double> nograd_time; // [1..L]
     std::vector<std::vector<Option>> options;  // [1..L]
 
     // Size of the gradient that is live while sub-chain (a, b) runs forwards.
-    [[nodiscard]] Bytes upper(std::size_t b) const noexcept { return b < L ? x[b] : 0; }
+    [[nodiscard]] Bytes upper(std::size_t b) const noexcept { return b < L ? y[b] : 0; }
 };
 
 [[nodiscard]] inline RotorUnits make_units(const RotorChain& chain, Bytes unit) {
@@ -1700,7 +1718,11 @@ struct RotorUnits {
     const std::size_t L = chain.length();
     u.L = L;
     u.x.resize(L + 1);
-    for (std::size_t l = 0; l <= L; ++l) u.x[l] = ceil_units(chain.activation_bytes(l), unit);
+    u.y.resize(L + 1);
+    for (std::size_t l = 0; l <= L; ++l) {
+        u.x[l] = ceil_units(chain.activation_bytes(l), unit);
+        u.y[l] = ceil_units(chain.gradient_bytes(l), unit);
+    }
     u.nograd.assign(L + 1, 0);
     u.nograd_time.assign(L + 1, 0.0);
     u.options.resize(L + 1);
@@ -1713,10 +1735,10 @@ struct RotorUnits {
             RotorUnits::Option opt;
             const Bytes saved = ceil_units(o.saved_bytes, unit);
             opt.fwd = u.x[l - 1] + saved + ceil_units(o.fwd_overhead, unit);
-            opt.bwd = u.x[l - 1] + saved + u.x[l] + u.x[l - 1] + ceil_units(o.bwd_overhead, unit);
+            opt.bwd = u.x[l - 1] + saved + u.y[l] + u.y[l - 1] + ceil_units(o.bwd_overhead, unit);
             opt.extra = ceil_units(o.saved_bytes - s.out_bytes, unit);
             opt.leaf = std::max(opt.fwd + u.upper(l), opt.bwd);
-            if (l == L) opt.leaf = std::max(opt.leaf, u.x[l - 1] + saved + u.x[l] + loss_ov);
+            if (l == L) opt.leaf = std::max(opt.leaf, u.x[l - 1] + saved + u.y[l] + loss_ov);
             opt.time = o.fwd_time + o.bwd_time;
             opt.leaf_time = l == L ? opt.time + chain.loss_time : opt.time;
             u.options[l].push_back(opt);
@@ -2070,9 +2092,11 @@ template <class Choose>
     Bytes g = 0;
     const auto add = [&](Bytes v) { g = std::gcd(g, v < 0 ? -v : v); };
     add(chain.input_bytes);
+    add(chain.gradient_bytes(0));
     add(chain.loss_overhead);
     for (const RotorStage& s : chain.stages) {
         add(s.out_bytes);
+        add(s.grad_bytes.value_or(0));
         add(s.nograd_overhead);
         for (const RotorOption& o : s.options) {
             add(o.saved_bytes);
