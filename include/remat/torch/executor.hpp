@@ -38,7 +38,7 @@
 #include "detail/runtime.hpp"
 #include "memory.hpp"
 #include "profile.hpp"
-#include "sequential.hpp"
+#include "stage.hpp"
 
 namespace remat::torch {
 

@@ -30,7 +30,7 @@
 #include "../io/budget.hpp"
 #include "detail/runtime.hpp"
 #include "memory.hpp"
-#include "sequential.hpp"
+#include "stage.hpp"
 
 namespace remat::torch {
 

@@ -29,7 +29,7 @@
 #endif
 
 #include "../../core/errors.hpp"
-#include "../sequential.hpp"
+#include "../stage.hpp"
 
 namespace remat::torch::detail {
 
