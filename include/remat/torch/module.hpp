@@ -15,6 +15,13 @@
 // store-all peak; a byte budget may then throw Infeasible), and keeps up to
 // `max_cached_shapes` plans; with ShapePolicy::reject it throws InvalidInput. Without
 // autograd (NoGradGuard, or nothing requires grad) forward() simply runs the stages.
+//
+// Memory beyond the plan, as with plain LibTorch: the output stays allocated while the
+// caller holds it, and autograd holds the output's gradient until the backward returns
+// (both one output-sized tensor: small for a classifier head). last_report() measures the
+// backward from its own start, which it takes to be the plan's state after `loss`.
+// Parameter gradients are handed to autograd at the end of the backward, so that a stage
+// that throws leaves parameters, gradients and buffers as they were before the step.
 #pragma once
 
 #include <cstddef>
