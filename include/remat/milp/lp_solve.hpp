@@ -1,0 +1,190 @@
+// remat/milp/lp_solve.hpp — the lp_solve 5.5 backend of the MilpBackend concept.
+//
+// lp_solve (Berkelaar, Eikland, Notebaert; LGPL) is a small, widely packaged MILP solver
+// (liblpsolve55-dev). Each solve builds its own lprec, owned by a RAII handle, silenced
+// (no output file, neutral verbosity) and stopped at the model's time limit by an abort
+// callback whose state lives on the stack of the solve. lp_solve has no MIP-start API: a
+// starting solution becomes the objective cutoff (set_obj_bound), and is returned itself
+// when the search finds nothing better. lp_solve does not report the global bound of an
+// interrupted branch and bound, so the bound of a stopped search is the root LP
+// relaxation. Include this header only when linking liblpsolve55 (CMake: remat::lpsolve).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <lpsolve/lp_lib.h>
+
+#include "backend.hpp"
+#include "model.hpp"
+
+namespace remat::milp {
+
+namespace detail {
+
+struct LpDeleter {
+    void operator()(lprec* lp) const noexcept {
+        if (lp != nullptr) delete_lp(lp);
+    }
+};
+using LpHandle = std::unique_ptr<lprec, LpDeleter>;
+
+struct LpDeadline {
+    std::chrono::steady_clock::time_point end;
+    bool limited = false;
+    bool hit = false;
+};
+
+inline int __WINAPI lp_solve_abort(lprec* /*lp*/, void* handle) {
+    auto* deadline = static_cast<LpDeadline*>(handle);
+    if (deadline->limited && std::chrono::steady_clock::now() >= deadline->end) {
+        deadline->hit = true;
+        return 1;
+    }
+    return 0;
+}
+
+}  // namespace detail
+
+class LpSolve {
+public:
+    [[nodiscard]] static constexpr std::string_view name() noexcept { return "lpsolve"; }
+
+    [[nodiscard]] Result solve(const Model& model) const {
+        const auto start = std::chrono::steady_clock::now();
+        const Parameters& par = model.parameters();
+        const auto& vars = model.variables();
+        const int n = static_cast<int>(vars.size());
+        Result result;
+        const auto finish = [&](Result r) {
+            r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            return r;
+        };
+        if (n == 0) {
+            // lp_solve needs a column; an empty model is trivially optimal unless a row is violated.
+            for (const Row& row : model.rows()) {
+                const bool ok = (row.sense == Sense::less_equal && 0.0 <= row.rhs) ||
+                                (row.sense == Sense::greater_equal && 0.0 >= row.rhs) ||
+                                (row.sense == Sense::equal && row.rhs == 0.0);
+                if (!ok) return finish(Result{Status::infeasible, {}, infinity, -infinity, 0.0});
+            }
+            return finish(Result{Status::optimal, {}, model.objective_offset(), model.objective_offset(), 0.0});
+        }
+
+        detail::LpHandle lp(make_lp(0, n));
+        if (!lp) throw SolverError("lp_solve: make_lp failed for a model of " + std::to_string(n) + " variables (out of memory?)");
+        char no_output[] = "";
+        set_outputfile(lp.get(), no_output);
+        set_verbose(lp.get(), NEUTRAL);
+        const double inf = get_infinite(lp.get());
+        const auto clamp = [inf](double x) { return x >= inf ? inf : (x <= -inf ? -inf : x); };
+
+        std::vector<double> row_values;
+        std::vector<int> row_columns;
+        row_values.reserve(static_cast<std::size_t>(n));
+        row_columns.reserve(static_cast<std::size_t>(n));
+        for (int j = 0; j < n; ++j) {
+            const Variable& v = vars[static_cast<std::size_t>(j)];
+            if (!set_bounds(lp.get(), j + 1, clamp(v.lower), clamp(v.upper)))
+                throw SolverError("lp_solve: set_bounds failed for variable '" + v.name + "'");
+            if (v.type != VarType::continuous) set_int(lp.get(), j + 1, TRUE);
+            if (v.objective != 0.0) {
+                row_values.push_back(v.objective);
+                row_columns.push_back(j + 1);
+            }
+        }
+        if (!set_obj_fnex(lp.get(), static_cast<int>(row_values.size()), row_values.data(), row_columns.data()))
+            throw SolverError("lp_solve: set_obj_fnex failed");
+        set_minim(lp.get());
+
+        set_add_rowmode(lp.get(), TRUE);
+        for (const Row& row : model.rows()) {
+            row_values.clear();
+            row_columns.clear();
+            for (const Term& t : row.terms) {
+                row_values.push_back(t.coef);
+                row_columns.push_back(static_cast<int>(t.var.index) + 1);
+            }
+            const int type = row.sense == Sense::less_equal ? LE : (row.sense == Sense::greater_equal ? GE : EQ);
+            if (!add_constraintex(lp.get(), static_cast<int>(row_values.size()), row_values.data(), row_columns.data(),
+                                  type, row.rhs))
+                throw SolverError("lp_solve: add_constraintex failed for row '" + row.name + "'");
+        }
+        set_add_rowmode(lp.get(), FALSE);
+
+        set_mip_gap(lp.get(), TRUE, std::max(par.absolute_gap, 1e-11));
+        set_mip_gap(lp.get(), FALSE, std::max(par.relative_gap, 1e-11));
+
+        detail::LpDeadline deadline;
+        if (std::isfinite(par.time_limit_seconds)) {
+            deadline.limited = true;
+            deadline.end = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                       std::chrono::duration<double>(std::max(0.0, par.time_limit_seconds)));
+            set_timeout(lp.get(), static_cast<long>(std::ceil(std::max(1.0, par.time_limit_seconds))) + 1);
+        }
+        put_abortfunc(lp.get(), &detail::lp_solve_abort, &deadline);
+
+        // A starting solution is a cutoff: only strictly better solutions are searched for.
+        const auto& given = model.start();
+        const bool use_start = given.has_value() && model.is_feasible(*given);
+        double start_objective = infinity;
+        if (use_start) {
+            start_objective = model.objective_value(*given);
+            const double linear = start_objective - model.objective_offset();
+            set_obj_bound(lp.get(), linear + std::max(1e-9, 1e-9 * std::abs(linear)));
+        }
+
+        const int ret = ::solve(lp.get());
+        const double root_bound = lp->real_solution;
+        const auto from_start = [&](Status status) {
+            Result r{status, *given, start_objective, status == Status::optimal ? start_objective : -infinity, 0.0};
+            if (status != Status::optimal && std::isfinite(root_bound) && std::abs(root_bound) < inf)
+                r.best_bound = std::min(start_objective, root_bound + model.objective_offset());
+            return finish(std::move(r));
+        };
+        switch (ret) {
+            case OPTIMAL:
+            case PRESOLVED:
+            case SUBOPTIMAL: {
+                std::vector<double> values(static_cast<std::size_t>(n));
+                if (!get_variables(lp.get(), values.data())) throw SolverError("lp_solve: get_variables failed");
+                const double objective = get_objective(lp.get()) + model.objective_offset();
+                if (use_start && objective > start_objective)
+                    return from_start(ret == SUBOPTIMAL ? Status::feasible : Status::optimal);
+                Result r{ret == SUBOPTIMAL ? Status::feasible : Status::optimal, std::move(values), objective, objective,
+                         0.0};
+                if (ret == SUBOPTIMAL) {
+                    r.best_bound = -infinity;
+                    if (std::abs(root_bound) < inf) r.best_bound = std::min(objective, root_bound + model.objective_offset());
+                }
+                return finish(std::move(r));
+            }
+            case INFEASIBLE:
+                // With a cutoff, "infeasible" means nothing beats the start: the start is optimal.
+                if (use_start) return from_start(Status::optimal);
+                return finish(Result{Status::infeasible, {}, infinity, infinity, 0.0});
+            case TIMEOUT:
+            case USERABORT:
+                if (use_start) return from_start(Status::feasible);
+                {
+                    Result r{Status::time_limit_no_solution, {}, infinity, -infinity, 0.0};
+                    if (std::abs(root_bound) < inf) r.best_bound = root_bound + model.objective_offset();
+                    return finish(std::move(r));
+                }
+            case UNBOUNDED:
+                throw SolverError("lp_solve: the model is unbounded (a variable without a bound has a negative cost)");
+            default:
+                throw SolverError("lp_solve: solve failed with code " + std::to_string(ret) +
+                                  " (numerical failure or out of memory)");
+        }
+    }
+};
+
+static_assert(MilpBackend<LpSolve>);
+
+}  // namespace remat::milp
