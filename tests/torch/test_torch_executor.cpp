@@ -329,6 +329,17 @@ TEST_CASE("executor's measured peak matches the simulator's prediction", "[torch
             CHECK(r.planned_peak == c.plan.peak);
             CHECK(r.predicted_peak <= r.planned_peak);
             CHECK(std::abs(r.measured_peak - r.predicted_peak) <= tolerance(r.predicted_peak));
+            // Step by step, memory never exceeds the simulator's timeline by more than what the
+            // caller holds (the output and the loss) and a generator state being saved: every
+            // free really gave its bytes back. (It may be lower: a backward frees its saved
+            // tensors as it goes, before the plan's `free s_l`.)
+            const remat::Bytes slack = executor.chain().stages.back().out_bytes + 16 * 1024;
+            for (std::size_t i = 0; i < c.plan.schedule.size(); ++i) {
+                if (r.measured_timeline[i] < 0) continue;
+                INFO("step " << i << " " << remat::describe(problem, c.plan.schedule[i]) << ": measured "
+                             << r.measured_timeline[i] << ", simulated " << plan.simulation().timeline[i].during);
+                CHECK(r.measured_timeline[i] <= plan.simulation().timeline[i].during + slack);
+            }
             CHECK(r.measured_peak <= c.plan.budget + tolerance(r.predicted_peak));
             // Nothing of the step stays but the output, the loss and the new gradients.
             remat::Bytes grad_bytes = 0;
