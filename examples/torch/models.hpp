@@ -164,7 +164,9 @@ def forward(self, x):
     detail::add_parameter(m, "lnf_b", at::zeros({c.embed}));
     std::string body;
     for (std::int64_t l = 0; l < c.layers; ++l) {
-        const std::string name = "h" + std::to_string(l);
+        // (Appending, not "h" + to_string(l): GCC 12 warns falsely on that at -O3.)
+        std::string name = "h";
+        name += std::to_string(l);
         m.register_module(name, detail::gpt_block(c, l));
         body += "    x = self." + name + ".forward(x)\n";
     }
@@ -191,7 +193,10 @@ def forward(self, idx):
         const std::int64_t out = c.width << s;
         for (std::int64_t b = 0; b < c.blocks_per_stage; ++b) {
             const std::int64_t stride = (s > 0 && b == 0) ? 2 : 1;
-            const std::string name = "s" + std::to_string(s) + "b" + std::to_string(b);
+            std::string name = "s";
+            name += std::to_string(s);
+            name += 'b';
+            name += std::to_string(b);
             m.register_module(name, detail::basic_block(channels, out, stride));
             body += "    x = self." + name + ".forward(x)\n";
             channels = out;

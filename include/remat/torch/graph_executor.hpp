@@ -375,8 +375,14 @@ private:
         for (std::size_t j = 0; j < g.parameters.size(); ++j) {
             if (!r.parameter_grads[j].defined()) continue;
             at::Tensor& sum = pending_[g.parameters[j]];
-            // Out of place: a gradient may share memory with another one.
-            sum = sum.defined() ? sum + r.parameter_grads[j] : std::move(r.parameter_grads[j]);
+            // run_backward gives every parameter gradient memory of its own, so the sum can
+            // grow in place (no transient copy) unless its layout overlaps.
+            if (!sum.defined())
+                sum = std::move(r.parameter_grads[j]);
+            else if (sum.is_non_overlapping_and_dense())
+                sum.add_(r.parameter_grads[j]);
+            else
+                sum = sum + r.parameter_grads[j];
         }
         pending_bytes_ = 0;
         std::unordered_set<const void*> counted;
@@ -574,7 +580,9 @@ public:
     /// parameters' gradients added into their .grad — all or nothing.
     ScriptStepResult step(const ScriptPlan& plan, const std::vector<at::Tensor>& inputs,
                           const std::function<at::Tensor(const std::vector<at::Tensor>&)>& loss) const {
-        ScriptStep<Probe> run = start(plan, inputs, /*continuous=*/true);
+        // Not continuous: the backward phase is measured from its own start, so that the loss
+        // value and whatever else the loss function keeps count as the caller's.
+        ScriptStep<Probe> run = start(plan, inputs, /*continuous=*/false);
         ScriptStepResult result;
         result.outputs = run.forward();
         std::vector<at::Tensor> grads(result.outputs.size());

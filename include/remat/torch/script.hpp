@@ -158,6 +158,13 @@ inline bool is_cheap_op(std::string_view kind) {
     return std::find(std::begin(kinds), std::end(kinds), kind) != std::end(kinds);
 }
 
+// Dropout is elementwise and cheap: folded into its single consumer like the ops above, it
+// makes that op random (replayed on recomputation) and its mask part of that op's saved state.
+inline bool is_dropout(std::string_view kind) {
+    return kind == "aten::dropout" || kind == "aten::feature_dropout" || kind == "aten::alpha_dropout" ||
+           kind == "aten::feature_alpha_dropout";
+}
+
 inline bool is_random_node(const jit::Node* node) {
     if (node->isNondeterministic()) return true;
     static constexpr std::string_view kinds[] = {
@@ -829,8 +836,8 @@ private:
         bool all_alias = true;
         for (const at::Tensor& t : outs) all_alias = all_alias && input_storages.contains(storage_of(t));
         if (all_alias) return ActKind::view;
-        if (f.random) return ActKind::compute;
-        if (options_.fold_cheap_ops && is_cheap_op(kind) && f.outputs.size() == 1 && values_[f.outputs[0]].value.isTensor())
+        if (f.random && !is_dropout(kind)) return ActKind::compute;
+        if (options_.fold_cheap_ops && (is_cheap_op(kind) || is_dropout(kind)) && f.outputs.size() == 1 && values_[f.outputs[0]].value.isTensor())
             return ActKind::cheap;
         return ActKind::compute;
     }

@@ -1,0 +1,659 @@
+// Tests of op-level capture from TorchScript (remat/torch/script.hpp) and of the executor of
+// captured problems (remat/torch/graph_executor.hpp): small modules (diamond, residual,
+// attention, multi-output), the GPT-2-like and ResNet-like examples, plans at several
+// budgets against plain autograd, measured against predicted peaks, and the constructs
+// capture must refuse.
+#include <catch2/catch.hpp>
+
+#include <ATen/Parallel.h>
+#include <torch/csrc/jit/api/module.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../../examples/torch/models.hpp"
+#include "remat/io/json.hpp"
+#include "remat/solvers/rockmate.hpp"
+#include "remat/solvers/store_all.hpp"
+#include "remat/torch/graph_executor.hpp"
+#include "remat/torch/script.hpp"
+
+namespace {
+
+using remat::Bytes;
+using remat::torch::capture_script;
+using remat::torch::CaptureOptions;
+using remat::torch::ScriptCapture;
+using remat::torch::ScriptExecutor;
+using Loss = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
+
+CaptureOptions quick(const std::string& name) {
+    CaptureOptions o;
+    o.name = name;
+    o.repeats = 1;
+    o.warmup = 0;
+    return o;
+}
+
+torch::jit::Module make_module(const std::string& type, const std::vector<std::pair<std::string, at::Tensor>>& parameters,
+                               const std::string& source) {
+    torch::jit::Module m(type);
+    m.register_attribute("training", c10::BoolType::get(), true);
+    for (const auto& [name, value] : parameters) m.register_parameter(name, value.clone().requires_grad_(true), false);
+    m.define(source);
+    return m;
+}
+
+std::vector<at::Tensor> flatten_output(const c10::IValue& v) {
+    std::vector<at::Tensor> out;
+    std::function<void(const c10::IValue&)> walk = [&](const c10::IValue& x) {
+        if (x.isTensor())
+            out.push_back(x.toTensor());
+        else if (x.isTuple())
+            for (const auto& e : x.toTupleRef().elements()) walk(e);
+        else if (x.isList())
+            for (const auto& e : x.toListRef()) walk(e);
+    };
+    walk(v);
+    return out;
+}
+
+double max_diff(const at::Tensor& a, const at::Tensor& b) {
+    if (!a.defined() || !b.defined()) return a.defined() == b.defined() ? 0.0 : 1e30;
+    if (a.sizes() != b.sizes()) return 1e30;
+    if (a.numel() == 0) return 0.0;
+    return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+// Largest difference relative to the largest magnitude of `b` (gradient contributions may
+// be summed in another order than autograd's).
+double relative_diff(const at::Tensor& a, const at::Tensor& b) {
+    const double d = max_diff(a, b);
+    if (!b.defined() || b.numel() == 0 || d >= 1e30) return d;
+    return d / std::max(1.0, b.to(at::kDouble).abs().max().item<double>());
+}
+
+// Gradients of every parameter (cloned) and of the inputs, and .grad reset.
+struct Grads {
+    std::vector<at::Tensor> parameters;
+    std::vector<at::Tensor> inputs;
+};
+
+Grads take_grads(const std::vector<at::Tensor>& parameters, const std::vector<at::Tensor>& inputs) {
+    Grads g;
+    for (const at::Tensor& p : parameters) {
+        g.parameters.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor());
+        p.mutable_grad() = at::Tensor();
+    }
+    for (const at::Tensor& x : inputs) {
+        g.inputs.push_back(x.grad().defined() ? x.grad().clone() : at::Tensor());
+        if (x.requires_grad()) x.mutable_grad() = at::Tensor();
+    }
+    return g;
+}
+
+struct Plain {
+    c10::IValue output;
+    at::Tensor loss;
+    Grads grads;
+};
+
+// module.forward + loss + backward, from a given seed.
+Plain plain_step(torch::jit::Module& m, const std::vector<at::Tensor>& inputs, const Loss& loss,
+                 const std::vector<at::Tensor>& parameters, std::uint64_t seed) {
+    at::manual_seed(seed);
+    Plain r;
+    r.output = m.forward(std::vector<c10::IValue>(inputs.begin(), inputs.end()));
+    r.loss = loss(flatten_output(r.output));
+    r.loss.backward();
+    r.loss = r.loss.detach();
+    r.grads = take_grads(parameters, inputs);
+    return r;
+}
+
+void require_same_grads(const Grads& a, const Grads& b, double tolerance) {
+    REQUIRE(a.parameters.size() == b.parameters.size());
+    for (std::size_t i = 0; i < a.parameters.size(); ++i) {
+        INFO("parameter " << i);
+        REQUIRE(a.parameters[i].defined() == b.parameters[i].defined());
+        CHECK(relative_diff(b.parameters[i], a.parameters[i]) <= tolerance);
+    }
+    for (std::size_t i = 0; i < a.inputs.size(); ++i) {
+        INFO("input " << i);
+        REQUIRE(a.inputs[i].defined() == b.inputs[i].defined());
+        CHECK(relative_diff(b.inputs[i], a.inputs[i]) <= tolerance);
+    }
+}
+
+// Runs `plan` through ScriptExecutor::step and checks outputs, loss and every gradient
+// against plain autograd from the same seed; returns the step's report.
+remat::torch::StepReport check_against_plain(torch::jit::Module& m, const ScriptCapture& cap,
+                                             const ScriptExecutor<>& ex, const remat::Plan& plan,
+                                             const std::vector<at::Tensor>& inputs, const Loss& loss,
+                                             double tolerance = 1e-5) {
+    const auto& params = cap.parameters();
+    const Plain ref = plain_step(m, inputs, loss, params, 1234);
+    const auto prepared = ex.prepare(plan);
+    at::manual_seed(1234);
+    const auto result = ex.step(prepared, inputs, loss);
+    Grads got = take_grads(params, inputs);
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+        if (inputs[i].requires_grad()) got.inputs[i] = result.input_grads[i];
+    const auto ref_outputs = flatten_output(ref.output);
+    REQUIRE(ref_outputs.size() == result.outputs.size());
+    for (std::size_t o = 0; o < ref_outputs.size(); ++o) CHECK(relative_diff(result.outputs[o], ref_outputs[o]) <= tolerance);
+    CHECK(relative_diff(result.loss, ref.loss) <= tolerance);
+    require_same_grads(ref.grads, got, tolerance);
+    return result.report;
+}
+
+remat::Plan store_all(const ScriptCapture& cap) { return remat::StoreAll{}.solve(cap.problem(), Bytes{1} << 50); }
+
+Loss sum_of_squares() {
+    return [](const std::vector<at::Tensor>& outs) {
+        at::Tensor total = at::zeros({}, at::kDouble);
+        for (std::size_t i = 0; i < outs.size(); ++i)
+            if (outs[i].is_floating_point()) total = total + (outs[i] * outs[i]).sum().to(at::kDouble) * double(i + 1);
+        return total;
+    };
+}
+
+// Every forward without grad first; then, op by op from the last, its forward again with grad
+// and its backward: each op runs twice, outputs are overwritten by their recomputation.
+remat::Plan recompute_all(const ScriptCapture& cap) {
+    const remat::Problem& p = cap.problem();
+    remat::Schedule s;
+    for (const auto& op : cap.ops()) s.push_back(remat::Step::run(p.op_id("F:" + op.name)));
+    s.push_back(remat::Step::run(*p.loss()));
+    for (auto it = cap.ops().rbegin(); it != cap.ops().rend(); ++it) {
+        if (!it->has_backward) continue;
+        s.push_back(remat::Step::run(p.op_id("F+:" + it->name)));
+        s.push_back(remat::Step::run(p.op_id("B:" + it->name)));
+        s.push_back(remat::Step::free(p.data_id("s:" + it->name)));
+    }
+    const remat::SimulationReport r = remat::simulate(p, s);
+    REQUIRE(r.valid);
+    remat::Plan plan;
+    plan.schedule = std::move(s);
+    plan.time = r.time;
+    plan.peak = r.peak;
+    plan.budget = r.peak;
+    return plan;
+}
+
+std::string message_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const remat::InvalidInput& e) {
+        return e.what();
+    }
+    return "no InvalidInput thrown";
+}
+
+const remat::torch::CapturedOp* find_op(const ScriptCapture& cap, const std::string& prefix) {
+    for (const auto& op : cap.ops())
+        if (op.name.rfind(prefix, 0) == 0) return &op;
+    return nullptr;
+}
+
+bool contains(const std::vector<std::string>& v, const std::string& s) {
+    return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+struct Threads {
+    Threads() { at::set_num_threads(1); }
+};
+const Threads one_thread;
+
+}  // namespace
+
+TEST_CASE("capture: a diamond reproduces module.forward and every gradient", "[torch][capture]") {
+    remat::torch::CpuMemoryProbe probe;
+    at::manual_seed(1);
+    auto m = make_module("Diamond", {{"w1", at::randn({16, 16})}, {"w2", at::randn({16, 16})}, {"w3", at::randn({16, 16})}},
+                         R"(
+def forward(self, x):
+    a = torch.relu(torch.matmul(x, self.w1))
+    b = torch.tanh(torch.matmul(a, self.w2))
+    c = torch.sigmoid(torch.matmul(a, self.w3))
+    return torch.cat([b, c], 1)
+)");
+    const at::Tensor x = at::randn({8, 16}).requires_grad_(true);
+    const ScriptCapture cap = capture_script(m, {x}, quick("diamond"));
+    const remat::Problem& p = cap.problem();
+    // a = relu(...) has two consumers: its gradient arrives as two contributions.
+    REQUIRE(p.find_op("loss"));
+    CHECK(p.final_data().size() == 1);  // the input's gradient
+    const auto* relu = find_op(cap, "relu");
+    REQUIRE(relu != nullptr);
+    // relu's backward reads its own output, not its input.
+    CHECK(contains(relu->backward_reads, relu->outputs.at(0)));
+    const auto* tanh = find_op(cap, "tanh");
+    REQUIRE(tanh != nullptr);
+    CHECK(contains(tanh->backward_reads, tanh->outputs.at(0)));
+    std::size_t contributions_to_a = 0;
+    for (const auto& d : p.all_data())
+        if (d.name.rfind("g:" + relu->outputs.at(0) + "<", 0) == 0) ++contributions_to_a;
+    CHECK(contributions_to_a == 2);
+    ScriptExecutor<> ex(cap);
+    const auto report = check_against_plain(m, cap, ex, store_all(cap), {x}, sum_of_squares());
+    CHECK(report.completed);
+}
+
+TEST_CASE("capture: a residual module with views, an in-place update and cheap ops", "[torch][capture]") {
+    remat::torch::CpuMemoryProbe probe;
+    at::manual_seed(2);
+    auto m = make_module("Residual", {{"w", at::randn({32, 32}) * 0.2}, {"b", at::randn({32})}}, R"(
+def forward(self, x):
+    B = x.size(0)
+    h = torch.matmul(x.view(B, 4, 32), self.w)
+    h.add_(self.b)
+    h = torch.relu(h * 0.5)
+    y = h.view(B, 128) + x
+    return y.transpose(0, 1)
+)");
+    const at::Tensor x = at::randn({6, 128}).requires_grad_(true);
+    const ScriptCapture cap = capture_script(m, {x}, quick("residual"));
+    // The in-place add joins the matmul; `h * 0.5` folds into relu; the view of x into matmul.
+    const auto* matmul = find_op(cap, "matmul");
+    REQUIRE(matmul != nullptr);
+    CHECK(contains(matmul->nodes, "aten::add_"));
+    CHECK(contains(matmul->nodes, "aten::view"));
+    const auto* relu = find_op(cap, "relu");
+    REQUIRE(relu != nullptr);
+    CHECK(contains(relu->nodes, "aten::mul"));
+    // The returned transpose is a view of another op's result: it gets its own memory.
+    ScriptExecutor<> ex(cap);
+    check_against_plain(m, cap, ex, store_all(cap), {x}, sum_of_squares());
+}
+
+TEST_CASE("capture: attention with dropout replays its random numbers", "[torch][capture]") {
+    remat::torch::CpuMemoryProbe probe;
+    at::manual_seed(3);
+    auto m = make_module("Attention", {{"wq", at::randn({16, 48}) * 0.3}}, R"(
+def forward(self, x):
+    T = x.size(1)
+    q, k, v = torch.matmul(x, self.wq).split(16, 2)
+    att = torch.matmul(q, k.transpose(1, 2)) * 0.25
+    att = att.masked_fill(torch.ones(T, T).tril() == 0, -1e9)
+    att = torch.dropout(torch.softmax(att, -1), 0.3, self.training)
+    return torch.matmul(att, v)
+)");
+    const at::Tensor x = at::randn({2, 8, 16});
+    const ScriptCapture cap = capture_script(m, {x}, quick("attention"));
+    bool random = false;
+    for (const auto& op : cap.ops()) random = random || op.random;
+    CHECK(random);
+    ScriptExecutor<> ex(cap);
+    check_against_plain(m, cap, ex, store_all(cap), {x}, sum_of_squares());
+
+    // A plan that recomputes everything it can: each forward again before its backward.
+    // Dropout masks must be the ones of the first run, and the generator must end where
+    // plain autograd leaves it.
+    const remat::Plan plan = recompute_all(cap);
+    const auto& params = cap.parameters();
+    (void)plain_step(m, {x}, sum_of_squares(), params, 99);
+    const auto after_plain = remat::torch::detail::RngState::capture(x.device());
+    at::manual_seed(99);
+    (void)ex.step(ex.prepare(plan), {x}, sum_of_squares());
+    CHECK(remat::torch::detail::RngState::capture(x.device()) == after_plain);
+    (void)take_grads(params, {});
+    check_against_plain(m, cap, ex, plan, {x}, sum_of_squares());
+}
+
+TEST_CASE("capture: multi-output modules keep their output structure", "[torch][capture]") {
+    remat::torch::CpuMemoryProbe probe;
+    at::manual_seed(4);
+    auto m = make_module("MultiOut", {{"w", at::randn({10, 10})}}, R"(
+def forward(self, x, y):
+    h = torch.matmul(x, self.w)
+    s, t = torch.max(h, 1)
+    return (torch.tanh(h), [s * 2.0, y + h], 3, t)
+)");
+    const at::Tensor x = at::randn({5, 10}).requires_grad_(true);
+    const at::Tensor y = at::randn({5, 10});
+    const ScriptCapture cap = capture_script(m, {x, y}, quick("multi"));
+    CHECK(cap.input_count() == 2);
+    CHECK(cap.output_count() == 4);  // tanh, s*2, y+h, the indices
+    ScriptExecutor<> ex(cap);
+    const auto report = check_against_plain(m, cap, ex, store_all(cap), {x, y}, sum_of_squares());
+    CHECK(report.completed);
+    // The rebuilt structure equals module.forward's.
+    at::manual_seed(0);
+    const c10::IValue expected = m.forward({x, y});
+    auto step = ex.start(ex.prepare(store_all(cap)), {x, y});
+    const c10::IValue got = cap.pack_outputs(step.forward());
+    step.abort();
+    REQUIRE(got.isTuple());
+    const auto& items = got.toTupleRef().elements();
+    REQUIRE(items.size() == 4);
+    CHECK(items[2].toInt() == 3);
+    REQUIRE(items[1].isList());
+    CHECK(items[1].toListRef().size() == 2);
+    CHECK(max_diff(items[3].toTensor(), expected.toTupleRef().elements()[3].toTensor()) == 0.0);
+    // An integer output gets no gradient: the loss writes none for it.
+    std::size_t loss_writes = cap.problem().op(*cap.problem().loss()).writes.size();
+    CHECK(loss_writes == 3);
+}
+
+TEST_CASE("capture: loss.backward() through the planned forward accumulates like plain autograd", "[torch][capture]") {
+    remat::torch::CpuMemoryProbe probe;
+    at::manual_seed(5);
+    remat_examples::GptConfig c;
+    c.layers = 2;
+    c.embed = 32;
+    c.heads = 2;
+    c.vocab = 64;
+    c.block_size = 16;
+    auto m = remat_examples::make_gpt(c);
+    const at::Tensor idx = at::randint(0, c.vocab, {2, 16});
+    const at::Tensor targets = at::randint(0, c.vocab, {2, 16});
+    const ScriptCapture cap = capture_script(m, {idx}, quick("gpt"));
+    ScriptExecutor<> ex(cap);
+    const auto loss = [&](const std::vector<at::Tensor>& o) {
+        return at::cross_entropy_loss(o[0].reshape({-1, c.vocab}), targets.reshape({-1}));
+    };
+    const auto& params = cap.parameters();
+    const Plain ref = plain_step(m, {idx}, loss, params, 7);
+    // Two steps of accumulation: .grad must be twice the plain one.
+    const auto plan = ex.prepare(store_all(cap));
+    for (int k = 0; k < 2; ++k) {
+        at::manual_seed(7);
+        auto report = std::make_shared<remat::torch::StepReport>();
+        const auto outputs = ex.forward(plan, {idx}, report);
+        REQUIRE(outputs.size() == 1);
+        CHECK(outputs[0].requires_grad());
+        loss(outputs).backward();
+        CHECK(report->completed);
+    }
+    for (std::size_t i = 0; i < params.size(); ++i) {
+        INFO("parameter " << i);
+        REQUIRE(params[i].grad().defined());
+        CHECK(max_diff(params[i].grad(), ref.grads.parameters[i] * 2) <= 1e-6);
+        params[i].mutable_grad() = at::Tensor();
+    }
+    // Without grad mode, forward() is the module's own forward.
+    {
+        const at::NoGradGuard no_grad;
+        at::manual_seed(7);
+        const auto outputs = ex.forward(plan, {idx});
+        CHECK(max_diff(outputs[0], ref.output.toTensor()) == 0.0);
+    }
+}
+
+TEST_CASE("capture: GPT-2-like model at several budgets equals plain autograd, peaks as predicted",
+          "[torch][capture][gpt]") {
+    remat::torch::CpuMemoryProbe probe;
+    for (const std::int64_t layers : {2, 3}) {
+        INFO(layers << " layers");
+        at::manual_seed(10 + layers);
+        remat_examples::GptConfig c;
+        c.layers = layers;
+        c.embed = 64;
+        c.heads = 4;
+        c.vocab = 256;
+        c.block_size = 32;
+        c.dropout = 0.1;
+        auto m = remat_examples::make_gpt(c);
+        const at::Tensor idx = at::randint(0, c.vocab, {4, 32});
+        const at::Tensor targets = at::randint(0, c.vocab, {4, 32});
+        const ScriptCapture cap = capture_script(m, {idx}, quick("gpt" + std::to_string(layers)));
+        ScriptExecutor<> ex(cap);
+        const auto loss = [&](const std::vector<at::Tensor>& o) {
+            return at::cross_entropy_loss(o[0].reshape({-1, c.vocab}), targets.reshape({-1}));
+        };
+        const remat::Plan reference = store_all(cap);
+        remat::RockmateOptions options;
+        options.peak_budgets = 2;
+        options.saved_budgets = 2;
+        options.block_time_limit_seconds = 5.0;
+        const remat::Rockmate<> rockmate(options);
+        const auto model = rockmate.analyse(cap.problem());
+        const Bytes smallest = rockmate.smallest_budget(model);
+        CHECK(smallest < reference.peak / 2);
+        std::vector<remat::Plan> plans{reference};
+        for (const double fraction : {0.7, 0.45}) plans.push_back(rockmate.solve(model, Bytes(fraction * double(reference.peak))));
+        plans.push_back(rockmate.solve(model, smallest));
+        for (const remat::Plan& plan : plans) {
+            INFO("budget " << plan.budget << " (store-all peak " << reference.peak << ")");
+            const auto report = check_against_plain(m, cap, ex, plan, {idx}, loss);
+            CHECK(report.predicted_peak <= plan.budget);
+            CHECK(report.measured_peak <= plan.budget);
+            CHECK(std::abs(double(report.measured_peak) / double(report.predicted_peak) - 1.0) <= 0.05);
+        }
+    }
+}
+
+TEST_CASE("capture: ResNet-like model with batch norm; running statistics change once per step", "[torch][capture]") {
+    remat::torch::CpuMemoryProbe probe;
+    at::manual_seed(20);
+    remat_examples::ResNetConfig c;
+    c.width = 8;
+    c.stages = 2;
+    c.blocks_per_stage = 1;
+    auto m = remat_examples::make_resnet(c);
+    const at::Tensor x = at::randn({4, 3, 12, 12});
+    const ScriptCapture cap = capture_script(m, {x}, quick("resnet"));
+    bool updates = false;
+    for (const auto& op : cap.ops()) updates = updates || op.mutates_buffers;
+    CHECK(updates);
+    ScriptExecutor<> ex(cap);
+    std::vector<at::Tensor> buffers;
+    for (const at::Tensor& b : m.buffers()) buffers.push_back(b);
+    const auto snapshot = [&] {
+        std::vector<at::Tensor> s;
+        for (const at::Tensor& b : buffers) s.push_back(b.clone());
+        return s;
+    };
+    const auto restore = [&](const std::vector<at::Tensor>& s) {
+        const at::NoGradGuard no_grad;
+        for (std::size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(s[i]);
+    };
+    const auto start = snapshot();
+    remat::RockmateOptions options;
+    options.store_all_only = true;
+    const remat::Rockmate<> rotor_blocks(options);
+    const auto model = rotor_blocks.analyse(cap.problem());
+    for (const remat::Plan& plan :
+         {store_all(cap), recompute_all(cap), rotor_blocks.solve(model, rotor_blocks.smallest_budget(model))}) {
+        restore(start);
+        (void)plain_step(m, {x}, sum_of_squares(), cap.parameters(), 3);
+        const auto after_plain = snapshot();
+        restore(start);
+        check_against_plain(m, cap, ex, plan, {x}, sum_of_squares(), 1e-9);
+        // check_against_plain ran plain then planned: buffers moved twice from `start`.
+        restore(start);
+        at::manual_seed(3);
+        (void)ex.step(ex.prepare(plan), {x}, sum_of_squares());
+        (void)take_grads(cap.parameters(), {});
+        const auto after_planned = snapshot();
+        for (std::size_t i = 0; i < buffers.size(); ++i) CHECK(max_diff(after_plain[i], after_planned[i]) <= 1e-6);
+    }
+    // Eval mode is a different capture.
+    m.eval();
+    CHECK_THROWS_AS(ex.start(ex.prepare(store_all(cap)), {x}), remat::InvalidInput);
+    m.train();
+}
+
+TEST_CASE("capture: a failing step leaves parameters, gradients, buffers and the generator untouched",
+          "[torch][capture]") {
+    remat::torch::CpuMemoryProbe probe;
+    at::manual_seed(30);
+    auto m = make_module("Lookup", {{"emb", at::randn({10, 8})}, {"w", at::randn({8, 8})}}, R"(
+def forward(self, idx):
+    h = torch.embedding(self.emb, idx)
+    h = torch.dropout(torch.matmul(h, self.w), 0.5, self.training)
+    return torch.tanh(h)
+)");
+    const at::Tensor idx = at::randint(0, 10, {4, 3});
+    const ScriptCapture cap = capture_script(m, {idx}, quick("lookup"));
+    ScriptExecutor<> ex(cap);
+    const auto plan = ex.prepare(store_all(cap));
+    // A first step leaves gradients in .grad.
+    (void)ex.step(plan, {idx}, sum_of_squares());
+    std::vector<at::Tensor> grads, values;
+    for (const at::Tensor& p : cap.parameters()) {
+        grads.push_back(p.grad().clone());
+        values.push_back(p.detach().clone());
+    }
+    const auto rng = remat::torch::detail::RngState::capture(idx.device());
+    const at::Tensor bad = at::full({4, 3}, 12, at::kLong);  // out of the embedding's range
+    try {
+        (void)ex.step(plan, {bad}, sum_of_squares());
+        FAIL("the step should have failed");
+    } catch (const remat::ExecutionError& e) {
+        const std::string what = e.what();
+        CHECK(what.find("embedding") != std::string::npos);
+        CHECK(what.find("line") != std::string::npos);
+        CHECK(what.find("forward phase") != std::string::npos);
+    }
+    CHECK(remat::torch::detail::RngState::capture(idx.device()) == rng);
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+        CHECK(max_diff(cap.parameters()[i].grad(), grads[i]) == 0.0);
+        CHECK(max_diff(cap.parameters()[i].detach(), values[i]) == 0.0);
+    }
+    // A loss that throws aborts the step the same way.
+    CHECK_THROWS(ex.step(plan, {idx}, [](const std::vector<at::Tensor>&) -> at::Tensor {
+        throw std::runtime_error("loss failed");
+    }));
+    for (std::size_t i = 0; i < grads.size(); ++i) CHECK(max_diff(cap.parameters()[i].grad(), grads[i]) == 0.0);
+    // Inputs unlike the example are refused before anything runs.
+    CHECK_THROWS_AS(ex.start(plan, {at::randint(0, 10, {5, 3})}), remat::InvalidInput);
+    CHECK_THROWS_AS(ex.start(plan, {idx.to(at::kInt)}), remat::InvalidInput);
+    // A schedule that is not valid is refused.
+    remat::Schedule broken = plan.schedule();
+    broken.erase(broken.begin());
+    CHECK_THROWS_AS(ex.prepare(broken), remat::InvalidInput);
+    for (const at::Tensor& p : cap.parameters()) p.mutable_grad() = at::Tensor();
+}
+
+TEST_CASE("capture: unsupported constructs are refused, naming the node and its line", "[torch][capture]") {
+    remat::torch::CpuMemoryProbe probe;
+    const at::Tensor x = at::randn({4, 4});
+    const std::vector<std::pair<std::string, at::Tensor>> w{{"w", at::randn({4, 4})}};
+    SECTION("control flow on tensor values") {
+        auto m = make_module("Branch", w, R"(
+def forward(self, x):
+    h = torch.matmul(x, self.w)
+    if bool(h.sum() > 0):
+        h = h * 2.0
+    return h
+)");
+        const std::string what = message_of([&] { (void)capture_script(m, {x}, quick("branch")); });
+        CHECK(what.find("'prim::If'") != std::string::npos);
+        CHECK(what.find("line 4") != std::string::npos);
+        CHECK(what.find("if bool(h.sum() > 0):") != std::string::npos);
+    }
+    SECTION("a branch on shapes is taken at capture") {
+        auto m = make_module("ShapeBranch", w, R"(
+def forward(self, x):
+    h = torch.matmul(x, self.w)
+    if h.size(0) > 2:
+        h = torch.tanh(h)
+    else:
+        h = torch.sigmoid(h)
+    return h
+)");
+        const ScriptCapture cap = capture_script(m, {x}, quick("shape-branch"));
+        CHECK(find_op(cap, "tanh") != nullptr);
+        CHECK(find_op(cap, "sigmoid") == nullptr);
+    }
+    SECTION("loops") {
+        auto m = make_module("Loop", w, R"(
+def forward(self, x):
+    h = x
+    for i in range(3):
+        h = torch.matmul(h, self.w)
+    return h
+)");
+        const std::string what = message_of([&] { (void)capture_script(m, {x}, quick("loop")); });
+        CHECK(what.find("'prim::Loop'") != std::string::npos);
+        CHECK(what.find("line 4") != std::string::npos);
+    }
+    SECTION("in-place update of a graph input") {
+        auto m = make_module("InputUpdate", w, R"(
+def forward(self, x):
+    x.mul_(2.0)
+    return torch.matmul(x, self.w)
+)");
+        const std::string what = message_of([&] { (void)capture_script(m, {x}, quick("input-update")); });
+        CHECK(what.find("'aten::mul_'") != std::string::npos);
+        CHECK(what.find("line 3") != std::string::npos);
+        CHECK(what.find("graph input") != std::string::npos);
+    }
+    SECTION("in-place update of a parameter") {
+        auto m = make_module("ParamUpdate", w, R"(
+def forward(self, x):
+    self.w.add_(1.0)
+    return torch.matmul(x, self.w)
+)");
+        const std::string what = message_of([&] { (void)capture_script(m, {x}, quick("param-update")); });
+        CHECK(what.find("'aten::add_'") != std::string::npos);
+        CHECK(what.find("parameter") != std::string::npos);
+    }
+    SECTION("a node kind without an operator") {
+        auto m = make_module("Mystery", w, R"(
+def forward(self, x):
+    h = torch.matmul(x, self.w)
+    return torch.tanh(h)
+)");
+        // Splice a node of an unknown kind between the matmul and the tanh.
+        auto graph = m.get_method("forward").graph();
+        torch::jit::Node* tanh = nullptr;
+        for (torch::jit::Node* n : graph->nodes())
+            if (n->kind() == c10::Symbol::fromQualString("aten::tanh")) tanh = n;
+        REQUIRE(tanh != nullptr);
+        torch::jit::Node* mystery = graph->create(c10::Symbol::fromQualString("custom::mystery"), {tanh->input(0)}, 1);
+        mystery->output()->setType(c10::TensorType::get());
+        mystery->setSourceRange(tanh->sourceRange());
+        mystery->insertBefore(tanh);
+        tanh->replaceInput(0, mystery->output());
+        const std::string what = message_of([&] { (void)capture_script(m, {x}, quick("mystery")); });
+        CHECK(what.find("'custom::mystery'") != std::string::npos);
+        CHECK(what.find("line 4") != std::string::npos);
+    }
+    SECTION("wrong inputs") {
+        auto m = make_module("Plain", w, R"(
+def forward(self, x):
+    return torch.matmul(x, self.w)
+)");
+        CHECK(message_of([&] { (void)capture_script(m, {x, x}, quick("plain")); }).find("takes 1 inputs") !=
+              std::string::npos);
+        auto frozen = make_module("Frozen", {}, R"(
+def forward(self, x):
+    return torch.tanh(x)
+)");
+        CHECK(message_of([&] { (void)capture_script(frozen, {x}, quick("frozen")); }).find("nothing to train") !=
+              std::string::npos);
+    }
+}
+
+TEST_CASE("capture: the problem is valid JSON and its store-all reference matches the autograd order",
+          "[torch][capture]") {
+    remat::torch::CpuMemoryProbe probe;
+    at::manual_seed(40);
+    remat_examples::ResNetConfig c;
+    c.width = 4;
+    c.stages = 2;
+    c.blocks_per_stage = 1;
+    auto m = remat_examples::make_resnet(c);
+    const ScriptCapture cap = capture_script(m, {at::randn({2, 3, 8, 8})}, quick("resnet-json"));
+    const remat::Problem& p = cap.problem();
+    const remat::Problem back = remat::io::parse_problem(remat::io::to_json(p));
+    CHECK(back.op_count() == p.op_count());
+    CHECK(back.data_count() == p.data_count());
+    CHECK(remat::simulate(back, store_all(cap).schedule).valid);
+    // Every group has F, and F+ and B when it has a backward; B ops are exactly once.
+    std::size_t backward = 0;
+    for (const auto& op : p.all_ops()) backward += op.exactly_once ? 1 : 0;
+    std::size_t with_backward = 0;
+    for (const auto& op : cap.ops()) with_backward += op.has_backward ? 1 : 0;
+    CHECK(backward == with_backward + 1);
+    // Rockmate's partition finds the residual blocks.
+    const auto partition = remat::partition_blocks(p);
+    CHECK(partition.blocks.size() >= 3);
+}
