@@ -171,24 +171,26 @@ int main(int argc, char** argv) {
 
     const Row& plain = rows.front();
     const double plain_median = median(plain.seconds);
-    const double plain_min = *std::min_element(plain.seconds.begin(), plain.seconds.end());
     const remat::Bytes plain_peak = *std::max_element(plain.peaks.begin(), plain.peaks.end());
-    std::printf("%-22s %10s %10s %10s %9s %9s %10s %10s %9s\n", "row", "budget", "predicted", "measured", "median",
-                "time/plain", "(min)", "planned", "peak/plain");
+    std::printf("%-22s %10s %10s %10s %10s %10s %10s %9s %10s\n", "row", "budget", "predicted", "measured", "median",
+                "time/plain", "paired", "planned", "peak/plain");
     for (const Row& row : rows) {
-        const double med = median(row.seconds);
-        const double mn = *std::min_element(row.seconds.begin(), row.seconds.end());
+        // Paired: the median over rounds of this row's time over plain's in the same round,
+        // which cancels load that changes from round to round.
+        std::vector<double> ratios;
+        for (std::size_t r = 0; r < row.seconds.size(); ++r) ratios.push_back(row.seconds[r] / plain.seconds[r]);
         const remat::Bytes peak = *std::max_element(row.peaks.begin(), row.peaks.end());
-        std::printf("%-22s %10s %10s %10s %7.1f ms %9.3f %10.3f %10s %9.3f\n", row.name.c_str(),
+        char planned[16] = "-";
+        if (row.planned_time > 0) std::snprintf(planned, sizeof planned, "%.3f", row.planned_time);
+        std::printf("%-22s %10s %10s %10s %7.1f ms %10.3f %10.3f %9s %10.3f\n", row.name.c_str(),
                     row.budget ? remat::format_bytes(row.budget).c_str() : "-",
                     row.predicted ? remat::format_bytes(row.predicted).c_str() : "-",
-                    remat::format_bytes(peak).c_str(), med * 1e3, med / plain_median, mn / plain_min,
-                    row.planned_time > 0 ? (std::to_string(row.planned_time).substr(0, 5)).c_str() : "-",
-                    double(peak) / double(plain_peak));
+                    remat::format_bytes(peak).c_str(), median(row.seconds) * 1e3, median(row.seconds) / plain_median,
+                    median(ratios), planned, double(peak) / double(plain_peak));
     }
     std::printf("\ntargets: executor store-all time/plain <= 1.05 and peak/plain <= 1.02\n"
-                "time/plain: ratio of median step times (forward, loss, backward) in this run; (min): ratio of the\n"
-                "fastest steps; planned: the plan's predicted time / T_ref; measured: activation peak (parameters and\n"
-                "gradients excluded), the executor's own op-by-op measure for its rows.\n");
+                "time/plain: ratio of median step times (forward, loss, backward); paired: median over rounds of the\n"
+                "ratio to plain's step in the same round; planned: the plan's predicted time / T_ref; measured:\n"
+                "activation peak (parameters and gradients excluded), the executor's own op-by-op measure for its rows.\n");
     return 0;
 }
