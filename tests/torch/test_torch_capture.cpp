@@ -595,6 +595,18 @@ def forward(self, x):
         CHECK(what.find("'aten::add_'") != std::string::npos);
         CHECK(what.find("parameter") != std::string::npos);
     }
+    SECTION("in-place update of a tensor built from constants") {
+        auto m = make_module("ConstantUpdate", w, R"(
+def forward(self, x):
+    z = torch.zeros(4, 4)
+    z.add_(torch.matmul(x, self.w))
+    return torch.tanh(z)
+)");
+        const std::string what = message_of([&] { (void)capture_script(m, {x}, quick("constant-update")); });
+        CHECK(what.find("'aten::add_'") != std::string::npos);
+        CHECK(what.find("line 4") != std::string::npos);
+        CHECK(what.find("computed from constants") != std::string::npos);
+    }
     SECTION("a node kind without an operator") {
         auto m = make_module("Mystery", w, R"(
 def forward(self, x):

@@ -161,10 +161,12 @@ public:
         ran_.assign(c.groups.size(), 0);
         pending_.resize(c.parameters.size());
         device_ = c.device;
+        clock_ = detail::script::OpClock(device_);
         for (std::size_t i = 0; i < inputs.size(); ++i) act_[c.inputs[i].data.index].set_external(inputs[i]);
         report_.predicted_peak = prepared_->simulation.peak;
         report_.predicted_time = prepared_->simulation.time;
         report_.measured_timeline.assign(prepared_->plan.schedule.size(), -1);
+        step_seconds_.assign(prepared_->plan.schedule.size(), 0.0);
     }
 
     ScriptStep(ScriptStep&&) noexcept = default;
@@ -268,6 +270,9 @@ public:
     }
 
     [[nodiscard]] const StepReport& report() const noexcept { return report_; }
+    /// Per schedule step, the seconds its op took (0 for frees and the loss), on the clock
+    /// capture times ops with: for comparing a plan's predicted times with reality op by op.
+    [[nodiscard]] const std::vector<double>& step_seconds() const noexcept { return step_seconds_; }
 
 private:
     enum class Phase : unsigned char { ready, forward, between, backward, done, failed };
@@ -285,6 +290,7 @@ private:
         if (op.role == Role::loss) return;
         const Bytes pending_before = pending_bytes_ + held_by_caller();
         probe_->reset_peak();
+        const double t0 = clock_.now();
         try {
             if (op.role == Role::backward)
                 run_backward(op.group);
@@ -293,6 +299,8 @@ private:
         } catch (...) {
             fail(index, op);
         }
+        detail::synchronize(device_);
+        step_seconds_[index] = clock_.now() - t0;
         const Bytes during = probe_->peak() - pending_before - reference;
         report_.measured_timeline[index] = during;
         peak = std::max(peak, during);
@@ -457,6 +465,8 @@ private:
     std::vector<detail::BufferSnapshot> start_buffers_;
     detail::RngState start_rng_;
     StepReport report_;
+    std::vector<double> step_seconds_;
+    detail::script::OpClock clock_{device_};
 };
 
 /// The outcome of ScriptExecutor::step.
@@ -465,6 +475,7 @@ struct ScriptStepResult {
     at::Tensor loss;
     std::vector<at::Tensor> input_grads;
     StepReport report;
+    std::vector<double> step_seconds;  ///< see ScriptStep::step_seconds()
 };
 
 namespace detail::script {
@@ -615,6 +626,7 @@ public:
         accumulate_gradients(parameters(), std::move(to_accumulate));
         result.input_grads = std::move(gradients.inputs);
         result.report = run.report();
+        result.step_seconds = run.step_seconds();
         return result;
     }
 

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -48,7 +49,10 @@
 #include <utility>
 #include <vector>
 
+#include <time.h>
+
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/core/stack.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -72,7 +76,9 @@ namespace remat::torch {
 struct CaptureOptions {
     /// Name of the resulting problem.
     std::string name = "model";
-    /// Timed runs per op and pass; the median is kept.
+    /// Timed runs per op and pass; the median is kept. On the CPU with one intra-op thread
+    /// (at::set_num_threads(1)) ops are timed with the thread's CPU time, which other
+    /// processes do not disturb; otherwise with the wall clock.
     std::size_t repeats = 5;
     /// Untimed runs before the timed ones.
     std::size_t warmup = 1;
@@ -139,13 +145,15 @@ namespace jit = ::torch::jit;
     return colon == std::string::npos ? full : full.substr(colon + 2);
 }
 
-// Ops whose result is a function of their inputs' metadata only: frozen at capture like
-// shape arithmetic, even when their input is an activation.
+// Ops whose result is a function of their inputs' metadata only (shapes, types, whether an
+// optional value is None): frozen at capture like shape arithmetic, even when their input is
+// an activation.
 inline bool is_metadata_op(std::string_view kind) {
     static constexpr std::string_view kinds[] = {"aten::size",       "aten::dim",   "aten::numel",
                                                  "aten::len",        "prim::dtype", "prim::device",
                                                  "prim::layout",     "prim::is_cuda", "aten::is_floating_point",
-                                                 "aten::is_complex", "aten::stride"};
+                                                 "aten::is_complex", "aten::stride", "aten::__is__",
+                                                 "aten::__isnot__",  "prim::isinstance"};
     return std::find(std::begin(kinds), std::end(kinds), kind) != std::end(kinds);
 }
 
@@ -176,6 +184,39 @@ inline bool is_random_node(const jit::Node* node) {
     const std::string kind = node->kind().toQualString();
     return std::find(std::begin(kinds), std::end(kinds), kind) != std::end(kinds);
 }
+
+// ------------------------------------------------------------------------ timing
+
+/// Seconds on a clock for timing ops: the calling thread's CPU time when every op runs on
+/// this thread (CPU tensors, one intra-op thread) — unaffected by other processes taking the
+/// CPU — and the wall clock otherwise (CUDA, several threads).
+class OpClock {
+public:
+    explicit OpClock(const c10::Device& device)
+        : thread_time_(device.is_cpu() && at::get_num_threads() == 1 && thread_clock_works()) {}
+    [[nodiscard]] double now() const {
+#if defined(CLOCK_THREAD_CPUTIME_ID)
+        if (thread_time_) {
+            timespec t{};
+            clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+            return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+        }
+#endif
+        return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+    }
+    [[nodiscard]] bool thread_time() const noexcept { return thread_time_; }
+
+private:
+    static bool thread_clock_works() {
+#if defined(CLOCK_THREAD_CPUTIME_ID)
+        timespec t{};
+        return clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t) == 0;
+#else
+        return false;
+#endif
+    }
+    bool thread_time_;
+};
 
 // ------------------------------------------------------------------------ the executable table
 
@@ -467,6 +508,7 @@ struct ValueRec {
     std::optional<std::size_t> input; // graph input index
     std::string name;
     std::size_t canonical = 0;        // in-place results stand for their target
+    bool read_by_graph = false;       // a constant read by an op capture does not freeze
 };
 
 struct FlatNode {
@@ -720,6 +762,17 @@ private:
                 const c10::AliasInfo* alias = arguments[i].alias_info();
                 if (alias == nullptr || !alias->isWrite()) continue;
                 const ValueRec& target = values_[f.inputs[i]];
+                if (target.category == Category::constant && !target.module_tensor) {
+                    // A tensor computed once at capture: updating it from activations would
+                    // accumulate over runs, and ops that read it earlier would see the update.
+                    if (any_activation || any_state)
+                        reject(node, "updates in place a tensor computed from constants (such as torch.zeros(...)) "
+                                     "with values computed from inputs or parameters; build it out of place "
+                                     "(torch.cat, torch.where, torch.nn.functional.pad)");
+                    if (target.read_by_graph)
+                        reject(node, "updates in place a constant tensor that an earlier op read; build it out of place");
+                    continue;
+                }
                 if (target.module_tensor)
                     reject(node, "updates a module parameter or buffer in place; capture cannot recompute it "
                                  "(use an out-of-place op)");
@@ -738,6 +791,9 @@ private:
             }
         }
 
+        if (f.category != Category::constant)
+            for (const std::size_t id : f.inputs)
+                if (values_[id].category == Category::constant) values_[id].read_by_graph = true;
         // Evaluate once, without autograd: values for what follows, and the frozen constants.
         std::vector<c10::IValue> results = evaluate(f);
         if (results.size() != node->outputs().size())
@@ -762,6 +818,8 @@ private:
         try {
             switch (f.kind) {
                 case InstrKind::operation: {
+                    // Capture evaluates without autograd, but plans a step that runs with it.
+                    if (node->kind() == c10::Symbol::fromQualString("aten::is_grad_enabled")) return {c10::IValue(true)};
                     jit::Stack stack;
                     for (std::size_t k = 0; k < f.inputs.size(); ++k) stack.push_back(value(k));
                     (*f.operation)(stack);
@@ -1189,6 +1247,7 @@ private:
     void profile_forward() {
         start_ = Clock::now();
         const c10::Device dev = device();
+        const OpClock clock(dev);
         if (dev.type() != probe_.device_type())
             throw InvalidInput(who_ + ": the inputs are on " + dev.str() + " but the memory probe ('" +
                                std::string(probe_.name()) + "') measures " + c10::DeviceTypeName(probe_.device_type()) +
@@ -1248,29 +1307,27 @@ private:
                 graph.clear();
                 info.saved_bytes = std::max<Bytes>(c1 - probe_.current(), 0);
             }
-            restore_buffers(g);
+            restore_buffers();
 
             // Time of the forward without autograd.
             const bool hurry = rushed();
             std::vector<double> times;
             for (std::size_t r = 0; r < (hurry ? 1 : options_.warmup + options_.repeats); ++r) {
                 synchronize(dev);
-                const auto t0 = Clock::now();
+                const double t0 = clock.now();
                 {
                     const std::vector<at::Tensor> o = run_no_grad(*core_, g, inputs);
                     synchronize(dev);
                 }
-                if (hurry || r >= options_.warmup) times.push_back(seconds_since(t0));
+                if (hurry || r >= options_.warmup) times.push_back(clock.now() - t0);
             }
-            restore_buffers(g);
+            restore_buffers();
             info.forward_time = median(times);
         }
     }
 
-    void restore_buffers(const Group& g) {
-        (void)g;
-        start_buffers_.restore(buffers_);
-    }
+    // Profiling runs a group several times; its buffer updates must not accumulate.
+    void restore_buffers() { start_buffers_.restore(buffers_); }
 
     template <class F>
     auto run_guarded(const Group& g, F&& f) -> decltype(f()) {
@@ -1357,6 +1414,7 @@ private:
 
     void profile_backward() {
         const c10::Device dev = device();
+        const OpClock clock(dev);
         for (std::size_t o = 0; o < output_values_.size(); ++o) {
             if (!requires_grad_[output_values_[o]]) continue;
             contributions_[output_values_[o]].push_back(npos);  // the loss
@@ -1386,7 +1444,7 @@ private:
                 for (std::size_t o = 0; o < g.outputs.size(); ++o)
                     if (backward_reads(g, graph, incoming, reference, graph.outputs[o])) reads_[k].push_back(g.outputs[o]);
             }
-            restore_buffers(g);
+            restore_buffers();
 
             // Bytes and overhead of the backward.
             {
@@ -1400,30 +1458,30 @@ private:
                 for (std::size_t i = 0; i < g.inputs.size(); ++i)
                     if (r.input_grads[i].defined()) grad_bytes_[{k, i}] = storage_bytes(r.input_grads[i]);
             }
-            restore_buffers(g);
+            restore_buffers();
 
             // Times of the forward with autograd and of the backward.
             const bool hurry = rushed();
             std::vector<double> forward_times, backward_times;
             for (std::size_t r = 0; r < (hurry ? 1 : options_.warmup + options_.repeats); ++r) {
                 synchronize(dev);
-                auto t0 = Clock::now();
+                double t0 = clock.now();
                 GroupGraph graph = run_with_grad(*core_, g, inputs);
                 synchronize(dev);
-                const double forward_seconds = seconds_since(t0);
+                const double forward_seconds = clock.now() - t0;
                 const auto incoming = incoming_for(g, graph.outputs);
                 synchronize(dev);
-                t0 = Clock::now();
+                t0 = clock.now();
                 {
                     const BackwardResult result = run_backward(g, graph, incoming);
                     synchronize(dev);
                 }
                 if (hurry || r >= options_.warmup) {
                     forward_times.push_back(forward_seconds);
-                    backward_times.push_back(seconds_since(t0));
+                    backward_times.push_back(clock.now() - t0);
                 }
             }
-            restore_buffers(g);
+            restore_buffers();
             info.forward_grad_time = median(forward_times);
             info.backward_time = median(backward_times);
         }
