@@ -180,7 +180,8 @@ int main(int argc, char** argv) {
             try {
                 module = torch::jit::load(o.model);
             } catch (const std::exception& e) {
-                throw remat::InvalidInput("cannot load '" + o.model + "' as a TorchScript module: " + e.what());
+                throw remat::InvalidInput("cannot load '" + o.model +
+                                          "' as a TorchScript module: " + remat::torch::error_message(e));
             }
             for (std::size_t i = 0; i < o.shapes.size(); ++i) {
                 const at::ScalarType dtype = i < o.dtypes.size() ? dtype_of(o.dtypes[i]) : at::kFloat;
@@ -216,7 +217,7 @@ int main(int argc, char** argv) {
         std::cerr << "remat-capture: " << e.what() << "\n";
         return 2;
     } catch (const std::exception& e) {
-        std::cerr << "remat-capture: " << e.what() << "\n";
+        std::cerr << "remat-capture: " << remat::torch::error_message(e) << "\n";
         return 1;
     }
 }

@@ -7,9 +7,11 @@
 
 #include <ATen/Parallel.h>
 #include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/serialization/import.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <utility>
@@ -642,6 +644,41 @@ def forward(self, x):
         CHECK(message_of([&] { (void)capture_script(frozen, {x}, quick("frozen")); }).find("nothing to train") !=
               std::string::npos);
     }
+}
+
+TEST_CASE("capture: a module saved and loaded with torch::jit::load", "[torch][capture]") {
+    remat::torch::CpuMemoryProbe probe;
+    at::manual_seed(50);
+    remat_examples::GptConfig c;
+    c.layers = 1;
+    c.embed = 16;
+    c.heads = 2;
+    c.vocab = 32;
+    c.block_size = 8;
+    const std::string path = std::string(REMAT_BINARY_DIR) + "/test_capture_gpt.pt";
+    remat_examples::make_gpt(c).save(path);
+    auto m = torch::jit::load(path);
+    m.train();
+    const at::Tensor idx = at::randint(0, c.vocab, {2, 8});
+    const ScriptCapture cap = capture_script(m, {idx}, quick("loaded"));
+    CHECK(cap.parameters().size() == 16);
+    ScriptExecutor<> ex(cap);
+    check_against_plain(m, cap, ex, store_all(cap), {idx}, sum_of_squares());
+    // Errors in a loaded module name the line of its serialized code.
+    auto loop = make_module("SavedLoop", {{"w", at::randn({4, 4})}}, R"(
+def forward(self, x):
+    for i in range(2):
+        x = torch.matmul(x, self.w)
+    return x
+)");
+    const std::string loop_path = std::string(REMAT_BINARY_DIR) + "/test_capture_loop.pt";
+    loop.save(loop_path);
+    auto loaded = torch::jit::load(loop_path);
+    const std::string what = message_of([&] { (void)capture_script(loaded, {at::randn({4, 4})}, quick("loop")); });
+    CHECK(what.find("'prim::Loop' at line ") != std::string::npos);
+    CHECK(what.find("for i in range(2):") != std::string::npos);
+    std::remove(path.c_str());
+    std::remove(loop_path.c_str());
 }
 
 TEST_CASE("capture: the problem is valid JSON and its store-all reference matches the autograd order",

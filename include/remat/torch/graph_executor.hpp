@@ -428,7 +428,7 @@ private:
         } catch (const Error& e) {
             std::throw_with_nested(ExecutionError(context + e.what()));
         } catch (const std::exception& e) {
-            std::throw_with_nested(ExecutionError(context + e.what()));
+            std::throw_with_nested(ExecutionError(context + error_message(e)));
         } catch (...) {
             std::throw_with_nested(ExecutionError(context + "unknown exception"));
         }

@@ -114,6 +114,12 @@ struct CapturedOp {
     Bytes backward_overhead = 0;
 };
 
+/// An exception's message without the C++ backtrace LibTorch appends to its own errors.
+[[nodiscard]] inline std::string error_message(const std::exception& e) {
+    if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) return c10_error->what_without_backtrace();
+    return e.what();
+}
+
 namespace detail::script {
 
 namespace jit = ::torch::jit;
@@ -134,7 +140,8 @@ namespace jit = ::torch::jit;
     code = code.substr(first);
     const bool has_file = source->filename().has_value();
     const std::size_t shown = has_file ? source->lineno_to_source_lineno(line) : line + 1;
-    text += " at " + (has_file ? *source->filename() + ":" : std::string()) + "line " + std::to_string(shown);
+    text += " at line " + std::to_string(shown);
+    if (has_file) text += " of " + *source->filename();
     if (!code.empty()) text += " (`" + code + "`)";
     return text;
 }
@@ -730,7 +737,7 @@ private:
             try {
                 f.operation.emplace(node->getOperation());
             } catch (const std::exception& e) {
-                reject(node, std::string("has no runnable operator: ") + e.what());
+                reject(node, "has no runnable operator: " + error_message(e));
             }
         } else {
             reject(node, "is a node kind capture cannot run (no operator is registered for it)");
@@ -854,7 +861,7 @@ private:
         } catch (const Error&) {
             throw;
         } catch (const std::exception& e) {
-            reject(node, std::string("failed on the example inputs: ") + e.what());
+            reject(node, "failed on the example inputs: " + error_message(e));
         }
         return {};
     }
@@ -1337,7 +1344,7 @@ private:
             throw;
         } catch (const std::exception& e) {
             throw InvalidInput(who_ + ": op '" + g.name + "' (root " + g.where + ") failed when run on its own: " +
-                               e.what());
+                               error_message(e));
         }
     }
 
