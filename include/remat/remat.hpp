@@ -15,5 +15,7 @@
 #include "solvers/exhaustive.hpp"
 #include "solvers/periodic.hpp"
 #include "solvers/rotor.hpp"
+#include "partition/blocks.hpp"
+#include "solvers/rockmate.hpp"
 #include "io/budget.hpp"
 #include "io/svg.hpp"

@@ -1389,7 +1389,8 @@ private:
 //   free_activation(l) frees a_l.
 // On a plain chain y_l = x_l. They differ on Rockmate's blocks, where the gradient of a
 // separator read by several ops of the next block arrives as several contributions.
-// Saved_k always contains a_l (saved_bytes ≥ out_bytes); backward frees Saved_k and g_l.
+// Saved_k always contains a_l (saved_bytes ≥ out_bytes, unless the forward frees its input:
+// see RotorOption); backward frees Saved_k and g_l.
 // A block of Rockmate with option k = (forward sub-schedule F, backward sub-schedule B)
 // maps onto it as: fwd_time = time(F); saved_bytes = what F leaves live beside the block
 // input; fwd_overhead = peak(F) − (live before F) − saved_bytes; bwd_time = time(B);
@@ -1430,6 +1431,10 @@ struct RotorOption {
     double bwd_time = 0.0;
     /// Everything the forward leaves live for the backward, the stage output a_l included
     /// and its input a_{l-1} excluded (for a plain chain: Stage::saved_bytes = a_l + s_l).
+    /// A forward that frees its input (a Rockmate block whose input neither its backward nor
+    /// the block before reads) counts it negatively: saved_bytes ≥ x_l − x_{l-1}. The model
+    /// then keeps a_{l-1} until backward(l-1) or free_activation(l-1) frees it, which
+    /// overestimates the memory after backward(l) by x_{l-1}, never underestimates it.
     Bytes saved_bytes = 0;
     /// Forward peak = (live before) + saved_bytes + fwd_overhead. Must be ≥ 0.
     Bytes fwd_overhead = 0;
@@ -1538,9 +1543,11 @@ inline void validate(const RotorChain& chain) {
             const std::string op = st + " option " + std::to_string(k);
             if (!std::isfinite(o.fwd_time) || o.fwd_time < 0) throw InvalidInput(op + ": fwd_time must be finite and >= 0");
             if (!std::isfinite(o.bwd_time) || o.bwd_time < 0) throw InvalidInput(op + ": bwd_time must be finite and >= 0");
-            if (o.saved_bytes < s.out_bytes)
+            if (o.saved_bytes < s.out_bytes - chain.activation_bytes(l - 1))
                 throw InvalidInput(op + ": saved_bytes (" + std::to_string(o.saved_bytes) + ") is below out_bytes (" +
-                                   std::to_string(s.out_bytes) + "); the saved data include the stage output");
+                                   std::to_string(s.out_bytes) + ") minus the input (" +
+                                   std::to_string(chain.activation_bytes(l - 1)) +
+                                   "); the saved data include the stage output");
             if (o.fwd_overhead < 0) throw InvalidInput(op + ": fwd_overhead is negative");
             if (o.bwd_overhead < -in || o.bwd_overhead < -(o.saved_bytes + out))
                 throw InvalidInput(op + ": bwd_overhead " + std::to_string(o.bwd_overhead) +
@@ -2251,6 +2258,1258 @@ private:
 
 }  // namespace remat
 // ---- end remat/solvers/rotor.hpp ----
+// ---- begin remat/partition/blocks.hpp ----
+// remat/partition/blocks.hpp — an op-level training problem as a sequence of blocks, cut at
+// its 1-separators.
+//
+// Zhao, Le Hellard, Eyraud-Dubois, Gusak, Beaumont, "Rockmate: an efficient, fast, automatic
+// and generic tool for re-materialization in PyTorch", ICML 2023: the forward graph is cut at
+// every 1-separator (a data through which every path from the inputs to the loss passes) into
+// a sequence of blocks; each block with the backward ops that differentiate it is a small
+// problem of its own, which block_problem() builds.
+//
+// Recognition rules (the shape capture produces, FORMATS.md §1):
+//  - the loss is the problem's `loss` op (required);
+//  - backward ops are the other exactly-once ops; forward ops are the ops that are not
+//    exactly once (alternative writers of one activation: a no-grad F, a with-grad F+ that
+//    also writes saved state, fused variants);
+//  - forward data are written by forward ops, backward data by the loss and backward ops; no
+//    data is both and initial data have no writer; forward ops and the loss read only
+//    initial and forward data; final data are backward data (or initial).
+// Forward ops that can never run (they need data nothing produces) are left out.
+//
+// Separators. Initial data are live throughout and never freed, so paths through them do
+// not tie blocks together: paths start at the forward ops that read no non-initial data. A
+// forward data s is a separator when every path from those ops to the loss passes through
+// s, i.e. s dominates the loss; the separators are totally ordered, and n − 1 cuts make n
+// blocks. By default every separator is cut (Rockmate lets the block after a separator that
+// no backward op reads free it early); PartitionOptions can keep such separators inside a
+// larger block instead, where the block solver frees them as early as it likes.
+// Block l holds the forward ops reached from s_{l-1} (from the path starts for l = 1)
+// without going past s_l, and what they write; the last block ends at the loss.
+//
+// Backward ops are placed by what they read: one that reads forward data inside block l
+// belongs to block l; one that reads s_l, to block l or l + 1. A gradient crosses at most one
+// boundary: a backward op belongs to the block of each op whose output gradient it reads, or
+// to the block before. When no placement satisfies these rules (a backward op reading
+// activations of distant blocks, a skip connection whose gradient would cross two
+// boundaries), the blocks concerned are merged by dropping separators until one does. These are difference constraints, so among the placements they allow
+// there is one that puts every backward op as late in the network as possible — as early in
+// the backward pass, which sums gradient contributions before they cross a boundary — and
+// that is the one taken, except that the writers of final data go to the first block when
+// the constraints allow it (a final gradient written earlier in the backward pass would stay
+// live through all of the rest). The gradients that cross from block l + 1 to block l are block l's
+// `output_grads`: in block l's problem, the op standing for the rest of the network writes them.
+
+#include <algorithm>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+
+namespace remat {
+
+/// One block: the forward ops between two consecutive separators and the backward ops that
+/// differentiate them. Ids are those of the whole problem; lists are in increasing id order.
+struct Block {
+    /// s_{l-1}, the separator the block starts from; none for the first block, which
+    /// starts from the initial data.
+    std::optional<DataId> input;
+    /// s_l, the separator it ends at; none for the last block, which ends at the loss.
+    std::optional<DataId> output;
+    std::vector<OpId> forward_ops;
+    /// Exactly-once ops of the block, the loss excluded.
+    std::vector<OpId> backward_ops;
+    /// The last block holds the loss.
+    bool has_loss = false;
+    /// Written by the block's forward ops (its output included).
+    std::vector<DataId> forward_data;
+    /// Written by the block's backward ops (and the loss, in the last block).
+    std::vector<DataId> backward_data;
+    /// Initial data the block's ops read.
+    std::vector<DataId> initial_reads;
+    /// Gradients written after the block (by the next block's backward ops, or the loss) that
+    /// this block's backward ops read: what "the rest of the network" hands back.
+    std::vector<DataId> output_grads;
+    /// What this block's backward leaves for the block before (that block's output_grads);
+    /// for the first block, the final data it writes.
+    std::vector<DataId> input_grads;
+    /// Other final data the block's backward writes (a skip connection from an initial
+    /// input into a later block): they stay live to the end.
+    std::vector<DataId> kept_final;
+};
+
+struct PartitionOptions {
+    /// Cut also at separators that no backward op (nor the loss) reads.
+    bool cut_unread_separators = true;
+};
+
+struct BlockPartition {
+    std::vector<Block> blocks;
+    /// s_1 .. s_{n-1}, in forward order.
+    std::vector<DataId> separators;
+    OpId loss{};
+};
+
+namespace detail::blocks {
+
+enum class Kind : unsigned char { none, initial, forward, backward };
+
+[[nodiscard]] inline std::string quoted(const Problem& p, DataId d) { return "'" + p.data(d).name + "'"; }
+[[nodiscard]] inline std::string quoted(const Problem& p, OpId k) { return "'" + p.op(k).name + "'"; }
+
+template <class Id>
+void sort_unique(std::vector<Id>& v) {
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+}
+
+}  // namespace detail::blocks
+
+/// Cuts `problem` into its sequence of blocks. Throws InvalidInput, naming the op or data,
+/// when the problem does not have the structure described above.
+[[nodiscard]] inline BlockPartition partition_blocks(const Problem& problem, const PartitionOptions& options = {}) {
+    using detail::blocks::Kind;
+    using detail::blocks::quoted;
+    const Problem& p = problem;
+    const std::string who = "block partition of '" + p.name() + "'";
+    if (!p.loss())
+        throw InvalidInput(who + ": the problem names no loss op; blocks are cut on the way to the loss, so give "
+                                 "\"loss\"");
+    const OpId loss = *p.loss();
+    if (!p.op(loss).exactly_once)
+        throw InvalidInput(who + ": the loss op " + quoted(p, loss) + " must be exactly once");
+    const std::size_t nd = p.data_count(), no = p.op_count();
+
+    // Ops and data by kind.
+    std::vector<char> is_fwd(no, 0), is_bwd(no, 0);
+    for (std::size_t k = 0; k < no; ++k) {
+        if (OpId{k} == loss) continue;
+        (p.op(OpId{k}).exactly_once ? is_bwd : is_fwd)[k] = 1;
+    }
+    std::vector<Kind> kind(nd, Kind::none);
+    std::vector<OpId> a_writer(nd);
+    for (std::size_t d = 0; d < nd; ++d) {
+        const DataId id{d};
+        if (p.is_initial(id)) {
+            kind[d] = Kind::initial;
+            if (!p.writers(id).empty())
+                throw InvalidInput(who + ": initial data " + quoted(p, id) + " is written by op " +
+                                   quoted(p, p.writers(id).front()) + "; initial data belong to the caller");
+            continue;
+        }
+        for (const OpId w : p.writers(id)) {
+            const Kind k = is_fwd[w.index] ? Kind::forward : Kind::backward;
+            if (kind[d] != Kind::none && kind[d] != k)
+                throw InvalidInput(who + ": data " + quoted(p, id) + " is written by forward op " +
+                                   quoted(p, k == Kind::forward ? w : a_writer[d]) + " and by backward op " +
+                                   quoted(p, k == Kind::forward ? a_writer[d] : w) +
+                                   "; activations and gradients must be distinct data");
+            kind[d] = k;
+            a_writer[d] = w;
+        }
+    }
+    for (const DataId d : p.op(loss).reads)
+        if (kind[d.index] == Kind::backward)
+            throw InvalidInput(who + ": the loss " + quoted(p, loss) + " reads gradient " + quoted(p, d) +
+                               "; it must read only activations and initial data");
+    for (const DataId d : p.final_data())
+        if (kind[d.index] == Kind::forward)
+            throw InvalidInput(who + ": final data " + quoted(p, d) + " is an activation (written by forward op " +
+                               quoted(p, a_writer[d.index]) + "); final data must be gradients or initial data");
+
+    // Forward ops that can run at all: a fixpoint from the initial data.
+    std::vector<char> alive(no, 0), available(nd, 0);
+    for (std::size_t d = 0; d < nd; ++d) available[d] = kind[d] == Kind::initial;
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (std::size_t k = 0; k < no; ++k) {
+            if (!is_fwd[k] || alive[k]) continue;
+            const Op& op = p.op(OpId{k});
+            for (const DataId d : op.reads)
+                if (kind[d.index] == Kind::backward)
+                    throw InvalidInput(who + ": forward op " + quoted(p, OpId{k}) + " reads gradient " + quoted(p, d) +
+                                       " (written by " + quoted(p, a_writer[d.index]) +
+                                       "); forward ops read only activations and initial data");
+            if (!std::all_of(op.reads.begin(), op.reads.end(), [&](DataId d) { return available[d.index] != 0; }))
+                continue;
+            alive[k] = 1;
+            changed = true;
+            for (const DataId d : op.writes) available[d.index] = 1;
+        }
+    }
+    const auto forward_data = [&](DataId d) { return kind[d.index] == Kind::forward; };
+
+    // Forward ops and data on a path to the loss.
+    std::vector<char> main_op(no, 0), on_path(nd, 0);
+    {
+        std::vector<DataId> work;
+        for (const DataId d : p.op(loss).reads)
+            if (forward_data(d) && !on_path[d.index]) {
+                on_path[d.index] = 1;
+                work.push_back(d);
+            }
+        while (!work.empty()) {
+            const DataId d = work.back();
+            work.pop_back();
+            for (const OpId w : p.writers(d)) {
+                if (!alive[w.index] || main_op[w.index]) continue;
+                main_op[w.index] = 1;
+                for (const DataId r : p.op(w).reads)
+                    if (forward_data(r) && !on_path[r.index]) {
+                        on_path[r.index] = 1;
+                        work.push_back(r);
+                    }
+            }
+        }
+    }
+
+    // Dominators of the loss on the graph source → path starts, op → data it writes on a
+    // path, data → ops on a path that read it (and the loss); Cooper–Harvey–Kennedy's
+    // intersection over a topological order, which a DAG needs only once.
+    const std::size_t source = nd + no;
+    const std::size_t n_nodes = nd + no + 1;
+    const auto op_node = [&](OpId k) { return nd + k.index; };
+    std::vector<std::vector<std::size_t>> preds(n_nodes), succs(n_nodes);
+    std::vector<char> in_graph(n_nodes, 0);
+    const auto edge = [&](std::size_t from, std::size_t to) {
+        preds[to].push_back(from);
+        succs[from].push_back(to);
+    };
+    in_graph[source] = 1;
+    in_graph[op_node(loss)] = 1;
+    for (std::size_t d = 0; d < nd; ++d) in_graph[d] = on_path[d];
+    for (std::size_t k = 0; k < no; ++k) {
+        const bool is_loss = OpId{k} == loss;
+        if (!main_op[k] && !is_loss) continue;
+        in_graph[nd + k] = 1;
+        bool starts = true;
+        for (const DataId d : p.op(OpId{k}).reads)
+            if (on_path[d.index]) {
+                edge(d.index, nd + k);
+                starts = false;
+            }
+        if (starts) edge(source, nd + k);
+        if (is_loss) continue;
+        for (const DataId d : p.op(OpId{k}).writes)
+            if (on_path[d.index]) edge(nd + k, d.index);
+    }
+    std::vector<std::size_t> order;  // topological
+    {
+        std::vector<std::size_t> missing(n_nodes, 0);
+        for (std::size_t v = 0; v < n_nodes; ++v) missing[v] = preds[v].size();
+        std::vector<std::size_t> ready{source};
+        while (!ready.empty()) {
+            const std::size_t v = ready.back();
+            ready.pop_back();
+            order.push_back(v);
+            for (const std::size_t s : succs[v])
+                if (--missing[s] == 0) ready.push_back(s);
+        }
+        const auto in_graph_count = static_cast<std::size_t>(std::count(in_graph.begin(), in_graph.end(), char{1}));
+        if (order.size() != in_graph_count) {
+            for (std::size_t d = 0; d < nd; ++d)
+                if (in_graph[d] && missing[d] != 0)
+                    throw InvalidInput(who + ": the forward ops form a cycle through " + quoted(p, DataId{d}));
+            throw InvalidInput(who + ": the forward ops form a cycle");
+        }
+    }
+    constexpr std::size_t none = static_cast<std::size_t>(-1);
+    std::vector<std::size_t> rank(n_nodes, none), idom(n_nodes, none);
+    for (std::size_t i = 0; i < order.size(); ++i) rank[order[i]] = i;
+    idom[source] = source;
+    for (const std::size_t v : order) {
+        if (v == source) continue;
+        std::size_t dom = none;
+        for (std::size_t u : preds[v]) {
+            if (dom == none) {
+                dom = u;
+                continue;
+            }
+            std::size_t a = dom;
+            while (a != u) {
+                while (rank[a] > rank[u]) a = idom[a];
+                while (rank[u] > rank[a]) u = idom[u];
+            }
+            dom = a;
+        }
+        idom[v] = dom;
+    }
+    BlockPartition part;
+    part.loss = loss;
+    for (std::size_t v = idom[op_node(loss)]; v != source; v = idom[v]) {
+        if (v >= nd) continue;
+        const auto readers = p.readers(DataId{v});
+        if (options.cut_unread_separators ||
+            std::any_of(readers.begin(), readers.end(), [&](OpId r) { return p.op(r).exactly_once; }))
+            part.separators.push_back(DataId{v});
+    }
+    std::reverse(part.separators.begin(), part.separators.end());
+    // Cut, place the backward ops, and when a backward op cannot be placed (it reads
+    // activations of blocks too far apart, or a gradient would cross more than one boundary,
+    // e.g. from a skip connection out of an initial input), merge the blocks concerned by
+    // dropping a separator, and try again.
+    std::size_t n = 0;
+    std::vector<std::size_t> separator_of, blk_op, blk_data, lo, hi, at;
+    for (;;) {
+        n = part.separators.size() + 1;
+        separator_of.assign(nd, 0);  // l for s_l, 0 otherwise
+        for (std::size_t l = 1; l < n; ++l) separator_of[part.separators[l - 1].index] = l;
+
+        // Forward ops and data by block: phase l spreads from s_{l-1} and stops at s_l.
+        blk_op.assign(no, 0);
+        blk_data.assign(nd, 0);
+        for (std::size_t l = 1; l <= n; ++l) {
+            std::vector<OpId> work;
+            const auto reach_readers = [&](DataId d) {
+                for (const OpId r : p.readers(d))
+                    if (alive[r.index] && blk_op[r.index] == 0) work.push_back(r);
+            };
+            if (l == 1) {
+                for (std::size_t k = 0; k < no; ++k)
+                    if (alive[k] && std::none_of(p.op(OpId{k}).reads.begin(), p.op(OpId{k}).reads.end(), forward_data))
+                        work.push_back(OpId{k});
+            } else {
+                reach_readers(part.separators[l - 2]);
+            }
+            while (!work.empty()) {
+                const OpId k = work.back();
+                work.pop_back();
+                if (blk_op[k.index] != 0) continue;
+                blk_op[k.index] = l;
+                for (const DataId d : p.op(k).writes) {
+                    if (blk_data[d.index] != 0) continue;
+                    blk_data[d.index] = l;
+                    if (separator_of[d.index] != l) reach_readers(d);
+                }
+            }
+        }
+        for (std::size_t k = 0; k < no; ++k) {
+            if (!alive[k]) continue;
+            const OpId id{k};
+            const std::size_t l = blk_op[k];
+            if (l == 0) throw InvalidInput(who + ": forward op " + quoted(p, id) + " is in no block");
+            for (const DataId d : p.op(id).writes)
+                if (blk_data[d.index] != l)
+                    throw InvalidInput(who + ": data " + quoted(p, d) + " is written by forward ops of blocks " +
+                                       std::to_string(blk_data[d.index]) + " and " + std::to_string(l) + " (op " +
+                                       quoted(p, id) + ")");
+            for (const DataId d : p.op(id).reads) {
+                if (!forward_data(d) || blk_data[d.index] == l ||
+                    (separator_of[d.index] != 0 && separator_of[d.index] + 1 == l))
+                    continue;
+                throw InvalidInput(who + ": forward op " + quoted(p, id) + " of block " + std::to_string(l) + " reads " +
+                                   quoted(p, d) + " of block " + std::to_string(blk_data[d.index]) +
+                                   "; a block may read only its own data, its input separator and initial data");
+            }
+        }
+
+        // Backward ops: the blocks their activation reads allow.
+        std::optional<std::size_t> merge_at;  // drop s_{merge_at - 1}, merging blocks merge_at - 1 and merge_at
+        lo.assign(no, 1);
+        hi.assign(no, n);
+        for (std::size_t k = 0; k < no && !merge_at; ++k) {
+            if (!is_bwd[k]) continue;
+            for (const DataId d : p.op(OpId{k}).reads) {
+                if (!forward_data(d)) continue;
+                const std::size_t m = blk_data[d.index];
+                if (m == 0)
+                    throw InvalidInput(who + ": backward op " + quoted(p, OpId{k}) + " reads " + quoted(p, d) +
+                                       ", which no forward op that can run writes");
+                const std::size_t top = separator_of[d.index] != 0 ? m + 1 : m;
+                if (std::max(lo[k], m) > std::min(hi[k], top)) {
+                    merge_at = std::max(lo[k], m);
+                    break;
+                }
+                lo[k] = std::max(lo[k], m);
+                hi[k] = std::min(hi[k], top);
+            }
+        }
+        lo[loss.index] = hi[loss.index] = n;
+        // The greatest placement below `upper` (the op that cannot be placed, if any).
+        const auto place = [&](const std::vector<std::size_t>& upper) -> std::optional<std::size_t> {
+            at = upper;
+            for (bool changed = true; changed;) {
+                changed = false;
+                for (std::size_t k = 0; k < no; ++k) {
+                    if (!is_bwd[k]) continue;
+                    for (const DataId g : p.op(OpId{k}).reads) {
+                        if (kind[g.index] != Kind::backward) continue;
+                        for (const OpId w : p.writers(g)) {
+                            if (at[w.index] < at[k]) {
+                                at[k] = at[w.index];
+                                changed = true;
+                                if (at[k] < lo[k]) return k;
+                            }
+                            if (at[k] + 1 < at[w.index]) {
+                                at[w.index] = at[k] + 1;
+                                changed = true;
+                                if (at[w.index] < lo[w.index]) return w.index;
+                            }
+                        }
+                    }
+                }
+            }
+            return std::nullopt;
+        };
+        if (!merge_at)
+            if (const auto stuck = place(hi)) merge_at = lo[*stuck];
+        if (merge_at) {
+            part.separators.erase(part.separators.begin() + static_cast<std::ptrdiff_t>(*merge_at - 2));
+            continue;
+        }
+        // Final gradients are best written by the first block: written later they stay live
+        // through the rest of the backward pass beside everything Rotor accounts for.
+        std::vector<std::size_t> capped = hi;
+        for (const DataId d : p.final_data()) {
+            if (kind[d.index] != Kind::backward) continue;
+            for (const OpId w : p.writers(d)) {
+                if (capped[w.index] == 1) continue;
+                const std::size_t before = capped[w.index];
+                capped[w.index] = 1;
+                if (place(capped)) capped[w.index] = before;
+            }
+        }
+        (void)place(capped);  // feasible: every cap kept was
+        break;
+    }
+
+    // Assemble the blocks.
+    part.blocks.resize(n);
+    for (std::size_t l = 1; l <= n; ++l) {
+        Block& b = part.blocks[l - 1];
+        if (l > 1) b.input = part.separators[l - 2];
+        if (l < n) b.output = part.separators[l - 1];
+        b.has_loss = l == n;
+    }
+    const auto add_initial_reads = [&](Block& b, OpId k) {
+        for (const DataId d : p.op(k).reads)
+            if (kind[d.index] == Kind::initial) b.initial_reads.push_back(d);
+    };
+    for (std::size_t k = 0; k < no; ++k) {
+        const OpId id{k};
+        if (alive[k]) {
+            Block& b = part.blocks[blk_op[k] - 1];
+            b.forward_ops.push_back(id);
+            add_initial_reads(b, id);
+        } else if (is_bwd[k] || id == loss) {
+            Block& b = part.blocks[at[k] - 1];
+            if (is_bwd[k]) b.backward_ops.push_back(id);
+            add_initial_reads(b, id);
+        }
+    }
+    for (std::size_t d = 0; d < nd; ++d) {
+        const DataId id{d};
+        if (kind[d] == Kind::forward && blk_data[d] != 0) part.blocks[blk_data[d] - 1].forward_data.push_back(id);
+        if (kind[d] != Kind::backward) continue;
+        const std::size_t l = at[p.writers(id).front().index];
+        for (const OpId w : p.writers(id))
+            if (at[w.index] != l)
+                throw InvalidInput(who + ": gradient " + quoted(p, id) + " is written in blocks " + std::to_string(l) +
+                                   " and " + std::to_string(at[w.index]) + " (ops " + quoted(p, p.writers(id).front()) +
+                                   " and " + quoted(p, w) + ")");
+        part.blocks[l - 1].backward_data.push_back(id);
+        const bool crosses = std::any_of(p.readers(id).begin(), p.readers(id).end(),
+                                         [&](OpId r) { return at[r.index] + 1 == l; });
+        if (crosses) {
+            part.blocks[l - 2].output_grads.push_back(id);
+            part.blocks[l - 1].input_grads.push_back(id);
+        } else if (p.is_final(id)) {
+            (l == 1 ? part.blocks[0].input_grads : part.blocks[l - 1].kept_final).push_back(id);
+        }
+    }
+    for (Block& b : part.blocks) detail::blocks::sort_unique(b.initial_reads);
+    return part;
+}
+
+/// A block as a problem of its own: its input separator and the initial data it reads are
+/// initial; its forward ops, then the boundary op, then its backward ops; what it leaves for
+/// the block before (and final data it writes) is final. For every block but the last, the
+/// boundary is a new exactly-once op of time 0 standing for the rest of the network: it reads
+/// the output separator and writes the output gradients (or, when no gradient comes back, a
+/// data of 0 bytes). For the last block, the boundary is the loss. `boundary_overhead` is
+/// added to the boundary's overhead: while the boundary runs, memory = everything live + its
+/// writes + overhead, so a budget B with overhead B − σ limits what the block keeps for its
+/// backward (plus the output gradients) to σ.
+struct BlockProblem {
+    Problem problem;
+    /// Id in the whole problem of each local data; none for the 0-byte data a synthetic
+    /// boundary writes when no gradient comes back.
+    std::vector<std::optional<DataId>> global_data;
+    /// Id in the whole problem of each local op; none for a synthetic boundary.
+    std::vector<std::optional<OpId>> global_op;
+    /// Local id of the boundary op.
+    OpId boundary{};
+};
+
+[[nodiscard]] inline BlockProblem block_problem(const Problem& problem, const BlockPartition& partition,
+                                                std::size_t index, Bytes boundary_overhead = 0) {
+    if (index >= partition.blocks.size())
+        throw InvalidInput(std::string("block ") + std::to_string(index) + " of '" + problem.name() + "' does not exist (" +
+                           std::to_string(partition.blocks.size()) + " blocks)");
+    if (boundary_overhead < 0) throw InvalidInput("a block's boundary overhead must be >= 0");
+    const Block& b = partition.blocks[index];
+    const auto build = [&](bool with_autograd) {
+        std::vector<std::optional<DataId>> global_data;
+        std::vector<std::optional<OpId>> global_op;
+        OpId boundary{};
+        ProblemBuilder builder(problem.name() + "/block" + std::to_string(index + 1));
+        std::vector<std::optional<DataId>> local(problem.data_count());
+        const auto map = [&](DataId d) {
+            if (!local[d.index]) {
+                local[d.index] = builder.add_data(problem.data(d).name, problem.data(d).bytes);
+                global_data.push_back(d);
+            }
+            return *local[d.index];
+        };
+        const auto map_all = [&](const std::vector<DataId>& v) {
+            std::vector<DataId> r;
+            r.reserve(v.size());
+            for (const DataId d : v) r.push_back(map(d));
+            return r;
+        };
+        std::vector<std::optional<OpId>> local_op(problem.op_count());
+        const auto add = [&](OpId k, Bytes extra) {
+            const Op& op = problem.op(k);
+            local_op[k.index] = builder.add_op({op.name, op.time, op.overhead + extra, map_all(op.reads),
+                                                map_all(op.writes), op.exactly_once});
+            global_op.push_back(k);
+            return *local_op[k.index];
+        };
+        if (b.input) map(*b.input);
+        for (const DataId d : b.initial_reads) map(d);
+        for (const OpId k : b.forward_ops) add(k, 0);
+        if (b.has_loss) {
+            boundary = add(partition.loss, boundary_overhead);
+        } else {
+            const std::string& out_name = problem.data(*b.output).name;
+            std::string name = "(rest after " + out_name + ")";
+            while (problem.find_op(name)) name += "'";
+            std::vector<DataId> writes = map_all(b.output_grads);
+            if (writes.empty()) {
+                std::string token = "(gradient of " + out_name + ")";
+                while (problem.find_data(token)) token += "'";
+                writes.push_back(builder.add_data(token, 0));
+                global_data.push_back(std::nullopt);
+            }
+            boundary = builder.add_op({name, 0.0, boundary_overhead, {map(*b.output)}, std::move(writes), true});
+            global_op.push_back(std::nullopt);
+        }
+        for (const OpId k : b.backward_ops) add(k, 0);
+        if (b.input) builder.add_initial(map(*b.input));
+        for (const DataId d : b.initial_reads) builder.add_initial(map(d));
+        std::vector<DataId> finals = b.input_grads;
+        finals.insert(finals.end(), b.kept_final.begin(), b.kept_final.end());
+        for (const DataId d : b.output_grads)
+            if (problem.is_final(d)) finals.push_back(d);
+        detail::blocks::sort_unique(finals);
+        for (const DataId d : finals) builder.add_final(map(d));
+        builder.set_loss(boundary);
+        if (with_autograd) {
+            std::vector<OpId> fwd, bwd;
+            for (const OpId k : problem.autograd_order()) {
+                if (!local_op[k.index] || *local_op[k.index] == boundary) continue;
+                (problem.op(k).exactly_once ? bwd : fwd).push_back(*local_op[k.index]);
+            }
+            fwd.push_back(boundary);
+            fwd.insert(fwd.end(), bwd.begin(), bwd.end());
+            builder.set_autograd_order(std::move(fwd));
+        }
+        return BlockProblem{builder.build(), std::move(global_data), std::move(global_op), boundary};
+    };
+    if (!problem.autograd_order().empty()) {
+        try {
+            return build(true);
+        } catch (const InvalidInput&) {
+            // The whole problem's order restricted to the block is not runnable on its own
+            // (it relied on an op outside the block); store-all then chooses its own order.
+        }
+    }
+    try {
+        return build(false);
+    } catch (const InvalidInput& e) {
+        throw InvalidInput(std::string("block ") + std::to_string(index + 1) + " of '" + problem.name() +
+                           "' is not a problem of its own: " + e.what());
+    }
+}
+
+}  // namespace remat
+// ---- end remat/partition/blocks.hpp ----
+// ---- begin remat/solvers/rockmate.hpp ----
+// remat/solvers/rockmate.hpp — Rockmate: exact schedules inside blocks, Rotor across them.
+//
+// Zhao, Le Hellard, Eyraud-Dubois, Gusak, Beaumont, "Rockmate: an efficient, fast, automatic
+// and generic tool for re-materialization in PyTorch", ICML 2023. The problem is cut into
+// its sequence of blocks at the 1-separators (partition/blocks.hpp). Each block is solved
+// by an exact block solver (Exhaustive by default; Checkmate for large blocks, see
+// rockmate_milp.hpp) at a grid of peak budgets × saved budgets, and every distinct solution
+// becomes an *option* of the block: its forward sub-schedule (the steps before the boundary
+// op that stands for the rest of the network), its backward sub-schedule (the steps after),
+// their times, what the forward leaves live and the overheads (rotor.hpp's memory model).
+// The saved budget σ is imposed through the boundary's overhead (budget − σ): memory while
+// the boundary runs is everything live + its writes + its overhead. The multi-option Rotor
+// DP then picks, over the chain of blocks, which blocks run with which option, which run
+// without grad and where to checkpoint; the chosen options' sub-schedules, renamed into the
+// whole problem, make one schedule, which the simulator checks.
+//
+// The mapping onto Rotor's model is exact: a block's data are touched only by its own
+// sub-schedules (and its output separator by the next block, which never frees it), the
+// gradients that cross a boundary are the next block's final data and this block's boundary
+// writes, and Rotor's model adds up exactly the peaks the simulator sees. Final data that a
+// block after the first writes (they stay live to the end) travel down with the gradients:
+// they are added to every gradient size below that block, and each backward overhead is
+// lowered by what it would otherwise count twice.
+// Blocks with the same structure and sizes are solved once; the others' options are the
+// same sub-schedules with their own times (BlockSharing).
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <iostream>
+#include <limits>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+
+namespace remat {
+
+/// Which blocks share one solve.
+enum class BlockSharing {
+    none,        ///< every block is solved
+    same_costs,  ///< blocks equal up to renaming, times included
+    same_sizes,  ///< blocks equal up to renaming except for times: solved once, options re-timed
+};
+
+struct RockmateOptions {
+    /// Peak budgets per block, evenly from the block's least peak to its store-all peak.
+    std::size_t peak_budgets = 5;
+    /// Saved budgets per peak budget, evenly from the least the boundary needs to what the
+    /// block's store-all keeps.
+    std::size_t saved_budgets = 5;
+    /// Wall-clock limit for the grid of one block; the options found by then are kept
+    /// (the store-all option always is). One block solve is bounded by the block solver's own limit.
+    double block_time_limit_seconds = 20.0;
+    /// Each block gets only its store-all option: Rotor over blocks, each block one stage.
+    bool store_all_only = false;
+    BlockSharing sharing = BlockSharing::same_sizes;
+    /// Where blocks are cut (partition_blocks).
+    PartitionOptions partition{};
+    /// The DP across blocks.
+    RotorOptions rotor{};
+    /// Progress on stderr.
+    bool verbose = false;
+};
+
+/// One way to run a block: a forward and a backward sub-schedule in the block problem's ids.
+struct RockmateBlockOption {
+    RotorOption cost;
+    Schedule forward;
+    Schedule backward;
+};
+
+/// A block with what Rockmate knows about it.
+struct RockmateBlock {
+    BlockProblem problem;  ///< boundary overhead 0
+    /// Computes the output separator without grad and frees the rest (not for the last block).
+    Schedule nograd;
+    double nograd_time = 0.0;
+    Bytes nograd_overhead = 0;
+    std::vector<RockmateBlockOption> options;
+    /// The block whose solve these options come from, when it is another one.
+    std::optional<std::size_t> same_as;
+    std::size_t solves = 0;         ///< block-solver calls that returned a schedule
+    std::size_t failed_solves = 0;  ///< infeasible grid points and solver failures
+    /// The first block-solver failure other than an infeasible budget, if any.
+    std::string failure;
+    double seconds = 0.0;
+};
+
+/// Everything Rockmate derives from a problem before the budget comes in: reusable at any
+/// budget (Rockmate::solve(model, budget)).
+struct RockmateModel {
+    Problem problem;
+    BlockPartition partition;
+    std::vector<RockmateBlock> blocks;
+    double seconds = 0.0;
+
+    /// The chain Rotor plans: one stage per block; the last stage (the block that ends at
+    /// the loss) has an output of 0 bytes, and Rotor's loss action is empty (the loss is in
+    /// that block's backward sub-schedule).
+    [[nodiscard]] RotorChain rotor_chain() const {
+        const std::size_t n = blocks.size();
+        // kept[l]: final data block l leaves live besides what it hands to the block before;
+        // above[l]: those of the blocks after l, live whenever g_l is.
+        std::vector<Bytes> kept(n, 0), above(n + 1, 0);
+        for (std::size_t l = 0; l < n; ++l) {
+            const BlockProblem& bp = blocks[l].problem;
+            const auto& in = partition.blocks[l].input_grads;
+            for (const DataId d : bp.problem.final_data()) {
+                const auto global = bp.global_data[d.index];
+                if (!global || std::find(in.begin(), in.end(), *global) == in.end()) kept[l] += bp.problem.data(d).bytes;
+            }
+        }
+        for (std::size_t l = n; l-- > 0;) above[l] = above[l + 1] + (l + 1 < n ? kept[l + 1] : 0);
+        RotorChain chain{problem.name(), problem.initial_bytes(), {}, 0.0, 0, std::nullopt};
+        chain.input_grad_bytes = total(partition.blocks.front().input_grads) + above[0] + kept[0];
+        for (std::size_t l = 0; l < n; ++l) {
+            const Block& b = partition.blocks[l];
+            const RockmateBlock& rb = blocks[l];
+            RotorStage stage{b.output ? problem.data(*b.output).bytes : 0, rb.nograd_time, rb.nograd_overhead, {},
+                             b.output ? total(b.output_grads) + above[l] : 0};
+            const Bytes y_in = l == 0 ? *chain.input_grad_bytes : chain.stages[l - 1].grad_bytes.value_or(0);
+            for (const RockmateBlockOption& o : rb.options) {
+                RotorOption c = o.cost;
+                c.bwd_overhead = std::max({c.bwd_overhead - kept[l] - above[l], -y_in, -(c.saved_bytes + *stage.grad_bytes)});
+                stage.options.push_back(c);
+            }
+            chain.stages.push_back(std::move(stage));
+        }
+        return chain;
+    }
+
+    /// The whole problem's schedule of a Rotor action sequence over rotor_chain().
+    [[nodiscard]] Schedule to_schedule(const std::vector<RotorAction>& actions) const {
+        Schedule out;
+        // A block input that the next block's forward freed early is not freed again.
+        std::vector<char> live(problem.data_count(), 0);
+        for (const DataId d : problem.initial()) live[d.index] = 1;
+        const auto free = [&](DataId d) {
+            if (!live[d.index]) return;
+            live[d.index] = 0;
+            out.push_back(Step::free(d));
+        };
+        const auto append = [&](const RockmateBlock& rb, const Schedule& part) {
+            for (const Step& s : part) {
+                if (s.is_run()) {
+                    const auto op = rb.problem.global_op.at(s.op().index);
+                    if (!op)
+                        throw SolverError("rockmate: a sub-schedule of '" + rb.problem.problem.name() +
+                                          "' runs the boundary op (this is a bug in the solver; please report it)");
+                    out.push_back(Step::run(*op));
+                    for (const DataId d : problem.op(*op).writes) live[d.index] = 1;
+                } else if (const auto d = rb.problem.global_data.at(s.data().index)) {
+                    free(*d);
+                }
+            }
+        };
+        for (const RotorAction& a : actions) {
+            using K = RotorAction::Kind;
+            switch (a.kind) {
+                case K::forward_nograd: append(blocks.at(a.stage - 1), blocks[a.stage - 1].nograd); break;
+                case K::forward: append(blocks.at(a.stage - 1), blocks[a.stage - 1].options.at(a.option).forward); break;
+                case K::backward: append(blocks.at(a.stage - 1), blocks[a.stage - 1].options.at(a.option).backward); break;
+                case K::loss: break;
+                case K::free_activation: free(partition.blocks.at(a.stage - 1).output.value()); break;
+            }
+        }
+        return out;
+    }
+
+private:
+    [[nodiscard]] Bytes total(const std::vector<DataId>& data) const {
+        Bytes sum = 0;
+        for (const DataId d : data) sum += problem.data(d).bytes;
+        return sum;
+    }
+};
+
+namespace detail::rockmate {
+
+[[nodiscard]] inline double seconds_since(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+[[nodiscard]] inline Bytes bytes_of(const Problem& q, const std::vector<DataId>& data) {
+    Bytes sum = 0;
+    for (const DataId d : data) sum += q.data(d).bytes;
+    return sum;
+}
+
+// A block problem's structure as numbers, for "equal up to renaming": the block problems
+// are built in the same order from equal blocks, so equal structures give equal keys.
+[[nodiscard]] inline std::vector<std::int64_t> structure_key(const Problem& q, bool with_times) {
+    std::vector<std::int64_t> key;
+    key.push_back(static_cast<std::int64_t>(q.data_count()));
+    for (std::size_t d = 0; d < q.data_count(); ++d) {
+        key.push_back(q.data(DataId{d}).bytes);
+        key.push_back((q.is_initial(DataId{d}) ? 1 : 0) + (q.is_final(DataId{d}) ? 2 : 0));
+    }
+    key.push_back(static_cast<std::int64_t>(q.op_count()));
+    for (const Op& op : q.all_ops()) {
+        key.push_back(op.overhead);
+        key.push_back(op.exactly_once ? 1 : 0);
+        if (with_times) key.push_back(std::bit_cast<std::int64_t>(op.time));
+        key.push_back(static_cast<std::int64_t>(op.reads.size()));
+        for (const DataId d : op.reads) key.push_back(static_cast<std::int64_t>(d.index));
+        key.push_back(static_cast<std::int64_t>(op.writes.size()));
+        for (const DataId d : op.writes) key.push_back(static_cast<std::int64_t>(d.index));
+    }
+    key.push_back(q.loss() ? static_cast<std::int64_t>(q.loss()->index) : -1);
+    return key;
+}
+
+// The option a complete schedule of a block problem gives: split at the boundary, tidy
+// at the end, costs in the memory model of rotor.hpp (see RotorOption). `freeable_input` is
+// the block's input separator (local id) when nothing outside the block reads it once the
+// block's forward has run: the option then frees it right after its last read (in the
+// forward or in the backward part), and accounts for that.
+[[nodiscard]] inline RockmateBlockOption option_from(const BlockProblem& bp, const Block& block, const Schedule& schedule,
+                                                     std::optional<DataId> freeable_input) {
+    const Problem& q = bp.problem;
+    const SimulationReport r = simulate(q, schedule);
+    if (!r.valid)
+        throw SolverError("rockmate: the block solver returned an invalid schedule for '" + q.name() + "': " + r.error);
+    std::size_t k = 0;
+    while (k < schedule.size() && !(schedule[k].is_run() && schedule[k].op() == bp.boundary)) ++k;
+    // The synthetic boundary stands for the rest of the network: neither part runs it; the
+    // loss is real and starts the backward part.
+    const bool loss_boundary = block.has_loss;
+    const std::size_t bwd_begin = loss_boundary ? k : k + 1;
+    // The input goes right after step `last_read` (before the first step when none reads it).
+    const bool free_input = freeable_input.has_value();
+    std::optional<std::size_t> last_read;
+    if (free_input)
+        for (std::size_t i = 0; i < schedule.size(); ++i) {
+            if (!schedule[i].is_run()) continue;
+            const auto& rd = q.op(schedule[i].op()).reads;
+            if (std::find(rd.begin(), rd.end(), *freeable_input) != rd.end()) last_read = i;
+        }
+    const Bytes x_in = free_input ? q.data(*freeable_input).bytes : 0;
+    const auto gone_before = [&](std::size_t i) { return free_input && (!last_read || *last_read < i) ? x_in : Bytes{0}; };
+    const auto gone_after = [&](std::size_t i) { return free_input && (!last_read || *last_read <= i) ? x_in : Bytes{0}; };
+
+    RockmateBlockOption o;
+    if (free_input && !last_read) o.forward.push_back(Step::free(*freeable_input));
+    for (std::size_t i = 0; i < schedule.size(); ++i) {
+        if (i == k && !loss_boundary) continue;
+        Schedule& part = i < k ? o.forward : o.backward;
+        part.push_back(schedule[i]);
+        if (free_input && last_read == i) part.push_back(Step::free(*freeable_input));
+    }
+    // Tidy: the backward ends with only the initial and final data live.
+    {
+        std::vector<char> live(q.data_count(), 0);
+        for (const DataId d : q.initial()) live[d.index] = 1;
+        for (const Step& s : schedule) {
+            if (s.is_run())
+                for (const DataId d : q.op(s.op()).writes) live[d.index] = 1;
+            else
+                live[s.data().index] = 0;
+        }
+        for (std::size_t d = 0; d < q.data_count(); ++d)
+            if (live[d] && !q.is_initial(DataId{d}) && !q.is_final(DataId{d})) o.backward.push_back(Step::free(DataId{d}));
+    }
+    const Bytes start = r.initial;
+    const Bytes at_boundary = k == 0 ? start - (free_input && !last_read ? x_in : 0) : r.timeline[k - 1].after - gone_after(k - 1);
+    Bytes fwd_peak = start;
+    double fwd_time = 0.0, bwd_time = 0.0;
+    for (std::size_t i = 0; i < k; ++i) {
+        fwd_peak = std::max({fwd_peak, r.timeline[i].during - gone_before(i), r.timeline[i].after - gone_after(i)});
+        if (schedule[i].is_run()) fwd_time += q.op(schedule[i].op()).time;
+    }
+    const Bytes grad_out = loss_boundary ? 0 : bytes_of(q, q.op(bp.boundary).writes);
+    Bytes bwd_peak = at_boundary + grad_out;
+    for (std::size_t i = bwd_begin; i < schedule.size(); ++i) {
+        bwd_peak = std::max({bwd_peak, r.timeline[i].during - gone_before(i), r.timeline[i].after - gone_after(i)});
+        if (schedule[i].is_run()) bwd_time += q.op(schedule[i].op()).time;
+    }
+    Bytes grad_in = 0;
+    for (std::size_t d = 0; d < q.data_count(); ++d) {
+        const auto global = bp.global_data[d];
+        if (global && std::find(block.input_grads.begin(), block.input_grads.end(), *global) != block.input_grads.end())
+            grad_in += q.data(DataId{d}).bytes;
+    }
+    // Rotor's model ends the backward with the input live again (it is freed for it by the
+    // block before, or by a free_activation): a freed input makes that state an overestimate,
+    // and the backward's peak is counted no lower than it.
+    bwd_peak = std::max(bwd_peak, start + grad_in);
+    o.cost.fwd_time = fwd_time;
+    o.cost.bwd_time = bwd_time;
+    o.cost.saved_bytes = at_boundary - start;
+    o.cost.fwd_overhead = fwd_peak - at_boundary;
+    o.cost.bwd_overhead = bwd_peak - (at_boundary + grad_out) - grad_in;
+    return o;
+}
+
+// The block's input separator (local id) when the block before never reads it in its
+// backward: then only this block needs it once its forward has run.
+[[nodiscard]] inline std::optional<DataId> freeable_input(const BlockPartition& part, std::size_t l, const BlockProblem& bp,
+                                                          const Problem& problem) {
+    const Block& block = part.blocks[l];
+    if (!block.input || l == 0) return std::nullopt;
+    for (const OpId k : part.blocks[l - 1].backward_ops) {
+        const auto& rd = problem.op(k).reads;
+        if (std::find(rd.begin(), rd.end(), *block.input) != rd.end()) return std::nullopt;
+    }
+    for (std::size_t d = 0; d < bp.global_data.size(); ++d)
+        if (bp.global_data[d] == block.input) return DataId{d};
+    return std::nullopt;
+}
+
+// Duplicates and options that another option beats on time and on every memory term of the DP.
+inline void prune(std::vector<RockmateBlockOption>& options) {
+    const auto fwd = [](const RotorOption& c) { return c.saved_bytes + c.fwd_overhead; };
+    const auto bwd = [](const RotorOption& c) { return c.saved_bytes + c.bwd_overhead; };
+    const auto time = [](const RotorOption& c) { return c.fwd_time + c.bwd_time; };
+    const auto no_worse = [&](const RotorOption& a, const RotorOption& b) {
+        return time(a) <= time(b) && a.saved_bytes <= b.saved_bytes && fwd(a) <= fwd(b) && bwd(a) <= bwd(b);
+    };
+    std::vector<RockmateBlockOption> kept;
+    for (std::size_t i = 0; i < options.size(); ++i) {
+        bool beaten = false;
+        for (std::size_t j = 0; j < options.size() && !beaten; ++j) {
+            if (i == j || !no_worse(options[j].cost, options[i].cost)) continue;
+            // Equal options: the first one stays.
+            beaten = !no_worse(options[i].cost, options[j].cost) || j < i;
+        }
+        if (!beaten) kept.push_back(std::move(options[i]));
+    }
+    std::sort(kept.begin(), kept.end(), [&](const RockmateBlockOption& a, const RockmateBlockOption& b) {
+        return time(a.cost) < time(b.cost) || (time(a.cost) == time(b.cost) && a.cost.saved_bytes < b.cost.saved_bytes);
+    });
+    options = std::move(kept);
+}
+
+// The block's output computed without grad: for every data needed, the writer that writes
+// the fewest bytes (then the fastest), in an order the reads allow, each data freed after
+// its last read. Returns the schedule (block ids), its time and its overhead in Rotor's sense.
+struct NogradForward {
+    Schedule schedule;
+    double time = 0.0;
+    Bytes overhead = 0;
+};
+
+[[nodiscard]] inline NogradForward nograd_forward(const BlockProblem& bp, const Block& block) {
+    NogradForward out;
+    if (!block.output) return out;
+    const Problem& q = bp.problem;
+    std::optional<DataId> target;
+    for (std::size_t d = 0; d < q.data_count(); ++d)
+        if (bp.global_data[d] == block.output) target = DataId{d};
+    const auto written_bytes = [&](OpId k) {
+        Bytes sum = 0;
+        for (const DataId d : q.op(k).writes) sum += q.data(d).bytes;
+        return sum;
+    };
+    std::vector<char> chosen(q.op_count(), 0), needed(q.data_count(), 0), produced(q.data_count(), 0);
+    std::vector<DataId> pending{target.value()};
+    needed[target->index] = 1;
+    while (!pending.empty()) {
+        const DataId d = pending.back();
+        pending.pop_back();
+        if (q.is_initial(d) || produced[d.index]) continue;
+        std::optional<OpId> best;
+        for (const OpId w : q.writers(d)) {
+            if (q.op(w).exactly_once) continue;
+            if (!best || written_bytes(w) < written_bytes(*best) ||
+                (written_bytes(w) == written_bytes(*best) && q.op(w).time < q.op(*best).time))
+                best = w;
+        }
+        if (!best)
+            throw SolverError("rockmate: no forward op of '" + q.name() + "' writes '" + q.data(d).name +
+                              "' (this is a bug in the block partition; please report it)");
+        chosen[best->index] = 1;
+        for (const DataId w : q.op(*best).writes) produced[w.index] = 1;
+        for (const DataId r : q.op(*best).reads)
+            if (!needed[r.index]) {
+                needed[r.index] = 1;
+                pending.push_back(r);
+            }
+    }
+    // Order: repeatedly the first chosen op whose reads are available.
+    std::vector<OpId> order;
+    std::vector<char> available(q.data_count(), 0), done(q.op_count(), 0);
+    for (const DataId d : q.initial()) available[d.index] = 1;
+    for (bool progress = true; progress;) {
+        progress = false;
+        for (std::size_t k = 0; k < q.op_count(); ++k) {
+            if (!chosen[k] || done[k]) continue;
+            const Op& op = q.op(OpId{k});
+            if (!std::all_of(op.reads.begin(), op.reads.end(), [&](DataId d) { return available[d.index] != 0; })) continue;
+            done[k] = 1;
+            order.push_back(OpId{k});
+            for (const DataId d : op.writes) available[d.index] = 1;
+            progress = true;
+        }
+    }
+    std::vector<std::size_t> last_read(q.data_count(), 0);
+    for (std::size_t i = 0; i < order.size(); ++i)
+        for (const DataId d : q.op(order[i]).reads) last_read[d.index] = i;
+    std::vector<char> live(q.data_count(), 0);
+    for (std::size_t i = 0; i < order.size(); ++i) {
+        const Op& op = q.op(order[i]);
+        out.schedule.push_back(Step::run(order[i]));
+        out.time += op.time;
+        for (const DataId d : op.writes) live[d.index] = 1;
+        std::vector<DataId> touched(op.reads);
+        touched.insert(touched.end(), op.writes.begin(), op.writes.end());
+        std::sort(touched.begin(), touched.end());
+        touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+        for (const DataId d : touched)
+            if (live[d.index] && !q.is_initial(d) && d != *target && last_read[d.index] <= i) {
+                out.schedule.push_back(Step::free(d));
+                live[d.index] = 0;
+            }
+    }
+    // Memory along the way: the simulator on the partial schedule (it reports the
+    // exactly-once ops that never ran only after the last step).
+    const SimulationReport r = simulate(q, out.schedule);
+    if (r.timeline.size() != out.schedule.size() || !live[target->index])
+        throw SolverError("rockmate: the no-grad forward of '" + q.name() + "' is not runnable: " + r.error +
+                          " (this is a bug in the solver; please report it)");
+    Bytes peak = r.initial;
+    for (const TimelinePoint& t : r.timeline) peak = std::max({peak, t.during, t.after});
+    out.overhead = peak - (r.initial + q.data(*target).bytes);
+    return out;
+}
+
+// The least peak of a block problem, from the block solver when it can tell.
+template <class S>
+[[nodiscard]] std::optional<Bytes> least_peak(const S& solver, const Problem& q) {
+    try {
+        if constexpr (requires { { solver.smallest_feasible_budget(q) } -> std::convertible_to<Bytes>; }) {
+            return solver.smallest_feasible_budget(q);
+        } else {
+            (void)solver.solve(q, q.initial_bytes() - 1);
+        }
+    } catch (const Infeasible& e) {
+        return e.smallest_feasible();
+    } catch (const Error&) {
+    }
+    return std::nullopt;
+}
+
+}  // namespace detail::rockmate
+
+/// The Rockmate solver. `BlockSolver` is any remat::Solver used on the blocks; it should be
+/// exact (its options are Rockmate's building blocks) and fast on problems of a few dozen data.
+template <Solver BlockSolver = Exhaustive>
+class Rockmate {
+public:
+    explicit Rockmate(RockmateOptions options = {}, BlockSolver block_solver = BlockSolver())
+        : options_(std::move(options)), block_solver_(std::move(block_solver)) {
+        if (options_.peak_budgets == 0 || options_.saved_budgets == 0)
+            throw InvalidInput("rockmate: peak_budgets and saved_budgets must be at least 1");
+        if (!(options_.block_time_limit_seconds >= 0))
+            throw InvalidInput("rockmate: block_time_limit_seconds must be >= 0");
+    }
+
+    [[nodiscard]] static constexpr std::string_view name() noexcept { return "rockmate"; }
+    [[nodiscard]] const RockmateOptions& options() const noexcept { return options_; }
+    [[nodiscard]] const BlockSolver& block_solver() const noexcept { return block_solver_; }
+
+    /// Blocks and their options: everything that does not depend on the budget.
+    [[nodiscard]] RockmateModel analyse(const Problem& problem) const {
+        const auto start = std::chrono::steady_clock::now();
+        BlockPartition partition = partition_blocks(problem, options_.partition);
+        RockmateModel model{problem, std::move(partition), {}, 0.0};
+        const BlockPartition& part = model.partition;
+        const std::size_t n = part.blocks.size();
+        std::vector<std::vector<std::int64_t>> keys;
+        for (std::size_t l = 0; l < n; ++l) {
+            const auto block_start = std::chrono::steady_clock::now();
+            const Block& block = part.blocks[l];
+            BlockProblem bp = block_problem(problem, part, l);
+            const std::optional<DataId> freeable = detail::rockmate::freeable_input(part, l, bp, problem);
+            std::vector<std::int64_t> key;
+            std::optional<std::size_t> same_as;
+            if (options_.sharing != BlockSharing::none) {
+                key = detail::rockmate::structure_key(bp.problem, options_.sharing == BlockSharing::same_costs);
+                key.push_back(freeable ? static_cast<std::int64_t>(freeable->index) : -1);
+                for (std::size_t r = 0; r < l && !same_as; ++r)
+                    if (keys[r] == key && !model.blocks[r].same_as) same_as = r;
+            }
+            keys.push_back(std::move(key));
+            const detail::rockmate::NogradForward nograd = detail::rockmate::nograd_forward(bp, block);
+            RockmateBlock rb{std::move(bp), nograd.schedule, nograd.time, nograd.overhead, {}, same_as, 0, 0, {}, 0.0};
+            if (same_as) {
+                rb.options = retimed(model.blocks[*same_as].options, rb.problem.problem);
+            } else {
+                solve_block(problem, part, l, rb, freeable);
+            }
+            rb.seconds = detail::rockmate::seconds_since(block_start);
+            if (options_.verbose)
+                std::cerr << "rockmate: block " << l + 1 << "/" << n << " (" << block.forward_ops.size() << " forward, "
+                          << block.backward_ops.size() << " backward ops): " << rb.options.size() << " options"
+                          << (same_as ? std::string(" (as block ") + std::to_string(*same_as + 1) + ")"
+                                      : std::string(" from ") + std::to_string(rb.solves) + " solves")
+                          << " in " << rb.seconds << " s\n";
+            model.blocks.push_back(std::move(rb));
+        }
+        model.seconds = detail::rockmate::seconds_since(start);
+        return model;
+    }
+
+    /// The smallest budget Rockmate can plan for (with these options).
+    [[nodiscard]] Bytes smallest_budget(const RockmateModel& model) const {
+        const RotorChain chain = model.rotor_chain();
+        if (!options_.rotor.slot_bytes) return rotor_smallest_budget(chain);
+        try {
+            (void)rotor_plan(chain, -1, options_.rotor);
+        } catch (const Infeasible& e) {
+            if (e.smallest_feasible()) return *e.smallest_feasible();
+        }
+        return rotor_smallest_budget(chain);
+    }
+    [[nodiscard]] Bytes smallest_budget(const Problem& problem) const { return smallest_budget(analyse(problem)); }
+
+    [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
+        const auto start = std::chrono::steady_clock::now();
+        const RockmateModel model = analyse(problem);
+        Plan plan = solve(model, budget);
+        plan.stats.solve_seconds = detail::rockmate::seconds_since(start);
+        return plan;
+    }
+
+    /// Plans at `budget` with a model from analyse() (solve time: the Rotor DP only).
+    [[nodiscard]] Plan solve(const RockmateModel& model, Bytes budget) const {
+        const auto start = std::chrono::steady_clock::now();
+        const RotorChain chain = model.rotor_chain();
+        RotorSequence seq;
+        try {
+            seq = rotor_plan(chain, budget, options_.rotor);
+        } catch (const Infeasible& e) {
+            const std::optional<Bytes> least =
+                e.smallest_feasible() ? std::optional<Bytes>(*e.smallest_feasible()) : std::nullopt;
+            throw Infeasible("rockmate needs at least " + (least ? std::to_string(*least) : std::string("more")) +
+                                 " bytes for '" + model.problem.name() + "' (" + std::to_string(model.blocks.size()) +
+                                 " blocks), above the budget of " + std::to_string(budget) + " bytes",
+                             budget, least);
+        }
+        std::size_t total_options = 0;
+        for (const RockmateBlock& b : model.blocks) total_options += b.options.size();
+        SolverStats stats{std::string(name()), 0.0, SolveStatus::feasible, std::nullopt,
+                          std::string("blocks=") + std::to_string(model.blocks.size()) + " options=" + std::to_string(total_options) +
+                              " grid=" + std::to_string(options_.peak_budgets) + "x" +
+                              std::to_string(options_.saved_budgets) + (options_.store_all_only ? " store-all-only" : "") +
+                              " slot_bytes=" + std::to_string(seq.slot_bytes)};
+        Schedule schedule = model.to_schedule(seq.actions);
+        stats.solve_seconds = detail::rockmate::seconds_since(start);
+        return make_checked_plan(model.problem, std::move(schedule), budget, std::move(stats));
+    }
+
+private:
+    // The same sub-schedules with the times of another block of the same structure and sizes.
+    [[nodiscard]] static std::vector<RockmateBlockOption> retimed(const std::vector<RockmateBlockOption>& options,
+                                                                  const Problem& q) {
+        std::vector<RockmateBlockOption> out = options;
+        const auto time = [&](const Schedule& s) {
+            double t = 0.0;
+            for (const Step& step : s)
+                if (step.is_run()) t += q.op(step.op()).time;
+            return t;
+        };
+        for (RockmateBlockOption& o : out) {
+            o.cost.fwd_time = time(o.forward);
+            o.cost.bwd_time = time(o.backward);
+        }
+        detail::rockmate::prune(out);
+        return out;
+    }
+
+    void solve_block(const Problem& problem, const BlockPartition& part, std::size_t l, RockmateBlock& rb,
+                     std::optional<DataId> freeable) const {
+        const auto start = std::chrono::steady_clock::now();
+        const Block& block = part.blocks[l];
+        const Problem& q = rb.problem.problem;
+        const OpId boundary = rb.problem.boundary;
+        const Reference ref = store_all_reference(q);
+        rb.options.push_back(detail::rockmate::option_from(rb.problem, block, ref.schedule, freeable));
+        if (!options_.store_all_only) {
+            // Memory while the boundary runs in store-all: the most any option keeps.
+            const SimulationReport sim = simulate(q, ref.schedule);
+            Bytes saved_hi = 0;
+            for (std::size_t i = 0; i < ref.schedule.size(); ++i)
+                if (ref.schedule[i].is_run() && ref.schedule[i].op() == boundary) saved_hi = sim.timeline[i].during;
+            const Op& b = q.op(boundary);
+            Bytes saved_lo = q.initial_bytes() + b.overhead;
+            for (const DataId d : b.reads)
+                if (!q.is_initial(d)) saved_lo += q.data(d).bytes;
+            saved_lo += detail::rockmate::bytes_of(q, b.writes);
+            const Bytes peak_hi = ref.peak;
+            const Bytes peak_lo = std::min(peak_hi, detail::rockmate::least_peak(block_solver_, q).value_or(saved_lo));
+            const auto step = [](Bytes lo, Bytes hi, std::size_t i, std::size_t count) {
+                return count <= 1 ? hi : lo + (hi - lo) * static_cast<Bytes>(i) / static_cast<Bytes>(count - 1);
+            };
+            // From the largest budgets down. The feasible schedules shrink with both budgets,
+            // so a schedule optimal at (P, σ) whose own peak and boundary memory are (p, s) is
+            // optimal at every (P', σ') in [p, P] × [s, σ], and a point without a schedule has
+            // none below it either: such points are skipped.
+            struct Box {
+                Bytes peak_lo, peak_hi, saved_lo, saved_hi;
+            };
+            std::vector<Box> solved;
+            std::vector<std::pair<Bytes, Bytes>> infeasible;
+            std::set<std::pair<Bytes, Bytes>> tried;
+            bool out_of_time = false;
+            for (std::size_t i = options_.peak_budgets; i-- > 0 && !out_of_time;) {
+                const Bytes peak = step(peak_lo, peak_hi, i, options_.peak_budgets);
+                const Bytes top = std::min(peak, saved_hi);
+                if (top < saved_lo) continue;
+                for (std::size_t j = options_.saved_budgets; j-- > 0;) {
+                    const Bytes saved = step(saved_lo, top, j, options_.saved_budgets);
+                    if (!tried.insert({peak, saved}).second) continue;
+                    if (std::any_of(solved.begin(), solved.end(), [&](const Box& b) {
+                            return b.peak_lo <= peak && peak <= b.peak_hi && b.saved_lo <= saved && saved <= b.saved_hi;
+                        }))
+                        continue;
+                    if (std::any_of(infeasible.begin(), infeasible.end(),
+                                    [&](const auto& f) { return peak <= f.first && saved <= f.second; }))
+                        continue;
+                    if (detail::rockmate::seconds_since(start) > options_.block_time_limit_seconds) {
+                        out_of_time = true;
+                        if (options_.verbose)
+                            std::cerr << "rockmate: block " << l + 1 << ": time limit of "
+                                      << options_.block_time_limit_seconds << " s reached, " << tried.size() - 1
+                                      << " grid points tried\n";
+                        break;
+                    }
+                    const BlockProblem constrained = block_problem(problem, part, l, peak - saved);
+                    try {
+                        const Plan plan = block_solver_.solve(constrained.problem, peak);
+                        rb.options.push_back(detail::rockmate::option_from(rb.problem, block, plan.schedule, freeable));
+                        ++rb.solves;
+                        const SimulationReport sim = simulate(q, plan.schedule);
+                        Box box{0, peak, 0, saved};
+                        for (std::size_t t = 0; t < plan.schedule.size(); ++t) {
+                            const bool at_boundary = plan.schedule[t].is_run() && plan.schedule[t].op() == boundary;
+                            if (at_boundary) box.saved_lo = sim.timeline[t].during;
+                            box.peak_lo = std::max({box.peak_lo, sim.timeline[t].after, at_boundary ? 0 : sim.timeline[t].during});
+                        }
+                        box.peak_lo = std::max(box.peak_lo, sim.initial);
+                        solved.push_back(box);
+                    } catch (const Infeasible&) {
+                        ++rb.failed_solves;
+                        infeasible.emplace_back(peak, saved);
+                    } catch (const Error& e) {
+                        // The block solver cannot handle this block (too large, out of time):
+                        // the options found so far stay.
+                        ++rb.failed_solves;
+                        if (rb.failure.empty()) {
+                            rb.failure = e.what();
+                            if (options_.verbose) std::cerr << "rockmate: block " << l + 1 << ": " << e.what() << "\n";
+                        }
+                    }
+                }
+            }
+        }
+        detail::rockmate::prune(rb.options);
+    }
+
+    RockmateOptions options_;
+    BlockSolver block_solver_;
+};
+
+}  // namespace remat
+// ---- end remat/solvers/rockmate.hpp ----
 // ---- begin remat/io/budget.hpp ----
 // remat/io/budget.hpp — memory budgets as people write them, and byte counts as people read them.
 //

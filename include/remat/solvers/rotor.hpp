@@ -24,7 +24,8 @@
 //   free_activation(l) frees a_l.
 // On a plain chain y_l = x_l. They differ on Rockmate's blocks, where the gradient of a
 // separator read by several ops of the next block arrives as several contributions.
-// Saved_k always contains a_l (saved_bytes ≥ out_bytes); backward frees Saved_k and g_l.
+// Saved_k always contains a_l (saved_bytes ≥ out_bytes, unless the forward frees its input:
+// see RotorOption); backward frees Saved_k and g_l.
 // A block of Rockmate with option k = (forward sub-schedule F, backward sub-schedule B)
 // maps onto it as: fwd_time = time(F); saved_bytes = what F leaves live beside the block
 // input; fwd_overhead = peak(F) − (live before F) − saved_bytes; bwd_time = time(B);
@@ -72,6 +73,10 @@ struct RotorOption {
     double bwd_time = 0.0;
     /// Everything the forward leaves live for the backward, the stage output a_l included
     /// and its input a_{l-1} excluded (for a plain chain: Stage::saved_bytes = a_l + s_l).
+    /// A forward that frees its input (a Rockmate block whose input neither its backward nor
+    /// the block before reads) counts it negatively: saved_bytes ≥ x_l − x_{l-1}. The model
+    /// then keeps a_{l-1} until backward(l-1) or free_activation(l-1) frees it, which
+    /// overestimates the memory after backward(l) by x_{l-1}, never underestimates it.
     Bytes saved_bytes = 0;
     /// Forward peak = (live before) + saved_bytes + fwd_overhead. Must be ≥ 0.
     Bytes fwd_overhead = 0;
@@ -180,9 +185,11 @@ inline void validate(const RotorChain& chain) {
             const std::string op = st + " option " + std::to_string(k);
             if (!std::isfinite(o.fwd_time) || o.fwd_time < 0) throw InvalidInput(op + ": fwd_time must be finite and >= 0");
             if (!std::isfinite(o.bwd_time) || o.bwd_time < 0) throw InvalidInput(op + ": bwd_time must be finite and >= 0");
-            if (o.saved_bytes < s.out_bytes)
+            if (o.saved_bytes < s.out_bytes - chain.activation_bytes(l - 1))
                 throw InvalidInput(op + ": saved_bytes (" + std::to_string(o.saved_bytes) + ") is below out_bytes (" +
-                                   std::to_string(s.out_bytes) + "); the saved data include the stage output");
+                                   std::to_string(s.out_bytes) + ") minus the input (" +
+                                   std::to_string(chain.activation_bytes(l - 1)) +
+                                   "); the saved data include the stage output");
             if (o.fwd_overhead < 0) throw InvalidInput(op + ": fwd_overhead is negative");
             if (o.bwd_overhead < -in || o.bwd_overhead < -(o.saved_bytes + out))
                 throw InvalidInput(op + ": bwd_overhead " + std::to_string(o.bwd_overhead) +

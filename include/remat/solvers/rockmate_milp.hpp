@@ -1,0 +1,79 @@
+// remat/solvers/rockmate_milp.hpp — Rockmate with an exact block solver for blocks of any
+// size: exact search (Exhaustive) on small blocks, Checkmate's integer program on the others.
+//
+// Zhao et al., "Rockmate", ICML 2023, solve every block with Checkmate (Jain et al., MLSys
+// 2020). Blocks of a few dozen data are solved faster and as exactly by best-first search
+// (DESIGN.md §4.3), so ExactBlockSolver tries that first and falls back on the MILP when the
+// block is too large or the search runs out of states or time. This header needs a MILP
+// backend (milp/lp_solve.hpp links lp_solve); rockmate.hpp alone needs only the standard library.
+#pragma once
+
+#include <cstddef>
+#include <string_view>
+
+#include "../core/errors.hpp"
+#include "../core/problem.hpp"
+#include "../core/solver.hpp"
+#include "../milp/backend.hpp"
+#include "../milp/lp_solve.hpp"
+#include "checkmate.hpp"
+#include "exhaustive.hpp"
+#include "rockmate.hpp"
+
+namespace remat {
+
+struct ExactBlockSolverOptions {
+    /// Blocks with at most this many data go to the exact search first.
+    std::size_t exhaustive_max_data = 40;
+    /// Limits of that search; beyond them the block goes to Checkmate.
+    ExhaustiveOptions exhaustive{200'000, 5.0};
+    CheckmateOptions checkmate{};
+};
+
+/// Exhaustive on small blocks, Checkmate<Backend> on the others; models remat::Solver.
+template <milp::MilpBackend Backend>
+class ExactBlockSolver {
+public:
+    explicit ExactBlockSolver(ExactBlockSolverOptions options = {}, Backend backend = {})
+        : options_(options), checkmate_(options.checkmate, std::move(backend)), exhaustive_(options.exhaustive) {}
+
+    [[nodiscard]] static constexpr std::string_view name() noexcept { return "exhaustive+checkmate"; }
+
+    [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
+        if (small(problem)) {
+            try {
+                return exhaustive_.solve(problem, budget);
+            } catch (const SolverError&) {
+                // Out of states or time: the integer program copes with larger searches.
+            }
+        }
+        return checkmate_.solve(problem, budget);
+    }
+
+    [[nodiscard]] Bytes smallest_feasible_budget(const Problem& problem) const {
+        if (small(problem)) {
+            try {
+                return exhaustive_.smallest_feasible_budget(problem);
+            } catch (const SolverError&) {
+            }
+        }
+        return checkmate_.smallest_feasible_budget(problem);
+    }
+
+private:
+    [[nodiscard]] bool small(const Problem& problem) const {
+        std::size_t exactly_once = 0;
+        for (const Op& op : problem.all_ops()) exactly_once += op.exactly_once ? 1 : 0;
+        return problem.data_count() <= std::min<std::size_t>(options_.exhaustive_max_data, 64) && exactly_once <= 64;
+    }
+
+    ExactBlockSolverOptions options_;
+    Checkmate<Backend> checkmate_;
+    Exhaustive exhaustive_;
+};
+
+/// Rockmate as the paper runs it: exact block options (search or MILP), Rotor across blocks.
+template <milp::MilpBackend Backend = milp::LpSolve>
+using RockmateMilp = Rockmate<ExactBlockSolver<Backend>>;
+
+}  // namespace remat

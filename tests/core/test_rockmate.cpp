@@ -1,0 +1,479 @@
+// Block partitioning and Rockmate (Zhao et al., ICML 2023) with the exact search as block
+// solver: separators and blocks on hand-built problems, malformed problems rejected, every
+// plan valid and within budget under the simulator, never slower than Rotor on chains, close
+// to the exact optimum on small op-level graphs, and the gradient sizes Rotor gained for it.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <remat/io/json.hpp>
+#include <remat/remat.hpp>
+
+#include "../support/op_level_problems.hpp"
+
+using namespace remat;
+
+namespace {
+
+std::vector<std::string> names(const Problem& p, const std::vector<OpId>& ops) {
+    std::vector<std::string> out;
+    for (const OpId k : ops) out.push_back(p.op(k).name);
+    return out;
+}
+std::vector<std::string> names(const Problem& p, const std::vector<DataId>& data) {
+    std::vector<std::string> out;
+    for (const DataId d : data) out.push_back(p.data(d).name);
+    return out;
+}
+using Names = std::vector<std::string>;
+
+Problem example(const std::string& file) {
+    return io::load_problem(std::filesystem::path(REMAT_SOURCE_DIR) / "examples" / "problems" / file);
+}
+
+Chain random_chain(std::mt19937& rng, std::size_t length) {
+    std::uniform_int_distribution<int> size(1, 8), time(1, 5), coin(0, 2);
+    Chain c{"chain", size(rng) * 16, {}};
+    for (std::size_t l = 0; l < length; ++l) {
+        const Bytes out = size(rng) * 16;
+        c.stages.push_back(Stage{std::to_string(l + 1), double(time(rng)), double(time(rng)), out,
+                                 out + (size(rng) - 1) * 16, coin(rng) == 0 ? 16 : 0, coin(rng) == 0 ? 32 : 0});
+    }
+    return c;
+}
+
+// Budgets from `least` to `top`, `count` of them, both ends included.
+std::vector<Bytes> sweep(Bytes least, Bytes top, int count) {
+    std::vector<Bytes> out;
+    for (int i = 0; i < count; ++i) out.push_back(least + (top - least) * i / (count - 1));
+    return out;
+}
+
+RockmateOptions quiet_options() {
+    RockmateOptions o;
+    o.peak_budgets = 3;
+    o.saved_budgets = 3;
+    return o;
+}
+
+// Attention-like blocks take the exact search ~0.1 s per solve: only some networks have them.
+testing::OpLevelShape shape_for(int trial) {
+    testing::OpLevelShape shape;
+    if (trial % 4 != 0) shape.kinds = {testing::BlockKind::chain, testing::BlockKind::residual, testing::BlockKind::diamond,
+                                       testing::BlockKind::mlp};
+    return shape;
+}
+
+}  // namespace
+
+static_assert(Solver<Rockmate<>>);
+
+// ------------------------------------------------------------------------------ partition
+
+TEST_CASE("partition of a chain: one block per stage and the loss block") {
+    const Chain chain{"c3", 64, {Stage{"1", 1, 2, 32, 48, 0, 0}, Stage{"2", 1, 2, 16, 16, 0, 0}, Stage{"3", 1, 2, 64, 80, 0, 0}}};
+    const Problem p = to_problem(chain);
+    const BlockPartition part = partition_blocks(p);
+    CHECK(names(p, part.separators) == Names{"a1", "a2", "a3"});
+    REQUIRE(part.blocks.size() == 4);
+    for (std::size_t l = 1; l <= 3; ++l) {
+        const Block& b = part.blocks[l - 1];
+        const std::string s = std::to_string(l), prev = std::to_string(l - 1);
+        CHECK(names(p, b.forward_ops) == Names{"F" + s, "F" + s + "+"});
+        CHECK(names(p, b.backward_ops) == Names{"B" + s});
+        CHECK(names(p, b.output_grads) == Names{"g" + s});
+        CHECK(names(p, b.input_grads) == Names{"g" + prev});
+        CHECK(b.output.has_value());
+        CHECK(b.input.has_value() == (l > 1));
+        CHECK_FALSE(b.has_loss);
+        CHECK(b.kept_final.empty());
+    }
+    const Block& last = part.blocks[3];
+    CHECK(last.has_loss);
+    CHECK(last.forward_ops.empty());
+    CHECK(last.backward_ops.empty());
+    CHECK(names(p, last.input_grads) == Names{"g3"});
+    CHECK(names(p, part.blocks[0].initial_reads) == Names{"a0"});
+
+    // The block problem of stage 2: a1 initial, g1 final, the boundary reads a2 and writes g2.
+    const BlockProblem bp = block_problem(p, part, 1);
+    const Problem& q = bp.problem;
+    CHECK(names(q, std::vector<DataId>(q.initial().begin(), q.initial().end())) == Names{"a1"});
+    CHECK(names(q, std::vector<DataId>(q.final_data().begin(), q.final_data().end())) == Names{"g1"});
+    const Op& boundary = q.op(bp.boundary);
+    CHECK(boundary.exactly_once);
+    CHECK(boundary.time == 0.0);
+    CHECK(names(q, boundary.reads) == Names{"a2"});
+    CHECK(names(q, boundary.writes) == Names{"g2"});
+    CHECK_FALSE(bp.global_op[bp.boundary.index].has_value());
+    CHECK(q.loss() == bp.boundary);
+    CHECK(block_problem(p, part, 1, 1000).problem.op(bp.boundary).overhead == 1000);
+    // Every local id maps back to the whole problem's data of the same name and size.
+    for (std::size_t d = 0; d < q.data_count(); ++d) {
+        REQUIRE(bp.global_data[d].has_value());
+        CHECK(p.data(*bp.global_data[d]) == q.data(DataId{d}));
+    }
+    // The last block: the loss is its boundary.
+    const BlockProblem lb = block_problem(p, part, 3);
+    CHECK(lb.problem.op(lb.boundary).name == "loss");
+    CHECK(lb.global_op[lb.boundary.index] == p.loss());
+}
+
+TEST_CASE("partition of the diamond example: cut at a and d") {
+    const Problem p = example("diamond.problem.json");
+    const BlockPartition part = partition_blocks(p);
+    CHECK(names(p, part.separators) == Names{"a", "d"});
+    REQUIRE(part.blocks.size() == 3);
+    CHECK(names(p, part.blocks[0].forward_ops) == Names{"Fa", "Fa+"});
+    CHECK(names(p, part.blocks[0].backward_ops) == Names{"Ba"});
+    CHECK(names(p, part.blocks[0].output_grads) == Names{"ga.b", "ga.c"});
+    CHECK(names(p, part.blocks[0].input_grads) == Names{"gx.a"});
+    CHECK(names(p, part.blocks[1].forward_ops) == Names{"Fb", "Fb+", "Fc", "Fc+", "Fd", "Fd+"});
+    CHECK(names(p, part.blocks[1].backward_ops) == Names{"Bd", "Bb", "Bc"});
+    CHECK(names(p, part.blocks[1].forward_data) == Names{"b", "pb", "c", "d", "pd"});
+    CHECK(names(p, part.blocks[1].output_grads) == Names{"gd"});
+    CHECK(part.blocks[2].has_loss);
+    CHECK(part.blocks[2].forward_ops.empty());
+}
+
+TEST_CASE("partition of the residual-block example: alternative writers and a skip from the input") {
+    const Problem p = example("residual-block.problem.json");
+    const BlockPartition part = partition_blocks(p);
+    // h1 is bypassed by the fused Fc1relu. y is a separator too, but cutting there would make
+    // the skip gradient of x (written by Bout, after y) cross two boundaries to reach Bsum:
+    // the blocks around y are merged.
+    CHECK(names(p, part.separators) == Names{"r", "h2", "out"});
+    REQUIRE(part.blocks.size() == 4);
+    CHECK(names(p, part.blocks[0].forward_ops) == Names{"Fc1", "Frelu", "Fc1relu"});
+    CHECK(names(p, part.blocks[1].forward_ops) == Names{"Fc2"});
+    CHECK(names(p, part.blocks[2].forward_ops) == Names{"Fbn", "Fbn+", "Fout"});
+    // The skip gradient of x comes from block 3 (Fout reads x) and is summed by Bsum, which
+    // can sit at most one block below: x's gradient is written in block 2 and stays live.
+    CHECK(names(p, part.blocks[2].backward_ops) == Names{"Bout", "Bbn"});
+    CHECK(names(p, part.blocks[1].backward_ops) == Names{"Bc2", "Brelu", "Bc1", "Bsum"});
+    CHECK(names(p, part.blocks[1].kept_final) == Names{"gx"});
+    CHECK(part.blocks[0].backward_ops.empty());
+    CHECK(names(p, part.blocks[2].initial_reads) == Names{"x"});
+    // y is read by no backward op: not cut when such separators are kept inside blocks either.
+    CHECK(names(p, partition_blocks(p, PartitionOptions{false}).separators) == Names{"r", "h2", "out"});
+}
+
+TEST_CASE("partition rejects problems without the forward/backward structure") {
+    {
+        ProblemBuilder b("no-loss");
+        const DataId x = b.add_data("x", 4), y = b.add_data("y", 4);
+        b.add_op({"F", 1, 0, {x}, {y}, false});
+        b.add_initial(x);
+        b.add_final(y);
+        const Problem p = b.build();
+        CHECK_THROWS_WITH(partition_blocks(p), Catch::Contains("names no loss"));
+    }
+    {
+        ProblemBuilder b("grad-read");
+        const DataId x = b.add_data("x", 4), y = b.add_data("y", 4), g = b.add_data("g", 4), z = b.add_data("z", 4),
+                     gx = b.add_data("gx", 4);
+        b.add_op({"F", 1, 0, {x}, {y}, false});
+        b.set_loss(b.add_op({"loss", 0, 0, {y}, {g}, true}));
+        b.add_op({"Fbad", 1, 0, {g}, {z}, false});
+        b.add_op({"B", 1, 0, {g, x}, {gx}, true});
+        b.add_initial(x);
+        b.add_final(gx);
+        const Problem p = b.build();
+        CHECK_THROWS_WITH(partition_blocks(p), Catch::Contains("'Fbad'") && Catch::Contains("reads gradient 'g'"));
+    }
+    {
+        ProblemBuilder b("final-activation");
+        const DataId x = b.add_data("x", 4), y = b.add_data("y", 4), g = b.add_data("g", 4);
+        b.add_op({"F", 1, 0, {x}, {y}, false});
+        b.set_loss(b.add_op({"loss", 0, 0, {y}, {g}, true}));
+        b.add_initial(x);
+        b.add_final(y);
+        const Problem p = b.build();
+        CHECK_THROWS_WITH(partition_blocks(p), Catch::Contains("final data 'y' is an activation"));
+    }
+    {
+        ProblemBuilder b("mixed");
+        const DataId x = b.add_data("x", 4), y = b.add_data("y", 4), g = b.add_data("g", 4);
+        b.add_op({"F", 1, 0, {x}, {y}, false});
+        b.set_loss(b.add_op({"loss", 0, 0, {y}, {g}, true}));
+        b.add_op({"B", 1, 0, {g}, {y}, true});
+        b.add_initial(x);
+        b.add_final(g);
+        const Problem p = b.build();
+        CHECK_THROWS_WITH(partition_blocks(p), Catch::Contains("'y' is written by forward op 'F' and by backward op 'B'"));
+    }
+}
+
+TEST_CASE("partition merges blocks that a backward op reads across") {
+    {
+        // A backward op reading activations of two blocks apart.
+        const Chain chain{"c3", 8, {Stage{"1", 1, 1, 8, 8, 0, 0}, Stage{"2", 1, 1, 8, 8, 0, 0}, Stage{"3", 1, 1, 8, 8, 0, 0}}};
+        const Problem c = to_problem(chain);
+        ProblemBuilder b("far-read");
+        for (const Data& d : c.all_data()) b.add_data(d.name, d.bytes);
+        for (const Op& op : c.all_ops()) {
+            std::vector<DataId> reads = op.reads;
+            if (op.name == "B3") reads.push_back(c.data_id("s1"));
+            b.add_op({op.name, op.time, op.overhead, reads, op.writes, op.exactly_once});
+        }
+        b.add_initial(c.data_id("a0"));
+        b.add_final(c.data_id("g0"));
+        b.set_loss(c.op_id("loss"));
+        const Problem p = b.build();
+        const BlockPartition part = partition_blocks(p);
+        CHECK(names(p, part.separators) == Names{"a3"});
+        REQUIRE(part.blocks.size() == 2);
+        CHECK(names(p, part.blocks[0].backward_ops) == Names{"B3", "B2", "B1"});
+        const Plan plan = Rockmate<>().solve(p, store_all_reference(p).peak);
+        CHECK(plan.time == Approx(store_all_reference(p).time));
+    }
+}
+
+TEST_CASE("partition of generated networks: blocks cover every op once and the block problems build") {
+    std::mt19937 rng(11);
+    testing::OpLevelShape shape;
+    for (int trial = 0; trial < 40; ++trial) {
+        shape.blocks = 1 + trial % 5;
+        shape.side_inputs = trial % 3 == 0;
+        shape.input_gradient = trial % 4 != 0;
+        const Problem p = testing::random_op_level_problem(rng, shape, testing::numbered("net", static_cast<std::size_t>(trial)));
+        const BlockPartition part = partition_blocks(p);
+        REQUIRE(part.blocks.size() == part.separators.size() + 1);
+        std::vector<int> seen(p.op_count(), 0);
+        for (std::size_t l = 0; l < part.blocks.size(); ++l) {
+            const Block& b = part.blocks[l];
+            for (const OpId k : b.forward_ops) ++seen[k.index];
+            for (const OpId k : b.backward_ops) ++seen[k.index];
+            if (l > 0) CHECK(b.input == part.blocks[l - 1].output);
+            if (l > 0) CHECK(b.input_grads == part.blocks[l - 1].output_grads);
+            const BlockProblem bp = block_problem(p, part, l);
+            CHECK(bp.problem.op_count() == b.forward_ops.size() + b.backward_ops.size() + 1);
+        }
+        ++seen[p.loss()->index];
+        CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+        // Without cuts at separators no backward op reads, every separator is read by one.
+        for (const DataId s : partition_blocks(p, PartitionOptions{false}).separators) {
+            const auto readers = p.readers(s);
+            CHECK(std::any_of(readers.begin(), readers.end(), [&](OpId r) { return p.op(r).exactly_once; }));
+        }
+    }
+}
+
+// ----------------------------------------------------------------- rotor gradient sizes
+
+TEST_CASE("rotor with gradient sizes distinct from activation sizes: the DP's plans are what rotor_evaluate says") {
+    std::mt19937 rng(5);
+    std::uniform_int_distribution<int> units(1, 6), coin(0, 1), count(1, 3);
+    for (int trial = 0; trial < 200; ++trial) {
+        RotorChain chain{"y", 16 * units(rng), {}, 0.0, 0, 16 * (units(rng) - 1)};
+        const std::size_t L = 1 + static_cast<std::size_t>(trial % 6);
+        for (std::size_t l = 1; l <= L; ++l) {
+            RotorStage s{16 * units(rng), double(units(rng)), coin(rng) ? 16 : 0, {}, 16 * units(rng)};
+            const Bytes y_in = chain.gradient_bytes(l - 1);
+            const int k = count(rng);
+            for (int i = 0; i < k; ++i) {
+                const Bytes saved = s.out_bytes + 16 * (units(rng) - 1);
+                const Bytes least = -std::min(y_in, saved + *s.grad_bytes);
+                s.options.push_back(RotorOption{double(units(rng)), double(units(rng)), saved, coin(rng) ? 16 : 0,
+                                                coin(rng) ? least : 16 * units(rng)});
+            }
+            chain.stages.push_back(std::move(s));
+        }
+        const Bytes least = rotor_smallest_budget(chain);
+        const RotorEvaluation all = rotor_evaluate(chain, detail::store_all_actions(chain));
+        REQUIRE(all.valid);
+        double previous = std::numeric_limits<double>::infinity();
+        for (const Bytes budget : sweep(least, std::max(least, all.peak), 6)) {
+            const RotorSequence seq = rotor_plan(chain, budget);
+            const RotorEvaluation ev = rotor_evaluate(chain, seq.actions);
+            REQUIRE(ev.valid);
+            CHECK(ev.peak <= budget);
+            CHECK(ev.time == Approx(seq.time));
+            CHECK(seq.time <= previous + 1e-9);  // more memory never hurts
+            previous = seq.time;
+        }
+        CHECK_THROWS_AS(rotor_plan(chain, least - 1), Infeasible);
+    }
+}
+
+// ----------------------------------------------------------------------- rockmate plans
+
+TEST_CASE("rockmate plans are valid and fit on generated op-level networks") {
+    std::mt19937 rng(2024);
+    const Rockmate<> rockmate(quiet_options());
+    int plans = 0, store_all_fits = 0;
+    for (int trial = 0; trial < 30; ++trial) {
+        testing::OpLevelShape shape = shape_for(trial);
+        shape.blocks = 2 + trial % 4;
+        shape.side_inputs = trial % 3 == 1;
+        shape.input_gradient = trial % 5 != 0;
+        const Problem p = testing::random_op_level_problem(rng, shape, testing::numbered("net", static_cast<std::size_t>(trial)));
+        const Reference ref = store_all_reference(p);
+        const RockmateModel model = rockmate.analyse(p);
+        const Bytes least = rockmate.smallest_budget(model);
+        CHECK(least <= ref.peak);
+        double previous = std::numeric_limits<double>::infinity();
+        for (const Bytes budget : sweep(least, ref.peak, 7)) {
+            const Plan plan = rockmate.solve(model, budget);
+            const SimulationReport r = simulate(p, plan.schedule);
+            REQUIRE(r.valid);
+            CHECK(r.peak <= budget);
+            CHECK(r.peak == plan.peak);
+            CHECK(r.time == Approx(plan.time));
+            CHECK(plan.time <= previous + 1e-9);
+            CHECK(plan.time >= ref.time - 1e-9);  // every op runs at least once
+            previous = plan.time;
+            ++plans;
+        }
+        // Where its model says storing everything fits, Rockmate stores everything; that is at
+        // most a few percent above P_ref (Rotor's model keeps a block input until the block
+        // before runs its backward, also when the block after has freed it).
+        const RotorChain chain = model.rotor_chain();
+        const RotorEvaluation all = rotor_evaluate(chain, detail::store_all_actions(chain));
+        REQUIRE(all.valid);
+        CHECK(all.peak <= ref.peak + ref.peak / 20);
+        CHECK(rockmate.solve(model, std::max(all.peak, least)).time == Approx(ref.time));
+        store_all_fits += rockmate.solve(model, ref.peak).time == Approx(ref.time) ? 1 : 0;
+        // Below its smallest budget: Infeasible, saying that budget.
+        try {
+            (void)rockmate.solve(model, least - 1);
+            FAIL("no Infeasible below the smallest budget");
+        } catch (const Infeasible& e) {
+            CHECK(e.smallest_feasible() == least);
+        }
+    }
+    CHECK(plans == 30 * 7);
+    WARN("rockmate stores everything within P_ref on " << store_all_fits << " of 30 networks");
+}
+
+TEST_CASE("rockmate on chains is never slower than rotor at the same budget") {
+    std::mt19937 rng(99);
+    RockmateOptions options = quiet_options();
+    int compared = 0, faster = 0;
+    for (int trial = 0; trial < 60; ++trial) {
+        const Chain chain = random_chain(rng, 1 + static_cast<std::size_t>(trial % 12));
+        const Problem p = to_problem(chain);
+        const Rotor rotor;
+        const Rockmate<> rockmate(options);
+        const RockmateModel model = rockmate.analyse(p);
+        const Bytes rotor_least = rotor.smallest_budget(chain);
+        const Bytes least = rockmate.smallest_budget(model);
+        CHECK(least <= rotor_least);
+        const Reference ref = store_all_reference(p);
+        for (const Bytes budget : sweep(rotor_least, ref.peak, 8)) {
+            const double t_rotor = rotor.solve(p, budget).time;
+            const double t_rockmate = rockmate.solve(model, budget).time;
+            CHECK(t_rockmate <= t_rotor + 1e-9);
+            faster += t_rockmate < t_rotor - 1e-9 ? 1 : 0;
+            ++compared;
+        }
+    }
+    CHECK(compared == 60 * 8);
+    WARN("rockmate faster than rotor on " << faster << " of " << compared << " chain budgets");
+}
+
+TEST_CASE("rockmate on small op-level graphs stays close to the exact optimum") {
+    std::mt19937 rng(7);
+    testing::OpLevelShape shape;
+    shape.blocks = 2;
+    const Rockmate<> rockmate;
+    ExhaustiveOptions limits;
+    limits.time_limit_seconds = 10.0;
+    const Exhaustive exact(limits);
+    int cases = 0, equal = 0, within10 = 0;
+    double worst = 0.0, total = 0.0;
+    for (int trial = 0; cases < 60 && trial < 200; ++trial) {
+        const Problem p = testing::random_op_level_problem(rng, shape, testing::numbered("small", static_cast<std::size_t>(trial)));
+        if (p.data_count() > 24) continue;
+        const Reference ref = store_all_reference(p);
+        const RockmateModel model = rockmate.analyse(p);
+        const Bytes least = rockmate.smallest_budget(model);
+        CHECK(least >= exact.smallest_feasible_budget(p));
+        for (const Bytes budget : sweep(least, ref.peak, 4)) {
+            const double t = rockmate.solve(model, budget).time;
+            const double opt = exact.solve(p, budget).time;
+            REQUIRE(t >= opt - 1e-9);
+            const double gap = t / opt - 1.0;
+            worst = std::max(worst, gap);
+            total += gap;
+            equal += gap < 1e-9 ? 1 : 0;
+            within10 += gap <= 0.10 + 1e-9 ? 1 : 0;
+            ++cases;
+        }
+    }
+    REQUIRE(cases >= 60);
+    WARN("rockmate vs exact optimum on " << cases << " (graph, budget) cases: equal " << equal << ", within 10 % "
+                                         << within10 << ", mean gap " << 100.0 * total / cases << " %, worst "
+                                         << 100.0 * worst << " %");
+    CHECK(total / cases <= 0.05);
+    CHECK(within10 * 100 >= cases * 85);
+}
+
+TEST_CASE("rockmate solves structurally identical blocks once") {
+    // Six identical MLP blocks: one solve, five re-timed copies; the same plan as solving all.
+    testing::OpLevelBuilder g("mlp6");
+    auto a = g.input("x", 64, true);
+    for (int i = 0; i < 6; ++i) {
+        const std::string p = testing::numbered("l", static_cast<std::size_t>(i), ".");
+        testing::OpLevelBuilder::OpDesc fc{p + "fc", {a}, {{p + "fc", 128}}, 64, 2.0, 4.0, 0, 32, true, false};
+        const auto h = g.op1(fc);
+        testing::OpLevelBuilder::OpDesc act{p + "act", {h}, {{p + "act", 64}}, 0, 1.0, 1.0, 0, 0, false, true};
+        a = g.op1(act);
+    }
+    const Problem p = g.finish(a);
+    RockmateOptions shared = quiet_options();
+    RockmateOptions separate = shared;
+    separate.sharing = BlockSharing::none;
+    const RockmateModel m1 = Rockmate<>(shared).analyse(p);
+    const RockmateModel m2 = Rockmate<>(separate).analyse(p);
+    REQUIRE(m1.blocks.size() == m2.blocks.size());
+    std::size_t copies = 0;
+    for (const RockmateBlock& b : m1.blocks) copies += b.same_as ? 1 : 0;
+    CHECK(copies >= 5);
+    for (const RockmateBlock& b : m2.blocks) CHECK_FALSE(b.same_as);
+    const Reference ref = store_all_reference(p);
+    const Bytes least = Rockmate<>(shared).smallest_budget(m1);
+    CHECK(least == Rockmate<>(separate).smallest_budget(m2));
+    for (const Bytes budget : sweep(least, ref.peak, 6))
+        CHECK(Rockmate<>(shared).solve(m1, budget).time == Approx(Rockmate<>(separate).solve(m2, budget).time));
+}
+
+TEST_CASE("rockmate with store-all options only is rotor over blocks, never faster than the full grid") {
+    std::mt19937 rng(31);
+    RockmateOptions only = quiet_options();
+    only.store_all_only = true;
+    const Rockmate<> full(quiet_options()), blocks(only);
+    for (int trial = 0; trial < 10; ++trial) {
+        testing::OpLevelShape shape = shape_for(trial);
+        shape.blocks = 4;
+        const Problem p = testing::random_op_level_problem(rng, shape, testing::numbered("net", static_cast<std::size_t>(trial)));
+        const RockmateModel mf = full.analyse(p), mb = blocks.analyse(p);
+        for (const RockmateBlock& b : mb.blocks) CHECK(b.options.size() == 1);
+        const Bytes least = blocks.smallest_budget(mb);
+        CHECK(full.smallest_budget(mf) <= least);
+        const Reference ref = store_all_reference(p);
+        for (const Bytes budget : sweep(least, ref.peak, 5))
+            CHECK(full.solve(mf, budget).time <= blocks.solve(mb, budget).time + 1e-9);
+    }
+}
+
+TEST_CASE("rockmate on the bundled op-level examples") {
+    for (const char* file : {"diamond.problem.json", "residual-block.problem.json", "tiny-chain.problem.json"}) {
+        const Problem p = example(file);
+        const Rockmate<> rockmate;
+        const RockmateModel model = rockmate.analyse(p);
+        const Reference ref = store_all_reference(p);
+        const Bytes least = rockmate.smallest_budget(model);
+        CHECK(least >= Exhaustive().smallest_feasible_budget(p));
+        for (const Bytes budget : sweep(least, ref.peak, 5)) {
+            const Plan plan = rockmate.solve(p, budget);
+            CHECK(simulate(p, plan.schedule).fits(budget));
+            CHECK(plan.time >= Exhaustive().solve(p, budget).time - 1e-9);
+        }
+    }
+}
