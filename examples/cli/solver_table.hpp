@@ -17,6 +17,10 @@
 #include <remat/solvers/periodic.hpp>
 #include <remat/solvers/rotor.hpp>
 #include <remat/solvers/exhaustive.hpp>
+#include <remat/solvers/rockmate.hpp>
+#ifdef REMAT_WITH_LPSOLVE
+#include <remat/solvers/rockmate_milp.hpp>
+#endif
 
 namespace remat::cli {
 
@@ -95,6 +99,24 @@ inline void no_variant(std::string_view name, const SolveOptions& options) {
                 std::optional<std::size_t> k;
                 if (!o.variant.empty()) k = detail::positive_variant(name, help, o);
                 return Periodic(k).solve(p, budget);
+            };
+            t.push_back(std::move(e));
+        }
+        {
+            SolverEntry e{"rockmate", "exact block options, Rotor across the blocks (Zhao et al. 2023)",
+                          "rockmate:GRID, peak and saved budgets per block (default 5)", false, false, {}, {}, {}};
+            e.applies = [](const Problem& p) { return p.loss().has_value(); };
+            e.quick = [](const Problem& p) { return p.data_count() <= 200; };
+            e.solve = [name = e.name, help = e.variant_help](const Problem& p, Bytes budget, const SolveOptions& o) {
+                RockmateOptions options;
+                if (!o.variant.empty()) options.peak_budgets = options.saved_budgets = detail::positive_variant(name, help, o);
+                if (o.time_limit) options.block_time_limit_seconds = *o.time_limit;
+                options.verbose = o.verbose;
+#ifdef REMAT_WITH_LPSOLVE
+                return RockmateMilp<>(options).solve(p, budget);
+#else
+                return Rockmate<>(options).solve(p, budget);
+#endif
             };
             t.push_back(std::move(e));
         }
