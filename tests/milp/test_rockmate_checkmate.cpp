@@ -1,0 +1,96 @@
+// Rockmate with its MILP-backed block solver (exact search on small blocks, Checkmate over
+// lp_solve on the others): valid plans, and on small op-level graphs close to Checkmate's
+// proven optimum over the whole graph.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <remat/remat.hpp>
+#include <remat/milp/lp_solve.hpp>
+#include <remat/solvers/checkmate.hpp>
+#include <remat/solvers/rockmate_milp.hpp>
+
+#include "../support/op_level_problems.hpp"
+
+using namespace remat;
+
+namespace {
+
+std::vector<Bytes> sweep(Bytes least, Bytes top, int count) {
+    std::vector<Bytes> out;
+    for (int i = 0; i < count; ++i) out.push_back(least + (top - least) * i / (count - 1));
+    return out;
+}
+
+testing::OpLevelShape small_shape() {
+    testing::OpLevelShape shape;
+    shape.blocks = 2;
+    shape.kinds = {testing::BlockKind::chain, testing::BlockKind::residual, testing::BlockKind::diamond,
+                   testing::BlockKind::mlp};
+    return shape;
+}
+
+}  // namespace
+
+static_assert(Solver<ExactBlockSolver<milp::LpSolve>> && Solver<RockmateMilp<>>);
+
+TEST_CASE("rockmate with checkmate blocks: valid plans, never below the exact optimum") {
+    std::mt19937 rng(17);
+    ExactBlockSolverOptions only_milp;
+    only_milp.exhaustive_max_data = 0;  // every block goes to Checkmate
+    only_milp.checkmate.time_limit_seconds = 20.0;
+    RockmateOptions options;
+    options.peak_budgets = 3;
+    options.saved_budgets = 3;
+    const RockmateMilp<> rockmate(options, ExactBlockSolver<milp::LpSolve>(only_milp));
+    for (int trial = 0; trial < 6; ++trial) {
+        const Problem p = testing::random_op_level_problem(rng, small_shape(), testing::numbered("net", trial));
+        const Reference ref = store_all_reference(p);
+        const RockmateModel model = rockmate.analyse(p);
+        for (const RockmateBlock& b : model.blocks) CHECK(b.failure.empty());
+        const Bytes least = rockmate.smallest_budget(model);
+        for (const Bytes budget : sweep(least, ref.peak, 4)) {
+            const Plan plan = rockmate.solve(model, budget);
+            CHECK(simulate(p, plan.schedule).fits(budget));
+            if (p.data_count() <= 24) CHECK(plan.time >= Exhaustive().solve(p, budget).time - 1e-9);
+        }
+    }
+}
+
+TEST_CASE("rockmate on small op-level graphs stays within 10 % of checkmate's proven optimum") {
+    std::mt19937 rng(23);
+    const RockmateMilp<> rockmate;
+    CheckmateOptions exact_options;
+    exact_options.time_limit_seconds = 30.0;
+    const Checkmate<milp::LpSolve> checkmate(exact_options);
+    int cases = 0, within10 = 0, proven = 0;
+    double worst = 0.0, total = 0.0;
+    for (int trial = 0; trial < 60 && cases < 18; ++trial) {
+        const Problem p = testing::random_op_level_problem(rng, small_shape(), testing::numbered("small", trial));
+        if (p.data_count() > 18) continue;
+        const Reference ref = store_all_reference(p);
+        const RockmateModel model = rockmate.analyse(p);
+        const Bytes least = rockmate.smallest_budget(model);
+        for (const Bytes budget : sweep(least, ref.peak, 3)) {
+            const Plan exact = checkmate.solve(p, budget);
+            const Plan plan = rockmate.solve(model, budget);
+            if (exact.stats.status != SolveStatus::optimal) continue;
+            ++proven;
+            REQUIRE(plan.time >= exact.time - 1e-6 * exact.time);
+            const double gap = plan.time / exact.time - 1.0;
+            worst = std::max(worst, gap);
+            total += gap;
+            within10 += gap <= 0.10 + 1e-9 ? 1 : 0;
+            ++cases;
+        }
+    }
+    REQUIRE(cases >= 18);
+    WARN("rockmate vs checkmate's proven optimum on " << cases << " (graph, budget) cases: within 10 % " << within10
+                                                      << ", mean gap " << 100.0 * total / cases << " %, worst "
+                                                      << 100.0 * worst << " %");
+    CHECK(total / cases <= 0.05);
+    CHECK(within10 * 100 >= cases * 85);
+}
