@@ -150,6 +150,14 @@ remat::torch::StepReport check_against_plain(torch::jit::Module& m, const Script
     for (std::size_t o = 0; o < ref_outputs.size(); ++o) CHECK(relative_diff(result.outputs[o], ref_outputs[o]) <= tolerance);
     CHECK(relative_diff(result.loss, ref.loss) <= tolerance);
     require_same_grads(ref.grads, got, tolerance);
+    // Frees really free: at no step does the measured memory exceed the simulator's.
+    const auto& timeline = prepared.simulation().timeline;
+    REQUIRE(result.report.measured_timeline.size() == timeline.size());
+    Bytes worst = 0;
+    for (std::size_t i = 0; i < timeline.size(); ++i)
+        if (result.report.measured_timeline[i] >= 0)
+            worst = std::max(worst, result.report.measured_timeline[i] - timeline[i].during);
+    CHECK(worst <= 1024 + prepared.predicted_peak() / 100);
     return result.report;
 }
 

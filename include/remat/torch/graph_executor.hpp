@@ -289,13 +289,17 @@ private:
         const detail::script::OpEntry op = core_->ops[step.op().index];
         if (op.role == Role::loss) return;
         const Bytes pending_before = pending_bytes_ + held_by_caller();
+        // Reading the generator's state allocates a tensor for a moment: done before the
+        // measured window, which then holds the op alone, as profiling measured it.
+        std::optional<detail::RngState> rng_now;
+        if (op.role != Role::backward && wants_rng(op.group)) rng_now = detail::RngState::capture(device_);
         probe_->reset_peak();
         const double t0 = clock_.now();
         try {
             if (op.role == Role::backward)
                 run_backward(op.group);
             else
-                run_forward(op.group, op.role == Role::forward_grad);
+                run_forward(op.group, op.role == Role::forward_grad, std::move(rng_now));
         } catch (...) {
             fail(index, op);
         }
@@ -331,7 +335,25 @@ private:
         }
     }
 
-    void run_forward(std::size_t k, bool with_grad) {
+    // Whether a forward of group k needs the generator's current state: the first run of a
+    // random group that the plan runs again (to replay it), or a replay (to put it back).
+    [[nodiscard]] bool wants_rng(std::size_t k) const {
+        if (!core_->groups[k].random) return false;
+        return ran_[k] == 0 ? prepared_->forward_runs[k] > 1 : rng_[k].has_value();
+    }
+
+    // Puts the generator back on exit (after a replayed recomputation), exceptions included.
+    struct RestoreRng {
+        std::optional<detail::RngState> state;
+        RestoreRng() = default;
+        RestoreRng(const RestoreRng&) = delete;
+        RestoreRng& operator=(const RestoreRng&) = delete;
+        ~RestoreRng() {
+            if (state) state->restore();
+        }
+    };
+
+    void run_forward(std::size_t k, bool with_grad, std::optional<detail::RngState> rng_now) {
         const detail::script::Group& g = core_->groups[k];
         if (with_grad && saved_live_[k]) with_grad = false;  // only outputs can be missing
         bool all_live = true;
@@ -343,13 +365,16 @@ private:
         inputs.reserve(g.input_data.size());
         for (const DataId d : g.input_data) inputs.push_back(act_[d.index].tensor());
         const bool first = ran_[k] == 0;
-        std::optional<detail::RngReplay> replay;
+        RestoreRng restore_rng;
         std::optional<detail::BufferGuard> buffers;
         if (first) {
             ran_[k] = 1;
-            if (g.random && prepared_->forward_runs[k] > 1) rng_[k] = detail::RngState::capture(device_);
+            if (rng_now) rng_[k] = std::move(rng_now);  // the numbers its later runs replay
         } else {
-            if (rng_[k]) replay.emplace(*rng_[k], device_);
+            if (rng_[k] && rng_now) {
+                restore_rng.state = std::move(rng_now);
+                rng_[k]->restore();
+            }
             if (!g.buffers.empty()) buffers.emplace(scratch_->recompute[k], g.buffers);
         }
         ++report_.forward_runs;
