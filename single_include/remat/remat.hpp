@@ -2291,15 +2291,16 @@ private:
 // Backward ops are placed by what they read: one that reads forward data inside block l
 // belongs to block l; one that reads s_l, to block l or l + 1. A gradient crosses at most one
 // boundary: a backward op belongs to the block of each op whose output gradient it reads, or
-// to the block before. When no placement satisfies these rules (a backward op reading
-// activations of distant blocks, a skip connection whose gradient would cross two
-// boundaries), the blocks concerned are merged by dropping separators until one does. These are difference constraints, so among the placements they allow
+// to the block before. These are difference constraints, so among the placements they allow
 // there is one that puts every backward op as late in the network as possible — as early in
 // the backward pass, which sums gradient contributions before they cross a boundary — and
 // that is the one taken, except that the writers of final data go to the first block when
 // the constraints allow it (a final gradient written earlier in the backward pass would stay
-// live through all of the rest). The gradients that cross from block l + 1 to block l are block l's
-// `output_grads`: in block l's problem, the op standing for the rest of the network writes them.
+// live through all of the rest). When no placement satisfies the rules (a backward op
+// reading activations of distant blocks, a skip connection whose gradient would cross two
+// boundaries), the blocks concerned are merged by dropping separators until one does. The
+// gradients that cross from block l + 1 to block l are block l's `output_grads`: in block l's
+// problem, the op standing for the rest of the network writes them.
 
 #include <algorithm>
 #include <cstddef>
@@ -2854,15 +2855,19 @@ struct BlockProblem {
 // without grad and where to checkpoint; the chosen options' sub-schedules, renamed into the
 // whole problem, make one schedule, which the simulator checks.
 //
-// The mapping onto Rotor's model is exact: a block's data are touched only by its own
-// sub-schedules (and its output separator by the next block, which never frees it), the
-// gradients that cross a boundary are the next block's final data and this block's boundary
-// writes, and Rotor's model adds up exactly the peaks the simulator sees. Final data that a
-// block after the first writes (they stay live to the end) travel down with the gradients:
-// they are added to every gradient size below that block, and each backward overhead is
-// lowered by what it would otherwise count twice.
-// Blocks with the same structure and sizes are solved once; the others' options are the
-// same sub-schedules with their own times (BlockSharing).
+// The mapping onto Rotor's model never underestimates: a block's data are touched only by
+// its own sub-schedules (and its output separator by the next block), the gradients that
+// cross a boundary are the next block's final data and this block's boundary writes, and
+// Rotor's model adds up the peaks the simulator sees. Final data that a block after the
+// first writes (they stay live to the end) travel down with the gradients: they are added to
+// every gradient size below that block, and each backward overhead is lowered by what it
+// would otherwise count twice. When the block before never reads a block's input separator
+// in its backward, every option of the block frees that separator right after its own last
+// read (RotorOption allows a forward to free its input); Rotor's model then still counts the
+// separator from the end of the block's backward until the block before runs its backward —
+// the one place where it overestimates, so that storing everything can need slightly more
+// than the store-all peak. Blocks with the same structure and sizes are solved once; the
+// others' options are the same sub-schedules with their own times (BlockSharing).
 
 #include <algorithm>
 #include <bit>
@@ -2870,7 +2875,6 @@ struct BlockProblem {
 #include <cstddef>
 #include <cstdint>
 #include <iostream>
-#include <limits>
 #include <optional>
 #include <set>
 #include <string>

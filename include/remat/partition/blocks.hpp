@@ -30,15 +30,16 @@
 // Backward ops are placed by what they read: one that reads forward data inside block l
 // belongs to block l; one that reads s_l, to block l or l + 1. A gradient crosses at most one
 // boundary: a backward op belongs to the block of each op whose output gradient it reads, or
-// to the block before. When no placement satisfies these rules (a backward op reading
-// activations of distant blocks, a skip connection whose gradient would cross two
-// boundaries), the blocks concerned are merged by dropping separators until one does. These are difference constraints, so among the placements they allow
+// to the block before. These are difference constraints, so among the placements they allow
 // there is one that puts every backward op as late in the network as possible — as early in
 // the backward pass, which sums gradient contributions before they cross a boundary — and
 // that is the one taken, except that the writers of final data go to the first block when
 // the constraints allow it (a final gradient written earlier in the backward pass would stay
-// live through all of the rest). The gradients that cross from block l + 1 to block l are block l's
-// `output_grads`: in block l's problem, the op standing for the rest of the network writes them.
+// live through all of the rest). When no placement satisfies the rules (a backward op
+// reading activations of distant blocks, a skip connection whose gradient would cross two
+// boundaries), the blocks concerned are merged by dropping separators until one does. The
+// gradients that cross from block l + 1 to block l are block l's `output_grads`: in block l's
+// problem, the op standing for the rest of the network writes them.
 #pragma once
 
 #include <algorithm>

@@ -14,15 +14,19 @@
 // without grad and where to checkpoint; the chosen options' sub-schedules, renamed into the
 // whole problem, make one schedule, which the simulator checks.
 //
-// The mapping onto Rotor's model is exact: a block's data are touched only by its own
-// sub-schedules (and its output separator by the next block, which never frees it), the
-// gradients that cross a boundary are the next block's final data and this block's boundary
-// writes, and Rotor's model adds up exactly the peaks the simulator sees. Final data that a
-// block after the first writes (they stay live to the end) travel down with the gradients:
-// they are added to every gradient size below that block, and each backward overhead is
-// lowered by what it would otherwise count twice.
-// Blocks with the same structure and sizes are solved once; the others' options are the
-// same sub-schedules with their own times (BlockSharing).
+// The mapping onto Rotor's model never underestimates: a block's data are touched only by
+// its own sub-schedules (and its output separator by the next block), the gradients that
+// cross a boundary are the next block's final data and this block's boundary writes, and
+// Rotor's model adds up the peaks the simulator sees. Final data that a block after the
+// first writes (they stay live to the end) travel down with the gradients: they are added to
+// every gradient size below that block, and each backward overhead is lowered by what it
+// would otherwise count twice. When the block before never reads a block's input separator
+// in its backward, every option of the block frees that separator right after its own last
+// read (RotorOption allows a forward to free its input); Rotor's model then still counts the
+// separator from the end of the block's backward until the block before runs its backward —
+// the one place where it overestimates, so that storing everything can need slightly more
+// than the store-all peak. Blocks with the same structure and sizes are solved once; the
+// others' options are the same sub-schedules with their own times (BlockSharing).
 #pragma once
 
 #include <algorithm>
@@ -31,7 +35,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <iostream>
-#include <limits>
 #include <optional>
 #include <set>
 #include <string>
