@@ -264,6 +264,42 @@ TEST_CASE("partition of generated networks: blocks cover every op once and the b
     }
 }
 
+TEST_CASE("partition and rockmate when the loss reads several activations, and with no separator at all") {
+    // x → b, x → c, loss(b, c): nothing separates (x is initial), one block ending at the loss.
+    testing::OpLevelBuilder g("two-heads");
+    const auto x = g.input("x", 64, true);
+    const auto b = g.op1({"b", {x}, {{"b", 128}}, 64, 2.0, 3.0, 0, 16, true, false});
+    const auto c = g.op1({"c", {x}, {{"c", 64}}, 32, 1.0, 2.0, 0, 0, true, true});
+    const Problem p = g.finish(b, 0.0, {c});
+    const BlockPartition part = partition_blocks(p);
+    CHECK(part.separators.empty());
+    REQUIRE(part.blocks.size() == 1);
+    CHECK(part.blocks[0].has_loss);
+    CHECK(names(p, part.blocks[0].input_grads) == Names{"g.x.b", "g.x.c"});
+    // Behind a separator: a → (b, c) → loss(b, c); the last block holds b, c and the loss.
+    testing::OpLevelBuilder h("two-heads-after-a");
+    const auto x2 = h.input("x", 64, true);
+    const auto a = h.op1({"a", {x2}, {{"a", 64}}, 0, 1.0, 1.0, 0, 0, true, false});
+    const auto b2 = h.op1({"b", {a}, {{"b", 128}}, 64, 2.0, 3.0, 0, 16, true, false});
+    const auto c2 = h.op1({"c", {a}, {{"c", 64}}, 32, 1.0, 2.0, 0, 0, true, true});
+    const Problem q = h.finish(b2, 0.0, {c2});
+    const BlockPartition qpart = partition_blocks(q);
+    CHECK(names(q, qpart.separators) == Names{"a"});
+    REQUIRE(qpart.blocks.size() == 2);
+    CHECK(names(q, qpart.blocks[1].forward_ops) == Names{"Fb", "Fb+", "Fc", "Fc+"});
+    for (const Problem* problem : {&p, &q}) {
+        const Rockmate<> rockmate;
+        const Reference ref = store_all_reference(*problem);
+        const Bytes least = rockmate.smallest_budget(*problem);
+        for (const Bytes budget : sweep(least, ref.peak, 4)) {
+            const Plan plan = rockmate.solve(*problem, budget);
+            CHECK(simulate(*problem, plan.schedule).fits(budget));
+            CHECK(plan.time >= Exhaustive().solve(*problem, budget).time - 1e-9);
+        }
+        CHECK(rockmate.solve(*problem, ref.peak).time == Approx(ref.time));
+    }
+}
+
 // ----------------------------------------------------------------- rotor gradient sizes
 
 TEST_CASE("rotor with gradient sizes distinct from activation sizes: the DP's plans are what rotor_evaluate says") {
