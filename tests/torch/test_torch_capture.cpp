@@ -34,6 +34,7 @@ using remat::torch::ScriptExecutor;
 using Loss = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
 
 CaptureOptions quick(const std::string& name) {
+    at::set_num_threads(1);  // steady op times (DESIGN.md §6)
     CaptureOptions o;
     o.name = name;
     o.repeats = 1;
@@ -213,11 +214,6 @@ const remat::torch::CapturedOp* find_op(const ScriptCapture& cap, const std::str
 bool contains(const std::vector<std::string>& v, const std::string& s) {
     return std::find(v.begin(), v.end(), s) != v.end();
 }
-
-struct Threads {
-    Threads() { at::set_num_threads(1); }
-};
-const Threads one_thread;
 
 }  // namespace
 
@@ -713,4 +709,14 @@ TEST_CASE("capture: the problem is valid JSON and its store-all reference matche
     // Rockmate's partition finds the residual blocks.
     const auto partition = remat::partition_blocks(p);
     CHECK(partition.blocks.size() >= 3);
+    // Progress: one line per op; past the time limit every op is timed once.
+    CaptureOptions o = quick("progress");
+    o.repeats = 1000;
+    o.time_limit_seconds = 0.0;
+    std::vector<std::string> lines;
+    o.progress = [&lines](const std::string& line) { lines.push_back(line); };
+    const ScriptCapture again = capture_script(m, {at::randn({2, 3, 8, 8})}, o);
+    REQUIRE(lines.size() == again.ops().size());
+    CHECK(lines.front().find("capture op " + again.ops().front().name) != std::string::npos);
+    CHECK(again.problem().op_count() == p.op_count());
 }
