@@ -71,6 +71,7 @@
 #include "../core/solver.hpp"
 #include "../milp/backend.hpp"
 #include "../milp/model.hpp"
+#include "exhaustive.hpp"
 #include "periodic.hpp"
 #include "rotor.hpp"
 #include "store_all.hpp"
@@ -95,6 +96,10 @@ struct CheckmateOptions {
     std::size_t rounding_trials = 40;
     /// Seed of the randomised roundings (a solve is deterministic for a given seed).
     std::uint64_t seed = 0x5eedULL;
+    /// For the smallest feasible budget (Infeasible), try the exact search of
+    /// solvers/exhaustive.hpp first on problems of at most 64 data (a few seconds at most),
+    /// then the min-peak MILP.
+    bool exhaustive_first = true;
     /// Print the model size and the MILP outcome on stderr.
     bool progress = false;
 };
@@ -527,9 +532,14 @@ public:
             cap = std::floor(static_cast<double>(*budget - a.initial_bytes) / unit);
         } else {
             peak = model_.add_continuous(std::ceil(static_cast<double>(a.lower_bound) / unit), milp::infinity, 1.0, "P");
-            // The peak is the objective; times no longer count.
+            // The peak is the objective; time only breaks ties, weighted so that all runs
+            // together are worth less than half a unit of peak (P is integral in units).
+            double total = 0.0;
             for (const std::size_t v : rvar_)
-                if (v != none) model_.set_objective(milp::Var{v}, 0.0);
+                if (v != none) total += model_.variable(milp::Var{v}).objective;
+            const double weight = total > 0 ? 0.25 / total : 0.0;
+            for (const std::size_t v : rvar_)
+                if (v != none) model_.set_objective(milp::Var{v}, model_.variable(milp::Var{v}).objective * weight);
         }
         peak_ = peak;
 
@@ -1003,9 +1013,36 @@ public:
         const Analysis a = analyse(problem);
         if (budget < a.lower_bound) throw_infeasible(problem, a, budget, start, a.lower_bound_reason);
 
-        const std::optional<Baseline> base = best_baseline(problem, a, budget);
+        std::optional<Baseline> base = best_baseline(problem, a, budget);
         Formulation f(problem, a, make_layout(problem, a, pre_passes(problem)), budget);
         if (options_.lp_rounding) return solve_by_rounding(problem, a, f, budget, base, start);
+        if (!base && options_.warm_start && !f.infeasible()) {
+            // No baseline fits: a few roundings of the LP relaxation usually give a good
+            // start, within a tenth of the time limit.
+            const double slice = std::isfinite(options_.time_limit_seconds) ? options_.time_limit_seconds / 10 : 10.0;
+            base = round_relaxation(problem, a, f, budget, 12, seconds_since(start) + slice, start).best;
+        }
+        if (f.layout().pre > 0 && options_.warm_start && !f.infeasible()) {
+            // The model with one sweep per exactly-once op is much easier and usually holds
+            // the optimum: its solution (within a third of the time limit) starts the full one.
+            Formulation one(problem, a, make_layout(problem, a, 0), budget);
+            if (!one.infeasible()) {
+                if (base)
+                    if (const auto runs = place_runs(a, problem, one.layout(), base->schedule))
+                        if (auto x = one.assignment(*runs)) one.model().set_start(std::move(*x));
+                const double slice = std::isfinite(options_.time_limit_seconds) ? options_.time_limit_seconds / 3 : milp::infinity;
+                one.model().set_time_limit(slice);
+                one.model().set_relative_gap(options_.relative_gap);
+                const milp::Result r1 = backend_.solve(one.model());
+                if (options_.progress) print_result(r1);
+                if (r1.has_solution()) {
+                    Schedule s1 = one.schedule(one.runs(r1.values));
+                    const SimulationReport rep = simulate(problem, s1);
+                    if (rep.fits(budget) && (!base || rep.time < base->time))
+                        base = Baseline{std::move(s1), rep.time, "one-sweep milp"};
+                }
+            }
+        }
 
         if (base && options_.warm_start)
             if (const auto runs = place_runs(a, problem, f.layout(), base->schedule))
@@ -1055,7 +1092,7 @@ public:
     [[nodiscard]] Bytes smallest_feasible_budget(const Problem& problem) const {
         const auto start = std::chrono::steady_clock::now();
         const detail::checkmate::Analysis a = detail::checkmate::analyse(problem);
-        return least_peak(problem, a, start).first;
+        return smallest_peak(problem, a, start).first;
     }
 
     /// The size of the MILP solve() builds for this problem and budget.
@@ -1183,12 +1220,31 @@ private:
         return {peak, r.status == milp::Status::optimal};
     }
 
+    // The smallest peak: by exact search over all schedules when the problem is small
+    // enough for it to finish quickly (it is exact over every schedule, not only those of
+    // the model's passes), else by the min-peak MILP.
+    [[nodiscard]] std::pair<Bytes, bool> smallest_peak(const Problem& problem, const detail::checkmate::Analysis& a,
+                                                       std::chrono::steady_clock::time_point start) const {
+        if (options_.exhaustive_first && problem.data_count() <= 64 && a.eo_ops.size() <= 64) {
+            const double left = options_.time_limit_seconds - detail::checkmate::seconds_since(start);
+            ExhaustiveOptions limits;
+            limits.max_states = 200'000;
+            limits.time_limit_seconds = std::min(2.0, std::max(0.05, left / 4));
+            try {
+                return {Exhaustive(limits).smallest_feasible_budget(problem), true};
+            } catch (const SolverError&) {
+                // Too many states: the MILP copes with larger problems.
+            }
+        }
+        return least_peak(problem, a, start);
+    }
+
     [[noreturn]] void throw_infeasible(const Problem& problem, const detail::checkmate::Analysis& a, Bytes budget,
                                        std::chrono::steady_clock::time_point start, const std::string& why) const {
         std::optional<Bytes> smallest;
         std::string how;
         try {
-            const auto [peak, proven] = least_peak(problem, a, start);
+            const auto [peak, proven] = smallest_peak(problem, a, start);
             smallest = peak;
             how = proven ? "the smallest feasible budget is " + std::to_string(peak) + " bytes"
                          : "a budget of " + std::to_string(peak) + " bytes works (the search for the smallest one ran out of time)";
@@ -1200,7 +1256,45 @@ private:
                          budget, smallest);
     }
 
-    // LP relaxation + rounding: every rounding is made into a schedule, checked by the simulator.
+    struct Rounded {
+        milp::Result lp;
+        std::optional<Baseline> best;
+    };
+
+    // LP relaxation + rounding: every rounding is made into a schedule, and only those the
+    // simulator finds valid and within budget are kept.
+    [[nodiscard]] Rounded round_relaxation(const Problem& problem, const detail::checkmate::Analysis& a,
+                                           const detail::checkmate::Formulation& f, Bytes budget, std::size_t trials,
+                                           double deadline, std::chrono::steady_clock::time_point start) const {
+        using namespace detail::checkmate;
+        Rounded out;
+        milp::Model relaxed = f.model().relaxation();
+        relaxed.clear_start();
+        relaxed.set_time_limit(std::max(0.01, deadline - seconds_since(start)));
+        out.lp = backend_.solve(relaxed);
+        if (options_.progress) print_result(out.lp);
+        if (!out.lp.has_solution()) return out;
+        std::mt19937_64 rng(options_.seed);
+        std::uniform_real_distribution<double> uniform(0.0, 1.0);
+        static constexpr double thresholds[] = {0.5, 0.9, 0.7, 0.3, 0.1, 0.99, 0.01, 0.8, 0.6, 0.4, 0.2};
+        std::vector<double> draw(a.m, 0.0);
+        for (std::size_t i = 0; i < std::max<std::size_t>(trials, 1); ++i) {
+            if (seconds_since(start) > deadline) break;
+            const bool random = i >= std::size(thresholds);
+            const double theta = random ? 0.0 : thresholds[i];
+            if (random)
+                for (double& u : draw) u = uniform(rng);
+            const auto keep = [&](std::size_t d, double y) { return random ? y > draw[d] * 0.999 : y >= theta; };
+            std::optional<Schedule> s = rounded_schedule(problem, a, f, out.lp.values, keep);
+            if (!s) continue;
+            *s = without_useless_runs(problem, std::move(*s));
+            const SimulationReport r = simulate(problem, *s);
+            if (!r.fits(budget) || (out.best && r.time >= out.best->time)) continue;
+            out.best = Baseline{std::move(*s), r.time, "lp-rounding"};
+        }
+        return out;
+    }
+
     [[nodiscard]] Plan solve_by_rounding(const Problem& problem, const detail::checkmate::Analysis& a,
                                          detail::checkmate::Formulation& f, Bytes budget,
                                          const std::optional<Baseline>& base,
@@ -1208,57 +1302,29 @@ private:
         using namespace detail::checkmate;
         report(problem, budget, f, base);
         if (f.infeasible()) throw_infeasible(problem, a, budget, start, f.infeasible_reason());
-        milp::Model relaxed = f.model().relaxation();
-        const milp::Result lp = run(relaxed, start);
-        if (options_.progress) print_result(lp);
-        if (lp.status == milp::Status::infeasible)
+        Rounded rounded = round_relaxation(problem, a, f, budget, options_.rounding_trials, options_.time_limit_seconds, start);
+        if (rounded.lp.status == milp::Status::infeasible)
             throw_infeasible(problem, a, budget, start, "even the LP relaxation has no solution");
-        std::optional<Schedule> best;
-        double best_time = milp::infinity;
-        if (base) {
-            best = base->schedule;
-            best_time = base->time;
-        }
-        if (lp.has_solution()) {
-            std::mt19937_64 rng(options_.seed);
-            std::uniform_real_distribution<double> uniform(0.0, 1.0);
-            const std::size_t trials = std::max<std::size_t>(options_.rounding_trials, 1);
-            static constexpr double thresholds[] = {0.5, 0.9, 0.7, 0.3, 0.1, 0.99, 0.01, 0.8, 0.6, 0.4, 0.2};
-            for (std::size_t i = 0; i < trials; ++i) {
-                if (seconds_since(start) > options_.time_limit_seconds) break;
-                const bool random = i >= std::size(thresholds);
-                const double theta = random ? 0.0 : thresholds[i];
-                std::vector<double> draw;
-                if (random) {
-                    draw.resize(a.m * 1);
-                    for (double& u : draw) u = uniform(rng);
-                }
-                const auto keep = [&](std::size_t d, double y) { return random ? y > draw[d] * 0.999 : y >= theta; };
-                std::optional<Schedule> s = rounded_schedule(problem, a, f, lp.values, keep);
-                if (!s) continue;
-                const SimulationReport r = simulate(problem, *s);
-                if (!r.fits(budget) || r.time >= best_time) continue;
-                best = std::move(*s);
-                best_time = r.time;
-            }
-        }
+        std::optional<Baseline> best = std::move(rounded.best);
+        if (base && (!best || base->time < best->time)) best = base;
         SolverStats stats{std::string(name()), 0.0, SolveStatus::feasible, std::nullopt, describe_options(f)};
         if (!best) {
             // No rounding fits: the exact search is the only way left.
             if (options_.progress) std::clog << "checkmate: no rounding fits; solving the MILP" << std::endl;
             const milp::Result r = run(f.model(), start);
-            if (r.status == milp::Status::infeasible)
-                throw_infeasible(problem, a, budget, start, "no schedule of at most " + std::to_string(f.layout().T) + " passes fits");
+            if (r.status == milp::Status::infeasible) throw_infeasible(problem, a, budget, start, "the MILP has no solution");
             if (!r.has_solution())
                 throw SolverError("checkmate: no LP rounding of '" + problem.name() + "' fits " + std::to_string(budget) +
                                   " bytes and the exact search ran out of time; raise the time limit or the budget");
-            best = f.schedule(f.runs(r.values));
-            best_time = simulate(problem, *best).time;
+            Schedule s = f.schedule(f.runs(r.values));
+            const double time = simulate(problem, s).time;
+            best = Baseline{std::move(s), time, "milp"};
             if (r.status == milp::Status::optimal) stats.status = SolveStatus::optimal;
         }
-        stats.gap = stats.status == SolveStatus::optimal ? 0.0 : gap(best_time, lp.has_solution() ? lp.objective : -milp::infinity);
+        const double bound = rounded.lp.has_solution() ? rounded.lp.objective : -milp::infinity;
+        stats.gap = stats.status == SolveStatus::optimal ? 0.0 : gap(best->time, bound);
         stats.solve_seconds = seconds_since(start);
-        return make_checked_plan(problem, std::move(*best), budget, std::move(stats));
+        return make_checked_plan(problem, std::move(best->schedule), budget, std::move(stats));
     }
 
     // One rounding made into a schedule: exactly-once ops in the passes where the LP runs

@@ -1,0 +1,289 @@
+// Checkmate<Backend>: exact against exhaustive search, never above Rotor on chains, valid
+// and within budget always, time limits, LP rounding, and both backends agreeing.
+#include <catch2/catch.hpp>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include <remat/milp/lp_solve.hpp>
+#include <remat/remat.hpp>
+#include <remat/solvers/checkmate.hpp>
+#ifdef REMAT_WITH_CBC
+#include <remat/milp/cbc.hpp>
+#endif
+
+#include "random_problems.hpp"
+
+using namespace remat;
+
+namespace {
+
+#ifdef REMAT_WITH_CBC
+using Fast = milp::Cbc;
+#else
+using Fast = milp::LpSolve;
+#endif
+
+CheckmateOptions exact_options() {
+    CheckmateOptions o;
+    o.time_limit_seconds = milp::infinity;
+    return o;
+}
+
+// A forward skip connection whose best schedule recomputes A "behind" C before D: it needs
+// a pass without exactly-once op (one sweep more than a chain).
+Problem skip_connection() {
+    ProblemBuilder b("skip");
+    const DataId x = b.add_data("x", 10), a = b.add_data("a", 100), bb = b.add_data("b", 10), c = b.add_data("c", 10),
+                 d = b.add_data("d", 10);
+    const DataId gd = b.add_data("gd", 10), gc = b.add_data("gc", 10), ga_d = b.add_data("ga.D", 100),
+                 gb = b.add_data("gb", 10), ga_b = b.add_data("ga.B", 100), gx = b.add_data("gx", 10);
+    b.add_op({"A", 1, 0, {x}, {a}, false});
+    b.add_op({"B", 1, 0, {a}, {bb}, false});
+    b.add_op({"C", 1, 300, {bb}, {c}, false});
+    b.add_op({"D", 1, 0, {a, c}, {d}, false});
+    b.add_op({"loss", 0, 0, {d}, {gd}, true});
+    b.add_op({"BD", 1, 0, {gd, a, c}, {gc, ga_d}, true});
+    b.add_op({"BC", 1, 0, {gc, bb}, {gb}, true});
+    b.add_op({"BB", 1, 0, {gb, a}, {ga_b}, true});
+    b.add_op({"BA", 1, 0, {ga_d, ga_b, x}, {gx}, true});
+    b.add_initial(x);
+    b.add_final(gx);
+    return b.build();
+}
+
+struct Case {
+    Problem problem;
+    std::string what;
+};
+
+// The exactness corpus: chains of 1–3 stages and random DAGs of 2–6 forward ops (with their
+// backward ops, 6–20 ops in all).
+std::vector<Case> tiny_problems() {
+    std::vector<Case> cases;
+    for (unsigned seed = 0; seed < 40; ++seed) {
+        std::mt19937 rng(seed);
+        const std::size_t stages = 1 + seed % 3;
+        cases.push_back({to_problem(testing::random_chain(rng, stages, "chain" + std::to_string(seed))),
+                         "chain seed " + std::to_string(seed) + ", " + std::to_string(stages) + " stages"});
+    }
+    for (unsigned seed = 0; seed < 64; ++seed) {
+        std::mt19937 rng(1000 + seed);
+        testing::DagShape shape;
+        shape.forward_ops = 2 + seed % 3 + (seed % 8 == 7 ? 2 : 0);
+        cases.push_back({testing::random_dag(rng, shape, "dag" + std::to_string(seed)),
+                         "dag seed " + std::to_string(seed) + ", " + std::to_string(shape.forward_ops) + " forward ops"});
+    }
+    cases.push_back({skip_connection(), "skip connection"});
+    return cases;
+}
+
+}  // namespace
+
+TEST_CASE("Checkmate equals exhaustive search on 105 tiny problems at several budgets") {
+    const Checkmate<Fast> checkmate(exact_options());
+    const Exhaustive exhaustive;
+    std::size_t solved = 0, infeasible = 0;
+    for (const Case& c : tiny_problems()) {
+        INFO(c.what);
+        const Problem& p = c.problem;
+        const Bytes smallest = exhaustive.smallest_feasible_budget(p);
+        const Bytes reference = store_all_reference(p).peak;
+        // Below the smallest budget: both say infeasible, with the same smallest budget.
+        try {
+            (void)checkmate.solve(p, smallest - 1);
+            FAIL("checkmate found a schedule below the smallest feasible budget " << smallest);
+        } catch (const Infeasible& e) {
+            REQUIRE(e.smallest_feasible().has_value());
+            CHECK(*e.smallest_feasible() == smallest);
+            ++infeasible;
+        }
+        for (const double fraction : {0.0, 0.35, 0.7, 1.0}) {
+            const Bytes budget = smallest + static_cast<Bytes>(static_cast<double>(reference - smallest) * fraction);
+            INFO("budget " << budget << " (smallest " << smallest << ", store-all " << reference << ")");
+            const Plan best = exhaustive.solve(p, budget);
+            const Plan plan = checkmate.solve(p, budget);
+            CHECK(plan.time == Approx(best.time).epsilon(1e-9));
+            CHECK(plan.stats.status == SolveStatus::optimal);
+            REQUIRE(plan.stats.gap.has_value());
+            CHECK(*plan.stats.gap == 0.0);
+            const SimulationReport r = simulate(p, plan.schedule);
+            CHECK(r.fits(budget));
+            CHECK(r.time == plan.time);
+            ++solved;
+        }
+    }
+    CHECK(solved == 4 * 105);
+    CHECK(infeasible == 105);
+}
+
+TEST_CASE("both backends give the same optimum; the min-peak MILP gives the smallest budget") {
+    const Checkmate<milp::LpSolve> lpsolve(exact_options());
+    const Checkmate<Fast> fast(exact_options());
+    CheckmateOptions milp_only = exact_options();
+    milp_only.exhaustive_first = false;
+    const Checkmate<Fast> min_peak(milp_only);
+    const Exhaustive exhaustive;
+    for (unsigned seed = 0; seed < 16; ++seed) {
+        std::mt19937 rng(77 + seed);
+        const Problem p = seed % 2 == 0 ? to_problem(testing::random_chain(rng, 2 + seed % 3))
+                                        : testing::random_dag(rng, testing::DagShape{2 + seed % 3});
+        INFO("seed " << seed);
+        const Bytes smallest = exhaustive.smallest_feasible_budget(p);
+        const Bytes reference = store_all_reference(p).peak;
+        for (const Bytes budget : {smallest, (smallest + reference) / 2}) {
+            const Plan a = lpsolve.solve(p, budget);
+            const Plan b = fast.solve(p, budget);
+            CHECK(a.time == Approx(b.time).epsilon(1e-9));
+            CHECK(a.stats.status == SolveStatus::optimal);
+            CHECK(simulate(p, a.schedule).fits(budget));
+        }
+        CHECK(min_peak.smallest_feasible_budget(p) == smallest);
+    }
+}
+
+TEST_CASE("on chains Checkmate is never above Rotor (persistent-only)") {
+    const Checkmate<Fast> checkmate(exact_options());
+    const Rotor rotor;
+    std::size_t compared = 0;
+    for (unsigned seed = 0; seed < 12; ++seed) {
+        std::mt19937 rng(500 + seed);
+        const Chain chain = testing::random_chain(rng, 2 + seed % 5);
+        const Problem p = to_problem(chain);
+        const Bytes reference = store_all_reference(p).peak;
+        for (const int percent : {50, 65, 80, 100}) {
+            const Bytes budget = percent_of(reference, percent);
+            INFO("seed " << seed << " budget " << budget);
+            Plan by_rotor;
+            try {
+                by_rotor = rotor.solve(p, budget);
+            } catch (const Infeasible&) {
+                continue;
+            }
+            const Plan plan = checkmate.solve(p, budget);
+            CHECK(plan.time <= by_rotor.time + 1e-9);
+            CHECK(simulate(p, plan.schedule).fits(budget));
+            ++compared;
+        }
+    }
+    CHECK(compared > 20);
+}
+
+TEST_CASE("a time limit that stops the search still returns a schedule that fits, with its gap") {
+    std::mt19937 rng(42);
+    const Problem p = to_problem(testing::random_chain(rng, 13));  // 40 ops
+    const Bytes budget = percent_of(store_all_reference(p).peak, 40);
+    CheckmateOptions o;
+    o.time_limit_seconds = 0.3;
+    const auto check = [&](const Plan& plan) {
+        CHECK(simulate(p, plan.schedule).fits(budget));
+        REQUIRE(plan.stats.gap.has_value());
+        CHECK(*plan.stats.gap >= 0.0);
+        CHECK(*plan.stats.gap < 1.0);
+        if (plan.stats.status == SolveStatus::feasible) CHECK(*plan.stats.gap > 0.0);
+        CHECK(plan.stats.solve_seconds < 5.0);
+    };
+    const Plan fast = Checkmate<Fast>(o).solve(p, budget);
+    CHECK(fast.stats.status == SolveStatus::feasible);  // this one needs many seconds to prove
+    check(fast);
+    check(Checkmate<milp::LpSolve>(o).solve(p, budget));
+}
+
+TEST_CASE("the skip connection needs one pass without exactly-once op, which the default allows") {
+    const Problem p = skip_connection();
+    const Bytes smallest = Exhaustive().smallest_feasible_budget(p);
+    CHECK(smallest == 330);
+    CheckmateOptions one_sweep = exact_options();
+    one_sweep.extra_passes = 0;
+    CHECK_THROWS_AS(Checkmate<milp::LpSolve>(one_sweep).solve(p, smallest), Infeasible);
+    const Plan plan = Checkmate<milp::LpSolve>(exact_options()).solve(p, smallest);
+    CHECK(plan.time == 9.0);
+    CHECK(plan.stats.status == SolveStatus::optimal);
+}
+
+TEST_CASE("LP rounding: always valid and within budget, never below the optimum") {
+    CheckmateOptions o;
+    o.lp_rounding = true;
+    o.warm_start = false;
+    o.time_limit_seconds = 30;
+    const Checkmate<Fast> rounding(o);
+    const Exhaustive exhaustive;
+    double ratio = 0.0;
+    std::size_t n = 0;
+    for (unsigned seed = 0; seed < 16; ++seed) {
+        std::mt19937 rng(300 + seed);
+        const Problem p = seed % 2 == 0 ? to_problem(testing::random_chain(rng, 2 + seed % 4))
+                                        : testing::random_dag(rng, testing::DagShape{2 + seed % 4});
+        const Bytes smallest = exhaustive.smallest_feasible_budget(p);
+        const Bytes reference = store_all_reference(p).peak;
+        for (const Bytes budget : {(2 * smallest + reference) / 3, (smallest + 2 * reference) / 3, reference}) {
+            INFO("seed " << seed << " budget " << budget);
+            const Plan plan = rounding.solve(p, budget);
+            const Plan best = exhaustive.solve(p, budget);
+            CHECK(simulate(p, plan.schedule).fits(budget));
+            CHECK(plan.time >= best.time - 1e-9);
+            REQUIRE(plan.stats.gap.has_value());
+            CHECK(*plan.stats.gap >= 0.0);
+            ratio += plan.time / best.time;
+            ++n;
+        }
+    }
+    CHECK(ratio / static_cast<double>(n) < 1.1);  // on average within 10 % of the optimum
+}
+
+TEST_CASE("Checkmate reports its status, model size and rejects bad options") {
+    std::mt19937 rng(9);
+    const Problem p = to_problem(testing::random_chain(rng, 4));
+    const Reference ref = store_all_reference(p);
+    const Checkmate<milp::LpSolve> checkmate;
+    const Plan plan = checkmate.solve(p, ref.peak);
+    CHECK(plan.time == ref.time);  // store-all fits: no recomputation
+    CHECK(plan.stats.solver == "checkmate");
+    CHECK(plan.stats.options.find("backend=lpsolve") != std::string::npos);
+    const CheckmateModelSize size = checkmate.model_size(p, ref.peak);
+    CHECK(size.passes == 5);  // one per backward op and the loss
+    CHECK(size.integers > 0);
+    CHECK(size.rows > 0);
+    CHECK(size.variables >= size.integers);
+    static_assert(Solver<Checkmate<milp::LpSolve>>);
+    CheckmateOptions bad;
+    bad.time_limit_seconds = 0;
+    CHECK_THROWS_AS(Checkmate<milp::LpSolve>(bad), InvalidInput);
+    bad = {};
+    bad.relative_gap = -1;
+    CHECK_THROWS_AS(Checkmate<milp::LpSolve>(bad), InvalidInput);
+    // The quick lower bound: an exactly-once op alone needs more than this.
+    try {
+        (void)checkmate.solve(p, 1);
+        FAIL("a budget of 1 byte cannot fit");
+    } catch (const Infeasible& e) {
+        REQUIRE(e.smallest_feasible().has_value());
+        CHECK(*e.smallest_feasible() == Exhaustive().smallest_feasible_budget(p));
+    }
+}
+
+// Larger DAGs (7–8 forward ops, 20–25 ops in all): exhaustive search takes up to a minute
+// per budget here, so this runs on demand only: `remat_milp_tests "[long]"`.
+TEST_CASE("Checkmate equals exhaustive search on DAGs of 7 and 8 forward ops", "[.][long]") {
+    const Checkmate<Fast> checkmate(exact_options());
+    ExhaustiveOptions limits;
+    limits.max_states = 40'000'000;
+    limits.time_limit_seconds = 600;
+    const Exhaustive exhaustive(limits);
+    for (unsigned seed = 0; seed < 8; ++seed) {
+        std::mt19937 rng(5000 + seed);
+        testing::DagShape shape;
+        shape.forward_ops = 7 + seed % 2;
+        const Problem p = testing::random_dag(rng, shape, "dag" + std::to_string(seed));
+        const Bytes smallest = exhaustive.smallest_feasible_budget(p);
+        const Bytes reference = store_all_reference(p).peak;
+        for (const double fraction : {0.0, 0.3, 0.6}) {
+            const Bytes budget = smallest + static_cast<Bytes>(static_cast<double>(reference - smallest) * fraction);
+            INFO("seed " << seed << ", budget " << budget);
+            const Plan plan = checkmate.solve(p, budget);
+            CHECK(plan.time == Approx(exhaustive.solve(p, budget).time).epsilon(1e-9));
+            CHECK(plan.stats.status == SolveStatus::optimal);
+        }
+    }
+}

@@ -1,0 +1,123 @@
+// The backend-neutral MILP model and its lp_solve and CBC backends.
+#include <catch2/catch.hpp>
+
+#include <remat/milp/lp_solve.hpp>
+#ifdef REMAT_WITH_CBC
+#include <remat/milp/cbc.hpp>
+#endif
+
+using namespace remat;
+using namespace remat::milp;
+
+namespace {
+
+// max 5a + 4b + 3c + 7d + 2e + 6f  s.t.  4a + 3b + 2c + 6d + e + 5f <= 11, binary, written
+// as min 100 - (...). Optimum b, c, e, f → 15, objective 85; the LP relaxation takes e, c, b,
+// a and a fifth of f: 100 - 15.2 = 84.8.
+Model knapsack() {
+    Model m;
+    const double value[] = {5, 4, 3, 7, 2, 6};
+    const double weight[] = {4, 3, 2, 6, 1, 5};
+    std::vector<Term> row;
+    for (int i = 0; i < 6; ++i) {
+        std::string name = "x";
+        name += std::to_string(i);
+        row.push_back({m.add_binary(-value[i], name), weight[i]});
+    }
+    m.add_row(row, Sense::less_equal, 11, "capacity");
+    m.set_objective_offset(100);
+    return m;
+}
+
+template <class Backend>
+void check_backend(const Backend& backend) {
+    const Model m = knapsack();
+    SECTION("integer optimum") {
+        const Result r = backend.solve(m);
+        REQUIRE(r.status == Status::optimal);
+        CHECK(r.objective == Approx(85));
+        CHECK(r.best_bound == Approx(85));
+        CHECK(r.gap() == 0.0);
+        CHECK(m.is_feasible(r.values));
+        CHECK(m.objective_value(r.values) == Approx(85));
+    }
+    SECTION("LP relaxation") {
+        const Result r = backend.solve(m.relaxation());
+        REQUIRE(r.status == Status::optimal);
+        CHECK(r.objective == Approx(84.8));
+    }
+    SECTION("infeasible") {
+        Model bad = m;
+        bad.add_row({{Var{0}, 1.0}}, Sense::greater_equal, 2.0, "impossible");
+        CHECK(backend.solve(bad).status == Status::infeasible);
+    }
+    SECTION("a starting solution is returned when nothing beats it") {
+        Model started = m;
+        started.set_start({0, 1, 1, 0, 1, 1});  // the optimum
+        const Result r = backend.solve(started);
+        REQUIRE(r.status == Status::optimal);
+        CHECK(r.objective == Approx(85));
+    }
+    SECTION("a worse starting solution is improved") {
+        Model started = m;
+        started.set_start({0, 0, 0, 1, 1, 0});  // 9
+        const Result r = backend.solve(started);
+        REQUIRE(r.status == Status::optimal);
+        CHECK(r.objective == Approx(85));
+    }
+    SECTION("equality rows, integer and continuous variables") {
+        Model mixed;
+        const Var i = mixed.add_integer(0, 10, 1.0, "i");
+        const Var c = mixed.add_continuous(0, 10, 1.0, "c");
+        mixed.add_row({{i, 2.0}, {c, 1.0}}, Sense::equal, 7.5);
+        mixed.add_row({{c, 1.0}}, Sense::less_equal, 2.0);
+        const Result r = backend.solve(mixed);
+        REQUIRE(r.status == Status::optimal);
+        CHECK(r.value(i) == Approx(3));
+        CHECK(r.value(c) == Approx(1.5));
+        CHECK(r.objective == Approx(4.5));
+    }
+}
+
+}  // namespace
+
+TEST_CASE("milp::Model merges terms, checks input and relaxes") {
+    Model m;
+    const Var x = m.add_binary(1.0, "x");
+    const Var y = m.add_var(VarType::binary, -5, 7, 0.0, "y");  // binary bounds are clamped to [0, 1]
+    CHECK(m.variable(y).lower == 0.0);
+    CHECK(m.variable(y).upper == 1.0);
+    m.add_row({{x, 1.0}, {y, 2.0}, {x, 3.0}, {y, -2.0}}, Sense::less_equal, 4.0, "r");
+    REQUIRE(m.row_count() == 1);
+    REQUIRE(m.rows()[0].terms.size() == 1);  // y cancels out, x merges
+    CHECK(m.rows()[0].terms[0].coef == 4.0);
+    CHECK(m.integer_count() == 2);
+    CHECK(m.relaxation().integer_count() == 0);
+    CHECK(m.is_feasible({1, 0}));
+    CHECK_FALSE(m.is_feasible({0.5, 0}));  // not integral
+    CHECK_FALSE(m.is_feasible({1}));       // wrong size
+    CHECK_THROWS_AS(m.add_row({{Var{9}, 1.0}}, Sense::equal, 0.0), InvalidInput);
+    CHECK_THROWS_AS(m.add_continuous(2.0, 1.0), InvalidInput);
+    CHECK_THROWS_AS(m.set_start({1.0}), InvalidInput);
+    CHECK(to_string(Status::time_limit_no_solution) == "time-limit-no-solution");
+}
+
+TEST_CASE("lp_solve backend") {
+    static_assert(MilpBackend<LpSolve>);
+    check_backend(LpSolve{});
+}
+
+#ifdef REMAT_WITH_CBC
+TEST_CASE("CBC backend") {
+    static_assert(MilpBackend<Cbc>);
+    check_backend(Cbc{});
+}
+#endif
+
+TEST_CASE("an empty model is optimal at its offset") {
+    Model m;
+    m.set_objective_offset(3.0);
+    const Result r = LpSolve{}.solve(m);
+    CHECK(r.status == Status::optimal);
+    CHECK(r.objective == 3.0);
+}
