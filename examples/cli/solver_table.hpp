@@ -1,9 +1,10 @@
 // examples/cli/solver_table.hpp — the solvers the command-line programs offer, in one table.
 //
 // remat-plan (--solver NAME[:VARIANT]) and plan-demo both read this table; adding a solver
-// to the programs means adding one entry here (e.g. `checkmate` with variants `lpsolve` and
-// `cbc`, guarded by REMAT_WITH_LPSOLVE / REMAT_WITH_CBC). The library itself dispatches at
-// compile time (the Solver concept); this runtime table exists only for the programs.
+// to the programs means adding one entry here. Solvers that need a MILP backend are listed
+// only when the programs were built with one (REMAT_WITH_LPSOLVE / REMAT_WITH_CBC). The
+// library itself dispatches at compile time (the Solver concept); this runtime table exists
+// only for the programs.
 #pragma once
 
 #include <cstddef>
@@ -19,7 +20,12 @@
 #include <remat/solvers/exhaustive.hpp>
 #include <remat/solvers/rockmate.hpp>
 #ifdef REMAT_WITH_LPSOLVE
+#include <remat/milp/lp_solve.hpp>
+#include <remat/solvers/checkmate.hpp>
 #include <remat/solvers/rockmate_milp.hpp>
+#endif
+#ifdef REMAT_WITH_CBC
+#include <remat/milp/cbc.hpp>
 #endif
 
 namespace remat::cli {
@@ -102,6 +108,35 @@ inline void no_variant(std::string_view name, const SolveOptions& options) {
             };
             t.push_back(std::move(e));
         }
+#ifdef REMAT_WITH_LPSOLVE
+        {
+            SolverEntry e{"checkmate", "optimal schedule of any graph by integer programming (Jain et al. 2020)",
+#ifdef REMAT_WITH_CBC
+                          "checkmate:lpsolve or checkmate:cbc, the MILP backend (default cbc)",
+#else
+                          "checkmate:lpsolve, the MILP backend (the only one built)",
+#endif
+                          false, false, {}, {}, {}};
+            e.applies = detail::always;
+            e.quick = [](const Problem& p) { return p.op_count() <= 12; };
+            e.solve = [name = e.name](const Problem& p, Bytes budget, const SolveOptions& o) -> Plan {
+                CheckmateOptions options;
+                if (o.time_limit) options.time_limit_seconds = *o.time_limit;
+                options.progress = o.verbose;
+#ifdef REMAT_WITH_CBC
+                if (o.variant.empty() || o.variant == "cbc") return Checkmate<milp::Cbc>(options).solve(p, budget);
+#endif
+                if (o.variant.empty() || o.variant == "lpsolve") return Checkmate<milp::LpSolve>(options).solve(p, budget);
+                throw InvalidInput("solver '" + std::string(name) + ":" + o.variant + "': unknown MILP backend; " +
+#ifdef REMAT_WITH_CBC
+                                   "use checkmate:lpsolve or checkmate:cbc");
+#else
+                                   "use checkmate:lpsolve (this build has no CBC)");
+#endif
+            };
+            t.push_back(std::move(e));
+        }
+#endif
         {
             SolverEntry e{"rockmate", "exact block options, Rotor across the blocks (Zhao et al. 2023)",
                           "rockmate:GRID, peak and saved budgets per block (default 5)", false, false, {}, {}, {}};
