@@ -1,0 +1,61 @@
+// remat-plan with the MILP solvers (run in-process): checkmate on each backend, the status and
+// gap in the --json line, the time limit, unknown backends and infeasible budgets.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "../../examples/cli/remat_plan.hpp"
+
+namespace {
+
+struct CliResult {
+    int code;
+    std::string out;
+    std::string err;
+};
+
+CliResult remat_plan(const std::vector<std::string>& args) {
+    std::ostringstream out, err;
+    const int code = remat::cli::run_remat_plan(args, out, err);
+    return {code, out.str(), err.str()};
+}
+
+const std::string diamond =
+    (std::filesystem::path(REMAT_SOURCE_DIR) / "examples" / "problems" / "diamond.problem.json").string();
+
+}  // namespace
+
+TEST_CASE("remat-plan --solver checkmate gives the diamond's optimum with status and gap", "[cli]") {
+    std::vector<std::string> specs{"checkmate", "checkmate:lpsolve"};
+#ifdef REMAT_WITH_CBC
+    specs.emplace_back("checkmate:cbc");
+#endif
+    for (const std::string& spec : specs) {
+        INFO(spec);
+        // The smallest feasible budget of the diamond (examples/problems/README.md): 23.5.
+        const CliResult r = remat_plan({diamond, "--budget", "38797312", "--solver", spec, "--json", "--time-limit", "30"});
+        REQUIRE(r.code == 0);
+        const auto line = nlohmann::json::parse(r.out);
+        CHECK(line.at("solver") == spec);
+        CHECK(line.at("time") == 23.5);
+        CHECK(line.at("peak") == 38797312);
+        CHECK(line.at("status") == "optimal");
+        CHECK(line.at("gap") == 0.0);
+    }
+}
+
+TEST_CASE("remat-plan --solver checkmate: infeasible budgets exit 3, unknown backends exit 2", "[cli]") {
+    CliResult r = remat_plan({diamond, "--budget", "38797311", "--solver", "checkmate", "--json"});
+    CHECK(r.code == 3);
+    CHECK(nlohmann::json::parse(r.out).at("smallest_feasible") == 38797312);
+    r = remat_plan({diamond, "--budget", "50%", "--solver", "checkmate:gurobi"});
+    CHECK(r.code == 2);
+    CHECK_THAT(r.err, Catch::Contains("checkmate:gurobi") && Catch::Contains("checkmate:lpsolve"));
+    r = remat_plan({diamond, "--budget", "50%", "--solver", "checkmate", "--time-limit", "0"});
+    CHECK(r.code == 2);
+}
