@@ -1,0 +1,432 @@
+// bench_checkmate — how long Checkmate (Jain et al., MLSys 2020) takes to prove its optimum,
+// with each MILP backend, and what the optimal schedules cost.
+//
+// Seeded random chains (FORMATS.md §5) and training-like DAGs of about 10, 20, 40 and 80 ops
+// (tests/support/random_problems.hpp), at budgets of 40, 60 and 80 % of P_ref (the store-all
+// peak). For each problem and budget it prints the MILP's size, then per backend the solve
+// seconds (to the proven optimum, or up to the time limit), the outcome (optimal, the gap
+// left at the time limit, no solution, or infeasible with the smallest feasible budget) and
+// the schedule's time overhead over store-all (time / T_ref - 1). The summary checks the
+// issue's aim: a 40-op problem solved to proven optimality in under 10 s by the faster
+// backend. Both backends run single-threaded. Progress goes to stderr, the table to stdout.
+//
+//   bench_checkmate [--time-limit S] [--sizes 10,20,40,80] [--quick] [--seed N] [--verbose]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <remat/remat.hpp>
+#include <remat/solvers/checkmate.hpp>
+#ifdef REMAT_WITH_LPSOLVE
+#include <remat/milp/lp_solve.hpp>
+#endif
+#ifdef REMAT_WITH_CBC
+#include <remat/milp/cbc.hpp>
+#endif
+
+#include "../tests/support/random_problems.hpp"
+
+using namespace remat;
+
+namespace {
+
+constexpr std::size_t aim_ops = 40;
+constexpr double aim_seconds = 10.0;
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::string format(const char* spec, double x) {
+    char s[64];
+    std::snprintf(s, sizeof s, spec, x);
+    return s;
+}
+
+struct Case {
+    std::string shape;  // "chain" or "dag"
+    std::size_t target = 0;
+    Problem problem;
+    Reference ref;
+};
+
+// A chain of L stages has 3L + 1 ops (F, F+ and B per stage, and the loss).
+Case make_chain(std::size_t target, std::uint64_t seed) {
+    std::mt19937 rng(static_cast<std::mt19937::result_type>(seed * 7919 + target * 2 + 0));
+    const std::size_t stages = std::max<std::size_t>(1, static_cast<std::size_t>(std::lround((double(target) - 1) / 3)));
+    Problem p = to_problem(testing::random_chain(rng, stages, "chain-" + std::to_string(target)));
+    Reference ref = store_all_reference(p);
+    return Case{"chain", target, std::move(p), std::move(ref)};
+}
+
+// A DAG of f forward ops has f with-grad forwards, f backwards, the loss and a no-grad
+// variant for about 80 % of the forwards: draw DAGs around f ≈ (target - 1) / 2.8 and keep
+// the first whose op count is the target (else the closest one drawn).
+Case make_dag(std::size_t target, std::uint64_t seed) {
+    std::mt19937 rng(static_cast<std::mt19937::result_type>(seed * 7919 + target * 2 + 1));
+    const long centre = std::max(1L, std::lround((double(target) - 1) / 2.8));
+    std::optional<Problem> best;
+    for (int attempt = 0; attempt < 300; ++attempt) {
+        testing::DagShape shape;
+        shape.forward_ops = static_cast<std::size_t>(std::max(1L, centre + attempt % 3 - 1));
+        Problem p = testing::random_dag(rng, shape, "dag-" + std::to_string(target));
+        const auto distance = [&](const Problem& q) {
+            return std::abs(static_cast<long>(q.op_count()) - static_cast<long>(target));
+        };
+        if (!best || distance(p) < distance(*best)) best = std::move(p);
+        if (distance(*best) == 0) break;
+    }
+    Reference ref = store_all_reference(*best);
+    return Case{"dag", target, std::move(*best), std::move(ref)};
+}
+
+struct Outcome {
+    enum class Kind { not_built, optimal, feasible, no_solution, infeasible, error };
+    Kind kind = Kind::not_built;
+    double seconds = 0.0;
+    double gap = 0.0;
+    double time = 0.0;  // of the schedule
+    Bytes peak = 0;
+    std::optional<Bytes> smallest;  // when infeasible
+    bool smallest_proven = false;   // false: a budget known to work, the search ran out of time
+    std::string message;
+};
+
+template <class Backend>
+Outcome solve_with(const Problem& problem, Bytes budget, const CheckmateOptions& options) {
+    const Checkmate<Backend> checkmate(options);
+    Outcome out;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+        const Plan plan = checkmate.solve(problem, budget);
+        out.seconds = seconds_since(start);
+        out.kind = plan.stats.status == SolveStatus::optimal ? Outcome::Kind::optimal : Outcome::Kind::feasible;
+        out.gap = plan.stats.gap.value_or(0.0);
+        out.time = plan.time;
+        out.peak = plan.peak;
+    } catch (const Infeasible& e) {
+        out.seconds = seconds_since(start);
+        out.kind = Outcome::Kind::infeasible;
+        out.smallest = e.smallest_feasible();
+        // Checkmate's message says whether its search for the smallest budget finished.
+        out.smallest_proven = std::string_view(e.what()).find("the smallest feasible budget is ") != std::string_view::npos;
+        out.message = e.what();
+    } catch (const SolverError& e) {
+        // Checkmate's way of saying the time limit ran out before any schedule was found.
+        out.seconds = seconds_since(start);
+        out.kind = Outcome::Kind::no_solution;
+        out.message = e.what();
+    } catch (const Error& e) {
+        out.seconds = seconds_since(start);
+        out.kind = Outcome::Kind::error;
+        out.message = e.what();
+    }
+    return out;
+}
+
+struct Backend {
+    std::string name;
+    std::function<Outcome(const Problem&, Bytes)> solve;  // empty when not built
+};
+
+std::string status_text(const Outcome& o, const Reference& ref) {
+    switch (o.kind) {
+        case Outcome::Kind::not_built: return "n/a";
+        case Outcome::Kind::optimal: return "optimal";
+        case Outcome::Kind::feasible: return "gap " + format("%.1f", 100.0 * o.gap) + " %";
+        case Outcome::Kind::no_solution: return "no solution";
+        case Outcome::Kind::error: return "error";
+        case Outcome::Kind::infeasible:
+            if (!o.smallest) return "infeasible (smallest unknown)";
+            return std::string("infeasible (smallest ") + (o.smallest_proven ? "" : "<= ") + std::to_string(*o.smallest) + " B = " +
+                   format("%.1f", 100.0 * double(*o.smallest) / double(ref.peak)) + " %)";
+    }
+    return "?";
+}
+
+bool has_schedule(const Outcome& o) {
+    return o.kind == Outcome::Kind::optimal || o.kind == Outcome::Kind::feasible;
+}
+
+struct Row {
+    const Case* c = nullptr;
+    double percent = 0.0;
+    Bytes budget = 0;
+    std::optional<CheckmateModelSize> size;
+    std::vector<Outcome> outcomes;  // one per backend
+};
+
+std::vector<std::size_t> parse_sizes(const std::string& text) {
+    std::vector<std::size_t> sizes;
+    std::size_t at = 0;
+    while (at <= text.size()) {
+        const std::size_t comma = std::min(text.find(',', at), text.size());
+        const std::string item = text.substr(at, comma - at);
+        char* end = nullptr;
+        const long v = std::strtol(item.c_str(), &end, 10);
+        if (item.empty() || *end != '\0' || v < 4) return {};
+        sizes.push_back(static_cast<std::size_t>(v));
+        at = comma + 1;
+    }
+    return sizes;
+}
+
+int usage() {
+    std::fprintf(stderr,
+                 "usage: bench_checkmate [--time-limit S] [--sizes 10,20,40,80] [--quick] [--seed N] [--verbose]\n"
+                 "  --time-limit S  wall-clock limit of each Checkmate solve (default 60)\n"
+                 "  --sizes LIST    op counts to aim for, each at least 4 (default 10,20,40,80)\n"
+                 "  --quick         sizes 10,20 and a 10 s limit (a smoke run)\n"
+                 "  --seed N        seed of the random problems (default 1)\n"
+                 "  --verbose       Checkmate's own progress lines (model size, MILP outcomes) on stderr\n");
+    return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    double time_limit = 60.0;
+    std::vector<std::size_t> sizes{10, 20, 40, 80};
+    std::uint64_t seed = 1;
+    bool verbose = false;
+    bool quick = false, sizes_given = false, limit_given = false;
+    for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        const bool has_value = i + 1 < argc;
+        if (arg == "--time-limit" && has_value) {
+            char* end = nullptr;
+            time_limit = std::strtod(argv[++i], &end);
+            if (*end != '\0' || !(time_limit > 0)) return usage();
+            limit_given = true;
+        } else if (arg == "--sizes" && has_value) {
+            sizes = parse_sizes(argv[++i]);
+            if (sizes.empty()) return usage();
+            sizes_given = true;
+        } else if (arg == "--seed" && has_value) {
+            char* end = nullptr;
+            seed = std::strtoull(argv[++i], &end, 10);
+            if (*end != '\0') return usage();
+        } else if (arg == "--quick") {
+            quick = true;
+        } else if (arg == "--verbose") {
+            verbose = true;
+        } else {
+            return usage();
+        }
+    }
+    if (quick) {
+        if (!sizes_given) sizes = {10, 20};
+        if (!limit_given) time_limit = 10.0;
+    }
+
+    CheckmateOptions options;
+    options.time_limit_seconds = time_limit;
+    options.progress = verbose;
+
+    std::vector<Backend> backends;
+#ifdef REMAT_WITH_LPSOLVE
+    backends.push_back({"lp_solve", [options](const Problem& p, Bytes b) { return solve_with<milp::LpSolve>(p, b, options); }});
+#else
+    backends.push_back({"lp_solve", {}});
+#endif
+#ifdef REMAT_WITH_CBC
+    backends.push_back({"CBC", [options](const Problem& p, Bytes b) { return solve_with<milp::Cbc>(p, b, options); }});
+#else
+    backends.push_back({"CBC", {}});
+#endif
+    // The model's size does not depend on the backend; any built one computes it.
+    std::function<CheckmateModelSize(const Problem&, Bytes)> model_size;
+#if defined(REMAT_WITH_LPSOLVE)
+    model_size = [options](const Problem& p, Bytes b) { return Checkmate<milp::LpSolve>(options).model_size(p, b); };
+#elif defined(REMAT_WITH_CBC)
+    model_size = [options](const Problem& p, Bytes b) { return Checkmate<milp::Cbc>(options).model_size(p, b); };
+#else
+    std::fprintf(stderr, "bench_checkmate: built without any MILP backend (neither lp_solve nor CBC was found); "
+                         "install one of them and reconfigure\n");
+    return 1;
+#endif
+
+    std::vector<Case> cases;
+    for (const std::size_t target : sizes) {
+        cases.push_back(make_chain(target, seed));
+        cases.push_back(make_dag(target, seed));
+    }
+    const std::vector<double> percents{40.0, 60.0, 80.0};
+
+    std::printf("Checkmate (MILP) on seeded random chains and DAGs: seed %llu, time limit %.0f s per solve, "
+                "single-threaded backends, warm start on\n",
+                static_cast<unsigned long long>(seed), time_limit);
+    std::printf("budget = %% of P_ref (store-all peak); overhead = schedule time / T_ref - 1; seconds = wall time of "
+                "the whole solve (baselines, one-sweep MILP, full MILP; for infeasible budgets the search for the "
+                "smallest feasible one)\n\n");
+
+    std::vector<Row> rows;
+    const std::size_t total = cases.size() * percents.size();
+    const auto bench_start = std::chrono::steady_clock::now();
+    for (const Case& c : cases) {
+        for (const double percent : percents) {
+            Row row;
+            row.c = &c;
+            row.percent = percent;
+            row.budget = percent_of(c.ref.peak, percent);
+            try {
+                row.size = model_size(c.problem, row.budget);
+            } catch (const Error& e) {
+                std::fprintf(stderr, "  model size of %s at %.0f %%: %s\n", c.problem.name().c_str(), percent, e.what());
+            }
+            for (const Backend& b : backends) {
+                if (!b.solve) {
+                    row.outcomes.push_back(Outcome{});
+                    continue;
+                }
+                std::fprintf(stderr, "[%zu/%zu, %.0f s] %s, %zu ops, budget %.0f %% (%llu B): %s ...\n", rows.size() + 1,
+                             total, seconds_since(bench_start), c.shape.c_str(), c.problem.op_count(), percent,
+                             static_cast<unsigned long long>(row.budget), b.name.c_str());
+                Outcome o = b.solve(c.problem, row.budget);
+                std::fprintf(stderr, "    %s in %.2f s%s%s\n", status_text(o, c.ref).c_str(), o.seconds,
+                             o.message.empty() || o.kind == Outcome::Kind::infeasible ? "" : ": ",
+                             o.kind == Outcome::Kind::infeasible ? "" : o.message.c_str());
+                row.outcomes.push_back(std::move(o));
+            }
+            rows.push_back(std::move(row));
+        }
+    }
+
+    // ---------------------------------------------------------------- table
+    std::printf("| shape | ops | budget %% | passes | variables | integer vars | rows | nonzeros");
+    for (const Backend& b : backends)
+        std::printf(" | %s s | %s status | %s overhead", b.name.c_str(), b.name.c_str(), b.name.c_str());
+    std::printf(" |\n|---|---|---|---|---|---|---|---");
+    for (std::size_t i = 0; i < backends.size(); ++i) std::printf("|---|---|---");
+    std::printf("|\n");
+    std::vector<std::string> oddities;
+    for (const Row& r : rows) {
+        const Case& c = *r.c;
+        const auto count = [&](std::size_t CheckmateModelSize::*field) {
+            return r.size ? std::to_string((*r.size).*field) : std::string("-");
+        };
+        std::printf("| %s | %zu | %.0f | %s | %s | %s | %s | %s", c.shape.c_str(), c.problem.op_count(), r.percent,
+                    count(&CheckmateModelSize::passes).c_str(), count(&CheckmateModelSize::variables).c_str(),
+                    count(&CheckmateModelSize::integers).c_str(), count(&CheckmateModelSize::rows).c_str(),
+                    count(&CheckmateModelSize::nonzeros).c_str());
+        for (const Outcome& o : r.outcomes) {
+            const std::string seconds = o.kind == Outcome::Kind::not_built ? "n/a" : format("%.2f", o.seconds);
+            const std::string overhead =
+                has_schedule(o) ? format("%.1f", 100.0 * (o.time / c.ref.time - 1.0)) + " %"
+                                : (o.kind == Outcome::Kind::not_built ? "n/a" : "-");
+            std::printf(" | %s | %s | %s", seconds.c_str(), status_text(o, c.ref).c_str(), overhead.c_str());
+        }
+        std::printf(" |\n");
+
+        // Cross-checks between the backends: two proven optima must have the same time,
+        // and a budget one backend finds infeasible the other must not solve.
+        const std::string where = c.shape + " " + std::to_string(c.problem.op_count()) + " ops at " +
+                                  format("%.0f", r.percent) + " %";
+        for (std::size_t i = 0; i < r.outcomes.size(); ++i) {
+            const Outcome& a = r.outcomes[i];
+            if (a.kind == Outcome::Kind::error)
+                oddities.push_back(where + ", " + backends[i].name + ": " + a.message);
+            if (has_schedule(a) && a.peak > r.budget)
+                oddities.push_back(where + ", " + backends[i].name + ": peak " + std::to_string(a.peak) +
+                                   " B above the budget");
+            for (std::size_t j = i + 1; j < r.outcomes.size(); ++j) {
+                const Outcome& b = r.outcomes[j];
+                if (a.kind == Outcome::Kind::optimal && b.kind == Outcome::Kind::optimal &&
+                    std::abs(a.time - b.time) > 1e-6 * std::max(1.0, a.time))
+                    oddities.push_back(where + ": proven optima differ (" + backends[i].name + " " +
+                                       format("%.6g", a.time) + ", " + backends[j].name + " " + format("%.6g", b.time) + ")");
+                if ((a.kind == Outcome::Kind::infeasible && has_schedule(b)) ||
+                    (b.kind == Outcome::Kind::infeasible && has_schedule(a)))
+                    oddities.push_back(where + ": one backend says infeasible, the other found a schedule");
+                if (a.kind == Outcome::Kind::optimal && has_schedule(b) && b.time < a.time - 1e-6 * std::max(1.0, a.time))
+                    oddities.push_back(where + ": " + backends[j].name + " beat " + backends[i].name + "'s proven optimum");
+                if (b.kind == Outcome::Kind::optimal && has_schedule(a) && a.time < b.time - 1e-6 * std::max(1.0, b.time))
+                    oddities.push_back(where + ": " + backends[i].name + " beat " + backends[j].name + "'s proven optimum");
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- summary
+    std::printf("\n");
+    std::optional<std::size_t> faster;
+    std::size_t faster_optimal = 0;
+    double faster_seconds = 0.0;
+    for (std::size_t i = 0; i < backends.size(); ++i) {
+        if (!backends[i].solve) {
+            std::printf("%s: not built\n", backends[i].name.c_str());
+            continue;
+        }
+        std::size_t optimal = 0, scheduled = 0, infeasible = 0;
+        double seconds = 0.0;
+        const Row* largest = nullptr;
+        for (const Row& r : rows) {
+            const Outcome& o = r.outcomes[i];
+            seconds += o.seconds;
+            if (has_schedule(o)) ++scheduled;
+            if (o.kind == Outcome::Kind::infeasible) ++infeasible;
+            if (o.kind != Outcome::Kind::optimal) continue;
+            ++optimal;
+            if (!largest || r.c->problem.op_count() > largest->c->problem.op_count() ||
+                (r.c->problem.op_count() == largest->c->problem.op_count() && o.seconds > largest->outcomes[i].seconds))
+                largest = &r;
+        }
+        std::printf("%s: %zu of %zu solves with a schedule proven optimal (%zu infeasible budgets), %.1f s in all; ",
+                    backends[i].name.c_str(), optimal, scheduled, infeasible, seconds);
+        if (largest)
+            std::printf("largest problem solved to proven optimality: %s, %zu ops, %.0f %% of P_ref, in %.2f s\n",
+                        largest->c->shape.c_str(), largest->c->problem.op_count(), largest->percent,
+                        largest->outcomes[i].seconds);
+        else
+            std::printf("no problem solved to proven optimality\n");
+        // Faster: more proven optima, then less time in all.
+        if (!faster || optimal > faster_optimal || (optimal == faster_optimal && seconds < faster_seconds)) {
+            faster = i;
+            faster_optimal = optimal;
+            faster_seconds = seconds;
+        }
+    }
+
+    // The aim: every feasible budget of the ≈40-op problems proven optimal within 10 s.
+    const auto near_aim = [](std::size_t target) { return target == aim_ops; };
+    if (!faster) {
+        std::printf("aim (40-op problem optimal < %.0f s with the faster backend): not measured, no backend built\n",
+                    aim_seconds);
+    } else if (std::none_of(cases.begin(), cases.end(), [&](const Case& c) { return near_aim(c.target); })) {
+        std::printf("aim (40-op problem optimal < %.0f s with the faster backend): not measured (--sizes has no 40)\n",
+                    aim_seconds);
+    } else {
+        std::size_t within = 0, feasible = 0;
+        double slowest = 0.0;
+        std::string detail;
+        for (const Row& r : rows) {
+            if (!near_aim(r.c->target)) continue;
+            const Outcome& o = r.outcomes[*faster];
+            if (o.kind == Outcome::Kind::infeasible) continue;
+            ++feasible;
+            slowest = std::max(slowest, o.seconds);
+            if (o.kind == Outcome::Kind::optimal && o.seconds < aim_seconds) ++within;
+            if (!detail.empty()) detail += ", ";
+            detail += r.c->shape + " " + std::to_string(r.c->problem.op_count()) + " ops @ " + format("%.0f", r.percent) +
+                      " %: " + format("%.2f", o.seconds) + " s " + status_text(o, r.c->ref);
+        }
+        const bool pass = feasible > 0 && within == feasible;
+        std::printf("aim (40-op problem optimal < %.0f s with the faster backend, %s; every feasible budget of both "
+                    "shapes): %s, %zu of %zu proven optimal within %.0f s, slowest %.2f s [%s]\n",
+                    aim_seconds, backends[*faster].name.c_str(), pass ? "PASS" : "MISS", within, feasible, aim_seconds,
+                    slowest, detail.c_str());
+    }
+    if (!oddities.empty()) {
+        std::printf("\nINCONSISTENCIES:\n");
+        for (const std::string& s : oddities) std::printf("  %s\n", s.c_str());
+        return 1;
+    }
+    return 0;
+}
