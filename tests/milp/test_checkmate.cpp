@@ -13,7 +13,7 @@
 #include <remat/milp/cbc.hpp>
 #endif
 
-#include "random_problems.hpp"
+#include "../support/random_problems.hpp"
 
 using namespace remat;
 
