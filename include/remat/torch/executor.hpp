@@ -21,7 +21,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -36,6 +35,7 @@
 #include "../core/simulate.hpp"
 #include "../core/solver.hpp"
 #include "detail/runtime.hpp"
+#include "detail/step.hpp"
 #include "memory.hpp"
 #include "profile.hpp"
 #include "stage.hpp"
@@ -102,6 +102,48 @@ inline void accumulate_gradients(const std::vector<at::Tensor>& parameters, Step
 
 namespace detail {
 
+// How a step fills its report: ChainStep here and ScriptStep (graph_executor.hpp) share
+// these, so that their reports measure the same things the same way.
+
+/// A step's report before it runs: what the plan predicts, and a timeline to fill.
+[[nodiscard]] inline StepReport planned_report(const PreparedPlan& prepared) {
+    StepReport report;
+    report.predicted_peak = prepared.simulation.peak;
+    report.planned_peak = prepared.planned_peak;
+    report.predicted_time = prepared.simulation.time;
+    report.measured_timeline.assign(prepared.plan.schedule.size(), -1);
+    return report;
+}
+
+/// Starts measuring the forward phase; returns the reference that later readings of the
+/// probe are taken against. The simulator starts with the inputs in memory, so the
+/// reference is the probe's reading now less the inputs' bytes.
+[[nodiscard]] inline Bytes start_forward_measurement(StepReport& report, Bytes probe_now, Bytes input_bytes) {
+    report.forward_peak = input_bytes;
+    return probe_now - input_bytes;
+}
+
+/// Starts measuring the backward phase; returns its reference. A continuous step (both
+/// phases back to back, nothing of the caller's in between) keeps the forward's reference;
+/// otherwise the phase is calibrated at its own start, taken to be the simulator's state
+/// after `loss`, and what the caller holds beyond that state goes to `caller_bytes`.
+[[nodiscard]] inline Bytes start_backward_measurement(StepReport& report, const PreparedPlan& prepared,
+                                                      Bytes probe_now, Bytes forward_reference, bool continuous) {
+    const Bytes after_loss = prepared.simulation.timeline.at(prepared.loss_step).after;
+    report.caller_bytes = (probe_now - forward_reference) - after_loss;
+    report.backward_peak = after_loss;
+    return continuous ? forward_reference : probe_now - after_loss;
+}
+
+/// Completes the report of a step whose backward phase has run, once the device has done
+/// the queued work (or the time would leave some of it out).
+inline void finish_report(StepReport& report, Clock::time_point backward_start, const c10::Device& device) {
+    synchronize(device);
+    report.backward_seconds = seconds_since(backward_start);
+    report.measured_peak = std::max(report.forward_peak, report.backward_peak);
+    report.completed = true;
+}
+
 enum class OpKind : unsigned char { forward, forward_grad, loss, backward };
 enum class DataKind : unsigned char { activation, saved, gradient };
 
@@ -159,14 +201,6 @@ struct ExecutorCore {
     mutable std::vector<BufferSnapshot> recompute_snapshots;
 };
 
-struct PreparedSchedule {
-    Plan plan;
-    SimulationReport simulation;  ///< on the measured problem
-    Bytes planned_peak = 0;       ///< on the chain's problem
-    std::size_t loss_step = 0;
-    std::vector<std::size_t> forward_runs;  // per stage (index l), how many F_l / F_l+ steps
-};
-
 }  // namespace detail
 
 template <MemoryProbe Probe = CpuMemoryProbe>
@@ -175,24 +209,19 @@ template <MemoryProbe Probe = CpuMemoryProbe>
 class ChainStep;
 
 /// A plan checked against the executor's chain and ready to run, shareable between steps.
-class ExecutablePlan {
+/// plan(), schedule(), predicted_peak() (the simulator's peak on the measured problem),
+/// predicted_time() and simulation() come from detail::PlanView.
+class ExecutablePlan : public detail::PlanView {
 public:
-    [[nodiscard]] const Plan& plan() const noexcept { return prepared_->plan; }
-    [[nodiscard]] const Schedule& schedule() const noexcept { return prepared_->plan.schedule; }
-    /// The simulator's peak on the measured problem: what the executor should reach.
-    [[nodiscard]] Bytes predicted_peak() const noexcept { return prepared_->simulation.peak; }
     /// The simulator's peak on the chain (an upper bound of predicted_peak()).
     [[nodiscard]] Bytes planned_peak() const noexcept { return prepared_->planned_peak; }
-    [[nodiscard]] double predicted_time() const noexcept { return prepared_->simulation.time; }
-    [[nodiscard]] const SimulationReport& simulation() const noexcept { return prepared_->simulation; }
 
 private:
     template <MemoryProbe>
     friend class ChainExecutor;
     template <MemoryProbe>
     friend class ChainStep;
-    explicit ExecutablePlan(std::shared_ptr<const detail::PreparedSchedule> prepared) : prepared_(std::move(prepared)) {}
-    std::shared_ptr<const detail::PreparedSchedule> prepared_;
+    explicit ExecutablePlan(std::shared_ptr<const detail::PreparedPlan> prepared) : PlanView(std::move(prepared)) {}
 };
 
 /// One training step in two phases: forward() runs the plan up to `loss` and returns the
@@ -220,14 +249,11 @@ public:
         g_.resize(L + 1);
         rng_.resize(L + 1);
         ran_.assign(L + 1, 0);
-        pending_.resize(core_->table.parameters.size());
+        pending_.reset(core_->table.parameters.size());
         input_requires_grad_ = input.requires_grad();
         device_ = input.device();
         a_[0].set_external(input);
-        report_.predicted_peak = prepared_->simulation.peak;
-        report_.planned_peak = prepared_->planned_peak;
-        report_.predicted_time = prepared_->simulation.time;
-        report_.measured_timeline.assign(prepared_->plan.schedule.size(), -1);
+        report_ = detail::planned_report(*prepared_);
     }
 
     ChainStep(ChainStep&&) noexcept = default;
@@ -239,15 +265,12 @@ public:
     /// Runs the plan up to `loss`; returns the output (a tensor without autograd history
     /// that the caller may keep).
     at::Tensor forward() {
-        if (phase_ != Phase::ready)
-            throw ExecutionError("chain step: forward() was already called; start a new step for a new forward");
-        // Taken before the baseline: these copies exist for the step, not for the plan.
-        for (const ChainStage& s : core_->stages) start_buffers_.emplace_back(s.buffers);
-        start_rng_ = detail::RngState::capture(device_);
+        detail::check_forward_allowed(phase_, "chain step");
+        rollback_.save(core_->stages, device_);
         phase_ = Phase::forward;
         const auto start = detail::Clock::now();
-        forward_reference_ = core_->probe.current() - core_->profile.chain.input_bytes;
-        report_.forward_peak = core_->profile.chain.input_bytes;
+        forward_reference_ =
+            detail::start_forward_measurement(report_, core_->probe.current(), core_->profile.chain.input_bytes);
         for (std::size_t i = 0; i < prepared_->loss_step; ++i) execute(i, forward_reference_, report_.forward_peak);
         a_.back().expose();
         at::Tensor output = a_.back().tensor().detach();
@@ -260,32 +283,21 @@ public:
     /// Runs the rest of the plan with `grad_output`, the gradient of the loss with respect
     /// to the output. The executor keeps no reference to it beyond the plan's `free g_L`.
     StepGradients backward(at::Tensor grad_output) {
-        if (phase_ != Phase::between)
-            throw ExecutionError(phase_ == Phase::done || phase_ == Phase::failed
-                                     ? "chain step: backward() was already called (or the step failed); a step "
-                                       "back-propagates once"
-                                     : "chain step: backward() before forward()");
+        detail::check_backward_allowed(phase_, "chain step");
         if (!grad_output.defined())
             throw InvalidInput("chain step: the gradient of the output is undefined");
         phase_ = Phase::backward;
         const auto start = detail::Clock::now();
-        const Bytes after_loss = prepared_->simulation.timeline.at(prepared_->loss_step).after;
         g_.back() = std::move(grad_output);
-        const Bytes now = core_->probe.current();
-        report_.caller_bytes = (now - forward_reference_) - after_loss;
-        const Bytes reference = continuous_ ? forward_reference_ : now - after_loss;
-        report_.backward_peak = after_loss;
+        const Bytes reference = detail::start_backward_measurement(report_, *prepared_, core_->probe.current(),
+                                                                   forward_reference_, continuous_);
         const Schedule& schedule = prepared_->plan.schedule;
         for (std::size_t i = prepared_->loss_step + 1; i < schedule.size(); ++i)
             execute(i, reference, report_.backward_peak);
         StepGradients result;
         result.input = g_[0];
-        result.parameters = std::move(pending_);
-        pending_.clear();
-        detail::synchronize(device_);
-        report_.backward_seconds = detail::seconds_since(start);
-        report_.measured_peak = std::max(report_.forward_peak, report_.backward_peak);
-        report_.completed = true;
+        result.parameters = pending_.take();
+        detail::finish_report(report_, start, device_);
         phase_ = Phase::done;
         clear();
         return result;
@@ -295,12 +307,7 @@ public:
     /// their values before the step and everything is freed.
     void abort() noexcept {
         if (phase_ == Phase::done || phase_ == Phase::failed) return;
-        try {
-            for (std::size_t i = 0; i < start_buffers_.size(); ++i)
-                start_buffers_[i].restore(core_->stages[i].buffers);
-        } catch (...) {
-            // Copying a few buffers back failed (out of memory): nothing better is left to do.
-        }
+        rollback_.undo(core_->stages, /*generators_too=*/false);
         phase_ = Phase::failed;
         clear();
     }
@@ -308,7 +315,7 @@ public:
     [[nodiscard]] const StepReport& report() const noexcept { return report_; }
 
 private:
-    enum class Phase : unsigned char { ready, forward, between, backward, done, failed };
+    using Phase = detail::StepPhase;
 
     [[nodiscard]] bool input_grad_for(std::size_t l) const noexcept { return l > 1 || input_requires_grad_; }
 
@@ -316,12 +323,12 @@ private:
         const Step& step = prepared_->plan.schedule[index];
         if (step.is_free()) {
             release_data(core_->data[step.data().index]);
-            report_.measured_timeline[index] = core_->probe.current() - pending_bytes_ - reference;
+            report_.measured_timeline[index] = core_->probe.current() - pending_.bytes() - reference;
             return;
         }
         const detail::ChainOp op = core_->ops[step.op().index];
         if (op.kind == detail::OpKind::loss) return;
-        const Bytes pending_before = pending_bytes_;
+        const Bytes pending_before = pending_.bytes();
         core_->probe.reset_peak();
         try {
             run(op);
@@ -387,46 +394,30 @@ private:
         at::Tensor input_grad =
             detail::run_backward(s_[l], g_[l], input_grad_for(l), core_->table.trainable[l - 1], grads);
         const at::NoGradGuard no_grad;
-        for (std::size_t k = 0; k < indices.size(); ++k) {
-            if (!grads[k].defined()) continue;
-            at::Tensor& sum = pending_[indices[k]];
-            // Out of place: a gradient may alias another (autograd hands some through unchanged).
-            sum = sum.defined() ? sum + grads[k] : std::move(grads[k]);
-        }
+        for (std::size_t k = 0; k < indices.size(); ++k)
+            if (grads[k].defined()) pending_.add_copying(indices[k], std::move(grads[k]));
         g_[l - 1] = std::move(input_grad);
-        pending_bytes_ = 0;
-        std::unordered_set<const void*> counted;
-        for (const at::Tensor& t : pending_)
-            if (t.defined() && t.has_storage() && counted.insert(t.storage().unsafeGetStorageImpl()).second)
-                pending_bytes_ += detail::storage_bytes(t);
+        pending_.recount();
     }
 
     [[noreturn]] void fail(std::size_t index, const detail::ChainOp& op) {
         const bool in_forward = phase_ == Phase::forward;
-        // Undo the step: buffers as before it; the generators too when the caller has not
-        // drawn from them since (the forward phase).
-        for (std::size_t i = 0; i < start_buffers_.size(); ++i) start_buffers_[i].restore(core_->stages[i].buffers);
-        if (in_forward && !start_rng_.empty()) start_rng_.restore();
+        // The generators go back only in the forward phase: later, the caller (its loss) may
+        // have drawn from them.
+        rollback_.undo(core_->stages, /*generators_too=*/in_forward);
         phase_ = Phase::failed;
         clear();
-        const std::string what = describe(core_->problem, prepared_->plan.schedule[index]);
-        const std::string stage = op.stage > 0 ? " (stage " + std::to_string(op.stage) + " '" +
-                                                     core_->stages[op.stage - 1].name + "')"
-                                               : "";
-        const std::string context = "step " + std::to_string(index) + " of the plan, " + what + stage +
-                                    " failed during the " + (in_forward ? "forward" : "backward") +
-                                    " phase; parameters, gradients and buffers are as before the step: ";
+        const std::string stage =
+            op.stage > 0 ? " (stage " + std::to_string(op.stage) + " '" + core_->stages[op.stage - 1].name + "')" : "";
+        const std::string context = detail::step_failure_context(index, core_->problem, prepared_->plan.schedule[index],
+                                                                 stage, in_forward);
         try {
             throw;
         } catch (const InvalidInput& e) {
             // A stage that breaks the chain's rules: the input is at fault, not the run.
             std::throw_with_nested(InvalidInput(context + e.what()));
-        } catch (const Error& e) {
-            std::throw_with_nested(ExecutionError(context + e.what()));
-        } catch (const std::exception& e) {
-            std::throw_with_nested(ExecutionError(context + e.what()));
         } catch (...) {
-            std::throw_with_nested(ExecutionError(context + "unknown exception"));
+            detail::rethrow_as_execution_error(context);
         }
     }
 
@@ -435,12 +426,11 @@ private:
         for (auto& a : a_) a.clear();
         for (auto& g : g_) g = at::Tensor();
         pending_.clear();
-        pending_bytes_ = 0;
-        start_buffers_.clear();
+        rollback_.clear();
     }
 
     std::shared_ptr<detail::ExecutorCore<Probe>> core_;
-    std::shared_ptr<const detail::PreparedSchedule> prepared_;
+    std::shared_ptr<const detail::PreparedPlan> prepared_;
     bool continuous_ = false;
     Phase phase_ = Phase::ready;
     bool input_requires_grad_ = false;
@@ -450,11 +440,9 @@ private:
     std::vector<at::Tensor> g_;
     std::vector<std::optional<detail::RngState>> rng_;
     std::vector<char> ran_;
-    std::vector<at::Tensor> pending_;
-    Bytes pending_bytes_ = 0;
+    detail::PendingGradients pending_;
     Bytes forward_reference_ = 0;
-    std::vector<detail::BufferSnapshot> start_buffers_;
-    detail::RngState start_rng_;
+    detail::StepRollback rollback_;
     StepReport report_;
 };
 
@@ -485,36 +473,21 @@ public:
 
     /// Checks a plan against this chain (the simulator must accept it) and prepares it.
     [[nodiscard]] ExecutablePlan prepare(Plan plan) const {
-        auto prepared = std::make_shared<detail::PreparedSchedule>();
-        const SimulationReport planned = simulate(core_->problem, plan.schedule);
-        if (!planned.valid)
-            throw InvalidInput("the plan is not a valid schedule of chain '" + core_->profile.chain.name +
-                               "': " + planned.error);
-        prepared->planned_peak = planned.peak;
-        prepared->simulation = simulate(core_->measured, plan.schedule);
-        const std::size_t L = core_->stages.size();
-        prepared->forward_runs.assign(L + 1, 0);
-        bool found_loss = false;
-        for (std::size_t i = 0; i < plan.schedule.size(); ++i) {
-            const Step& step = plan.schedule[i];
-            if (!step.is_run()) continue;
-            const detail::ChainOp op = core_->ops[step.op().index];
-            if (op.kind == detail::OpKind::loss) {
-                prepared->loss_step = i;
-                found_loss = true;
-            } else if (op.kind != detail::OpKind::backward) {
-                ++prepared->forward_runs[op.stage];
-            }
-        }
-        if (!found_loss) throw InvalidInput("the plan never runs 'loss'");
-        prepared->plan = std::move(plan);
-        return ExecutablePlan(std::move(prepared));
+        const SimulationReport planned =
+            detail::checked_simulation(core_->problem, plan.schedule, "chain '" + core_->profile.chain.name + "'");
+        SimulationReport simulation = simulate(core_->measured, plan.schedule);
+        // Stages are numbered from 1, as in the chain's ids.
+        const auto role_of = [this](OpId id) {
+            const detail::ChainOp op = core_->ops[id.index];
+            using Kind = detail::OpKind;
+            return detail::PlanOpRole{op.kind == Kind::loss, op.kind == Kind::forward || op.kind == Kind::forward_grad,
+                                      op.stage};
+        };
+        return ExecutablePlan(detail::prepare_plan(std::move(plan), std::move(simulation), planned.peak,
+                                                   core_->stages.size() + 1, role_of));
     }
     [[nodiscard]] ExecutablePlan prepare(Schedule schedule) const {
-        Plan plan;
-        plan.schedule = std::move(schedule);
-        plan.stats.solver = "hand-written";
-        return prepare(std::move(plan));
+        return prepare(detail::hand_written_plan(std::move(schedule)));
     }
 
     /// A step to drive by hand (or from an autograd function): forward(), then backward().

@@ -23,7 +23,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -39,6 +38,8 @@
 #include "../core/simulate.hpp"
 #include "../core/solver.hpp"
 #include "detail/runtime.hpp"
+#include "detail/step.hpp"
+#include "detail/step_capsule.hpp"
 #include "executor.hpp"
 #include "memory.hpp"
 #include "script.hpp"
@@ -54,13 +55,6 @@ struct ScriptGradients {
 };
 
 namespace detail::script {
-
-struct PreparedPlan {
-    Plan plan;
-    SimulationReport simulation;
-    std::size_t loss_step = 0;
-    std::vector<std::size_t> forward_runs;  // per group
-};
 
 // Flattens a value of the module's output structure into its activation leaves.
 inline void flatten(const OutputNode& node, const c10::IValue& value, std::vector<at::Tensor>& out) {
@@ -96,22 +90,16 @@ class ScriptExecutor;
 template <MemoryProbe Probe = CpuMemoryProbe>
 class ScriptStep;
 
-/// A plan checked against a captured problem and ready to run, shareable between steps.
-class ScriptPlan {
-public:
-    [[nodiscard]] const Plan& plan() const noexcept { return prepared_->plan; }
-    [[nodiscard]] const Schedule& schedule() const noexcept { return prepared_->plan.schedule; }
-    [[nodiscard]] Bytes predicted_peak() const noexcept { return prepared_->simulation.peak; }
-    [[nodiscard]] double predicted_time() const noexcept { return prepared_->simulation.time; }
-    [[nodiscard]] const SimulationReport& simulation() const noexcept { return prepared_->simulation; }
-
+/// A plan checked against a captured problem and ready to run, shareable between steps:
+/// plan(), schedule(), predicted_peak(), predicted_time() and simulation(), from
+/// detail::PlanView.
+class ScriptPlan : public detail::PlanView {
 private:
     template <MemoryProbe>
     friend class ScriptExecutor;
     template <MemoryProbe>
     friend class ScriptStep;
-    explicit ScriptPlan(std::shared_ptr<const detail::script::PreparedPlan> prepared) : prepared_(std::move(prepared)) {}
-    std::shared_ptr<const detail::script::PreparedPlan> prepared_;
+    explicit ScriptPlan(std::shared_ptr<const detail::PreparedPlan> prepared) : PlanView(std::move(prepared)) {}
 };
 
 /// One training step in two phases: forward() runs the plan up to `loss` and returns the
@@ -159,13 +147,11 @@ public:
         saved_live_.assign(c.groups.size(), 0);
         rng_.resize(c.groups.size());
         ran_.assign(c.groups.size(), 0);
-        pending_.resize(c.parameters.size());
+        pending_.reset(c.parameters.size());
         device_ = c.device;
         clock_ = detail::script::OpClock(device_);
         for (std::size_t i = 0; i < inputs.size(); ++i) act_[c.inputs[i].data.index].set_external(inputs[i]);
-        report_.predicted_peak = prepared_->simulation.peak;
-        report_.predicted_time = prepared_->simulation.time;
-        report_.measured_timeline.assign(prepared_->plan.schedule.size(), -1);
+        report_ = detail::planned_report(*prepared_);
         step_seconds_.assign(prepared_->plan.schedule.size(), 0.0);
     }
 
@@ -178,15 +164,12 @@ public:
     /// Runs the plan up to `loss`; returns one tensor per output of the module (without
     /// autograd history; the caller may keep them).
     std::vector<at::Tensor> forward() {
-        if (phase_ != Phase::ready)
-            throw ExecutionError("script step: forward() was already called; start a new step for a new forward");
-        for (const auto& g : core_->groups) start_buffers_.emplace_back(g.buffers);
-        start_rng_ = detail::RngState::capture(device_);
+        detail::check_forward_allowed(phase_, "script step");
+        rollback_.save(core_->groups, device_);
         phase_ = Phase::forward;
         const auto start = detail::Clock::now();
-        const Bytes initial = core_->problem.initial_bytes();
-        forward_reference_ = probe_->current() - initial;
-        report_.forward_peak = initial;
+        forward_reference_ =
+            detail::start_forward_measurement(report_, probe_->current(), core_->problem.initial_bytes());
         for (std::size_t i = 0; i < prepared_->loss_step; ++i) execute(i, forward_reference_, report_.forward_peak);
         std::vector<at::Tensor> outputs;
         for (const DataId d : core_->output_data) {
@@ -204,11 +187,7 @@ public:
     /// (undefined entries are taken as zeros). The executor keeps no reference to them beyond
     /// the plan's frees.
     ScriptGradients backward(std::vector<at::Tensor> grad_outputs) {
-        if (phase_ != Phase::between)
-            throw ExecutionError(phase_ == Phase::done || phase_ == Phase::failed
-                                     ? "script step: backward() was already called (or the step failed); a step "
-                                       "back-propagates once"
-                                     : "script step: backward() before forward()");
+        detail::check_backward_allowed(phase_, "script step");
         if (grad_outputs.size() != core_->output_data.size())
             throw InvalidInput("script step: " + std::to_string(grad_outputs.size()) + " output gradients for " +
                                std::to_string(core_->output_data.size()) + " outputs");
@@ -231,11 +210,8 @@ public:
             grad_[d->index] = std::move(g);
         }
         grad_outputs.clear();
-        const Bytes after_loss = prepared_->simulation.timeline.at(prepared_->loss_step).after;
-        const Bytes now = probe_->current();
-        report_.caller_bytes = (now - forward_reference_) - after_loss;
-        const Bytes reference = continuous_ ? forward_reference_ : now - after_loss;
-        report_.backward_peak = after_loss;
+        const Bytes reference =
+            detail::start_backward_measurement(report_, *prepared_, probe_->current(), forward_reference_, continuous_);
         const Schedule& schedule = prepared_->plan.schedule;
         for (std::size_t i = prepared_->loss_step + 1; i < schedule.size(); ++i)
             execute(i, reference, report_.backward_peak);
@@ -249,12 +225,8 @@ public:
                 result.inputs.push_back(std::move(sum));
             }
         }
-        result.parameters = std::move(pending_);
-        pending_.clear();
-        detail::synchronize(device_);
-        report_.backward_seconds = detail::seconds_since(start);
-        report_.measured_peak = std::max(report_.forward_peak, report_.backward_peak);
-        report_.completed = true;
+        result.parameters = pending_.take();
+        detail::finish_report(report_, start, device_);
         phase_ = Phase::done;
         clear();
         return result;
@@ -264,7 +236,7 @@ public:
     /// their values before the step and everything is freed.
     void abort() noexcept {
         if (phase_ == Phase::done || phase_ == Phase::failed) return;
-        restore_start_buffers();
+        rollback_.undo(core_->groups, /*generators_too=*/false);
         phase_ = Phase::failed;
         clear();
     }
@@ -275,7 +247,7 @@ public:
     [[nodiscard]] const std::vector<double>& step_seconds() const noexcept { return step_seconds_; }
 
 private:
-    enum class Phase : unsigned char { ready, forward, between, backward, done, failed };
+    using Phase = detail::StepPhase;
     using Role = detail::script::OpRole;
     using DataRole = detail::script::DataRole;
 
@@ -283,12 +255,12 @@ private:
         const Step& step = prepared_->plan.schedule[index];
         if (step.is_free()) {
             release_data(step.data());
-            report_.measured_timeline[index] = probe_->current() - pending_bytes_ - held_by_caller() - reference;
+            report_.measured_timeline[index] = probe_->current() - pending_.bytes() - held_by_caller() - reference;
             return;
         }
         const detail::script::OpEntry op = core_->ops[step.op().index];
         if (op.role == Role::loss) return;
-        const Bytes pending_before = pending_bytes_ + held_by_caller();
+        const Bytes pending_before = pending_.bytes() + held_by_caller();
         // Reading the generator's state allocates a tensor for a moment: done before the
         // measured window, which then holds the op alone, as profiling measured it.
         std::optional<detail::RngState> rng_now;
@@ -405,23 +377,10 @@ private:
         for (std::size_t i = 0; i < g.inputs.size(); ++i)
             if (g.input_grad[i]) grad_[g.input_grad[i]->index] = std::move(r.input_grads[i]);
         const at::NoGradGuard no_grad;
-        for (std::size_t j = 0; j < g.parameters.size(); ++j) {
-            if (!r.parameter_grads[j].defined()) continue;
-            at::Tensor& sum = pending_[g.parameters[j]];
-            // run_backward gives every parameter gradient memory of its own, so the sum can
-            // grow in place (no transient copy) unless its layout overlaps.
-            if (!sum.defined())
-                sum = std::move(r.parameter_grads[j]);
-            else if (sum.is_non_overlapping_and_dense())
-                sum.add_(r.parameter_grads[j]);
-            else
-                sum = sum + r.parameter_grads[j];
-        }
-        pending_bytes_ = 0;
-        std::unordered_set<const void*> counted;
-        for (const at::Tensor& t : pending_)
-            if (t.defined() && t.has_storage() && counted.insert(t.storage().unsafeGetStorageImpl()).second)
-                pending_bytes_ += detail::storage_bytes(t);
+        // run_backward gives every parameter gradient memory of its own.
+        for (std::size_t j = 0; j < g.parameters.size(); ++j)
+            if (r.parameter_grads[j].defined()) pending_.add_owned(g.parameters[j], std::move(r.parameter_grads[j]));
+        pending_.recount();
     }
 
     // Bytes of outputs the plan has freed but the caller still holds.
@@ -432,31 +391,18 @@ private:
         return total;
     }
 
-    void restore_start_buffers() noexcept {
-        for (std::size_t k = 0; k < start_buffers_.size(); ++k) start_buffers_[k].restore(core_->groups[k].buffers);
-    }
-
     [[noreturn]] void fail(std::size_t index, const detail::script::OpEntry& op) {
         const bool in_forward = phase_ == Phase::forward;
-        restore_start_buffers();
-        if (in_forward && !start_rng_.empty()) start_rng_.restore();
+        // The generators go back only in the forward phase: later, the caller (its loss) may
+        // have drawn from them.
+        rollback_.undo(core_->groups, /*generators_too=*/in_forward);
         phase_ = Phase::failed;
         clear();
-        const std::string what = describe(core_->problem, prepared_->plan.schedule[index]);
         const std::string node = " (op '" + core_->groups[op.group].name + "', root node " +
                                  core_->groups[op.group].where + ")";
-        const std::string context = "step " + std::to_string(index) + " of the plan, " + what + node +
-                                    " failed during the " + (in_forward ? "forward" : "backward") +
-                                    " phase; parameters, gradients and buffers are as before the step: ";
-        try {
-            throw;
-        } catch (const Error& e) {
-            std::throw_with_nested(ExecutionError(context + e.what()));
-        } catch (const std::exception& e) {
-            std::throw_with_nested(ExecutionError(context + error_message(e)));
-        } catch (...) {
-            std::throw_with_nested(ExecutionError(context + "unknown exception"));
-        }
+        detail::rethrow_as_execution_error(
+            detail::step_failure_context(index, core_->problem, prepared_->plan.schedule[index], node, in_forward),
+            error_message);
     }
 
     void clear() noexcept {
@@ -464,14 +410,13 @@ private:
         for (auto& a : act_) a.clear();
         for (auto& g : grad_) g = at::Tensor();
         pending_.clear();
-        pending_bytes_ = 0;
-        start_buffers_.clear();
+        rollback_.clear();
         caller_held_.clear();
     }
 
     std::shared_ptr<const detail::script::Core> core_;
     std::shared_ptr<detail::script::Scratch> scratch_;
-    std::shared_ptr<const detail::script::PreparedPlan> prepared_;
+    std::shared_ptr<const detail::PreparedPlan> prepared_;
     Probe* probe_ = nullptr;
     bool continuous_ = false;
     Phase phase_ = Phase::ready;
@@ -484,11 +429,9 @@ private:
     std::vector<char> ran_;
     std::vector<std::size_t> exposed_;
     std::vector<std::pair<c10::weak_intrusive_ptr<c10::StorageImpl>, Bytes>> caller_held_;
-    std::vector<at::Tensor> pending_;
-    Bytes pending_bytes_ = 0;
+    detail::PendingGradients pending_;
     Bytes forward_reference_ = 0;
-    std::vector<detail::BufferSnapshot> start_buffers_;
-    detail::RngState start_rng_;
+    detail::StepRollback rollback_;
     StepReport report_;
     std::vector<double> step_seconds_;
     detail::script::OpClock clock_{device_};
@@ -505,47 +448,30 @@ struct ScriptStepResult {
 
 namespace detail::script {
 
-template <class Probe>
-struct StepHandle {
-    std::shared_ptr<ScriptStep<Probe>> step;
-    std::shared_ptr<StepReport> report;
-};
-
-template <class Probe>
-struct StepCapsule : ::torch::CustomClassHolder {
-    explicit StepCapsule(StepHandle<Probe> h) : handle(std::move(h)) {}
-    StepHandle<Probe> handle;
-};
-
 inline constexpr const char* capsule_key = "remat.script_step";
 
 /// The autograd function around one planned step. Inputs and parameters are its inputs, so
 /// autograd accumulates the parameters' gradients as for the plain module.
 template <class Probe>
 struct PlannedScript : ::torch::autograd::Function<PlannedScript<Probe>> {
+    using Handle = StepHandle<ScriptStep<Probe>>;
+
     static ::torch::autograd::variable_list forward(::torch::autograd::AutogradContext* ctx, at::TensorList inputs,
-                                                    at::TensorList parameters, StepHandle<Probe> handle,
+                                                    at::TensorList parameters, Handle handle,
                                                     std::vector<char> differentiable) {
         (void)inputs;
         (void)parameters;  // autograd's business; the step already holds them
         ::torch::autograd::variable_list outputs = handle.step->forward();
         for (std::size_t o = 0; o < outputs.size(); ++o)
             if (!differentiable[o]) ctx->mark_non_differentiable({outputs[o]});
-        ctx->saved_data[capsule_key] = at::IValue::make_capsule(
-            c10::intrusive_ptr<::torch::CustomClassHolder>(c10::make_intrusive<StepCapsule<Probe>>(std::move(handle))));
+        stash_step(ctx, capsule_key, std::move(handle));
         return outputs;
     }
 
     static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
                                                      ::torch::autograd::variable_list grad_outputs) {
-        const auto found = ctx->saved_data.find(capsule_key);
-        if (found == ctx->saved_data.end())
-            throw ExecutionError("remat planned module: backward through the same forward twice; a planned step frees "
-                                 "its activations as it goes, so call forward() again for another backward");
-        StepHandle<Probe> handle = std::move(static_cast<StepCapsule<Probe>*>(found->second.toCapsule().get())->handle);
-        ctx->saved_data.erase(found);
-        ScriptGradients gradients = handle.step->backward(std::move(grad_outputs));
-        if (handle.report) *handle.report = handle.step->report();
+        const Handle handle = take_step<ScriptStep<Probe>>(ctx, capsule_key, "remat planned module");
+        ScriptGradients gradients = handle.backward(std::move(grad_outputs));
         ::torch::autograd::variable_list result;
         for (at::Tensor& g : gradients.inputs) result.push_back(std::move(g));
         for (at::Tensor& g : gradients.parameters) result.push_back(std::move(g));
@@ -577,33 +503,20 @@ public:
     /// Checks a plan against the captured problem (the simulator must accept it) and prepares it.
     [[nodiscard]] ScriptPlan prepare(Plan plan) const {
         const auto& core = *capture_.core();
-        auto prepared = std::make_shared<detail::script::PreparedPlan>();
-        prepared->simulation = simulate(core.problem, plan.schedule);
-        if (!prepared->simulation.valid)
-            throw InvalidInput("the plan is not a valid schedule of '" + core.problem.name() +
-                               "': " + prepared->simulation.error);
-        prepared->forward_runs.assign(core.groups.size(), 0);
-        bool found_loss = false;
-        for (std::size_t i = 0; i < plan.schedule.size(); ++i) {
-            const Step& step = plan.schedule[i];
-            if (!step.is_run()) continue;
-            const detail::script::OpEntry op = core.ops[step.op().index];
-            if (op.role == detail::script::OpRole::loss) {
-                prepared->loss_step = i;
-                found_loss = true;
-            } else if (op.role != detail::script::OpRole::backward) {
-                ++prepared->forward_runs[op.group];
-            }
-        }
-        if (!found_loss) throw InvalidInput("the plan never runs 'loss'");
-        prepared->plan = std::move(plan);
-        return ScriptPlan(std::move(prepared));
+        SimulationReport simulation =
+            detail::checked_simulation(core.problem, plan.schedule, "'" + core.problem.name() + "'");
+        const auto role_of = [&core](OpId id) {
+            const detail::script::OpEntry op = core.ops[id.index];
+            using Role = detail::script::OpRole;
+            return detail::PlanOpRole{op.role == Role::loss, op.role == Role::forward || op.role == Role::forward_grad,
+                                      op.group};
+        };
+        // No planned_peak: the script executor predicts on the very problem solvers plan on.
+        return ScriptPlan(detail::prepare_plan(std::move(plan), std::move(simulation), /*planned_peak=*/0,
+                                               core.groups.size(), role_of));
     }
     [[nodiscard]] ScriptPlan prepare(Schedule schedule) const {
-        Plan plan;
-        plan.schedule = std::move(schedule);
-        plan.stats.solver = "hand-written";
-        return prepare(std::move(plan));
+        return prepare(detail::hand_written_plan(std::move(schedule)));
     }
 
     /// A step to drive by hand: forward(), then backward().
@@ -677,7 +590,7 @@ public:
             detail::script::flatten(core.output_tree, value, outputs);
             return outputs;
         }
-        detail::script::StepHandle<Probe> handle{
+        detail::StepHandle<ScriptStep<Probe>> handle{
             std::make_shared<ScriptStep<Probe>>(start(plan, inputs, /*continuous=*/false)), std::move(report)};
         std::vector<char> differentiable;
         for (const auto& d : core.output_grad) differentiable.push_back(d.has_value() ? 1 : 0);

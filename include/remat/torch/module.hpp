@@ -33,7 +33,6 @@
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <ATen/core/ivalue.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/nn/module.h>
@@ -45,6 +44,7 @@
 #include "../core/solver.hpp"
 #include "../io/budget.hpp"
 #include "../solvers/store_all.hpp"
+#include "detail/step_capsule.hpp"
 #include "executor.hpp"
 #include "memory.hpp"
 #include "profile.hpp"
@@ -80,18 +80,6 @@ struct CheckpointOptions {
 
 namespace detail {
 
-template <class Probe>
-struct StepHandle {
-    std::shared_ptr<ChainStep<Probe>> step;
-    std::shared_ptr<StepReport> report;
-};
-
-template <class Probe>
-struct StepCapsule : ::torch::CustomClassHolder {
-    explicit StepCapsule(StepHandle<Probe> h) : handle(std::move(h)) {}
-    StepHandle<Probe> handle;
-};
-
 inline constexpr const char* capsule_key = "remat.step";
 
 /// The autograd function around one planned step. The parameters are inputs, so autograd
@@ -99,26 +87,21 @@ inline constexpr const char* capsule_key = "remat.step";
 /// the caller asks for other gradients only).
 template <class Probe>
 struct PlannedChain : ::torch::autograd::Function<PlannedChain<Probe>> {
+    using Handle = StepHandle<ChainStep<Probe>>;
+
     static at::Tensor forward(::torch::autograd::AutogradContext* ctx, const at::Tensor& input,
-                              at::TensorList parameters, StepHandle<Probe> handle) {
+                              at::TensorList parameters, Handle handle) {
         (void)input;
         (void)parameters;  // inputs for autograd's sake; the step already knows them
         at::Tensor output = handle.step->forward();
-        ctx->saved_data[capsule_key] = at::IValue::make_capsule(
-            c10::intrusive_ptr<::torch::CustomClassHolder>(c10::make_intrusive<StepCapsule<Probe>>(std::move(handle))));
+        stash_step(ctx, capsule_key, std::move(handle));
         return output;
     }
 
     static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
                                                      ::torch::autograd::variable_list grad_outputs) {
-        const auto found = ctx->saved_data.find(capsule_key);
-        if (found == ctx->saved_data.end())
-            throw ExecutionError("remat checkpointed module: backward through the same forward twice; a planned step "
-                                 "frees its activations as it goes, so call forward() again for another backward");
-        StepHandle<Probe> handle = std::move(static_cast<StepCapsule<Probe>*>(found->second.toCapsule().get())->handle);
-        ctx->saved_data.erase(found);
-        StepGradients gradients = handle.step->backward(std::move(grad_outputs.at(0)));
-        if (handle.report) *handle.report = handle.step->report();
+        const Handle handle = take_step<ChainStep<Probe>>(ctx, capsule_key, "remat checkpointed module");
+        StepGradients gradients = handle.backward(std::move(grad_outputs.at(0)));
         ::torch::autograd::variable_list result;
         result.reserve(gradients.parameters.size() + 2);
         result.push_back(std::move(gradients.input));
@@ -166,7 +149,7 @@ public:
         const std::shared_ptr<Compiled> compiled = plan_for(input);
         auto step = std::make_shared<ChainStep<Probe>>(compiled->executor.start(compiled->plan, input, false));
         return detail::PlannedChain<Probe>::apply(input, at::TensorList(compiled->executor.parameters()),
-                                                  detail::StepHandle<Probe>{std::move(step), last_report_});
+                                                  detail::StepHandle<ChainStep<Probe>>{std::move(step), last_report_});
     }
 
     /// Plans again at another budget, for every input shape seen so far (no re-profiling).

@@ -1,4 +1,4 @@
-// remat/torch/detail/runtime.hpp — the primitives the chain executor and the profiler share.
+// remat/torch/detail/runtime.hpp — the primitives the executors and the profiler share.
 //
 // DESIGN.md §4.6: a per-stage autograd cut (each stage runs on a detached leaf copy of its
 // input and is back-propagated on its own), "free" as releasing the storage while keeping
@@ -14,6 +14,7 @@
 #include <exception>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -46,6 +47,17 @@ inline void synchronize([[maybe_unused]] const c10::Device& device) {
 [[nodiscard]] inline Bytes storage_bytes(const at::Tensor& t) {
     if (!t.defined() || !t.has_storage()) return 0;
     return static_cast<Bytes>(t.storage().nbytes());
+}
+
+/// Bytes that releasing all these tensors would give back: a storage several of them share
+/// counts once (a gradient may alias another).
+[[nodiscard]] inline Bytes distinct_storage_bytes(const std::vector<at::Tensor>& tensors) {
+    Bytes total = 0;
+    std::unordered_set<const void*> counted;
+    for (const at::Tensor& t : tensors)
+        if (t.defined() && t.has_storage() && counted.insert(t.storage().unsafeGetStorageImpl()).second)
+            total += storage_bytes(t);
+    return total;
 }
 
 // ------------------------------------------------------------------------------ random numbers
