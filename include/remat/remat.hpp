@@ -15,6 +15,7 @@
 #include "solvers/exhaustive.hpp"
 #include "solvers/periodic.hpp"
 #include "solvers/rotor.hpp"
+#include "solvers/sequence_solver.hpp"
 #include "partition/blocks.hpp"
 #include "solvers/rockmate.hpp"
 #include "io/budget.hpp"

@@ -5,10 +5,16 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <queue>
 #include <random>
 #include <string>
+#include <string_view>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <remat/io/json.hpp>
@@ -69,9 +75,139 @@ testing::OpLevelShape shape_for(int trial) {
     return shape;
 }
 
+// A second SequenceSolver: an exact search over every action sequence of Rotor's model
+// (rotor_evaluate's rules, not only the persistent schedules Rotor's DP builds) by Dijkstra
+// on states (live activations, the option each stage saved, live gradients, backwards done,
+// loss). Only for tiny chains of blocks: it proves Rockmate's second parameter is used, and
+// bounds Rotor from below.
+class ExactActionSearch {
+public:
+    [[nodiscard]] static constexpr std::string_view name() noexcept { return "exact-action-search"; }
+
+    friend RotorSequence sequence_plan(const ExactActionSearch&, const RotorChain& chain, Bytes budget) {
+        const auto found = search(chain, budget, false);
+        if (!found)
+            throw Infeasible("exact-action-search: no sequence within " + std::to_string(budget) + " bytes", budget,
+                             smallest(chain));
+        RotorSequence seq;
+        seq.actions = found->second;
+        const RotorEvaluation ev = rotor_evaluate(chain, seq.actions);
+        seq.time = ev.time;
+        seq.peak = ev.peak;
+        return seq;
+    }
+    friend Bytes sequence_smallest_budget(const ExactActionSearch&, const RotorChain& chain) { return smallest(chain); }
+
+private:
+    struct State {
+        std::uint32_t act = 1, grad = 0, done = 0;
+        std::uint64_t saved = 0;  // 8 bits per stage: option + 1, 0 when none
+        bool loss = false;
+        Bytes mem = 0;
+        [[nodiscard]] auto key() const { return std::tie(act, grad, done, saved, loss); }
+        bool operator<(const State& o) const { return key() < o.key(); }
+    };
+
+    [[nodiscard]] static Bytes smallest(const RotorChain& chain) { return search(chain, -1, true).value().first; }
+
+    // The fastest goal path within `budget` (minimise time), or the path of least peak
+    // (minimise = true: cost is the peak so far, a bottleneck path). Returns (cost, actions).
+    [[nodiscard]] static std::optional<std::pair<double, std::vector<RotorAction>>> search(const RotorChain& chain,
+                                                                                         Bytes budget, bool least_peak) {
+        using K = RotorAction::Kind;
+        const std::size_t L = chain.length();
+        if (L > 8) throw InvalidInput("exact-action-search: at most 8 stages");
+        const auto x = [&](std::size_t l) { return chain.activation_bytes(l); };
+        const auto y = [&](std::size_t l) { return chain.gradient_bytes(l); };
+        const auto bit = [](std::size_t l) { return std::uint32_t{1} << l; };
+        const auto saved_of = [](const State& s, std::size_t l) { return (s.saved >> (8 * l)) & 0xff; };
+        std::map<State, std::pair<double, std::pair<State, RotorAction>>> best;  // cost, (parent, action)
+        using Item = std::pair<double, State>;
+        struct Later {
+            bool operator()(const Item& a, const Item& b) const { return a.first > b.first; }
+        };
+        std::priority_queue<Item, std::vector<Item>, Later> open;
+        State start;
+        start.mem = x(0);
+        best[start] = {least_peak ? double(start.mem) : 0.0, {start, RotorAction{}}};
+        open.push({best[start].first, start});
+        std::size_t expanded = 0;
+        while (!open.empty()) {
+            const auto [cost, s] = open.top();
+            open.pop();
+            if (cost > best.at(s).first) continue;
+            if (++expanded > 2'000'000) throw SolverError("exact-action-search: too many states");
+            if (s.loss && s.done == (bit(L + 1) - 2) && (s.grad & 1)) {
+                std::vector<RotorAction> actions;
+                for (State at = s; !(at.key() == start.key());) {
+                    const auto& [parent, action] = best.at(at).second;
+                    actions.push_back(action);
+                    at = parent;
+                }
+                std::reverse(actions.begin(), actions.end());
+                return std::make_pair(cost, std::move(actions));
+            }
+            const auto push = [&](State t, Bytes during, double time, RotorAction a) {
+                const Bytes peak = std::max(during, t.mem);
+                if (!least_peak && peak > budget) return;
+                const double c = least_peak ? std::max(cost, double(peak)) : cost + time;
+                const auto it = best.find(t);
+                if (it != best.end() && it->second.first <= c) return;
+                best[t] = {c, {s, a}};
+                open.push({c, t});
+            };
+            for (std::size_t l = 1; l <= L; ++l) {
+                const RotorStage& st = chain.stages[l - 1];
+                const bool act_in = (s.act & bit(l - 1)) != 0, act_out = (s.act & bit(l)) != 0;
+                if (act_in && !act_out && !(s.done & bit(l))) {
+                    State t = s;
+                    t.act |= bit(l);
+                    t.mem += x(l);
+                    push(t, s.mem + x(l) + st.nograd_overhead, st.nograd_time, {K::forward_nograd, l, 0});
+                    for (std::size_t k = 0; k < st.options.size(); ++k) {
+                        const RotorOption& o = st.options[k];
+                        State u = s;
+                        u.act |= bit(l);
+                        u.saved |= std::uint64_t(k + 1) << (8 * l);
+                        u.mem += o.saved_bytes;
+                        push(u, s.mem + o.saved_bytes + o.fwd_overhead, o.fwd_time, {K::forward, l, k});
+                    }
+                }
+                if (act_out && !saved_of(s, l)) {
+                    State t = s;
+                    t.act &= ~bit(l);
+                    t.mem -= x(l);
+                    push(t, t.mem, 0.0, {K::free_activation, l, 0});
+                }
+                if (saved_of(s, l) && (s.grad & bit(l)) && act_in) {
+                    const std::size_t k = saved_of(s, l) - 1;
+                    const RotorOption& o = st.options[k];
+                    State t = s;
+                    t.mem += y(l - 1) - o.saved_bytes - y(l);
+                    t.grad = (t.grad | bit(l - 1)) & ~bit(l);
+                    t.act &= ~bit(l);
+                    t.saved &= ~(std::uint64_t{0xff} << (8 * l));
+                    t.done |= bit(l);
+                    push(t, s.mem + y(l - 1) + o.bwd_overhead, o.bwd_time, {K::backward, l, k});
+                }
+            }
+            if (!s.loss && (s.act & bit(L))) {
+                State t = s;
+                t.loss = true;
+                t.grad |= bit(L);
+                t.mem += y(L);
+                push(t, s.mem + y(L) + chain.loss_overhead, chain.loss_time, {K::loss, 0, 0});
+            }
+        }
+        return std::nullopt;
+    }
+};
+
 }  // namespace
 
 static_assert(Solver<Rockmate<>>);
+static_assert(SequenceSolver<Rotor> && SequenceSolver<ExactActionSearch>);
+static_assert(Solver<Rockmate<Exhaustive, ExactActionSearch>>);
 
 // ------------------------------------------------------------------------------ partition
 
@@ -448,6 +584,52 @@ TEST_CASE("rockmate on small op-level graphs stays close to the exact optimum") 
                                          << 100.0 * worst << " %");
     CHECK(total / cases <= 0.05);
     CHECK(within10 * 100 >= cases * 85);
+}
+
+TEST_CASE("rockmate's sequence solver is a parameter: an exact search over rotor's actions in its place") {
+    // The same blocks and options, planned across by Rotor's DP and by the exact search over
+    // every action sequence of Rotor's model: both plans valid under the simulator, the
+    // search never slower and never needing more memory than the DP.
+    std::mt19937 rng(41);
+    RotorOptions exact_slots;
+    exact_slots.slots = 1'000'000;  // every budget here in whole units of the sizes' gcd: Rotor's DP is exact
+    const Rockmate<Exhaustive, Rotor> by_rotor(quiet_options(), Exhaustive(), Rotor(exact_slots));
+    const Rockmate<Exhaustive, ExactActionSearch> by_search(quiet_options());
+    int compared = 0, equal = 0;
+    for (int trial = 0; trial < 12; ++trial) {
+        Problem p = trial % 2 == 0 ? to_problem(random_chain(rng, 1 + static_cast<std::size_t>(trial % 4)))
+                                   : testing::random_op_level_problem(rng, [] {
+                                         testing::OpLevelShape shape;
+                                         shape.blocks = 1;
+                                         shape.kinds = {testing::BlockKind::chain, testing::BlockKind::residual,
+                                                        testing::BlockKind::diamond};
+                                         return shape;
+                                     }(), testing::numbered("tiny", static_cast<std::size_t>(trial)));
+        const RockmateModel model = by_rotor.analyse(p);
+        if (model.blocks.size() > 6) continue;
+        const Bytes least_rotor = by_rotor.smallest_budget(model);
+        const Bytes least_search = by_search.smallest_budget(model);
+        CHECK(least_search <= least_rotor);
+        try {
+            (void)by_search.solve(model, least_search - 1);
+            FAIL("no Infeasible below the search's smallest budget");
+        } catch (const Infeasible& e) {
+            CHECK(e.smallest_feasible() == least_search);
+        }
+        const Reference ref = store_all_reference(p);
+        for (const Bytes budget : sweep(least_rotor, std::max(ref.peak, least_rotor), 5)) {
+            const Plan a = by_rotor.solve(model, budget);
+            const Plan b = by_search.solve(model, budget);
+            CHECK(simulate(p, b.schedule).fits(budget));
+            CHECK(b.stats.options.find("across=exact-action-search") != std::string::npos);
+            CHECK(a.stats.options.find("across=rotor") != std::string::npos);
+            CHECK(b.time <= a.time + 1e-9);
+            equal += b.time >= a.time - 1e-9 ? 1 : 0;
+            ++compared;
+        }
+    }
+    CHECK(compared >= 40);
+    WARN("exact action search equals rotor's DP across blocks on " << equal << " of " << compared << " budgets");
 }
 
 TEST_CASE("rockmate solves structurally identical blocks once") {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <remat/remat.hpp>
@@ -36,6 +37,9 @@ testing::OpLevelShape small_shape() {
 }  // namespace
 
 static_assert(Solver<ExactBlockSolver<milp::LpSolve>> && Solver<RockmateMilp<>>);
+// The defaults: Checkmate over lp_solve on the blocks, the multi-option Rotor across.
+static_assert(std::is_same_v<RockmateMilp<>, Rockmate<ExactBlockSolver<milp::LpSolve>, Rotor>>);
+static_assert(Solver<RockmateCheckmate<>> && std::is_same_v<RockmateCheckmate<>, Rockmate<Checkmate<milp::LpSolve>, Rotor>>);
 
 TEST_CASE("rockmate with checkmate blocks: valid plans, never below the exact optimum") {
     std::mt19937 rng(17);

@@ -9,10 +9,12 @@
 // op that stands for the rest of the network), its backward sub-schedule (the steps after),
 // their times, what the forward leaves live and the overheads (rotor.hpp's memory model).
 // The saved budget σ is imposed through the boundary's overhead (budget − σ): memory while
-// the boundary runs is everything live + its writes + its overhead. The multi-option Rotor
-// DP then picks, over the chain of blocks, which blocks run with which option, which run
-// without grad and where to checkpoint; the chosen options' sub-schedules, renamed into the
-// whole problem, make one schedule, which the simulator checks.
+// the boundary runs is everything live + its writes + its overhead. A sequence solver
+// (sequence_solver.hpp; the multi-option Rotor DP by default) then picks, over the chain of
+// blocks, which blocks run with which option, which run without grad and where to
+// checkpoint; the chosen options' sub-schedules, renamed into the whole problem, make one
+// schedule, which the simulator checks. analyse() does everything that does not depend on
+// the budget once (RockmateModel); solve(model, budget) then runs only the sequence solver.
 //
 // The mapping onto Rotor's model never underestimates: a block's data are touched only by
 // its own sub-schedules (and its output separator by the next block), the gradients that
@@ -50,6 +52,7 @@
 #include "../partition/blocks.hpp"
 #include "exhaustive.hpp"
 #include "rotor.hpp"
+#include "sequence_solver.hpp"
 #include "store_all.hpp"
 
 namespace remat {
@@ -75,8 +78,6 @@ struct RockmateOptions {
     BlockSharing sharing = BlockSharing::same_sizes;
     /// Where blocks are cut (partition_blocks).
     PartitionOptions partition{};
-    /// The DP across blocks.
-    RotorOptions rotor{};
     /// Progress on stderr.
     bool verbose = false;
 };
@@ -180,7 +181,10 @@ struct RockmateModel {
                 case K::forward: append(blocks.at(a.stage - 1), blocks[a.stage - 1].options.at(a.option).forward); break;
                 case K::backward: append(blocks.at(a.stage - 1), blocks[a.stage - 1].options.at(a.option).backward); break;
                 case K::loss: break;
-                case K::free_activation: free(partition.blocks.at(a.stage - 1).output.value()); break;
+                case K::free_activation:
+                    // The last block has no output (0 bytes in the chain): nothing to free.
+                    if (const auto& out = partition.blocks.at(a.stage - 1).output) free(*out);
+                    break;
             }
         }
         return out;
@@ -464,11 +468,19 @@ template <class S>
 
 /// The Rockmate solver. `BlockSolver` is any remat::Solver used on the blocks; it should be
 /// exact (its options are Rockmate's building blocks) and fast on problems of a few dozen data.
-template <Solver BlockSolver = Exhaustive>
+/// `Across` plans the chain of blocks (SequenceSolver): Rotor's multi-option DP by default,
+/// configured by the Rotor object passed in (its RotorOptions: slots, time limit).
+/// The block solver defaults to the exact search because this header needs only the standard
+/// library; the paper's Checkmate blocks (integer programming) are RockmateMilp in
+/// rockmate_milp.hpp, which needs a MILP backend.
+template <Solver BlockSolver = Exhaustive, SequenceSolver Across = Rotor>
 class Rockmate {
 public:
-    explicit Rockmate(RockmateOptions options = {}, BlockSolver block_solver = BlockSolver())
-        : options_(std::move(options)), block_solver_(std::move(block_solver)) {
+    explicit Rockmate(RockmateOptions options = {}, BlockSolver block_solver = BlockSolver(),
+                      Across sequence_solver = Across())
+        : options_(std::move(options)),
+          block_solver_(std::move(block_solver)),
+          sequence_solver_(std::move(sequence_solver)) {
         if (options_.peak_budgets == 0 || options_.saved_budgets == 0)
             throw InvalidInput("rockmate: peak_budgets and saved_budgets must be at least 1");
         if (!(options_.block_time_limit_seconds >= 0))
@@ -478,6 +490,7 @@ public:
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "rockmate"; }
     [[nodiscard]] const RockmateOptions& options() const noexcept { return options_; }
     [[nodiscard]] const BlockSolver& block_solver() const noexcept { return block_solver_; }
+    [[nodiscard]] const Across& sequence_solver() const noexcept { return sequence_solver_; }
 
     /// Blocks and their options: everything that does not depend on the budget.
     [[nodiscard]] RockmateModel analyse(const Problem& problem) const {
@@ -523,14 +536,7 @@ public:
 
     /// The smallest budget Rockmate can plan for (with these options).
     [[nodiscard]] Bytes smallest_budget(const RockmateModel& model) const {
-        const RotorChain chain = model.rotor_chain();
-        if (!options_.rotor.slot_bytes) return rotor_smallest_budget(chain);
-        try {
-            (void)rotor_plan(chain, -1, options_.rotor);
-        } catch (const Infeasible& e) {
-            if (e.smallest_feasible()) return *e.smallest_feasible();
-        }
-        return rotor_smallest_budget(chain);
+        return sequence_smallest_budget(sequence_solver_, model.rotor_chain());
     }
     [[nodiscard]] Bytes smallest_budget(const Problem& problem) const { return smallest_budget(analyse(problem)); }
 
@@ -542,13 +548,14 @@ public:
         return plan;
     }
 
-    /// Plans at `budget` with a model from analyse() (solve time: the Rotor DP only).
+    /// Plans at `budget` with a model from analyse() (solve time: the sequence solver only).
     [[nodiscard]] Plan solve(const RockmateModel& model, Bytes budget) const {
         const auto start = std::chrono::steady_clock::now();
         const RotorChain chain = model.rotor_chain();
+        const std::string across(sequence_solver_.name());
         RotorSequence seq;
         try {
-            seq = rotor_plan(chain, budget, options_.rotor);
+            seq = sequence_plan(sequence_solver_, chain, budget);
         } catch (const Infeasible& e) {
             const std::optional<Bytes> least =
                 e.smallest_feasible() ? std::optional<Bytes>(*e.smallest_feasible()) : std::nullopt;
@@ -557,13 +564,22 @@ public:
                                  " blocks), above the budget of " + std::to_string(budget) + " bytes",
                              budget, least);
         }
+        // The sequence solver is a plug-in: its answer is checked in its own model before
+        // its actions index the blocks' options.
+        const RotorEvaluation ev = rotor_evaluate(chain, seq.actions);
+        if (!ev.valid || ev.peak > budget)
+            throw SolverError("rockmate: the sequence solver '" + across + "' returned " +
+                              (ev.valid ? "a plan of peak " + std::to_string(ev.peak) + " bytes above the budget of " +
+                                              std::to_string(budget)
+                                        : "an invalid plan (" + ev.error + ")") +
+                              " for the blocks of '" + model.problem.name() + "'; fix that solver");
         std::size_t total_options = 0;
         for (const RockmateBlock& b : model.blocks) total_options += b.options.size();
         SolverStats stats{std::string(name()), 0.0, SolveStatus::feasible, std::nullopt,
                           std::string("blocks=") + std::to_string(model.blocks.size()) + " options=" + std::to_string(total_options) +
                               " grid=" + std::to_string(options_.peak_budgets) + "x" +
                               std::to_string(options_.saved_budgets) + (options_.store_all_only ? " store-all-only" : "") +
-                              " slot_bytes=" + std::to_string(seq.slot_bytes)};
+                              " across=" + across + " slot_bytes=" + std::to_string(seq.slot_bytes)};
         Schedule schedule = model.to_schedule(seq.actions);
         stats.solve_seconds = detail::rockmate::seconds_since(start);
         return make_checked_plan(model.problem, std::move(schedule), budget, std::move(stats));
@@ -679,6 +695,7 @@ private:
 
     RockmateOptions options_;
     BlockSolver block_solver_;
+    Across sequence_solver_;
 };
 
 }  // namespace remat

@@ -19,6 +19,8 @@
 #include "checkmate.hpp"
 #include "exhaustive.hpp"
 #include "rockmate.hpp"
+#include "rotor.hpp"
+#include "sequence_solver.hpp"
 
 namespace remat {
 
@@ -72,8 +74,15 @@ private:
     Exhaustive exhaustive_;
 };
 
-/// Rockmate as the paper runs it: exact block options (search or MILP), Rotor across blocks.
-template <milp::MilpBackend Backend = milp::LpSolve>
-using RockmateMilp = Rockmate<ExactBlockSolver<Backend>>;
+/// Rockmate as the paper runs it: exact block options (search or MILP, lp_solve by default),
+/// the multi-option Rotor across blocks by default. Rockmate<> in rockmate.hpp defaults to
+/// the exact search on blocks instead, because that header must not need a MILP backend.
+template <milp::MilpBackend Backend = milp::LpSolve, SequenceSolver Across = Rotor>
+using RockmateMilp = Rockmate<ExactBlockSolver<Backend>, Across>;
+
+/// Rockmate with every block solved by Checkmate's integer program alone (the paper's exact
+/// setup; RockmateMilp gives the same options faster on small blocks).
+template <milp::MilpBackend Backend = milp::LpSolve, SequenceSolver Across = Rotor>
+using RockmateCheckmate = Rockmate<Checkmate<Backend>, Across>;
 
 }  // namespace remat
