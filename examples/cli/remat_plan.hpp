@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -211,12 +212,18 @@ inline int run_remat_plan(const std::vector<std::string>& args, std::ostream& ou
         const bool planning = a.budget.has_value();
         const Bytes budget = planning ? parse_budget(*a.budget, ref.peak) : 0;
 
+        // In a sweep, Rockmate analyses the blocks once for every budget.
+        const bool bound = solver.name == "rockmate" && a.sweep.has_value();
+        const std::function<Plan(Bytes)> plan_at =
+            bound ? rockmate_planner(problem, options)
+                  : std::function<Plan(Bytes)>([&](Bytes b) { return solve_with(solver, problem, b, options); });
+
         // The plan at the budget.
         std::optional<Plan> plan;
         std::optional<Infeasible> infeasible;
         if (planning) {
             try {
-                plan = solve_with(solver, problem, budget, options);
+                plan = plan_at(budget);
             } catch (const Infeasible& e) {
                 infeasible = e;
             }
@@ -225,9 +232,17 @@ inline int run_remat_plan(const std::vector<std::string>& args, std::ostream& ou
         std::optional<Bytes> smallest;
         std::vector<detail::SweepRow> rows;
         if (a.sweep) {
-            smallest = infeasible && infeasible->smallest_feasible()
-                           ? infeasible->smallest_feasible()
-                           : smallest_feasible(solver, problem, options, ref.peak);
+            if (infeasible && infeasible->smallest_feasible()) {
+                smallest = infeasible->smallest_feasible();
+            } else if (bound) {
+                // Asked at budget 0, Rockmate answers with its smallest budget.
+                try {
+                    smallest = plan_at(0).peak;
+                } catch (const Infeasible& e) {
+                    smallest = e.smallest_feasible();
+                }
+            }
+            if (!smallest) smallest = smallest_feasible(solver, problem, options, ref.peak);
             if (smallest) {
                 const Bytes lo = *smallest;
                 const Bytes hi = std::max(ref.peak, lo);
@@ -238,7 +253,7 @@ inline int run_remat_plan(const std::vector<std::string>& args, std::ostream& ou
                                                                      static_cast<double>(i) / static_cast<double>(n - 1));
                     detail::SweepRow row{b, std::nullopt, std::nullopt};
                     try {
-                        row.plan = solve_with(solver, problem, b, options);
+                        row.plan = plan_at(b);
                     } catch (const Infeasible& e) {
                         row.needs = e.smallest_feasible();
                     }

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -71,12 +72,40 @@ inline std::size_t positive_variant(std::string_view name, std::string_view help
     return value;
 }
 
+inline constexpr std::string_view rockmate_variant_help = "rockmate:GRID, peak and saved budgets per block (default 5)";
+
 inline void no_variant(std::string_view name, const SolveOptions& options) {
     if (!options.variant.empty())
         throw InvalidInput("solver '" + std::string(name) + "' takes no ':" + options.variant + "' variant");
 }
 
 }  // namespace detail
+
+/// Rockmate bound to one problem: the block analysis (every block's grid of options), which
+/// does not depend on the budget, runs once here; each call of the result runs only the
+/// sequence solver across the blocks. The first plan's solve time includes the analysis.
+/// remat-plan --sweep plans all its budgets with one.
+[[nodiscard]] inline std::function<Plan(Bytes)> rockmate_planner(const Problem& problem, const SolveOptions& o) {
+    constexpr std::string_view name = "rockmate";
+    constexpr std::string_view help = detail::rockmate_variant_help;
+    RockmateOptions options;
+    if (!o.variant.empty()) options.peak_budgets = options.saved_budgets = detail::positive_variant(name, help, o);
+    if (o.time_limit) options.block_time_limit_seconds = *o.time_limit;
+    options.verbose = o.verbose;
+#ifdef REMAT_WITH_LPSOLVE
+    using Planner = RockmateMilp<>;
+#else
+    using Planner = Rockmate<>;
+#endif
+    const Planner rockmate(options);
+    return [rockmate, model = std::make_shared<const RockmateModel>(rockmate.analyse(problem)),
+            first = true](Bytes budget) mutable {
+        Plan plan = rockmate.solve(*model, budget);
+        if (first) plan.stats.solve_seconds += model->seconds;
+        first = false;
+        return plan;
+    };
+}
 
 /// Every solver the programs offer, in the order --help lists them.
 [[nodiscard]] inline const std::vector<SolverEntry>& solver_table() {
@@ -139,20 +168,10 @@ inline void no_variant(std::string_view name, const SolveOptions& options) {
 #endif
         {
             SolverEntry e{"rockmate", "exact block options, Rotor across the blocks (Zhao et al. 2023)",
-                          "rockmate:GRID, peak and saved budgets per block (default 5)", false, false, {}, {}, {}};
+                          detail::rockmate_variant_help, false, false, {}, {}, {}};
             e.applies = [](const Problem& p) { return p.loss().has_value(); };
             e.quick = [](const Problem& p) { return p.data_count() <= 200; };
-            e.solve = [name = e.name, help = e.variant_help](const Problem& p, Bytes budget, const SolveOptions& o) {
-                RockmateOptions options;
-                if (!o.variant.empty()) options.peak_budgets = options.saved_budgets = detail::positive_variant(name, help, o);
-                if (o.time_limit) options.block_time_limit_seconds = *o.time_limit;
-                options.verbose = o.verbose;
-#ifdef REMAT_WITH_LPSOLVE
-                return RockmateMilp<>(options).solve(p, budget);
-#else
-                return Rockmate<>(options).solve(p, budget);
-#endif
-            };
+            e.solve = [](const Problem& p, Bytes budget, const SolveOptions& o) { return rockmate_planner(p, o)(budget); };
             t.push_back(std::move(e));
         }
         {

@@ -20,6 +20,11 @@
 #include <remat/io/json.hpp>
 #include <remat/remat.hpp>
 
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "../../examples/cli/remat_plan.hpp"
+
 #include "../support/op_level_problems.hpp"
 
 using namespace remat;
@@ -630,6 +635,42 @@ TEST_CASE("rockmate's sequence solver is a parameter: an exact search over rotor
     }
     CHECK(compared >= 40);
     WARN("exact action search equals rotor's DP across blocks on " << equal << " of " << compared << " budgets");
+}
+
+TEST_CASE("rockmate's analysis is reusable: the same plans as fresh solves, in the library and in remat-plan --sweep") {
+    std::mt19937 rng(53);
+    const Rockmate<> rockmate(quiet_options());
+    for (int trial = 0; trial < 4; ++trial) {
+        testing::OpLevelShape shape = shape_for(trial + 1);
+        shape.blocks = 3;
+        const Problem p = testing::random_op_level_problem(rng, shape, testing::numbered("reuse", static_cast<std::size_t>(trial)));
+        const RockmateModel model = rockmate.analyse(p);
+        const Reference ref = store_all_reference(p);
+        const Bytes least = rockmate.smallest_budget(model);
+        CHECK(least == rockmate.smallest_budget(p));
+        for (const Bytes budget : sweep(least, ref.peak, 5)) {
+            const Plan reused = rockmate.solve(model, budget);
+            const Plan fresh = rockmate.solve(p, budget);
+            CHECK(reused.schedule == fresh.schedule);
+            CHECK(reused.time == fresh.time);
+            CHECK(reused.peak == fresh.peak);
+        }
+    }
+    // remat-plan analyses once for all budgets of a sweep; every row is the fresh plan.
+    const std::string file = (std::filesystem::path(REMAT_SOURCE_DIR) / "examples" / "problems" / "residual-block.problem.json").string();
+    std::ostringstream out, err;
+    REQUIRE(cli::run_remat_plan({file, "--solver", "rockmate", "--sweep", "5", "--json"}, out, err) == cli::exit_ok);
+    const nlohmann::json line = nlohmann::json::parse(out.str());
+    const Problem p = example("residual-block.problem.json");
+    const Rockmate<> defaults;
+    CHECK(line.at("smallest_feasible") == defaults.smallest_budget(p));
+    REQUIRE(line.at("sweep").size() == 5);
+    for (const auto& row : line.at("sweep")) {
+        REQUIRE(row.at("feasible") == true);
+        const Plan fresh = defaults.solve(p, row.at("budget").get<Bytes>());
+        CHECK(row.at("time").get<double>() == fresh.time);
+        CHECK(row.at("peak").get<Bytes>() == fresh.peak);
+    }
 }
 
 TEST_CASE("rockmate solves structurally identical blocks once") {
