@@ -181,11 +181,13 @@ std::vector<std::size_t> parse_sizes(const std::string& text) {
 
 int usage() {
     std::fprintf(stderr,
-                 "usage: bench_checkmate [--time-limit S] [--sizes 10,20,40,80] [--quick] [--seed N] [--verbose]\n"
+                 "usage: bench_checkmate [--time-limit S] [--sizes 10,20,40,80] [--quick] [--seed N] [--extra-passes N]\n"
+                 "                       [--verbose]\n"
                  "  --time-limit S  wall-clock limit of each Checkmate solve (default 60)\n"
                  "  --sizes LIST    op counts to aim for, each at least 4 (default 10,20,40,80)\n"
                  "  --quick         sizes 10,20 and a 10 s limit (a smoke run)\n"
                  "  --seed N        seed of the random problems (default 1)\n"
+                 "  --extra-passes N  CheckmateOptions::extra_passes (default: 0 on chains, 1 on other graphs)\n"
                  "  --verbose       Checkmate's own progress lines (model size, MILP outcomes) on stderr\n");
     return 2;
 }
@@ -197,6 +199,7 @@ int main(int argc, char** argv) {
     std::vector<std::size_t> sizes{10, 20, 40, 80};
     std::uint64_t seed = 1;
     bool verbose = false;
+    std::optional<std::size_t> extra_passes;
     bool quick = false, sizes_given = false, limit_given = false;
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
@@ -214,6 +217,10 @@ int main(int argc, char** argv) {
             char* end = nullptr;
             seed = std::strtoull(argv[++i], &end, 10);
             if (*end != '\0') return usage();
+        } else if (arg == "--extra-passes" && has_value) {
+            char* end = nullptr;
+            extra_passes = static_cast<std::size_t>(std::strtoull(argv[++i], &end, 10));
+            if (*end != '\0') return usage();
         } else if (arg == "--quick") {
             quick = true;
         } else if (arg == "--verbose") {
@@ -230,6 +237,7 @@ int main(int argc, char** argv) {
     CheckmateOptions options;
     options.time_limit_seconds = time_limit;
     options.progress = verbose;
+    options.extra_passes = extra_passes;
 
     std::vector<Backend> backends;
 #ifdef REMAT_WITH_LPSOLVE

@@ -1030,10 +1030,9 @@ public:
                 if (base)
                     if (const auto runs = place_runs(a, problem, one.layout(), base->schedule))
                         if (auto x = one.assignment(*runs)) one.model().set_start(std::move(*x));
-                const double slice = std::isfinite(options_.time_limit_seconds) ? options_.time_limit_seconds / 3 : milp::infinity;
-                one.model().set_time_limit(slice);
+                // Until a third of the time limit has passed (the roundings may have used some).
                 one.model().set_relative_gap(options_.relative_gap);
-                const milp::Result r1 = backend_.solve(one.model());
+                const milp::Result r1 = solve_until(one.model(), options_.time_limit_seconds / 3, start);
                 if (options_.progress) print_result(r1);
                 if (r1.has_solution()) {
                     Schedule s1 = one.schedule(one.runs(r1.values));
@@ -1143,10 +1142,33 @@ private:
     }
 
     [[nodiscard]] milp::Result run(milp::Model& model, std::chrono::steady_clock::time_point start) const {
-        const double left = options_.time_limit_seconds - detail::checkmate::seconds_since(start);
-        model.set_time_limit(std::isfinite(options_.time_limit_seconds) ? std::max(0.01, left) : milp::infinity);
         model.set_relative_gap(options_.relative_gap);
-        return backend_.solve(model);
+        return solve_until(model, options_.time_limit_seconds, start);
+    }
+
+    // A backend cannot stop inside its first LP (CBC's root LP alone takes tens of seconds on
+    // models of ~10^4 rows), so a MILP is not started at all with almost no time left: the
+    // model's starting solution, if any, is the answer, with no bound.
+    [[nodiscard]] milp::Result solve_until(milp::Model& model, double deadline,
+                                           std::chrono::steady_clock::time_point start) const {
+        if (!std::isfinite(deadline)) {
+            model.set_time_limit(milp::infinity);
+            return backend_.solve(model);
+        }
+        const double left = deadline - detail::checkmate::seconds_since(start);
+        const double least = std::min(0.5, 0.05 * options_.time_limit_seconds);
+        if (left >= least) {
+            model.set_time_limit(left);
+            return backend_.solve(model);
+        }
+        if (options_.progress) std::clog << "checkmate: " << left << " s left; the MILP is not started" << std::endl;
+        milp::Result skipped;
+        if (model.start() && model.is_feasible(*model.start())) {
+            skipped.status = milp::Status::feasible;
+            skipped.values = *model.start();
+            skipped.objective = model.objective_value(skipped.values);
+        }
+        return skipped;
     }
 
     [[nodiscard]] static double gap(double time, double bound) {
@@ -1197,11 +1219,8 @@ private:
         } catch (const Error&) {
         }
         milp::Model& model = f.model();
-        const double left = options_.time_limit_seconds - seconds_since(start);
-        model.set_time_limit(std::isfinite(options_.time_limit_seconds) ? std::max(0.01, left) : milp::infinity);
-        model.set_relative_gap(0.0);
         model.set_parameters(milp::Parameters{model.parameters().time_limit_seconds, 0.0, 0.5});
-        const milp::Result r = backend_.solve(model);
+        const milp::Result r = solve_until(model, options_.time_limit_seconds, start);
         if (options_.progress) print_result(r);
         if (!r.has_solution()) {
             if (r.status == milp::Status::infeasible)
@@ -1270,8 +1289,7 @@ private:
         Rounded out;
         milp::Model relaxed = f.model().relaxation();
         relaxed.clear_start();
-        relaxed.set_time_limit(std::max(0.01, deadline - seconds_since(start)));
-        out.lp = backend_.solve(relaxed);
+        out.lp = solve_until(relaxed, deadline, start);
         if (options_.progress) print_result(out.lp);
         if (!out.lp.has_solution()) return out;
         std::mt19937_64 rng(options_.seed);
