@@ -2270,8 +2270,12 @@ private:
 // model can take Rotor's place. The operations are free functions found by argument-dependent
 // lookup, so that a type models the concept without changing its class (Rotor does so here):
 //   sequence_plan(solver, chain, budget) -> RotorSequence whose actions are valid under
-//       rotor_evaluate with a peak within the budget; throws Infeasible (with the smallest
-//       budget when it knows it) when it has no plan;
+//       rotor_evaluate with a peak within the budget and never free a stage's input
+//       (free_activation(l − 1)) between the forward with grad and the backward of stage l;
+//       throws Infeasible (with the smallest budget when it knows it) when it has no plan.
+//       The last rule is Rockmate's: a block option may free its input itself, which the
+//       chain model counts through a negative saved size, so a second free would be counted
+//       twice. Rotor's DP keeps it (a checkpoint goes once the part above it is done);
 //   sequence_smallest_budget(solver, chain) -> the least budget sequence_plan accepts;
 //   solver.name().
 
@@ -3454,6 +3458,20 @@ public:
                                               std::to_string(budget)
                                         : "an invalid plan (" + ev.error + ")") +
                               " for the blocks of '" + model.problem.name() + "'; fix that solver");
+        // An option may free its block's input itself, which Rotor's model counts through a
+        // negative saved size while the input stays "live" there: freeing that input again
+        // while the block holds its saved data would be counted twice. Rotor's DP never does
+        // (it frees a checkpoint only once the part above it is back-propagated).
+        std::vector<char> holds(chain.length() + 2, 0);
+        for (const RotorAction& a : seq.actions) {
+            if (a.kind == RotorAction::Kind::forward) holds[a.stage] = 1;
+            if (a.kind == RotorAction::Kind::backward) holds[a.stage] = 0;
+            if (a.kind == RotorAction::Kind::free_activation && holds[a.stage + 1])
+                throw SolverError("rockmate: the sequence solver '" + across + "' frees the input of block " +
+                                  std::to_string(a.stage + 1) + " of '" + model.problem.name() +
+                                  "' while that block holds its saved data; Rockmate's blocks need the sequences "
+                                  "of sequence_solver.hpp (fix that solver)");
+        }
         std::size_t total_options = 0;
         for (const RockmateBlock& b : model.blocks) total_options += b.options.size();
         SolverStats stats{std::string(name()), 0.0, SolveStatus::feasible, std::nullopt,

@@ -81,7 +81,8 @@ testing::OpLevelShape shape_for(int trial) {
 }
 
 // A second SequenceSolver: an exact search over every action sequence of Rotor's model
-// (rotor_evaluate's rules, not only the persistent schedules Rotor's DP builds) by Dijkstra
+// (rotor_evaluate's rules and SequenceSolver's, not only the persistent schedules Rotor's DP
+// builds) by Dijkstra
 // on states (live activations, the option each stage saved, live gradients, backwards done,
 // loss). Only for tiny chains of blocks: it proves Rockmate's second parameter is used, and
 // bounds Rotor from below.
@@ -178,7 +179,8 @@ private:
                         push(u, s.mem + o.saved_bytes + o.fwd_overhead, o.fwd_time, {K::forward, l, k});
                     }
                 }
-                if (act_out && !saved_of(s, l)) {
+                // SequenceSolver's rule: no free of a stage's input while it holds saved data.
+                if (act_out && !saved_of(s, l) && (l == L || !saved_of(s, l + 1))) {
                     State t = s;
                     t.act &= ~bit(l);
                     t.mem -= x(l);
@@ -208,11 +210,32 @@ private:
     }
 };
 
+// Breaks SequenceSolver's rule on purpose: block 1 runs without grad, and its output (block
+// 2's input) is freed while block 2 holds its saved data, then recomputed with grad.
+struct FreesHeldInput {
+    [[nodiscard]] static constexpr std::string_view name() noexcept { return "frees-held-input"; }
+    friend RotorSequence sequence_plan(const FreesHeldInput&, const RotorChain& chain, Bytes) {
+        using K = RotorAction::Kind;
+        const std::size_t L = chain.length();
+        RotorSequence seq;
+        seq.actions.push_back({K::forward_nograd, 1, 0});
+        for (std::size_t l = 2; l <= L; ++l) seq.actions.push_back({K::forward, l, 0});
+        seq.actions.push_back({K::loss, 0, 0});
+        for (std::size_t l = L; l >= 3; --l) seq.actions.push_back({K::backward, l, 0});
+        seq.actions.push_back({K::free_activation, 1, 0});
+        seq.actions.push_back({K::forward, 1, 0});
+        seq.actions.push_back({K::backward, 2, 0});
+        seq.actions.push_back({K::backward, 1, 0});
+        return seq;
+    }
+    friend Bytes sequence_smallest_budget(const FreesHeldInput&, const RotorChain&) { return 0; }
+};
+
 }  // namespace
 
 static_assert(Solver<Rockmate<>>);
 static_assert(SequenceSolver<Rotor> && SequenceSolver<ExactActionSearch>);
-static_assert(Solver<Rockmate<Exhaustive, ExactActionSearch>>);
+static_assert(Solver<Rockmate<Exhaustive, ExactActionSearch>> && SequenceSolver<FreesHeldInput>);
 
 // ------------------------------------------------------------------------------ partition
 
@@ -633,6 +656,12 @@ TEST_CASE("rockmate's sequence solver is a parameter: an exact search over rotor
             ++compared;
         }
     }
+    // A sequence solver that breaks the rule is caught, whatever its plan would cost.
+    const Problem chain3 = to_problem(random_chain(rng, 3));
+    const RockmateModel m3 = by_rotor.analyse(chain3);
+    const Rockmate<Exhaustive, FreesHeldInput> breaks_rule(quiet_options());
+    const Bytes ample = store_all_reference(chain3).peak * 2;
+    CHECK_THROWS_WITH(breaks_rule.solve(m3, ample), Catch::Contains("frees the input of block 2"));
     CHECK(compared >= 40);
     WARN("exact action search equals rotor's DP across blocks on " << equal << " of " << compared << " budgets");
 }

@@ -573,6 +573,20 @@ public:
                                               std::to_string(budget)
                                         : "an invalid plan (" + ev.error + ")") +
                               " for the blocks of '" + model.problem.name() + "'; fix that solver");
+        // An option may free its block's input itself, which Rotor's model counts through a
+        // negative saved size while the input stays "live" there: freeing that input again
+        // while the block holds its saved data would be counted twice. Rotor's DP never does
+        // (it frees a checkpoint only once the part above it is back-propagated).
+        std::vector<char> holds(chain.length() + 2, 0);
+        for (const RotorAction& a : seq.actions) {
+            if (a.kind == RotorAction::Kind::forward) holds[a.stage] = 1;
+            if (a.kind == RotorAction::Kind::backward) holds[a.stage] = 0;
+            if (a.kind == RotorAction::Kind::free_activation && holds[a.stage + 1])
+                throw SolverError("rockmate: the sequence solver '" + across + "' frees the input of block " +
+                                  std::to_string(a.stage + 1) + " of '" + model.problem.name() +
+                                  "' while that block holds its saved data; Rockmate's blocks need the sequences "
+                                  "of sequence_solver.hpp (fix that solver)");
+        }
         std::size_t total_options = 0;
         for (const RockmateBlock& b : model.blocks) total_options += b.options.size();
         SolverStats stats{std::string(name()), 0.0, SolveStatus::feasible, std::nullopt,

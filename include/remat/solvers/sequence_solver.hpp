@@ -9,8 +9,12 @@
 // model can take Rotor's place. The operations are free functions found by argument-dependent
 // lookup, so that a type models the concept without changing its class (Rotor does so here):
 //   sequence_plan(solver, chain, budget) -> RotorSequence whose actions are valid under
-//       rotor_evaluate with a peak within the budget; throws Infeasible (with the smallest
-//       budget when it knows it) when it has no plan;
+//       rotor_evaluate with a peak within the budget and never free a stage's input
+//       (free_activation(l − 1)) between the forward with grad and the backward of stage l;
+//       throws Infeasible (with the smallest budget when it knows it) when it has no plan.
+//       The last rule is Rockmate's: a block option may free its input itself, which the
+//       chain model counts through a negative saved size, so a second free would be counted
+//       twice. Rotor's DP keeps it (a checkpoint goes once the part above it is done);
 //   sequence_smallest_budget(solver, chain) -> the least budget sequence_plan accepts;
 //   solver.name().
 #pragma once
