@@ -64,9 +64,28 @@ TEST_CASE("rockmate with checkmate blocks: valid plans, never below the exact op
     }
 }
 
+// Why some cases stay above 10 %: not the grid nor Rotor's slots (a 12 × 12 grid with exact
+// slots gives the same times, asserted below), and not Rotor's DP (an exact search over every
+// action sequence across the blocks, tests/core/test_rockmate.cpp's ExactActionSearch, gives
+// the same times too), but optima that are not block-structured. With this seed, 2 of the 18
+// cases, both at the smallest budget Rockmate can plan:
+// - small1 at 704 B: the optimum (24) frees block 2's input b1.c0 (128 B) after block 2's
+//   forward and recomputes it, with block 1's forward with grad, in the middle of block 2's
+//   backward (after Bb2.d, before Bb2.b). With block 2's backward in one piece and its input
+//   live, as in every Rockmate schedule, keeping block 2's saved data (time 26) peaks at 784 B
+//   during Bb2.d; recomputing block 2 instead costs 30 (+25 %).
+// - small4 at 528 B: the optimum (29) back-propagates block 3 (whose backward reads only its
+//   output gradient) before recomputing block 3's input; in the chain of blocks a block's
+//   backward needs its input and its forward with grad after it, so Rockmate recomputes
+//   block 3's forward (Fb2.c0+, time 5): 34 (+17 %).
 TEST_CASE("rockmate on small op-level graphs stays within 10 % of checkmate's proven optimum") {
     std::mt19937 rng(23);
     const RockmateMilp<> rockmate;
+    RockmateOptions dense_grid;
+    dense_grid.peak_budgets = dense_grid.saved_budgets = 12;
+    RotorOptions exact_slots;
+    exact_slots.slots = 10'000'000;
+    const RockmateMilp<> dense(dense_grid, ExactBlockSolver<milp::LpSolve>(), Rotor(exact_slots));
     CheckmateOptions exact_options;
     exact_options.time_limit_seconds = 30.0;
     const Checkmate<milp::LpSolve> checkmate(exact_options);
@@ -89,6 +108,10 @@ TEST_CASE("rockmate on small op-level graphs stays within 10 % of checkmate's pr
             total += gap;
             within10 += gap <= 0.10 + 1e-9 ? 1 : 0;
             ++cases;
+            if (gap > 0.10 + 1e-9) {
+                INFO(p.name() << " at " << budget << " B: rockmate " << plan.time << ", optimum " << exact.time);
+                CHECK(dense.solve(p, budget).time == Approx(plan.time));
+            }
         }
     }
     REQUIRE(cases >= 18);
@@ -96,5 +119,5 @@ TEST_CASE("rockmate on small op-level graphs stays within 10 % of checkmate's pr
                                                       << ", mean gap " << 100.0 * total / cases << " %, worst "
                                                       << 100.0 * worst << " %");
     CHECK(total / cases <= 0.05);
-    CHECK(within10 * 100 >= cases * 85);
+    CHECK(within10 >= cases - 2);
 }
