@@ -5,7 +5,7 @@
 // plan for up to 100 % of the store-all peak it prints the time overhead of each (simulated,
 // FORMATS.md §3) and the solve times.
 //
-//   bench_rockmate [LAYERS] [GRID]     (defaults: 12 layers, a 5 × 5 grid per block)
+//   bench_rockmate [LAYERS] [GRID]     (defaults: 12 layers, an 8 × 8 grid per block)
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -69,7 +69,7 @@ std::string overhead(std::optional<double> time, double reference) {
 int main(int argc, char** argv) {
     testing::TransformerShape shape;
     if (argc > 1) shape.layers = static_cast<std::size_t>(std::atoi(argv[1]));
-    const std::size_t grid = argc > 2 ? static_cast<std::size_t>(std::atoi(argv[2])) : 5;
+    const std::size_t grid = argc > 2 ? static_cast<std::size_t>(std::atoi(argv[2])) : RockmateOptions{}.peak_budgets;
     const Problem p = testing::transformer_like(shape, "gpt-" + std::to_string(shape.layers));
     const Reference ref = store_all_reference(p);
 

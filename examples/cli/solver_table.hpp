@@ -72,7 +72,7 @@ inline std::size_t positive_variant(std::string_view name, std::string_view help
     return value;
 }
 
-inline constexpr std::string_view rockmate_variant_help = "rockmate:GRID, peak and saved budgets per block (default 5)";
+inline constexpr std::string_view rockmate_variant_help = "rockmate:GRID, peak and saved budgets per block (default 8)";
 
 inline void no_variant(std::string_view name, const SolveOptions& options) {
     if (!options.variant.empty())
