@@ -1,7 +1,9 @@
 // Block partitioning and Rockmate (Zhao et al., ICML 2023) with the exact search as block
 // solver: separators and blocks on hand-built problems, malformed problems rejected, every
 // plan valid and within budget under the simulator, never slower than Rotor on chains, close
-// to the exact optimum on small op-level graphs, and the gradient sizes Rotor gained for it.
+// to the exact optimum on small op-level graphs, and the gradient sizes Rotor gained for it;
+// the sequence solver across blocks as a real parameter (an exact search over Rotor's action
+// sequences in Rotor's place) and the analysis reused across budgets (library and remat-plan).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
