@@ -7,7 +7,7 @@
 #include <remat/io/svg.hpp>
 #include <remat/remat.hpp>
 
-#include "../../examples/cli/remat_plan.hpp"
+#include "../support/remat_plan_in_process.hpp"
 
 #include <filesystem>
 #include <fstream>
@@ -58,17 +58,7 @@ bool balanced_markup(const std::string& text) {
     return open.empty();
 }
 
-struct CliResult {
-    int code;
-    std::string out;
-    std::string err;
-};
-
-CliResult cli(const std::vector<std::string>& args) {
-    std::ostringstream out, err;
-    const int code = remat::cli::run_remat_plan(args, out, err);
-    return {code, out.str(), err.str()};
-}
+remat::testing::CliResult cli(const std::vector<std::string>& args) { return remat::testing::remat_plan(args); }
 
 std::string tiny_chain() { return (problems / "tiny-chain.chain.json").string(); }
 std::string diamond() { return (problems / "diamond.problem.json").string(); }

@@ -3,27 +3,17 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "../../examples/cli/remat_plan.hpp"
+#include "../support/remat_plan_in_process.hpp"
 
 namespace {
 
-struct CliResult {
-    int code;
-    std::string out;
-    std::string err;
-};
-
-CliResult remat_plan(const std::vector<std::string>& args) {
-    std::ostringstream out, err;
-    const int code = remat::cli::run_remat_plan(args, out, err);
-    return {code, out.str(), err.str()};
-}
+using remat::testing::CliResult;
+using remat::testing::remat_plan;
 
 const std::string diamond =
     (std::filesystem::path(REMAT_SOURCE_DIR) / "examples" / "problems" / "diamond.problem.json").string();
