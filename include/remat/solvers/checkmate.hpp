@@ -1219,7 +1219,9 @@ private:
         } catch (const Error&) {
         }
         milp::Model& model = f.model();
-        model.set_parameters(milp::Parameters{model.parameters().time_limit_seconds, 0.0, 0.5});
+        // P is integral in units and the time tie-break is worth under half a unit: an
+        // absolute gap of 0.5 proves the least peak. solve_until sets the time limit.
+        model.set_parameters(milp::Parameters{milp::infinity, 0.0, 0.5});
         const milp::Result r = solve_until(model, options_.time_limit_seconds, start);
         if (options_.progress) print_result(r);
         if (!r.has_solution()) {
