@@ -2232,10 +2232,14 @@ public:
     [[nodiscard]] Plan solve(const Chain& chain, Bytes budget) const { return solve(to_problem(chain), chain, budget); }
 
     /// Smallest budget this solver (with these options) accepts for `chain`, exactly.
-    [[nodiscard]] Bytes smallest_budget(const Chain& chain) const {
-        const RotorChain rc = to_rotor_chain(chain);
-        if (!options_.slot_bytes) return rotor_smallest_budget(rc);
-        const detail::RotorUnits u = detail::make_units(rc, *options_.slot_bytes);
+    [[nodiscard]] Bytes smallest_budget(const Chain& chain) const { return smallest_budget(to_rotor_chain(chain)); }
+
+    /// The same for a multi-option chain: exact without a fixed slot size, whole slots with one.
+    [[nodiscard]] Bytes smallest_budget(const RotorChain& chain) const {
+        if (!options_.slot_bytes) return rotor_smallest_budget(chain);
+        if (*options_.slot_bytes < 1) throw InvalidInput("rotor: slot_bytes must be at least 1");
+        validate(chain);
+        const detail::RotorUnits u = detail::make_units(chain, *options_.slot_bytes);
         const detail::RotorNeeds n = detail::compute_needs(u);
         return n.need[n.at(1, chain.length())] * *options_.slot_bytes;
     }
@@ -2290,16 +2294,9 @@ namespace remat {
     return rotor_plan(chain, budget, rotor.options());
 }
 
-/// The least budget rotor_plan accepts for `chain` with these options: exact without a fixed
-/// slot size, whole slots with one (the same rule as Rotor::smallest_budget on a plain chain).
+/// The least budget rotor_plan accepts for `chain` with these options.
 [[nodiscard]] inline Bytes sequence_smallest_budget(const Rotor& rotor, const RotorChain& chain) {
-    const auto& slot = rotor.options().slot_bytes;
-    if (!slot) return rotor_smallest_budget(chain);
-    if (*slot < 1) throw InvalidInput("rotor: slot_bytes must be at least 1");
-    validate(chain);
-    const detail::RotorUnits u = detail::make_units(chain, *slot);
-    const detail::RotorNeeds n = detail::compute_needs(u);
-    return n.need[n.at(1, chain.length())] * *slot;
+    return rotor.smallest_budget(chain);
 }
 
 template <class S>

@@ -874,10 +874,14 @@ public:
     [[nodiscard]] Plan solve(const Chain& chain, Bytes budget) const { return solve(to_problem(chain), chain, budget); }
 
     /// Smallest budget this solver (with these options) accepts for `chain`, exactly.
-    [[nodiscard]] Bytes smallest_budget(const Chain& chain) const {
-        const RotorChain rc = to_rotor_chain(chain);
-        if (!options_.slot_bytes) return rotor_smallest_budget(rc);
-        const detail::RotorUnits u = detail::make_units(rc, *options_.slot_bytes);
+    [[nodiscard]] Bytes smallest_budget(const Chain& chain) const { return smallest_budget(to_rotor_chain(chain)); }
+
+    /// The same for a multi-option chain: exact without a fixed slot size, whole slots with one.
+    [[nodiscard]] Bytes smallest_budget(const RotorChain& chain) const {
+        if (!options_.slot_bytes) return rotor_smallest_budget(chain);
+        if (*options_.slot_bytes < 1) throw InvalidInput("rotor: slot_bytes must be at least 1");
+        validate(chain);
+        const detail::RotorUnits u = detail::make_units(chain, *options_.slot_bytes);
         const detail::RotorNeeds n = detail::compute_needs(u);
         return n.need[n.at(1, chain.length())] * *options_.slot_bytes;
     }

@@ -32,16 +32,9 @@ namespace remat {
     return rotor_plan(chain, budget, rotor.options());
 }
 
-/// The least budget rotor_plan accepts for `chain` with these options: exact without a fixed
-/// slot size, whole slots with one (the same rule as Rotor::smallest_budget on a plain chain).
+/// The least budget rotor_plan accepts for `chain` with these options.
 [[nodiscard]] inline Bytes sequence_smallest_budget(const Rotor& rotor, const RotorChain& chain) {
-    const auto& slot = rotor.options().slot_bytes;
-    if (!slot) return rotor_smallest_budget(chain);
-    if (*slot < 1) throw InvalidInput("rotor: slot_bytes must be at least 1");
-    validate(chain);
-    const detail::RotorUnits u = detail::make_units(chain, *slot);
-    const detail::RotorNeeds n = detail::compute_needs(u);
-    return n.need[n.at(1, chain.length())] * *slot;
+    return rotor.smallest_budget(chain);
 }
 
 template <class S>
