@@ -42,7 +42,9 @@
 #include "detail/step_capsule.hpp"
 #include "executor.hpp"
 #include "memory.hpp"
-#include "script.hpp"
+#include "capture/captured.hpp"
+#include "capture/program.hpp"
+#include "detail/op_clock.hpp"
 
 namespace remat::torch {
 
@@ -54,28 +56,7 @@ struct ScriptGradients {
     std::vector<at::Tensor> parameters;
 };
 
-namespace detail::script {
-
-// Flattens a value of the module's output structure into its activation leaves.
-inline void flatten(const OutputNode& node, const c10::IValue& value, std::vector<at::Tensor>& out) {
-    switch (node.kind) {
-        case OutputNode::Kind::activation:
-            if (out.size() <= node.index) out.resize(node.index + 1);
-            out[node.index] = value.toTensor();
-            return;
-        case OutputNode::Kind::constant: return;
-        case OutputNode::Kind::tuple: {
-            const auto& items = value.toTupleRef().elements();
-            for (std::size_t i = 0; i < node.children.size(); ++i) flatten(node.children[i], items[i], out);
-            return;
-        }
-        case OutputNode::Kind::list: {
-            const auto items = value.toListRef();
-            for (std::size_t i = 0; i < node.children.size(); ++i) flatten(node.children[i], items[i], out);
-            return;
-        }
-    }
-}
+namespace detail::capture {
 
 /// Scratch copies of each group's buffers for recomputations, allocated once per executor so
 /// that a step's measured memory does not include them.
@@ -83,7 +64,7 @@ struct Scratch {
     std::vector<BufferSnapshot> recompute;
 };
 
-}  // namespace detail::script
+}  // namespace detail::capture
 
 template <MemoryProbe Probe = CpuMemoryProbe>
 class ScriptExecutor;
@@ -109,7 +90,7 @@ private:
 template <MemoryProbe Probe>
 class ScriptStep {
 public:
-    ScriptStep(std::shared_ptr<const detail::script::Core> core, std::shared_ptr<detail::script::Scratch> scratch,
+    ScriptStep(std::shared_ptr<const detail::capture::Core> core, std::shared_ptr<detail::capture::Scratch> scratch,
                ScriptPlan plan, Probe* probe, const std::vector<at::Tensor>& inputs, bool continuous)
         : core_(std::move(core)),
           scratch_(std::move(scratch)),
@@ -149,7 +130,7 @@ public:
         ran_.assign(c.groups.size(), 0);
         pending_.reset(c.parameters.size());
         device_ = c.device;
-        clock_ = detail::script::OpClock(device_);
+        clock_ = detail::OpClock(device_);
         for (std::size_t i = 0; i < inputs.size(); ++i) act_[c.inputs[i].data.index].set_external(inputs[i]);
         report_ = detail::planned_report(*prepared_);
         step_seconds_.assign(prepared_->plan.schedule.size(), 0.0);
@@ -248,8 +229,8 @@ public:
 
 private:
     using Phase = detail::StepPhase;
-    using Role = detail::script::OpRole;
-    using DataRole = detail::script::DataRole;
+    using Role = detail::capture::OpRole;
+    using DataRole = detail::capture::DataRole;
 
     void execute(std::size_t index, Bytes reference, Bytes& peak) {
         const Step& step = prepared_->plan.schedule[index];
@@ -258,7 +239,7 @@ private:
             report_.measured_timeline[index] = probe_->current() - pending_.bytes() - held_by_caller() - reference;
             return;
         }
-        const detail::script::OpEntry op = core_->ops[step.op().index];
+        const detail::capture::OpEntry op = core_->ops[step.op().index];
         if (op.role == Role::loss) return;
         const Bytes pending_before = pending_.bytes() + held_by_caller();
         // Reading the generator's state allocates a tensor for a moment: done before the
@@ -283,7 +264,7 @@ private:
     }
 
     void release_data(DataId d) {
-        const detail::script::DataEntry& e = core_->data[d.index];
+        const detail::capture::DataEntry& e = core_->data[d.index];
         switch (e.role) {
             case DataRole::activation:
                 if (std::find(exposed_.begin(), exposed_.end(), d.index) != exposed_.end()) {
@@ -326,7 +307,7 @@ private:
     };
 
     void run_forward(std::size_t k, bool with_grad, std::optional<detail::RngState> rng_now) {
-        const detail::script::Group& g = core_->groups[k];
+        const detail::capture::Group& g = core_->groups[k];
         if (with_grad && saved_live_[k]) with_grad = false;  // only outputs can be missing
         bool all_live = true;
         for (const DataId d : g.output_data) all_live = all_live && act_[d.index].live();
@@ -351,27 +332,27 @@ private:
         }
         ++report_.forward_runs;
         if (with_grad) {
-            detail::script::GroupGraph graph = detail::script::run_with_grad(*core_, g, inputs);
+            detail::capture::GroupGraph graph = detail::capture::run_with_grad(*core_, g, inputs);
             for (std::size_t o = 0; o < g.output_data.size(); ++o)
                 act_[g.output_data[o].index].install(graph.outputs[o], /*graph_holds_storage=*/true, g.name);
             graph_[k] = std::move(graph);
             saved_live_[k] = 1;
         } else {
-            const std::vector<at::Tensor> outs = detail::script::run_no_grad(*core_, g, inputs);
+            const std::vector<at::Tensor> outs = detail::capture::run_no_grad(*core_, g, inputs);
             for (std::size_t o = 0; o < g.output_data.size(); ++o)
                 act_[g.output_data[o].index].install(outs[o], /*graph_holds_storage=*/false, g.name);
         }
     }
 
     void run_backward(std::size_t k) {
-        const detail::script::Group& g = core_->groups[k];
+        const detail::capture::Group& g = core_->groups[k];
         if (!graph_[k].live())
             throw ExecutionError("the backward of op '" + g.name + "' found no autograd graph (its saved state was "
                                  "produced without one)");
         std::vector<std::vector<at::Tensor>> incoming(g.outputs.size());
         for (std::size_t o = 0; o < g.outputs.size(); ++o)
             for (const DataId d : g.incoming[o]) incoming[o].push_back(grad_[d.index]);
-        detail::script::BackwardResult r = detail::script::run_backward(g, graph_[k], incoming);
+        detail::capture::BackwardResult r = detail::capture::run_backward(g, graph_[k], incoming);
         incoming.clear();
         graph_[k].clear();  // consumed; the plan's `free s:G` finds nothing left to drop
         for (std::size_t i = 0; i < g.inputs.size(); ++i)
@@ -391,7 +372,7 @@ private:
         return total;
     }
 
-    [[noreturn]] void fail(std::size_t index, const detail::script::OpEntry& op) {
+    [[noreturn]] void fail(std::size_t index, const detail::capture::OpEntry& op) {
         const bool in_forward = phase_ == Phase::forward;
         // The generators go back only in the forward phase: later, the caller (its loss) may
         // have drawn from them.
@@ -414,8 +395,8 @@ private:
         caller_held_.clear();
     }
 
-    std::shared_ptr<const detail::script::Core> core_;
-    std::shared_ptr<detail::script::Scratch> scratch_;
+    std::shared_ptr<const detail::capture::Core> core_;
+    std::shared_ptr<detail::capture::Scratch> scratch_;
     std::shared_ptr<const detail::PreparedPlan> prepared_;
     Probe* probe_ = nullptr;
     bool continuous_ = false;
@@ -423,7 +404,7 @@ private:
     c10::Device device_ = c10::Device(c10::DeviceType::CPU);
     std::vector<detail::Activation> act_;
     std::vector<at::Tensor> grad_;
-    std::vector<detail::script::GroupGraph> graph_;
+    std::vector<detail::capture::GroupGraph> graph_;
     std::vector<char> saved_live_;
     std::vector<std::optional<detail::RngState>> rng_;
     std::vector<char> ran_;
@@ -434,7 +415,7 @@ private:
     detail::StepRollback rollback_;
     StepReport report_;
     std::vector<double> step_seconds_;
-    detail::script::OpClock clock_{device_};
+    detail::OpClock clock_{device_};
 };
 
 /// The outcome of ScriptExecutor::step.
@@ -446,7 +427,7 @@ struct ScriptStepResult {
     std::vector<double> step_seconds;  ///< see ScriptStep::step_seconds()
 };
 
-namespace detail::script {
+namespace detail::capture {
 
 inline constexpr const char* capsule_key = "remat.script_step";
 
@@ -481,7 +462,7 @@ struct PlannedScript : ::torch::autograd::Function<PlannedScript<Probe>> {
     }
 };
 
-}  // namespace detail::script
+}  // namespace detail::capture
 
 /// Runs schedules of one captured module. Copies share the capture and the probe.
 template <MemoryProbe Probe>
@@ -490,7 +471,7 @@ public:
     explicit ScriptExecutor(ScriptCapture capture, Probe probe = Probe{})
         : capture_(std::move(capture)),
           probe_(std::make_shared<Probe>(std::move(probe))),
-          scratch_(std::make_shared<detail::script::Scratch>()) {
+          scratch_(std::make_shared<detail::capture::Scratch>()) {
         for (const auto& g : capture_.core()->groups) scratch_->recompute.emplace_back(g.buffers);
     }
 
@@ -506,8 +487,8 @@ public:
         SimulationReport simulation =
             detail::checked_simulation(core.problem, plan.schedule, "'" + core.problem.name() + "'");
         const auto role_of = [&core](OpId id) {
-            const detail::script::OpEntry op = core.ops[id.index];
-            using Role = detail::script::OpRole;
+            const detail::capture::OpEntry op = core.ops[id.index];
+            using Role = detail::capture::OpRole;
             return detail::PlanOpRole{op.role == Role::loss, op.role == Role::forward || op.role == Role::forward_grad,
                                       op.group};
         };
@@ -584,24 +565,23 @@ public:
             wants_grad = any;
         }
         if (!wants_grad) {
-            std::vector<c10::IValue> args(inputs.begin(), inputs.end());
-            const c10::IValue value = ::torch::jit::Module(core.module).forward(std::move(args));
-            std::vector<at::Tensor> outputs;
-            detail::script::flatten(core.output_tree, value, outputs);
+            const c10::IValue value = ::torch::jit::Module(core.module).forward(capture_.arguments(inputs));
+            std::vector<at::Tensor> outputs(core.output_data.size());
+            detail::capture::flatten(core.output_tree, value, outputs, "the module's result");
             return outputs;
         }
         detail::StepHandle<ScriptStep<Probe>> handle{
             std::make_shared<ScriptStep<Probe>>(start(plan, inputs, /*continuous=*/false)), std::move(report)};
         std::vector<char> differentiable;
         for (const auto& d : core.output_grad) differentiable.push_back(d.has_value() ? 1 : 0);
-        return detail::script::PlannedScript<Probe>::apply(at::TensorList(inputs), at::TensorList(core.parameters),
+        return detail::capture::PlannedScript<Probe>::apply(at::TensorList(inputs), at::TensorList(core.parameters),
                                                            std::move(handle), std::move(differentiable));
     }
 
 private:
     ScriptCapture capture_;
     std::shared_ptr<Probe> probe_;
-    std::shared_ptr<detail::script::Scratch> scratch_;
+    std::shared_ptr<detail::capture::Scratch> scratch_;
 };
 
 }  // namespace remat::torch

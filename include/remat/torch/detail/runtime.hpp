@@ -148,6 +148,12 @@ public:
             if (copies_[i].defined()) buffers[i].variable_data().copy_(copies_[i]);
     }
     [[nodiscard]] bool empty() const noexcept { return copies_.empty(); }
+    /// Whether buffer `i` still holds the values saved here.
+    [[nodiscard]] bool same_as(std::size_t i, const at::Tensor& buffer) const {
+        if (i >= copies_.size() || !copies_[i].defined()) return true;
+        const at::NoGradGuard no_grad;
+        return at::equal(copies_[i], buffer.detach());
+    }
 
 private:
     std::vector<at::Tensor> copies_;

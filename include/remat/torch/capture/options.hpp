@@ -1,0 +1,34 @@
+// remat/torch/capture/options.hpp — what a user can set for capture (script.hpp).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace remat::torch {
+
+struct CaptureOptions {
+    /// Name of the resulting problem.
+    std::string name = "model";
+    /// Timed runs per op and pass; the median is kept. On the CPU with one intra-op thread
+    /// (at::set_num_threads(1)) ops are timed with the thread's CPU time, which other
+    /// processes do not disturb; otherwise with the wall clock.
+    std::size_t repeats = 5;
+    /// Untimed runs before the timed ones.
+    std::size_t warmup = 1;
+    /// When capture has run this long, the remaining ops are timed once, without warm-up.
+    std::optional<double> time_limit_seconds;
+    /// Fold cheap single-use elementwise ops (scalar arithmetic, masked_fill, copies) into
+    /// their consumer; off, each of them becomes an op of its own.
+    bool fold_cheap_ops = true;
+    /// Loops are unrolled at capture; a capture whose loops run more iterations than this in
+    /// total is refused (it would plan a graph that large).
+    std::size_t max_loop_iterations = 100000;
+    /// One line per op on stderr.
+    bool verbose = false;
+    /// Called with each progress line (instead of stderr when set).
+    std::function<void(const std::string&)> progress;
+};
+
+}  // namespace remat::torch

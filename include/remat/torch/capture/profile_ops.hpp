@@ -1,0 +1,436 @@
+// remat/torch/capture/profile_ops.hpp — phase 3 of capture: measure every op group with the
+// executor's own primitives (program.hpp), under a memory probe.
+//
+// DESIGN.md principle 2: bytes are what freeing really gives back, so that the simulator's
+// predicted peak is the executor's measured one. Per group: output bytes, saved state,
+// transient overheads, median times of the three passes, whether it draws random numbers
+// or updates buffers, and what its backward really reads — found by overwriting each
+// candidate's memory (NaN, then other values) under a retained graph and comparing the
+// gradients. Last, every parameter that plain autograd gives a gradient must get one from
+// some group: capture refuses rather than drop a gradient.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "../../core/errors.hpp"
+#include "../../io/budget.hpp"
+#include "../detail/op_clock.hpp"
+#include "../detail/runtime.hpp"
+#include "../memory.hpp"
+#include "../profile.hpp"
+#include "group.hpp"
+#include "options.hpp"
+#include "trace.hpp"
+
+namespace remat::torch::detail::capture {
+
+/// What profiling found beyond the groups' own fields.
+struct Profile {
+    std::vector<CapturedOp> info;                              // per group
+    std::vector<std::vector<std::size_t>> backward_reads;      // per group: value ids its backward reads
+    std::map<std::pair<std::size_t, std::size_t>, Bytes> grad_bytes;  // (group, input) → bytes
+    std::vector<char> requires_grad;                           // per value id
+};
+
+[[nodiscard]] inline Bytes distinct_bytes(const std::vector<at::Tensor>& tensors) {
+    return distinct_storage_bytes(tensors);
+}
+
+/// Runs plain autograd on the example inputs: every parameter it gives a gradient must be
+/// among `reached` (the parameters some captured backward differentiates), or training
+/// through the capture would silently leave it out. Changes buffers and the generators.
+inline void check_gradient_coverage(const jit::Module& module, const std::vector<c10::IValue>& sample,
+                                    const std::vector<at::Tensor>& parameters, const std::vector<std::string>& names,
+                                    const std::unordered_set<std::size_t>& reached, const std::string& who) {
+    std::vector<at::Tensor> roots;
+    {
+        const ::torch::autograd::AutoGradMode grad_mode(true);
+        std::vector<c10::IValue> args(sample.begin(), sample.end());
+        const c10::IValue result = jit::Module(module).forward(std::move(args));
+        std::vector<at::Tensor> outputs;
+        tensors_in(result, outputs);
+        for (const at::Tensor& t : outputs)
+            if (t.defined() && t.requires_grad() && t.is_floating_point()) roots.push_back(t);
+    }
+    if (roots.empty() || parameters.empty()) return;
+    std::vector<at::Tensor> seeds;
+    for (const at::Tensor& t : roots) seeds.push_back(at::ones_like(t));
+    const std::vector<at::Tensor> grads =
+        ::torch::autograd::grad(roots, parameters, seeds, /*retain_graph=*/false, /*create_graph=*/false,
+                                /*allow_unused=*/true);
+    for (std::size_t p = 0; p < grads.size(); ++p)
+        if (grads[p].defined() && !reached.contains(p))
+            throw InvalidInput(who + ": parameter '" + names.at(p) +
+                               "' gets a gradient from plain autograd but from no captured op; training through this "
+                               "capture would leave it out. This is a bug in capture: please report it with the model");
+}
+
+template <class Probe>
+class Profiler {
+public:
+    Profiler(Core& core, const Trace& trace, const Grouping& grouping, const std::vector<c10::IValue>& sample,
+             const CaptureOptions& options, Probe& probe, std::string who)
+        : core_(core), trace_(trace), grouping_(grouping), sample_(sample), options_(options), probe_(probe),
+          who_(std::move(who)), start_buffers_(trace.buffers) {}
+
+    [[nodiscard]] Profile run() {
+        check_device();
+        profile_.info.assign(core_.groups.size(), CapturedOp{});
+        profile_.requires_grad.assign(trace_.values.size(), 0);
+        for (std::size_t i = 0; i < trace_.input_leaves.size(); ++i)
+            profile_.requires_grad[trace_.input_leaves[i]] = trace_.inputs[i].requires_grad && input(i).is_floating_point();
+        start_ = Clock::now();
+        for (std::size_t k = 0; k < core_.groups.size(); ++k) profile_forward(k);
+        for (const std::size_t id : grouping_.output_values)
+            if (profile_.requires_grad[id]) contributions_[id].push_back(npos);  // the loss
+        profile_.backward_reads.assign(core_.groups.size(), {});
+        for (std::size_t k = core_.groups.size(); k-- > 0;) profile_backward(k);
+        for (std::size_t k = 0; k < core_.groups.size(); ++k) describe(k);
+        check_buffer_readers();
+        check_gradient_coverage();
+        return std::move(profile_);
+    }
+
+private:
+    static constexpr std::size_t npos = static_cast<std::size_t>(-1);
+
+    [[nodiscard]] const at::Tensor& input(std::size_t leaf) const {
+        return trace_.values[trace_.input_leaves[leaf]].value.toTensor();
+    }
+
+    void check_device() const {
+        if (core_.device.type() != probe_.device_type())
+            throw InvalidInput(who_ + ": the inputs are on " + core_.device.str() + " but the memory probe ('" +
+                               std::string(probe_.name()) + "') measures " +
+                               c10::DeviceTypeName(probe_.device_type()) + " memory; use a probe for the model's device");
+    }
+
+    [[nodiscard]] std::vector<at::Tensor> inputs_of(const Group& g) const {
+        std::vector<at::Tensor> result;
+        for (const std::size_t id : g.inputs) result.push_back(trace_.values[id].value.toTensor());
+        return result;
+    }
+
+    [[nodiscard]] bool rushed() const {
+        return options_.time_limit_seconds && seconds_since(start_) > *options_.time_limit_seconds;
+    }
+    [[nodiscard]] std::size_t runs() const { return rushed() ? 1 : options_.warmup + options_.repeats; }
+    [[nodiscard]] bool timed(std::size_t r) const { return rushed() || r >= options_.warmup; }
+
+    // Profiling runs a group several times; its buffer updates must not accumulate.
+    void restore_buffers() { start_buffers_.restore(trace_.buffers); }
+
+    template <class F>
+    auto run_guarded(const Group& g, F&& f) -> decltype(f()) {
+        try {
+            return f();
+        } catch (const Error&) {
+            throw;
+        } catch (const std::exception& e) {
+            throw InvalidInput(who_ + ": op '" + g.name + "' (root " + g.where + ") failed when run on its own: " +
+                               error_message(e));
+        }
+    }
+
+    // ---------------------------------------------------------------- forward
+
+    void profile_forward(std::size_t k) {
+        Group& g = core_.groups[k];
+        CapturedOp& info = profile_.info[k];
+        const std::vector<at::Tensor> inputs = inputs_of(g);
+        for (std::size_t i = 0; i < g.inputs.size(); ++i)
+            g.input_differentiable[i] = profile_.requires_grad[g.inputs[i]] && inputs[i].is_floating_point();
+        check_outputs(g, inputs);
+        measure_no_grad(g, info, inputs);
+        measure_with_grad(g, info, inputs);
+        info.forward_time = time_no_grad(g, inputs);
+    }
+
+    // Outputs must own their memory: one that shares storage with an input, a parameter, a
+    // buffer, a frozen tensor or another output is copied (freeing it would free the other).
+    void check_outputs(Group& g, const std::vector<at::Tensor>& inputs) {
+        std::vector<at::Tensor> outs = run_guarded(g, [&] { return run_no_grad(core_, g, inputs); });
+        std::unordered_set<const void*> taken(trace_.module_storages.begin(), trace_.module_storages.end());
+        for (const at::Tensor& t : inputs) taken.insert(storage_of(t));
+        for (const void* s : g.frozen_storages) taken.insert(s);
+        for (std::size_t o = 0; o < outs.size(); ++o) {
+            if (!outs[o].defined() || !outs[o].has_storage())
+                throw InvalidInput(who_ + ": op '" + g.name + "' (root " + g.where +
+                                   ") returns a tensor without storage; capture needs dense tensors");
+            if (!taken.insert(storage_of(outs[o])).second) g.clone_output[o] = 1;
+        }
+        restore_buffers();
+    }
+
+    // Without autograd: bytes, overhead, randomness, buffers it updates.
+    void measure_no_grad(Group& g, CapturedOp& info, const std::vector<at::Tensor>& inputs) {
+        const BufferSnapshot before(trace_.buffers);
+        const RngState rng = RngState::capture(core_.device);
+        probe_.reset_peak();
+        const Bytes c0 = probe_.current();
+        std::vector<at::Tensor> outs = run_guarded(g, [&] { return run_no_grad(core_, g, inputs); });
+        info.output_bytes = distinct_bytes(outs);
+        info.forward_overhead = std::max<Bytes>(probe_.peak() - c0 - info.output_bytes, 0);
+        g.random = !(RngState::capture(core_.device) == rng);
+        for (std::size_t b = 0; b < trace_.buffers.size(); ++b)
+            if (!before.same_as(b, trace_.buffers[b])) g.buffers.push_back(trace_.buffers[b]);
+        restore_buffers();
+    }
+
+    // With autograd: saved state, overhead, which outputs need gradients.
+    void measure_with_grad(Group& g, CapturedOp& info, const std::vector<at::Tensor>& inputs) {
+        probe_.reset_peak();
+        {
+            GroupGraph graph = run_guarded(g, [&] { return run_with_grad(core_, g, inputs); });
+            const Bytes c1 = probe_.current();
+            info.forward_grad_overhead = std::max<Bytes>(probe_.peak() - c1, 0);
+            std::vector<at::Tensor> kept;
+            for (std::size_t o = 0; o < graph.outputs.size(); ++o) {
+                const bool rg = graph.outputs[o].requires_grad();
+                g.output_requires_grad[o] = rg;
+                profile_.requires_grad[g.outputs[o]] = rg;
+                g.has_backward = g.has_backward || rg;
+                kept.push_back(graph.outputs[o].detach());
+            }
+            graph.clear();
+            info.saved_bytes = std::max<Bytes>(c1 - probe_.current(), 0);
+        }
+        restore_buffers();
+    }
+
+    double time_no_grad(const Group& g, const std::vector<at::Tensor>& inputs) {
+        const OpClock clock(core_.device);
+        std::vector<double> times;
+        const std::size_t n = runs();
+        for (std::size_t r = 0; r < n; ++r) {
+            synchronize(core_.device);
+            const double t0 = clock.now();
+            {
+                const std::vector<at::Tensor> o = run_no_grad(core_, g, inputs);
+                synchronize(core_.device);
+            }
+            if (timed(r)) times.push_back(clock.now() - t0);
+        }
+        restore_buffers();
+        return median(times);
+    }
+
+    // ---------------------------------------------------------------- backward
+
+    // Incoming gradients for a backward: one random contribution per consumer whose backward
+    // gives one, and one from the loss for returned outputs.
+    [[nodiscard]] std::vector<std::vector<at::Tensor>> incoming_for(const Group& g,
+                                                                    const std::vector<at::Tensor>& outs) const {
+        std::vector<std::vector<at::Tensor>> incoming(g.outputs.size());
+        const at::NoGradGuard no_grad;
+        for (std::size_t o = 0; o < g.outputs.size(); ++o) {
+            if (!g.output_requires_grad[o]) continue;
+            const auto found = contributions_.find(g.outputs[o]);
+            const std::size_t n = found == contributions_.end() ? 0 : found->second.size();
+            for (std::size_t c = 0; c < n; ++c) incoming[o].push_back(at::randn_like(outs[o]));
+        }
+        return incoming;
+    }
+
+    static bool same(const at::Tensor& a, const at::Tensor& b) {
+        if (a.defined() != b.defined()) return false;
+        if (!a.defined()) return true;
+        return a.sizes() == b.sizes() && at::equal(a, b);
+    }
+    static bool same(const BackwardResult& a, const BackwardResult& b) {
+        for (std::size_t i = 0; i < a.input_grads.size(); ++i)
+            if (!same(a.input_grads[i], b.input_grads[i])) return false;
+        for (std::size_t i = 0; i < a.parameter_grads.size(); ++i)
+            if (!same(a.parameter_grads[i], b.parameter_grads[i])) return false;
+        return true;
+    }
+
+    // Whether the backward reads the memory of `t`: overwrite it (NaN, then other values) and
+    // compare the gradients with the reference. Memory is written through a tensor of its own
+    // on the same storage, so no version counter notices, and put back afterwards.
+    bool backward_reads(const Group& g, GroupGraph& graph, const std::vector<std::vector<at::Tensor>>& incoming,
+                        const BackwardResult& reference, const at::Tensor& t) const {
+        if (!t.is_floating_point() || !t.has_storage()) return true;
+        const at::NoGradGuard no_grad;
+        const c10::Storage storage = t.storage();
+        const auto n = static_cast<std::int64_t>(storage.nbytes() / t.element_size());
+        at::Tensor raw = at::empty({0}, t.options().requires_grad(false));
+        raw.set_(storage, 0, {n}, {1});
+        const at::Tensor original = raw.clone();
+        bool used = false;
+        for (int pass = 0; pass < 2 && !used; ++pass) {
+            if (pass == 0)
+                raw.fill_(std::numeric_limits<double>::quiet_NaN());
+            else
+                raw.uniform_(-3.0, 3.0);
+            try {
+                const BackwardResult r = run_backward(g, graph, incoming, /*retain_graph=*/true);
+                used = !same(r, reference);
+            } catch (const std::exception&) {
+                used = true;
+            }
+        }
+        raw.copy_(original);
+        return used;
+    }
+
+    void profile_backward(std::size_t k) {
+        Group& g = core_.groups[k];
+        if (!g.has_backward) return;
+        const std::vector<at::Tensor> inputs = inputs_of(g);
+        find_backward_reads(k, inputs);
+        measure_backward(k, inputs);
+        time_backward(k, inputs);
+    }
+
+    // What the backward reads, which inputs it gives a gradient, which parameters it reaches.
+    void find_backward_reads(std::size_t k, const std::vector<at::Tensor>& inputs) {
+        const Group& g = core_.groups[k];
+        {
+            GroupGraph graph = run_guarded(g, [&] { return run_with_grad(core_, g, inputs); });
+            const auto incoming = incoming_for(g, graph.outputs);
+            const BackwardResult reference = run_backward(g, graph, incoming, /*retain_graph=*/true);
+            for (std::size_t j = 0; j < g.parameters.size(); ++j)
+                if (reference.parameter_grads[j].defined()) reached_.insert(g.parameters[j]);
+            auto& reads = profile_.backward_reads[k];
+            for (std::size_t i = 0; i < g.inputs.size(); ++i) {
+                if (reference.input_grads[i].defined()) contributions_[g.inputs[i]].push_back(k);
+                if (backward_reads(g, graph, incoming, reference, graph.leaves[i])) reads.push_back(g.inputs[i]);
+            }
+            for (std::size_t o = 0; o < g.outputs.size(); ++o)
+                if (backward_reads(g, graph, incoming, reference, graph.outputs[o])) reads.push_back(g.outputs[o]);
+        }
+        restore_buffers();
+    }
+
+    // Bytes and overhead of the backward.
+    void measure_backward(std::size_t k, const std::vector<at::Tensor>& inputs) {
+        const Group& g = core_.groups[k];
+        {
+            GroupGraph graph = run_with_grad(core_, g, inputs);
+            const auto incoming = incoming_for(g, graph.outputs);
+            const Bytes c0 = probe_.current();
+            probe_.reset_peak();
+            const BackwardResult r = run_backward(g, graph, incoming);
+            const Bytes written = distinct_bytes(r.input_grads);
+            profile_.info[k].backward_overhead = std::max<Bytes>(probe_.peak() - c0 - written, 0);
+            for (std::size_t i = 0; i < g.inputs.size(); ++i)
+                if (r.input_grads[i].defined()) profile_.grad_bytes[{k, i}] = storage_bytes(r.input_grads[i]);
+        }
+        restore_buffers();
+    }
+
+    // Times of the forward with autograd and of the backward.
+    void time_backward(std::size_t k, const std::vector<at::Tensor>& inputs) {
+        const Group& g = core_.groups[k];
+        const OpClock clock(core_.device);
+        std::vector<double> forward_times, backward_times;
+        const std::size_t n = runs();
+        for (std::size_t r = 0; r < n; ++r) {
+            synchronize(core_.device);
+            double t0 = clock.now();
+            GroupGraph graph = run_with_grad(core_, g, inputs);
+            synchronize(core_.device);
+            const double forward_seconds = clock.now() - t0;
+            const auto incoming = incoming_for(g, graph.outputs);
+            synchronize(core_.device);
+            t0 = clock.now();
+            {
+                const BackwardResult result = run_backward(g, graph, incoming);
+                synchronize(core_.device);
+            }
+            if (timed(r)) {
+                forward_times.push_back(forward_seconds);
+                backward_times.push_back(clock.now() - t0);
+            }
+        }
+        restore_buffers();
+        profile_.info[k].forward_grad_time = median(forward_times);
+        profile_.info[k].backward_time = median(backward_times);
+    }
+
+    // ---------------------------------------------------------------- summary and checks
+
+    void describe(std::size_t k) {
+        const Group& g = core_.groups[k];
+        CapturedOp& info = profile_.info[k];
+        if (!g.has_backward) info.forward_grad_time = info.forward_time;
+        info.name = g.name;
+        info.source = g.where;
+        info.random = g.random;
+        info.mutates_buffers = !g.buffers.empty();
+        info.has_backward = g.has_backward;
+        for (const Instr& instr : g.program) info.nodes.push_back(label(instr));
+        std::ostringstream line;
+        line << "capture op " << g.name << " (" << info.nodes.size() << " nodes): fwd " << info.forward_time * 1e3
+             << " ms, fwd+ " << info.forward_grad_time * 1e3 << " ms, bwd " << info.backward_time * 1e3 << " ms, out "
+             << format_bytes(info.output_bytes) << ", saved " << format_bytes(info.saved_bytes)
+             << (g.random ? ", random" : "") << (g.buffers.empty() ? "" : ", updates buffers");
+        if (options_.progress)
+            options_.progress(line.str());
+        else if (options_.verbose)
+            std::cerr << line.str() << '\n';
+    }
+
+    // A buffer one op updates and another op reads would see its update in the order the
+    // plan runs them, which may not be the module's.
+    void check_buffer_readers() const {
+        for (std::size_t k = 0; k < core_.groups.size(); ++k)
+            for (const at::Tensor& b : core_.groups[k].buffers) {
+                const void* s = storage_of(b);
+                for (std::size_t j = 0; j < core_.groups.size(); ++j) {
+                    if (j == k) continue;
+                    const auto& read = core_.groups[j].frozen_storages;
+                    if (std::find(read.begin(), read.end(), s) != read.end())
+                        throw InvalidInput(who_ + ": op '" + core_.groups[k].name + "' (root " + core_.groups[k].where +
+                                           ") updates a buffer that op '" + core_.groups[j].name + "' (root " +
+                                           core_.groups[j].where + ") also reads; a plan may run them in another order "
+                                           "than the module — update the buffer where it is read");
+                }
+            }
+    }
+
+    void check_gradient_coverage() {
+        if (trace_.parameters.empty()) return;
+        const RngState rng = RngState::capture(core_.device);
+        try {
+            capture::check_gradient_coverage(core_.module, sample_, trace_.parameters, trace_.parameter_names, reached_,
+                                             who_);
+        } catch (...) {
+            rng.restore();
+            restore_buffers();
+            throw;
+        }
+        rng.restore();
+        restore_buffers();
+    }
+
+    Core& core_;
+    const Trace& trace_;
+    const Grouping& grouping_;
+    const std::vector<c10::IValue>& sample_;
+    const CaptureOptions& options_;
+    Probe& probe_;
+    std::string who_;
+    BufferSnapshot start_buffers_;
+    Profile profile_;
+    std::unordered_map<std::size_t, std::vector<std::size_t>> contributions_;  // value → consumer groups
+    std::unordered_set<std::size_t> reached_;  // parameters some backward differentiates
+    Clock::time_point start_ = Clock::now();
+};
+
+}  // namespace remat::torch::detail::capture

@@ -1,0 +1,311 @@
+// Tests of the TorchScript constructs capture evaluates, rewrites or keeps as effects
+// (remat/torch/capture/interpret.hpp), each built in C++ TorchScript the way torchvision and
+// torch.nn write them: batch norm's buffer updates, loops and string formatting, shape checks
+// with exceptions not taken, tuples, lists and dicts in and out, in-place ops on activations,
+// in-place random ops on fresh tensors, and an LSTM reading its weights through a list
+// attribute. Every test compares every parameter's gradient with plain autograd.
+#include <catch2/catch.hpp>
+
+#include <ATen/Parallel.h>
+#include <torch/csrc/jit/api/module.h>
+
+#include <string>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "remat/solvers/store_all.hpp"
+#include "remat/torch/graph_executor.hpp"
+#include "remat/torch/script.hpp"
+
+#include "capture_helpers.hpp"
+
+using namespace capture_test;
+
+namespace {
+
+std::vector<at::Tensor> snapshot(const std::vector<at::Tensor>& tensors) {
+    std::vector<at::Tensor> copies;
+    for (const at::Tensor& t : tensors) copies.push_back(t.detach().clone());
+    return copies;
+}
+
+void restore(const std::vector<at::Tensor>& tensors, const std::vector<at::Tensor>& copies) {
+    const at::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < tensors.size(); ++i) tensors[i].detach().copy_(copies[i]);
+}
+
+std::vector<at::Tensor> buffers_of(const torch::jit::Module& m) {
+    std::vector<at::Tensor> b;
+    for (const at::Tensor& t : m.buffers()) b.push_back(t);
+    return b;
+}
+
+}  // namespace
+
+TEST_CASE("constructs: batch norm buffers change once per step, also when its op is recomputed",
+          "[torch][capture][constructs]") {
+    remat::torch::CpuMemoryProbe probe;
+    at::manual_seed(61);
+    for (const bool momentum_from_counter : {false, true}) {
+        INFO("momentum " << (momentum_from_counter ? "1 / num_batches_tracked" : "0.1"));
+        // Buffers must exist before define() compiles forward.
+        torch::jit::Module net("BatchNormNet" + std::string(momentum_from_counter ? "C" : "M"));
+        net.register_attribute("training", c10::BoolType::get(), true);
+        for (const auto& [name, value] :
+             std::vector<std::pair<std::string, at::Tensor>>{{"w", at::randn({6, 8})}, {"bw", at::rand({8}) + 0.5},
+                                                             {"bb", at::randn({8})}, {"w2", at::randn({8, 3})}})
+            net.register_parameter(name, value.clone().requires_grad_(true), false);
+        net.register_buffer("running_mean", at::zeros({8}));
+        net.register_buffer("running_var", at::ones({8}));
+        net.register_buffer("num_batches_tracked", at::zeros({}, at::kLong));
+        net.define(momentum_from_counter ? R"(
+def forward(self, x):
+    h = torch.matmul(x, self.w)
+    self.num_batches_tracked.add_(1)
+    factor = 1.0 / float(self.num_batches_tracked)
+    h = torch.batch_norm(h, self.bw, self.bb, self.running_mean, self.running_var, self.training, factor, 1e-5, False)
+    return torch.matmul(torch.relu(h), self.w2)
+)"
+                                         : R"(
+def forward(self, x):
+    h = torch.matmul(x, self.w)
+    if self.training:
+        self.num_batches_tracked.add_(1)
+    h = torch.batch_norm(h, self.bw, self.bb, self.running_mean, self.running_var, self.training, 0.1, 1e-5, False)
+    return torch.matmul(torch.relu(h), self.w2)
+)");
+        const at::Tensor x = at::randn({5, 6});
+        const auto buffers = buffers_of(net);
+        const auto start = snapshot(buffers);
+        const ScriptCapture cap = capture_script(net, {x}, quick("bn"));
+        // Capture leaves the buffers as they were.
+        for (std::size_t i = 0; i < buffers.size(); ++i) CHECK(max_diff(buffers[i], start[i]) == 0.0);
+        bool updates = false;
+        for (const auto& op : cap.ops()) updates = updates || op.mutates_buffers;
+        CHECK(updates);
+        ScriptExecutor<> ex(cap);
+        for (const remat::Plan& plan : {store_all(cap), recompute_all(cap)}) {
+            restore(buffers, start);
+            (void)plain_step(net, {x}, sum_of_squares(), cap.parameters(), 5);
+            (void)plain_step(net, {x}, sum_of_squares(), cap.parameters(), 5);
+            const auto after_plain = snapshot(buffers);
+            restore(buffers, start);
+            for (int step = 0; step < 2; ++step) {
+                at::manual_seed(5);
+                (void)ex.step(ex.prepare(plan), {x}, sum_of_squares());
+            }
+            (void)take_grads(cap.parameters(), {});
+            for (std::size_t i = 0; i < buffers.size(); ++i) {
+                INFO("buffer " << i);
+                CHECK(max_diff(buffers[i], after_plain[i]) == 0.0);
+            }
+            restore(buffers, start);
+            check_against_plain(net, cap, ex, plan, {x}, sum_of_squares(), 0.0);
+        }
+        CHECK(start[2].item<std::int64_t>() == 0);
+    }
+}
+
+TEST_CASE("constructs: loops, string formatting and shape checks are evaluated at capture",
+          "[torch][capture][constructs]") {
+    remat::torch::CpuMemoryProbe probe;
+    at::manual_seed(62);
+    auto m = make_module("Scripted", {{"w", at::randn({6, 6}) * 0.4}}, R"(
+def forward(self, x):
+    size = x.size()
+    prod = 1
+    for i in range(len(size) - 1):
+        prod *= size[i + 1]
+    assert prod != 1, "Expected more than 1 value per channel, got input size {}".format(size)
+    msg = "batch {} of {}".format(x.size(0), prod)
+    shape: List[int] = []
+    for d in range(x.dim()):
+        shape.append(x.size(d))
+    h = torch.matmul(x, self.w)
+    for k in range(2):
+        h = torch.tanh(torch.matmul(h, self.w))
+    if msg == "":
+        h = h * 0.0
+    return h.view(shape)
+)");
+    const at::Tensor x = at::randn({4, 6}).requires_grad_(true);
+    const ScriptCapture cap = capture_script(m, {x}, quick("scripted"));
+    std::size_t matmuls = 0;
+    for (const auto& op : cap.ops())
+        for (const auto& node : op.nodes) matmuls += node == "aten::matmul" ? 1 : 0;
+    CHECK(matmuls == 3);
+    for (const auto& op : cap.ops()) CHECK(!contains(op.nodes, "aten::format"));
+    ScriptExecutor<> ex(cap);
+    check_against_plain(m, cap, ex, store_all(cap), {x}, sum_of_squares(), 0.0);
+    check_against_plain(m, cap, ex, recompute_all(cap), {x}, sum_of_squares(), 0.0);
+}
+
+TEST_CASE("constructs: tuples, lists and dicts as inputs and outputs", "[torch][capture][constructs]") {
+    remat::torch::CpuMemoryProbe probe;
+    at::manual_seed(63);
+    auto m = make_module("Structured", {{"w", at::randn({5, 5}) * 0.5}}, R"(
+def forward(self, pair: Tuple[Tensor, Tensor], extra: Dict[str, Tensor], scale: float):
+    a, b = pair
+    out: Dict[str, Tensor] = {}
+    out["sum"] = torch.tanh(torch.matmul(a, self.w) + extra["bias"])
+    feats = [a, b]
+    feats.append(torch.relu(torch.matmul(b, self.w)))
+    out["cat"] = torch.cat(feats, 1)
+    result = {"main": out["sum"] * scale}
+    result["aux"] = out["cat"]
+    return result
+)");
+    const at::Tensor a = at::randn({3, 5}).requires_grad_(true);
+    const at::Tensor b = at::randn({3, 5});
+    c10::Dict<std::string, at::Tensor> extra;
+    extra.insert("bias", at::randn({5}));
+    const std::vector<c10::IValue> args{c10::ivalue::Tuple::create({a, b}), c10::IValue(extra), c10::IValue(2.0)};
+    const ScriptCapture cap = capture_script(m, args, quick("structured"));
+    CHECK(cap.input_count() == 3);
+    CHECK(cap.output_count() == 2);
+    ScriptExecutor<> ex(cap);
+    check_against_plain_args(m, cap, ex, store_all(cap), args, sum_of_squares(), 0.0);
+    check_against_plain_args(m, cap, ex, recompute_all(cap), args, sum_of_squares(), 0.0);
+    // The result is a dict with the module's keys.
+    auto step = ex.start(ex.prepare(store_all(cap)), cap.input_tensors(args));
+    const c10::IValue packed = cap.pack_outputs(step.forward());
+    step.abort();
+    REQUIRE(packed.isGenericDict());
+    const auto dict = packed.toGenericDict();
+    CHECK(dict.contains(c10::IValue("main")));
+    CHECK(dict.contains(c10::IValue("aux")));
+    // Another constant than at capture is refused.
+    const std::vector<c10::IValue> other{args[0], args[1], c10::IValue(3.0)};
+    CHECK(message_of([&] { (void)cap.input_tensors(other); }).find("capture again") != std::string::npos);
+}
+
+TEST_CASE("constructs: in-place ops on activations run out of place", "[torch][capture][constructs]") {
+    remat::torch::CpuMemoryProbe probe;
+    at::manual_seed(64);
+    auto m = make_module("InPlace", {{"w", at::randn({6, 6}) * 0.5}, {"w2", at::randn({6, 6}) * 0.5},
+                                     {"w3", at::randn({6, 4}) * 0.5}},
+                         R"(
+def forward(self, x):
+    h = torch.matmul(x, self.w)
+    h.relu_()
+    g = torch.matmul(h, self.w2)
+    g.mul_(0.5).add_(h)
+    g.div_(2.0)
+    mask = g > 0.1
+    g.masked_fill_(mask, 0.0)
+    y = torch.empty_like(g)
+    y.copy_(g * 3.0)
+    z = torch.zeros(x.size(0), 4)
+    z.add_(torch.matmul(x, self.w3))
+    return torch.tanh(y).sum(1, keepdim=True) + torch.sigmoid(z)
+)");
+    const at::Tensor x = at::randn({5, 6}).requires_grad_(true);
+    const ScriptCapture cap = capture_script(m, {x}, quick("in-place"));
+    bool relu = false;
+    for (const auto& op : cap.ops()) relu = relu || contains(op.nodes, "aten::relu");
+    CHECK(relu);
+    ScriptExecutor<> ex(cap);
+    check_against_plain(m, cap, ex, store_all(cap), {x}, sum_of_squares(), 0.0);
+    check_against_plain(m, cap, ex, recompute_all(cap), {x}, sum_of_squares(), 0.0);
+
+    // A hand-written LSTM cell updating its cell state in place.
+    auto cell = make_module("Cell", {{"wi", at::randn({4, 32}) * 0.3}, {"wh", at::randn({8, 32}) * 0.3}}, R"(
+def forward(self, x, h, c):
+    gates = torch.matmul(x, self.wi) + torch.matmul(h, self.wh)
+    i, f, g, o = gates.chunk(4, 1)
+    c2 = torch.sigmoid(f) * c
+    c2.add_(torch.sigmoid(i) * torch.tanh(g))
+    h2 = torch.sigmoid(o) * torch.tanh(c2)
+    return h2, c2
+)");
+    const at::Tensor xi = at::randn({3, 4});
+    const at::Tensor h0 = at::randn({3, 8}).requires_grad_(true);
+    const at::Tensor c0 = at::randn({3, 8});
+    const ScriptCapture cell_cap = capture_script(cell, {xi, h0, c0}, quick("cell"));
+    ScriptExecutor<> cell_ex(cell_cap);
+    check_against_plain(cell, cell_cap, cell_ex, store_all(cell_cap), {xi, h0, c0}, sum_of_squares(), 0.0);
+    check_against_plain(cell, cell_cap, cell_ex, recompute_all(cell_cap), {xi, h0, c0}, sum_of_squares(), 0.0);
+}
+
+TEST_CASE("constructs: stochastic depth draws its mask in place on a fresh tensor, replayed on recomputation",
+          "[torch][capture][constructs]") {
+    remat::torch::CpuMemoryProbe probe;
+    at::manual_seed(65);
+    auto m = make_module("StochasticDepth", {{"w", at::randn({6, 6}) * 0.5}}, R"(
+def forward(self, x):
+    h = torch.matmul(x, self.w)
+    noise = torch.empty([h.size(0), 1], dtype=h.dtype, device=h.device)
+    noise.bernoulli_(0.7)
+    noise.div_(0.7)
+    return torch.tanh(h * noise)
+)");
+    const at::Tensor x = at::randn({8, 6});
+    const ScriptCapture cap = capture_script(m, {x}, quick("stochastic-depth"));
+    bool random = false;
+    for (const auto& op : cap.ops()) random = random || op.random;
+    CHECK(random);
+    ScriptExecutor<> ex(cap);
+    check_against_plain(m, cap, ex, store_all(cap), {x}, sum_of_squares(), 0.0);
+    check_against_plain(m, cap, ex, recompute_all(cap), {x}, sum_of_squares(), 0.0);
+}
+
+TEST_CASE("constructs: an LSTM reading its weights through a list attribute differentiates every one",
+          "[torch][capture][constructs]") {
+    remat::torch::CpuMemoryProbe probe;
+    at::manual_seed(66);
+    torch::jit::Module m("LstmNet");
+    m.register_attribute("training", c10::BoolType::get(), true);
+    const std::int64_t input = 4, hidden = 8;
+    c10::List<at::Tensor> flat;
+    for (int layer = 0; layer < 2; ++layer) {
+        const std::int64_t in = layer == 0 ? input : hidden;
+        const std::string l = std::to_string(layer);
+        for (const auto& [name, shape] : std::vector<std::pair<std::string, std::vector<std::int64_t>>>{
+                 {"weight_ih_l" + l, {4 * hidden, in}},
+                 {"weight_hh_l" + l, {4 * hidden, hidden}},
+                 {"bias_ih_l" + l, {4 * hidden}},
+                 {"bias_hh_l" + l, {4 * hidden}}}) {
+            m.register_parameter(name, (at::randn(shape) * 0.3).requires_grad_(true), false);
+            flat.push_back(m.attr(name).toTensor());
+        }
+    }
+    m.register_parameter("head", (at::randn({hidden, 3}) * 0.3).requires_grad_(true), false);
+    m.register_attribute("_flat_weights", c10::ListType::ofTensors(), flat);
+    m.define(R"(
+def forward(self, x):
+    h0 = torch.zeros(2, x.size(0), 8)
+    c0 = torch.zeros(2, x.size(0), 8)
+    y, hn, cn = torch.lstm(x, [h0, c0], self._flat_weights, True, 2, 0.0, self.training, False, True)
+    return torch.matmul(y[:, -1], self.head) + hn.sum(0).sum(1, keepdim=True)
+)");
+    const at::Tensor x = at::randn({2, 5, input});
+    const ScriptCapture cap = capture_script(m, {x}, quick("lstm"));
+    REQUIRE(cap.parameters().size() == 9);
+    ScriptExecutor<> ex(cap);
+    // require_same_grads checks each of the 9 parameters, the LSTM's 8 included.
+    check_against_plain(m, cap, ex, store_all(cap), {x}, sum_of_squares(), 0.0);
+    check_against_plain(m, cap, ex, recompute_all(cap), {x}, sum_of_squares(), 0.0);
+}
+
+TEST_CASE("constructs: capture refuses a capture that would leave a parameter without its gradient",
+          "[torch][capture][constructs]") {
+    at::manual_seed(67);
+    auto m = make_module("Two", {{"a", at::randn({3, 3})}, {"b", at::randn({3, 3})}}, R"(
+def forward(self, x):
+    return torch.matmul(torch.matmul(x, self.a), self.b)
+)");
+    std::vector<at::Tensor> parameters;
+    std::vector<std::string> names;
+    for (const auto& p : m.named_parameters()) {
+        parameters.push_back(p.value);
+        names.push_back(p.name);
+    }
+    const std::vector<c10::IValue> sample{at::randn({2, 3})};
+    using remat::torch::detail::capture::check_gradient_coverage;
+    CHECK_NOTHROW(check_gradient_coverage(m, sample, parameters, names, {0, 1}, "capture of 'two'"));
+    const std::string what =
+        message_of([&] { check_gradient_coverage(m, sample, parameters, names, {0}, "capture of 'two'"); });
+    CHECK(what.find("parameter 'b'") != std::string::npos);
+    CHECK(what.find("no captured op") != std::string::npos);
+}
