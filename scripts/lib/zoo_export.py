@@ -1,0 +1,135 @@
+"""Exports the model zoo of scripts/zoo: standard torchvision and torch.nn models, built
+untrained (random weights, seed 0) in train mode, saved with torch.jit.trace and with
+torch.jit.script at small input sizes, and a manifest (manifest.json) that says how to feed
+each one. Run with Debian's python3 (python3-torch 1.13, python3-torchvision 0.14).
+
+    python3 zoo_export.py OUT_DIR [MODEL ...]
+"""
+import json
+import os
+import sys
+import warnings
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torchvision
+
+warnings.filterwarnings("ignore")
+
+
+class LSTMModel(nn.Module):
+    """Embedding, a two-layer nn.LSTM and a classifier on the last step."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(100, 16)
+        self.lstm = nn.LSTM(16, 32, num_layers=2, batch_first=True)
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x):
+        y, _ = self.lstm(self.emb(x))
+        return self.head(y[:, -1])
+
+
+class TransformerModel(nn.Module):
+    """torch.nn.Transformer (2 + 2 layers) on two inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.t = nn.Transformer(d_model=32, nhead=4, num_encoder_layers=2, num_decoder_layers=2,
+                                dim_feedforward=64, batch_first=True)
+
+    def forward(self, src, tgt):
+        return self.t(src, tgt)
+
+
+class DoubleConv(nn.Sequential):
+    def __init__(self, cin, cout):
+        super().__init__(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
+                         nn.Conv2d(cout, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+
+
+class UNet(nn.Module):
+    """A U-Net: 4 levels down and up, skip concatenations, batch norm."""
+
+    def __init__(self, width=8, levels=4, classes=3):
+        super().__init__()
+        chans = [width * 2 ** i for i in range(levels + 1)]
+        self.down = nn.ModuleList([DoubleConv(3 if i == 0 else chans[i - 1], chans[i]) for i in range(levels)])
+        self.bottom = DoubleConv(chans[levels - 1], chans[levels])
+        self.up = nn.ModuleList([nn.ConvTranspose2d(chans[i + 1], chans[i], 2, stride=2) for i in reversed(range(levels))])
+        self.merge = nn.ModuleList([DoubleConv(2 * chans[i], chans[i]) for i in reversed(range(levels))])
+        self.head = nn.Conv2d(width, classes, 1)
+
+    def forward(self, x):
+        skips = []
+        for block in self.down:
+            x = block(x)
+            skips.append(x)
+            x = F.max_pool2d(x, 2)
+        x = self.bottom(x)
+        for i, (up, merge) in enumerate(zip(self.up, self.merge)):
+            x = merge(torch.cat([up(x), skips[len(skips) - 1 - i]], 1))
+        return self.head(x)
+
+
+def image(batch=2, size=32):
+    return [{"dtype": "float", "shape": [batch, 3, size, size]}]
+
+
+MODELS = {
+    "resnet18": (lambda: torchvision.models.resnet18(num_classes=10), image()),
+    "mobilenet_v3_small": (lambda: torchvision.models.mobilenet_v3_small(num_classes=10), image()),
+    "densenet121": (lambda: torchvision.models.densenet121(num_classes=10), image()),
+    "efficientnet_b0": (lambda: torchvision.models.efficientnet_b0(num_classes=10), image()),
+    "vit_b_16": (lambda: torchvision.models.vit_b_16(image_size=32, num_classes=10), image()),
+    "vit_small": (lambda: torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=4, num_heads=4,
+                                                               hidden_dim=64, mlp_dim=128, num_classes=10), image()),
+    "fcn_resnet50": (lambda: torchvision.models.segmentation.fcn_resnet50(num_classes=4, weights_backbone=None),
+                     image()),
+    "lraspp_mobilenet_v3_large": (
+        lambda: torchvision.models.segmentation.lraspp_mobilenet_v3_large(num_classes=4, weights_backbone=None),
+        image()),
+    "unet": (UNet, image()),
+    "transformer": (TransformerModel, [{"dtype": "float", "shape": [2, 6, 32]},
+                                       {"dtype": "float", "shape": [2, 5, 32]}]),
+    "lstm": (LSTMModel, [{"dtype": "long", "shape": [2, 7], "high": 100}]),
+}
+
+
+def example(spec):
+    if spec["dtype"] == "long":
+        return torch.randint(0, spec["high"], spec["shape"])
+    return torch.randn(spec["shape"])
+
+
+def main():
+    out = sys.argv[1]
+    wanted = sys.argv[2:] or list(MODELS)
+    os.makedirs(out, exist_ok=True)
+    manifest = []
+    for name in wanted:
+        make, inputs = MODELS[name]
+        torch.manual_seed(0)
+        model = make().train()
+        args = tuple(example(s) for s in inputs)
+        for mode in ("traced", "scripted"):
+            path = os.path.join(out, f"{name}.{mode}.pt")
+            try:
+                if mode == "traced":
+                    module = torch.jit.trace(model, args, check_trace=False, strict=False)
+                else:
+                    module = torch.jit.script(model)
+                module.save(path)
+            except Exception as e:  # report and go on: the table says which exports failed
+                print(f"zoo: {name} {mode}: export failed: {str(e).splitlines()[0]}", file=sys.stderr)
+                continue
+            manifest.append({"model": name, "mode": mode, "file": os.path.abspath(path), "inputs": inputs})
+            print(f"zoo: exported {name} ({mode})", file=sys.stderr, flush=True)
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
