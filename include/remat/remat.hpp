@@ -11,6 +11,7 @@
 #include "core/schedule.hpp"
 #include "core/simulate.hpp"
 #include "core/solver.hpp"
+#include "core/timing.hpp"
 #include "solvers/store_all.hpp"
 #include "solvers/exhaustive.hpp"
 #include "solvers/periodic.hpp"

@@ -789,6 +789,37 @@ concept Solver = requires(const S& solver, const Problem& problem, Bytes budget)
 
 }  // namespace remat
 // ---- end remat/core/solver.hpp ----
+// ---- begin remat/core/timing.hpp ----
+// remat/core/timing.hpp — wall-clock seconds for solver statistics and time limits.
+//
+// One definition of "seconds elapsed since a point of std::chrono::steady_clock" (a
+// monotonic clock, so a time limit never runs backwards when the system clock is set), and
+// Stopwatch, the same as a value that remembers its start. Standard library only; cites
+// nothing beyond <chrono>.
+
+#include <chrono>
+
+namespace remat {
+
+/// Seconds from `start` to now, on the steady clock.
+[[nodiscard]] inline double seconds_since(std::chrono::steady_clock::time_point start) noexcept {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+/// A started clock: `seconds()` is the time since it was made.
+class Stopwatch {
+public:
+    Stopwatch() noexcept : start_(std::chrono::steady_clock::now()) {}
+
+    [[nodiscard]] double seconds() const noexcept { return seconds_since(start_); }
+    [[nodiscard]] std::chrono::steady_clock::time_point start() const noexcept { return start_; }
+
+private:
+    std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace remat
+// ---- end remat/core/timing.hpp ----
 // ---- begin remat/solvers/store_all.hpp ----
 // remat/solvers/store_all.hpp — the framework's own order with no rematerialization.
 //
@@ -958,7 +989,7 @@ public:
                                  "', above the budget of " + std::to_string(budget) + " bytes",
                              budget, ref.peak);
         SolverStats stats{std::string(name()), 0.0, SolveStatus::heuristic, std::nullopt, ""};
-        stats.solve_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        stats.solve_seconds = seconds_since(start);
         return make_checked_plan(problem, std::move(ref.schedule), budget, std::move(stats));
     }
 };
@@ -1084,7 +1115,7 @@ public:
             const SearchState s = top.state;
             if (is_goal(s)) return reconstruct(nodes, s, root);
             if (++expanded % 4096 == 0) {
-                const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+                const double seconds = seconds_since(start);
                 if (seconds > options_.time_limit_seconds)
                     throw SolverError("exhaustive search on '" + p_.name() + "' exceeded its time limit of " +
                                       std::to_string(options_.time_limit_seconds) + " s (use checkmate or rockmate)");
@@ -1227,7 +1258,7 @@ public:
                              budget, smallest);
         }
         SolverStats stats{std::string(name()), 0.0, SolveStatus::optimal, std::nullopt, ""};
-        stats.solve_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        stats.solve_seconds = seconds_since(start);
         return make_checked_plan(problem, std::move(result.schedule), budget, std::move(stats));
     }
 
@@ -1353,7 +1384,7 @@ private:
                                  " bytes; raise the budget or use the rotor solver",
                              budget, report.peak);
         SolverStats stats{std::string(name()), 0.0, SolveStatus::heuristic, std::nullopt, "k=" + std::to_string(k)};
-        stats.solve_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        stats.solve_seconds = seconds_since(start);
         return make_checked_plan(problem, std::move(plan), budget, std::move(stats));
     }
 
@@ -1942,7 +1973,7 @@ private:
     void fill(const RotorOptions& options) {
         const auto start = std::chrono::steady_clock::now();
         const auto M = static_cast<Bytes>(M_);
-        const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+        const auto elapsed = [&] { return seconds_since(start); };
         // Columns in blocks: row (a, c) is read by every (a, b) with b > c, so a block of
         // columns reuses it from cache; within a block, a descends and b ascends, which
         // keeps every dependency ((a+1, b), (j, b) for j > a, (a, c) for c < b) computed first.
@@ -2253,7 +2284,7 @@ private:
                           "slot_bytes=" + std::to_string(seq.slot_bytes) + " slots=" + std::to_string(seq.slots) +
                               (seq.optimal ? "" : " (least-memory fallback)")};
         Schedule schedule = rotor_to_schedule(seq.actions, chain.length());
-        stats.solve_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        stats.solve_seconds = seconds_since(start);
         return make_checked_plan(problem, std::move(schedule), budget, std::move(stats));
     }
 
@@ -3085,10 +3116,6 @@ private:
 
 namespace detail::rockmate {
 
-[[nodiscard]] inline double seconds_since(std::chrono::steady_clock::time_point start) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 [[nodiscard]] inline Bytes bytes_of(const Problem& q, const std::vector<DataId>& data) {
     Bytes sum = 0;
     for (const DataId d : data) sum += q.data(d).bytes;
@@ -3406,7 +3433,7 @@ public:
             } else {
                 solve_block(problem, part, l, rb, freeable);
             }
-            rb.seconds = detail::rockmate::seconds_since(block_start);
+            rb.seconds = seconds_since(block_start);
             if (options_.verbose)
                 std::cerr << "rockmate: block " << l + 1 << "/" << n << " (" << block.forward_ops.size() << " forward, "
                           << block.backward_ops.size() << " backward ops): " << rb.options.size() << " options"
@@ -3415,7 +3442,7 @@ public:
                           << " in " << rb.seconds << " s\n";
             model.blocks.push_back(std::move(rb));
         }
-        model.seconds = detail::rockmate::seconds_since(start);
+        model.seconds = seconds_since(start);
         return model;
     }
 
@@ -3429,7 +3456,7 @@ public:
         const auto start = std::chrono::steady_clock::now();
         const RockmateModel model = analyse(problem);
         Plan plan = solve(model, budget);
-        plan.stats.solve_seconds = detail::rockmate::seconds_since(start);
+        plan.stats.solve_seconds = seconds_since(start);
         return plan;
     }
 
@@ -3480,7 +3507,7 @@ public:
                               std::to_string(options_.saved_budgets) + (options_.store_all_only ? " store-all-only" : "") +
                               " across=" + across + " slot_bytes=" + std::to_string(seq.slot_bytes)};
         Schedule schedule = model.to_schedule(seq.actions);
-        stats.solve_seconds = detail::rockmate::seconds_since(start);
+        stats.solve_seconds = seconds_since(start);
         return make_checked_plan(model.problem, std::move(schedule), budget, std::move(stats));
     }
 
@@ -3552,7 +3579,7 @@ private:
                     if (std::any_of(infeasible.begin(), infeasible.end(),
                                     [&](const auto& f) { return peak <= f.first && saved <= f.second; }))
                         continue;
-                    if (detail::rockmate::seconds_since(start) > options_.block_time_limit_seconds) {
+                    if (seconds_since(start) > options_.block_time_limit_seconds) {
                         out_of_time = true;
                         if (options_.verbose)
                             std::cerr << "rockmate: block " << l + 1 << ": time limit of "

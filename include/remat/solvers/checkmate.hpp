@@ -69,6 +69,7 @@
 #include "../core/schedule.hpp"
 #include "../core/simulate.hpp"
 #include "../core/solver.hpp"
+#include "../core/timing.hpp"
 #include "../milp/backend.hpp"
 #include "../milp/model.hpp"
 #include "exhaustive.hpp"
@@ -984,10 +985,6 @@ inline Schedule without_useless_runs(const Problem& pr, Schedule s) {
     return s;
 }
 
-inline double seconds_since(std::chrono::steady_clock::time_point start) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 }  // namespace detail::checkmate
 
 /// Checkmate over a MILP backend (milp::LpSolve from milp/lp_solve.hpp, milp::Cbc from
@@ -1155,7 +1152,7 @@ private:
             model.set_time_limit(milp::infinity);
             return backend_.solve(model);
         }
-        const double left = deadline - detail::checkmate::seconds_since(start);
+        const double left = deadline - seconds_since(start);
         const double least = std::min(0.5, 0.05 * options_.time_limit_seconds);
         if (left >= least) {
             model.set_time_limit(left);
@@ -1247,7 +1244,7 @@ private:
     [[nodiscard]] std::pair<Bytes, bool> smallest_peak(const Problem& problem, const detail::checkmate::Analysis& a,
                                                        std::chrono::steady_clock::time_point start) const {
         if (options_.exhaustive_first && problem.data_count() <= 64 && a.eo_ops.size() <= 64) {
-            const double left = options_.time_limit_seconds - detail::checkmate::seconds_since(start);
+            const double left = options_.time_limit_seconds - seconds_since(start);
             ExhaustiveOptions limits;
             limits.max_states = 200'000;
             limits.time_limit_seconds = std::min(2.0, std::max(0.05, left / 4));

@@ -19,6 +19,7 @@
 #include "../core/schedule.hpp"
 #include "../core/simulate.hpp"
 #include "../core/solver.hpp"
+#include "../core/timing.hpp"
 
 namespace remat {
 
@@ -172,7 +173,7 @@ public:
                                  "', above the budget of " + std::to_string(budget) + " bytes",
                              budget, ref.peak);
         SolverStats stats{std::string(name()), 0.0, SolveStatus::heuristic, std::nullopt, ""};
-        stats.solve_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        stats.solve_seconds = seconds_since(start);
         return make_checked_plan(problem, std::move(ref.schedule), budget, std::move(stats));
     }
 };
