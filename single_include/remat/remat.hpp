@@ -5,7 +5,8 @@
 #pragma once
 // ---- begin remat/remat.hpp ----
 // remat/remat.hpp — umbrella header: everything of remat that needs only the standard
-// library (problem, chain, schedule, simulator, solvers, MILP model and partitioning).
+// library (problem, chain, schedule, simulator, graph utilities, solvers, MILP model and
+// partitioning).
 //
 // Optional layers are included on their own: remat/io/json.hpp (nlohmann/json),
 // remat/milp/lp_solve.hpp and remat/milp/cbc.hpp (MILP backends), remat/torch/*.hpp.
@@ -820,6 +821,436 @@ private:
 
 }  // namespace remat
 // ---- end remat/core/timing.hpp ----
+// ---- begin remat/graph/topological.hpp ----
+// remat/graph/topological.hpp — topological orders of directed graphs given as successor lists.
+//
+// Kahn, "Topological sorting of large networks", CACM 1962: repeatedly place a node all of
+// whose predecessors are placed. Ties are broken deterministically, smallest node index
+// first (a priority queue), so an order follows the numbering wherever the graph leaves a
+// choice (files list ops in their natural order). On a graph with a cycle, the nodes that can
+// never be placed (those on a cycle or behind one) are reported; a variant breaks cycles
+// instead, for callers that need some order of every node.
+//
+// Also the op-level graph of a Problem (FORMATS.md §1) that Checkmate (Jain et al., MLSys
+// 2020) orders its ops by: an edge from every writer of a data to every other op reading it.
+// Standard library only.
+
+#include <cstddef>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <queue>
+#include <string>
+#include <vector>
+
+
+namespace remat::graph {
+
+/// A directed graph on nodes 0..n-1: `successors[v]` lists the heads of the edges leaving v.
+/// An edge listed twice counts twice (it must then be satisfied twice, which changes nothing).
+using Adjacency = std::vector<std::vector<std::size_t>>;
+
+/// The result of a topological sort.
+struct TopologicalSort {
+    /// The nodes placed, in order.
+    std::vector<std::size_t> order;
+    /// The nodes never placed, in increasing index order: those on a cycle and those reached
+    /// only through one. Empty exactly when the graph is acyclic.
+    std::vector<std::size_t> left;
+
+    [[nodiscard]] bool acyclic() const noexcept { return left.empty(); }
+};
+
+/// Predecessor lists of `successors` (the reversed graph); edges are kept with multiplicity.
+/// Throws InvalidInput when an edge names a node that does not exist.
+[[nodiscard]] inline Adjacency reversed(const Adjacency& successors) {
+    const std::size_t n = successors.size();
+    Adjacency predecessors(n);
+    for (std::size_t v = 0; v < n; ++v)
+        for (const std::size_t s : successors[v]) {
+            if (s >= n)
+                throw InvalidInput("graph edge " + std::to_string(v) + " -> " + std::to_string(s) + " names node " +
+                                   std::to_string(s) + ", but the graph has " + std::to_string(n) + " nodes");
+            predecessors[s].push_back(v);
+        }
+    return predecessors;
+}
+
+namespace detail::topological {
+
+inline constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
+
+using MinQueue = std::priority_queue<std::size_t, std::vector<std::size_t>, std::greater<>>;
+
+// In-degrees with multiplicity; checks every edge's head.
+[[nodiscard]] inline std::vector<std::size_t> in_degrees(const Adjacency& successors) {
+    std::vector<std::size_t> degree(successors.size(), 0);
+    for (const std::vector<std::size_t>& heads : successors)
+        for (const std::size_t s : heads) {
+            if (s >= successors.size())
+                throw InvalidInput("graph edge to node " + std::to_string(s) + ", but the graph has " +
+                                   std::to_string(successors.size()) + " nodes");
+            ++degree[s];
+        }
+    return degree;
+}
+
+// The unplaced node of least remaining in-degree, smallest index among equals.
+[[nodiscard]] inline std::size_t least_blocked(const std::vector<std::size_t>& degree, const std::vector<char>& placed) {
+    std::size_t pick = none;
+    for (std::size_t v = 0; v < degree.size(); ++v)
+        if (!placed[v] && (pick == none || degree[v] < degree[pick])) pick = v;
+    return pick;
+}
+
+// Kahn's algorithm, smallest ready index first. When nothing is ready and `break_cycles`
+// is set, the unplaced node of least remaining in-degree is made ready (its remaining
+// in-edges are ignored); otherwise the sort stops there.
+[[nodiscard]] inline TopologicalSort kahn(const Adjacency& successors, bool break_cycles) {
+    const std::size_t n = successors.size();
+    std::vector<std::size_t> degree = in_degrees(successors);
+    std::vector<char> placed(n, 0);
+    MinQueue ready;
+    for (std::size_t v = 0; v < n; ++v)
+        if (degree[v] == 0) ready.push(v);
+    TopologicalSort result;
+    result.order.reserve(n);
+    while (result.order.size() < n) {
+        if (ready.empty()) {
+            if (!break_cycles) break;
+            const std::size_t pick = least_blocked(degree, placed);
+            degree[pick] = 0;
+            ready.push(pick);
+        }
+        const std::size_t v = ready.top();
+        ready.pop();
+        if (placed[v]) continue;
+        placed[v] = 1;
+        result.order.push_back(v);
+        for (const std::size_t s : successors[v])
+            if (!placed[s] && degree[s] > 0 && --degree[s] == 0) ready.push(s);
+    }
+    for (std::size_t v = 0; v < n; ++v)
+        if (!placed[v]) result.left.push_back(v);
+    return result;
+}
+
+}  // namespace detail::topological
+
+/// Kahn's topological sort, smallest ready index first; on a cyclic graph `order` holds the
+/// nodes that could be placed and `left` the others.
+[[nodiscard]] inline TopologicalSort topological_sort(const Adjacency& successors) {
+    return detail::topological::kahn(successors, false);
+}
+
+/// The topological order of an acyclic graph, or nullopt when it has a cycle.
+[[nodiscard]] inline std::optional<std::vector<std::size_t>> topological_order(const Adjacency& successors) {
+    TopologicalSort sort = topological_sort(successors);
+    if (!sort.acyclic()) return std::nullopt;
+    return std::move(sort.order);
+}
+
+/// An order of every node that is topological when the graph is acyclic. When the sort is
+/// stuck on a cycle, the unplaced node with the fewest unplaced predecessors (smallest
+/// index among equals) is placed next as if those were placed, and the sort goes on.
+[[nodiscard]] inline std::vector<std::size_t> order_breaking_cycles(const Adjacency& successors) {
+    return detail::topological::kahn(successors, true).order;
+}
+
+/// The op-level graph of a problem: an edge from each writer of a data to each other op that
+/// reads it, listed once per pair of ops. Alternative writers of one data all get the edge.
+[[nodiscard]] inline Adjacency op_dependencies(const Problem& problem) {
+    const std::size_t n = problem.op_count();
+    Adjacency successors(n);
+    std::vector<std::size_t> last_reader(n, detail::topological::none);
+    for (std::size_t k = 0; k < n; ++k)
+        for (const DataId d : problem.op(OpId{k}).reads)
+            for (const OpId w : problem.writers(d))
+                if (w.index != k && last_reader[w.index] != k) {
+                    last_reader[w.index] = k;
+                    successors[w.index].push_back(k);
+                }
+    return successors;
+}
+
+/// Ops in a topological order of "writes what the other reads", smallest op index first where
+/// the graph leaves a choice; a cycle (an op that can also be produced from its own result)
+/// is broken as order_breaking_cycles() says. This is the order Checkmate numbers its ops by.
+[[nodiscard]] inline std::vector<std::size_t> op_order(const Problem& problem) {
+    return order_breaking_cycles(op_dependencies(problem));
+}
+
+}  // namespace remat::graph
+// ---- end remat/graph/topological.hpp ----
+// ---- begin remat/graph/dominators.hpp ----
+// remat/graph/dominators.hpp — dominator and post-dominator trees of directed graphs.
+//
+// Node d dominates node v (from an entry) when every path from the entry to v passes
+// through d; the immediate dominator of v is its closest strict dominator. Computed with the
+// iterative algorithm of Cooper, Harvey and Kennedy, "A simple, fast dominance algorithm"
+// (Software Practice & Experience, 2001): intersect the dominator-tree paths of a node's
+// predecessors, visiting nodes in reverse postorder until nothing changes (one pass, plus
+// one that confirms it, on a DAG). Post-dominators are the dominators of the reversed graph
+// from an exit. A graph with several entries gets a virtual one (with_virtual_entry).
+// nodes_between() gives the nodes on the paths between a node and its immediate dominator:
+// the region a 1-separator closes (Rockmate's blocks, Zhao et al., ICML 2023).
+// Standard library only.
+
+#include <cstddef>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+
+namespace remat::graph {
+
+/// "No node": the immediate dominator of a node the entry does not reach.
+inline constexpr std::size_t no_node = std::numeric_limits<std::size_t>::max();
+
+/// A dominator tree: idom[root] == root; idom[v] == no_node when v is not reachable.
+struct DominatorTree {
+    std::size_t root = 0;
+    std::vector<std::size_t> idom;
+    /// Built on the reversed graph from an exit: "dominates" then means "post-dominates".
+    bool post = false;
+
+    [[nodiscard]] bool reachable(std::size_t v) const { return idom.at(v) != no_node; }
+
+    /// Whether d (post-)dominates v; every reachable node dominates itself.
+    [[nodiscard]] bool dominates(std::size_t d, std::size_t v) const {
+        if (!reachable(v) || !reachable(d)) return false;
+        for (std::size_t u = v;; u = idom[u]) {
+            if (u == d) return true;
+            if (u == root) return false;
+        }
+    }
+
+    /// v, idom(v), idom(idom(v)), ..., root; empty when v is not reachable.
+    [[nodiscard]] std::vector<std::size_t> dominators_of(std::size_t v) const {
+        std::vector<std::size_t> chain;
+        if (!reachable(v)) return chain;
+        for (std::size_t u = v;; u = idom[u]) {
+            chain.push_back(u);
+            if (u == root) break;
+        }
+        return chain;
+    }
+};
+
+namespace detail::dominators {
+
+inline void check_node(const Adjacency& successors, std::size_t v, const char* what) {
+    if (v >= successors.size())
+        throw InvalidInput(std::string("dominators: the ") + what + " " + std::to_string(v) + " is not a node (the graph has " +
+                           std::to_string(successors.size()) + " nodes)");
+}
+
+// Nodes reachable from `entry` in reverse postorder of a depth-first search that visits
+// successors in the order listed.
+[[nodiscard]] inline std::vector<std::size_t> reverse_postorder(const Adjacency& successors, std::size_t entry) {
+    std::vector<char> seen(successors.size(), 0);
+    std::vector<std::size_t> postorder;
+    std::vector<std::pair<std::size_t, std::size_t>> stack{{entry, 0}};  // (node, next successor)
+    seen[entry] = 1;
+    while (!stack.empty()) {
+        auto& [v, next] = stack.back();
+        if (next < successors[v].size()) {
+            const std::size_t s = successors[v][next++];
+            if (!seen[s]) {
+                seen[s] = 1;
+                stack.emplace_back(s, 0);
+            }
+            continue;
+        }
+        postorder.push_back(v);
+        stack.pop_back();
+    }
+    return {postorder.rbegin(), postorder.rend()};
+}
+
+// The closest common dominator of a and b in the tree built so far (rank: reverse postorder).
+[[nodiscard]] inline std::size_t intersect(std::size_t a, std::size_t b, const std::vector<std::size_t>& idom,
+                                           const std::vector<std::size_t>& rank) {
+    while (a != b) {
+        while (rank[a] > rank[b]) a = idom[a];
+        while (rank[b] > rank[a]) b = idom[b];
+    }
+    return a;
+}
+
+// Cooper–Harvey–Kennedy on the graph given by both its edge lists.
+[[nodiscard]] inline DominatorTree iterate(const Adjacency& successors, const Adjacency& predecessors, std::size_t entry) {
+    const std::vector<std::size_t> rpo = reverse_postorder(successors, entry);
+    std::vector<std::size_t> rank(successors.size(), no_node);
+    for (std::size_t i = 0; i < rpo.size(); ++i) rank[rpo[i]] = i;
+    DominatorTree tree{entry, std::vector<std::size_t>(successors.size(), no_node), false};
+    std::vector<std::size_t>& idom = tree.idom;
+    idom[entry] = entry;
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (const std::size_t v : rpo) {
+            if (v == entry) continue;
+            std::size_t candidate = no_node;
+            for (const std::size_t u : predecessors[v]) {
+                if (idom[u] == no_node) continue;  // unreachable, or not processed yet
+                candidate = candidate == no_node ? u : intersect(u, candidate, idom, rank);
+            }
+            if (candidate != idom[v]) {
+                idom[v] = candidate;
+                changed = true;
+            }
+        }
+    }
+    return tree;
+}
+
+}  // namespace detail::dominators
+
+/// The dominator tree of the nodes `entry` reaches. Throws InvalidInput when `entry` or an
+/// edge names a node that does not exist.
+[[nodiscard]] inline DominatorTree dominators(const Adjacency& successors, std::size_t entry) {
+    detail::dominators::check_node(successors, entry, "entry");
+    return detail::dominators::iterate(successors, reversed(successors), entry);
+}
+
+/// The post-dominator tree towards `exit`: d post-dominates v when every path from v to the
+/// exit passes through d. Nodes from which the exit cannot be reached get no_node.
+[[nodiscard]] inline DominatorTree post_dominators(const Adjacency& successors, std::size_t exit) {
+    detail::dominators::check_node(successors, exit, "exit");
+    const Adjacency predecessors = reversed(successors);
+    DominatorTree tree = detail::dominators::iterate(predecessors, successors, exit);
+    tree.post = true;
+    return tree;
+}
+
+/// A copy of the graph with one more node, numbered successors.size(), with an edge to each of
+/// `roots`: a single entry for a graph with several.
+[[nodiscard]] inline Adjacency with_virtual_entry(Adjacency successors, const std::vector<std::size_t>& roots) {
+    for (const std::size_t r : roots) detail::dominators::check_node(successors, r, "root");
+    successors.push_back(roots);
+    return successors;
+}
+
+/// The nodes on some path from `from` to `to` (both included), in increasing order; empty
+/// when `to` cannot be reached from `from`.
+[[nodiscard]] inline std::vector<std::size_t> nodes_between(const Adjacency& successors, std::size_t from, std::size_t to) {
+    detail::dominators::check_node(successors, from, "first node");
+    detail::dominators::check_node(successors, to, "last node");
+    const auto reach = [](const Adjacency& edges, std::size_t start) {
+        std::vector<char> seen(edges.size(), 0);
+        std::vector<std::size_t> work{start};
+        seen[start] = 1;
+        while (!work.empty()) {
+            const std::size_t v = work.back();
+            work.pop_back();
+            for (const std::size_t s : edges[v])
+                if (!seen[s]) {
+                    seen[s] = 1;
+                    work.push_back(s);
+                }
+        }
+        return seen;
+    };
+    const std::vector<char> after = reach(successors, from);
+    const std::vector<char> before = reach(reversed(successors), to);
+    std::vector<std::size_t> between;
+    if (!after[to]) return between;
+    for (std::size_t v = 0; v < successors.size(); ++v)
+        if (after[v] && before[v]) between.push_back(v);
+    return between;
+}
+
+/// The nodes on the paths between v and its immediate dominator (both included) — from the
+/// dominator to v, or from v to its immediate post-dominator for a post-dominator tree —
+/// `successors` being the graph the tree was built from. Just {v} for the root; empty when
+/// v is not reachable.
+[[nodiscard]] inline std::vector<std::size_t> region_to_idom(const Adjacency& successors, const DominatorTree& tree,
+                                                             std::size_t v) {
+    if (!tree.reachable(v)) return {};
+    if (v == tree.root) return {v};
+    const std::size_t d = tree.idom[v];
+    return tree.post ? nodes_between(successors, v, d) : nodes_between(successors, d, v);
+}
+
+}  // namespace remat::graph
+// ---- end remat/graph/dominators.hpp ----
+// ---- begin remat/graph/production.hpp ----
+// remat/graph/production.hpp — when each data of a Problem can first be produced.
+//
+// The fixpoint ProblemBuilder::build() runs to decide which data can ever become live
+// (FORMATS.md §1), with the round at which each data first becomes producible: initial data
+// are at level 0, an op is at 1 + the largest level of its reads, and a data at the least
+// level of its writers. Choosing, for every data, a writer of the data's own level makes a
+// set of ops whose "writes what the other reads" graph is acyclic (every read comes from a
+// strictly lower level), which is how store-all picks its writers when a problem gives no
+// order, and how the greedy solver recomputes without going round in circles. Computed
+// breadth-first with a count of missing reads per op, the way Kahn's algorithm counts
+// in-degrees. Standard library only.
+
+#include <cstddef>
+#include <deque>
+#include <limits>
+#include <vector>
+
+
+namespace remat::graph {
+
+/// The level of what can never be produced.
+inline constexpr std::size_t never = std::numeric_limits<std::size_t>::max();
+
+struct ProductionLevels {
+    std::vector<std::size_t> data;  ///< per data: 0 for initial data, `never` if unproducible
+    std::vector<std::size_t> op;    ///< per op: 1 + the largest level of its reads, or `never`
+
+    [[nodiscard]] bool producible(DataId d) const { return data.at(d.index) != never; }
+    [[nodiscard]] bool runnable(OpId k) const { return op.at(k.index) != never; }
+    /// Whether writer w of d is among those that produce d first (w's level is d's).
+    [[nodiscard]] bool first_writer(OpId w, DataId d) const {
+        return op.at(w.index) != never && op.at(w.index) == data.at(d.index);
+    }
+};
+
+/// Levels when only the ops for which `usable(const Op&)` holds may run (the others get
+/// `never`); initial data are at level 0 whoever writes them.
+template <class Usable>
+[[nodiscard]] ProductionLevels production_levels(const Problem& problem, const Usable& usable) {
+    const std::size_t n_ops = problem.op_count();
+    ProductionLevels levels{std::vector<std::size_t>(problem.data_count(), never), std::vector<std::size_t>(n_ops, never)};
+    std::vector<std::size_t> missing(n_ops, 0);
+    std::deque<DataId> reached;  // in nondecreasing level order
+    for (const DataId d : problem.initial()) {
+        levels.data[d.index] = 0;
+        reached.push_back(d);
+    }
+    const auto run = [&](std::size_t k, std::size_t level) {
+        levels.op[k] = level;
+        for (const DataId w : problem.op(OpId{k}).writes)
+            if (levels.data[w.index] == never) {
+                levels.data[w.index] = level;
+                reached.push_back(w);
+            }
+    };
+    for (std::size_t k = 0; k < n_ops; ++k) {
+        missing[k] = problem.op(OpId{k}).reads.size();
+        if (missing[k] == 0 && usable(problem.op(OpId{k}))) run(k, 1);
+    }
+    while (!reached.empty()) {
+        const DataId d = reached.front();
+        reached.pop_front();
+        for (const OpId k : problem.readers(d))
+            if (--missing[k.index] == 0 && usable(problem.op(k))) run(k.index, levels.data[d.index] + 1);
+    }
+    return levels;
+}
+
+/// Levels when every op may run.
+[[nodiscard]] inline ProductionLevels production_levels(const Problem& problem) {
+    return production_levels(problem, [](const Op&) { return true; });
+}
+
+}  // namespace remat::graph
+// ---- end remat/graph/production.hpp ----
 // ---- begin remat/solvers/store_all.hpp ----
 // remat/solvers/store_all.hpp — the framework's own order with no rematerialization.
 //
