@@ -50,12 +50,10 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <iostream>
 #include <limits>
 #include <numeric>
 #include <optional>
-#include <queue>
 #include <random>
 #include <sstream>
 #include <string>
@@ -70,6 +68,7 @@
 #include "../core/simulate.hpp"
 #include "../core/solver.hpp"
 #include "../core/timing.hpp"
+#include "../graph/topological.hpp"
 #include "../milp/backend.hpp"
 #include "../milp/model.hpp"
 #include "exhaustive.hpp"
@@ -159,52 +158,11 @@ struct Analysis {
     std::string lower_bound_reason;
 };
 
-// Ops in a topological order of "writes what the other reads", smallest op index first
-// where the graph leaves a choice (files list ops in their natural order). A cycle (an op
-// that can also be produced from its own result) is broken at its lowest-index op.
-inline std::vector<std::size_t> topological_order(const Problem& p) {
-    const std::size_t n = p.op_count();
-    std::vector<std::vector<std::size_t>> succ(n);
-    std::vector<std::size_t> indeg(n, 0);
-    std::vector<std::size_t> seen(n, none);
-    for (std::size_t k = 0; k < n; ++k)
-        for (const DataId d : p.op(OpId{k}).reads)
-            for (const OpId w : p.writers(d))
-                if (w.index != k && seen[w.index] != k) {
-                    seen[w.index] = k;
-                    succ[w.index].push_back(k);
-                    ++indeg[k];
-                }
-    std::vector<char> placed(n, 0);
-    std::vector<std::size_t> order;
-    order.reserve(n);
-    std::priority_queue<std::size_t, std::vector<std::size_t>, std::greater<>> ready;
-    for (std::size_t k = 0; k < n; ++k)
-        if (indeg[k] == 0) ready.push(k);
-    while (order.size() < n) {
-        if (ready.empty()) {
-            std::size_t pick = none;
-            for (std::size_t k = 0; k < n; ++k)
-                if (!placed[k] && (pick == none || indeg[k] < indeg[pick])) pick = k;
-            indeg[pick] = 0;
-            ready.push(pick);
-        }
-        const std::size_t k = ready.top();
-        ready.pop();
-        if (placed[k]) continue;
-        placed[k] = 1;
-        order.push_back(k);
-        for (const std::size_t s : succ[k])
-            if (!placed[s] && indeg[s] > 0 && --indeg[s] == 0) ready.push(s);
-    }
-    return order;
-}
-
 inline Analysis analyse(const Problem& p) {
     Analysis a;
     a.n = p.op_count();
     a.m = p.data_count();
-    a.order = topological_order(p);
+    a.order = graph::op_order(p);  // Checkmate's op numbering
     a.pos.assign(a.n, 0);
     for (std::size_t i = 0; i < a.n; ++i) a.pos[a.order[i]] = i;
     a.eo_index.assign(a.n, none);
