@@ -1,6 +1,6 @@
 // remat/remat.hpp — umbrella header: everything of remat that needs only the standard
-// library (problem, chain, schedule, simulator, graph utilities, solvers, MILP model and
-// partitioning).
+// library (problem, chain, schedule, simulator, memory bounds, graph utilities, solvers, MILP
+// model and partitioning).
 //
 // Optional layers are included on their own: remat/io/json.hpp (nlohmann/json),
 // remat/milp/lp_solve.hpp and remat/milp/cbc.hpp (MILP backends), remat/torch/*.hpp.
@@ -13,6 +13,7 @@
 #include "core/simulate.hpp"
 #include "core/solver.hpp"
 #include "core/timing.hpp"
+#include "core/bounds.hpp"
 #include "graph/topological.hpp"
 #include "graph/dominators.hpp"
 #include "graph/production.hpp"

@@ -31,10 +31,11 @@
 // that fits: store-all, Rotor or periodic) is always representable, because T is raised to
 // its number of passes, so Checkmate is never worse than its baseline.
 //
-// Infeasible budgets: a quick lower bound (the largest single-op requirement, and the
-// final data) rejects hopeless budgets at once; otherwise the same model with the budget
-// replaced by a variable P and the objective min P gives the smallest peak over schedules
-// of at most T passes, which Infeasible carries (exact whenever that search finishes).
+// Infeasible budgets: a quick lower bound (core/bounds.hpp: the largest single-op
+// requirement, and the final data) rejects hopeless budgets at once; otherwise the same
+// model with the budget replaced by a variable P and the objective min P gives the smallest
+// peak over schedules of at most T passes, which Infeasible carries (exact whenever that
+// search finishes).
 //
 // LP rounding (options.lp_rounding, for graphs too large for the exact search): the LP
 // relaxation's liveness is rounded at several thresholds and by randomised rounding; each
@@ -61,6 +62,7 @@
 #include <utility>
 #include <vector>
 
+#include "../core/bounds.hpp"
 #include "../core/chain.hpp"
 #include "../core/errors.hpp"
 #include "../core/problem.hpp"
@@ -241,65 +243,10 @@ inline Analysis analyse(const Problem& p) {
     a.scale = g > 0 ? g : 1;
     a.initial_bytes = p.initial_bytes();
 
-    // Lower bound of any schedule's peak: the final data all live at the end; every op that
-    // must run (exactly-once ops, and one writer of each data every schedule needs) with
-    // its reads, writes and overhead.
-    const auto requirement = [&](std::size_t k) {
-        const Op& op = p.op(OpId{k});
-        Bytes total = a.initial_bytes + op.overhead;
-        for (const DataId d : op.reads)
-            if (!p.is_initial(d)) total += p.data(d).bytes;
-        for (const DataId d : op.writes)
-            if (!p.is_initial(d) && std::find(op.reads.begin(), op.reads.end(), d) == op.reads.end())
-                total += p.data(d).bytes;
-        return total;
-    };
-    a.lower_bound = a.initial_bytes;
-    a.lower_bound_reason = "the initial data";
-    Bytes finals = a.initial_bytes;
-    for (const DataId d : p.final_data())
-        if (!p.is_initial(d)) finals += p.data(d).bytes;
-    if (finals > a.lower_bound) {
-        a.lower_bound = finals;
-        a.lower_bound_reason = "the initial and final data together";
-    }
-    std::vector<char> needed(a.m, 0);
-    std::vector<std::size_t> stack;
-    const auto need = [&](DataId d) {
-        if (!p.is_initial(d) && !needed[d.index]) {
-            needed[d.index] = 1;
-            stack.push_back(d.index);
-        }
-    };
-    for (const std::size_t k : a.eo_ops) {
-        if (requirement(k) > a.lower_bound) {
-            a.lower_bound = requirement(k);
-            a.lower_bound_reason = "exactly-once op '" + p.op(OpId{k}).name + "'";
-        }
-        for (const DataId d : p.op(OpId{k}).reads) need(d);
-    }
-    for (const DataId d : p.final_data()) need(d);
-    while (!stack.empty()) {
-        const std::size_t d = stack.back();
-        stack.pop_back();
-        const auto writers = p.writers(DataId{d});
-        if (writers.empty()) continue;
-        Bytes least = std::numeric_limits<Bytes>::max();
-        for (const OpId w : writers) least = std::min(least, requirement(w.index));
-        if (least > a.lower_bound) {
-            a.lower_bound = least;
-            a.lower_bound_reason = "computing data '" + p.data(DataId{d}).name + "'";
-        }
-        // Data that every writer of d reads are needed too.
-        for (const DataId r : p.op(writers.front()).reads) {
-            bool all = true;
-            for (const OpId w : writers) {
-                const auto& rr = p.op(w).reads;
-                all = all && std::find(rr.begin(), rr.end(), r) != rr.end();
-            }
-            if (all) need(r);
-        }
-    }
+    // No schedule has a smaller peak (core/bounds.hpp).
+    MemoryLowerBound bound = memory_lower_bound(p);
+    a.lower_bound = bound.bytes;
+    a.lower_bound_reason = std::move(bound.reason);
     return a;
 }
 
