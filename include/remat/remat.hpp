@@ -24,5 +24,6 @@
 #include "solvers/sequence_solver.hpp"
 #include "partition/blocks.hpp"
 #include "solvers/rockmate.hpp"
+#include "solvers/greedy.hpp"
 #include "io/budget.hpp"
 #include "io/svg.hpp"
