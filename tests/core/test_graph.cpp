@@ -110,7 +110,7 @@ Problem two_writers_problem() {
 
 }  // namespace
 
-TEST_CASE("topological order: smallest ready index first") {
+TEST_CASE("topological order: smallest ready index first", "[graph]") {
     const Adjacency g{{}, {}, {}, {1}, {0}};  // 3 -> 1, 4 -> 0, 2 alone
     const auto order = graph::topological_order(g);
     REQUIRE(order);
@@ -122,7 +122,7 @@ TEST_CASE("topological order: smallest ready index first") {
     CHECK(graph::topological_order(Adjacency{})->empty());
 }
 
-TEST_CASE("topological sort reports the nodes on or behind a cycle") {
+TEST_CASE("topological sort reports the nodes on or behind a cycle", "[graph]") {
     const Adjacency g{{1}, {2}, {1, 4}, {}, {}};  // 1 <-> 2, 4 behind the cycle, 3 alone
     const graph::TopologicalSort sort = graph::topological_sort(g);
     CHECK_FALSE(sort.acyclic());
@@ -136,7 +136,7 @@ TEST_CASE("topological sort reports the nodes on or behind a cycle") {
     CHECK_THROWS_AS(graph::topological_sort(Adjacency{{3}}), InvalidInput);
 }
 
-TEST_CASE("op order: writers before readers, alternatives included, cycles broken") {
+TEST_CASE("op order: writers before readers, alternatives included, cycles broken", "[graph]") {
     const Problem chain = to_problem(Chain{"c", 10, {{"1", 1, 2, 20, 50, 0, 0}, {"2", 1, 2, 30, 30, 0, 0}}});
     const Nodes order = graph::op_order(chain);
     REQUIRE(order.size() == chain.op_count());
@@ -152,7 +152,7 @@ TEST_CASE("op order: writers before readers, alternatives included, cycles broke
     CHECK(graph::op_order(cyclic).size() == cyclic.op_count());
 }
 
-TEST_CASE("production levels: the round at which each data can first be produced") {
+TEST_CASE("production levels: the round at which each data can first be produced", "[graph]") {
     const Problem p = two_writers_problem();
     const graph::ProductionLevels levels = graph::production_levels(p);
     const auto level = [&](const char* name) { return levels.data[p.data_id(name).index]; };
@@ -170,7 +170,7 @@ TEST_CASE("production levels: the round at which each data can first be produced
     CHECK_FALSE(without.runnable(p.op_id("W4")));
 }
 
-TEST_CASE("dominators of a diamond, a residual chain and U-Net-like skips") {
+TEST_CASE("dominators of a diamond, a residual chain and U-Net-like skips", "[graph]") {
     SECTION("diamond") {
         const Adjacency g{{1, 2}, {3}, {3}, {}};
         const graph::DominatorTree t = graph::dominators(g, 0);
@@ -229,7 +229,7 @@ TEST_CASE("dominators of a diamond, a residual chain and U-Net-like skips") {
     }
 }
 
-TEST_CASE("dominators, post-dominators and regions match the definition on random graphs") {
+TEST_CASE("dominators, post-dominators and regions match the definition on random graphs", "[graph]") {
     std::mt19937 rng(20240611);
     for (int trial = 0; trial < 300; ++trial) {
         const std::size_t n = 2 + static_cast<std::size_t>(trial % 11);

@@ -130,7 +130,7 @@ Problem with_trap_writers(const Problem& p, std::mt19937& rng) {
 
 }  // namespace
 
-TEST_CASE("store-all without an order never picks a writer whose reads cannot be produced (filed bug)") {
+TEST_CASE("store-all without an order never picks a writer whose reads cannot be produced (filed bug)", "[store-all]") {
     SECTION("no op writes what W1 reads: W2 alone") {
         const Problem p = unproducible_read(false, false);
         const Reference ref = store_all_reference(p);
@@ -153,7 +153,7 @@ TEST_CASE("store-all without an order never picks a writer whose reads cannot be
     }
 }
 
-TEST_CASE("store-all chooses a valid order for random problems without one") {
+TEST_CASE("store-all chooses a valid order for random problems without one", "[store-all]") {
     std::mt19937 rng(20250207);
     for (int trial = 0; trial < 200; ++trial) {
         testing::DagShape shape;
