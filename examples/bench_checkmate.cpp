@@ -41,10 +41,6 @@ namespace {
 constexpr std::size_t aim_ops = 40;
 constexpr double aim_seconds = 10.0;
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 std::string format(const char* spec, double x) {
     char s[64];
     std::snprintf(s, sizeof s, spec, x);

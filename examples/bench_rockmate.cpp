@@ -32,10 +32,6 @@ using Planner = Rockmate<>;
 constexpr const char* planner_name = "exhaustive";
 #endif
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 // torch.utils.checkpoint on every block: forward without grad keeping every block input,
 // then each block from the last recomputed with grad (its store-all option) and back-propagated.
 std::vector<RotorAction> checkpoint_every_block(std::size_t blocks) {

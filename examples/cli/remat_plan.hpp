@@ -206,7 +206,7 @@ inline int run_remat_plan(const std::vector<std::string>& args, std::ostream& ou
         const SolverEntry& solver = a.solver ? find_solver(*a.solver, options) : default_solver(problem);
         if (!solver.applies(problem))
             throw InvalidInput("solver '" + std::string(solver.name) + "' does not apply to problem '" + problem.name() +
-                               "'" + (solver.chains_only ? " (not a chain); use store-all or exhaustive" : ""));
+                               "'" + (solver.chains_only ? " (not a chain); use greedy, store-all or exhaustive" : ""));
         const std::string solver_name =
             std::string(solver.name) + (options.variant.empty() ? "" : ":" + options.variant);
         const bool planning = a.budget.has_value();

@@ -19,6 +19,7 @@
 #include <remat/solvers/periodic.hpp>
 #include <remat/solvers/rotor.hpp>
 #include <remat/solvers/exhaustive.hpp>
+#include <remat/solvers/greedy.hpp>
 #include <remat/solvers/rockmate.hpp>
 #ifdef REMAT_WITH_LPSOLVE
 #include <remat/milp/lp_solve.hpp>
@@ -172,6 +173,24 @@ inline void no_variant(std::string_view name, const SolveOptions& options) {
             e.applies = [](const Problem& p) { return p.loss().has_value(); };
             e.quick = [](const Problem& p) { return p.data_count() <= 200; };
             e.solve = [](const Problem& p, Bytes budget, const SolveOptions& o) { return rockmate_planner(p, o)(budget); };
+            t.push_back(std::move(e));
+        }
+        {
+            SolverEntry e{"greedy", "fast greedy eviction and recomputation, any graph (after DTR, Kirisame et al. 2021)",
+                          "greedy:dtr or greedy:belady, one eviction rule (default: both, the faster plan)", false, false,
+                          {}, {}, {}};
+            e.applies = detail::always;
+            e.quick = detail::always;
+            e.solve = [name = e.name, help = e.variant_help](const Problem& p, Bytes budget, const SolveOptions& o) {
+                GreedyOptions options;
+                if (o.variant == "dtr")
+                    options.eviction = GreedyEviction::dtr;
+                else if (o.variant == "belady")
+                    options.eviction = GreedyEviction::farthest_next_use;
+                else if (!o.variant.empty())
+                    throw InvalidInput("solver '" + std::string(name) + ":" + o.variant + "': expected " + std::string(help));
+                return Greedy(options).solve(p, budget);
+            };
             t.push_back(std::move(e));
         }
         {

@@ -1,5 +1,6 @@
 // remat/remat.hpp — umbrella header: everything of remat that needs only the standard
-// library (problem, chain, schedule, simulator, solvers, MILP model and partitioning).
+// library (problem, chain, schedule, simulator, memory bounds, graph utilities, solvers, MILP
+// model and partitioning).
 //
 // Optional layers are included on their own: remat/io/json.hpp (nlohmann/json),
 // remat/milp/lp_solve.hpp and remat/milp/cbc.hpp (MILP backends), remat/torch/*.hpp.
@@ -11,6 +12,11 @@
 #include "core/schedule.hpp"
 #include "core/simulate.hpp"
 #include "core/solver.hpp"
+#include "core/timing.hpp"
+#include "core/bounds.hpp"
+#include "graph/topological.hpp"
+#include "graph/dominators.hpp"
+#include "graph/production.hpp"
 #include "solvers/store_all.hpp"
 #include "solvers/exhaustive.hpp"
 #include "solvers/periodic.hpp"
@@ -18,5 +24,6 @@
 #include "solvers/sequence_solver.hpp"
 #include "partition/blocks.hpp"
 #include "solvers/rockmate.hpp"
+#include "solvers/greedy.hpp"
 #include "io/budget.hpp"
 #include "io/svg.hpp"

@@ -5,7 +5,8 @@
 #pragma once
 // ---- begin remat/remat.hpp ----
 // remat/remat.hpp — umbrella header: everything of remat that needs only the standard
-// library (problem, chain, schedule, simulator, solvers, MILP model and partitioning).
+// library (problem, chain, schedule, simulator, memory bounds, graph utilities, solvers, MILP
+// model and partitioning).
 //
 // Optional layers are included on their own: remat/io/json.hpp (nlohmann/json),
 // remat/milp/lp_solve.hpp and remat/milp/cbc.hpp (MILP backends), remat/torch/*.hpp.
@@ -789,6 +790,587 @@ concept Solver = requires(const S& solver, const Problem& problem, Bytes budget)
 
 }  // namespace remat
 // ---- end remat/core/solver.hpp ----
+// ---- begin remat/core/timing.hpp ----
+// remat/core/timing.hpp — wall-clock seconds for solver statistics and time limits.
+//
+// One definition of "seconds elapsed since a point of std::chrono::steady_clock" (a
+// monotonic clock, so a time limit never runs backwards when the system clock is set), and
+// Stopwatch, the same as a value that remembers its start. Standard library only; cites
+// nothing beyond <chrono>.
+
+#include <chrono>
+
+namespace remat {
+
+/// Seconds from `start` to now, on the steady clock.
+[[nodiscard]] inline double seconds_since(std::chrono::steady_clock::time_point start) noexcept {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+/// A started clock: `seconds()` is the time since it was made.
+class Stopwatch {
+public:
+    Stopwatch() noexcept : start_(std::chrono::steady_clock::now()) {}
+
+    [[nodiscard]] double seconds() const noexcept { return seconds_since(start_); }
+    [[nodiscard]] std::chrono::steady_clock::time_point start() const noexcept { return start_; }
+
+private:
+    std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace remat
+// ---- end remat/core/timing.hpp ----
+// ---- begin remat/core/bounds.hpp ----
+// remat/core/bounds.hpp — a proven lower bound on the peak memory of any valid schedule.
+//
+// Under the simulator of FORMATS.md §3, every valid schedule has a peak at least:
+//  - the initial data (the first state);
+//  - the initial and final data together (the last state);
+//  - for every exactly-once op (it must run): the initial data, plus its reads and writes
+//    that are not initial, plus its overhead (memory while it runs);
+//  - for every data every schedule must compute (the reads of exactly-once ops, the final
+//    data, and, transitively, what every writer of such a data reads): the least of that
+//    requirement over its writers, since one of them must run.
+// The bound is what Checkmate (Jain et al., MLSys 2020) uses to reject hopeless budgets at
+// once, and what the greedy solver starts its search for its smallest budget from. The
+// reason names the op or data that forces it, for Infeasible messages. Standard library only.
+
+#include <algorithm>
+#include <cstddef>
+#include <limits>
+#include <string>
+#include <vector>
+
+
+namespace remat {
+
+struct MemoryLowerBound {
+    Bytes bytes = 0;
+    /// What forces it: "the initial data", "exactly-once op 'B3'", "computing data 'a4'", ...
+    std::string reason;
+};
+
+namespace detail::bounds {
+
+// Memory while op k runs, counting only what it must have: the initial data, its reads and
+// writes that are not initial, and its overhead.
+[[nodiscard]] inline Bytes op_requirement(const Problem& p, OpId k) {
+    const Op& op = p.op(k);
+    Bytes total = p.initial_bytes() + op.overhead;
+    for (const DataId d : op.reads)
+        if (!p.is_initial(d)) total += p.data(d).bytes;
+    for (const DataId d : op.writes)
+        if (!p.is_initial(d) && std::find(op.reads.begin(), op.reads.end(), d) == op.reads.end())
+            total += p.data(d).bytes;
+    return total;
+}
+
+// Raises `bound` to `bytes` (strictly larger only: the first reason found stays on ties).
+inline void raise(MemoryLowerBound& bound, Bytes bytes, std::string reason) {
+    if (bytes <= bound.bytes) return;
+    bound.bytes = bytes;
+    bound.reason = std::move(reason);
+}
+
+// Data that every writer of d reads.
+[[nodiscard]] inline std::vector<DataId> common_reads(const Problem& p, DataId d) {
+    const auto writers = p.writers(d);
+    std::vector<DataId> common;
+    for (const DataId r : p.op(writers.front()).reads) {
+        bool all = true;
+        for (const OpId w : writers) {
+            const auto& reads = p.op(w).reads;
+            all = all && std::find(reads.begin(), reads.end(), r) != reads.end();
+        }
+        if (all) common.push_back(r);
+    }
+    return common;
+}
+
+// The needed-data part of the bound: starting from `stack` (the data marked in `needed`),
+// each data's cheapest writer, then the data all its writers read.
+inline void raise_by_needed_data(const Problem& p, MemoryLowerBound& bound, std::vector<char>& needed,
+                                 std::vector<std::size_t>& stack) {
+    while (!stack.empty()) {
+        const DataId d{stack.back()};
+        stack.pop_back();
+        const auto writers = p.writers(d);
+        if (writers.empty()) continue;
+        Bytes least = std::numeric_limits<Bytes>::max();
+        for (const OpId w : writers) least = std::min(least, op_requirement(p, w));
+        raise(bound, least, "computing data '" + p.data(d).name + "'");
+        for (const DataId r : common_reads(p, d))
+            if (!p.is_initial(r) && !needed[r.index]) {
+                needed[r.index] = 1;
+                stack.push_back(r.index);
+            }
+    }
+}
+
+}  // namespace detail::bounds
+
+/// A lower bound on the peak of every valid schedule of `problem`, with what forces it.
+[[nodiscard]] inline MemoryLowerBound memory_lower_bound(const Problem& problem) {
+    using namespace detail::bounds;
+    const Problem& p = problem;
+    MemoryLowerBound bound{p.initial_bytes(), "the initial data"};
+    Bytes finals = p.initial_bytes();
+    for (const DataId d : p.final_data())
+        if (!p.is_initial(d)) finals += p.data(d).bytes;
+    raise(bound, finals, "the initial and final data together");
+
+    std::vector<char> needed(p.data_count(), 0);
+    std::vector<std::size_t> stack;
+    const auto need = [&](DataId d) {
+        if (!p.is_initial(d) && !needed[d.index]) {
+            needed[d.index] = 1;
+            stack.push_back(d.index);
+        }
+    };
+    for (std::size_t k = 0; k < p.op_count(); ++k) {
+        const Op& op = p.op(OpId{k});
+        if (!op.exactly_once) continue;
+        raise(bound, op_requirement(p, OpId{k}), "exactly-once op '" + op.name + "'");
+        for (const DataId d : op.reads) need(d);
+    }
+    for (const DataId d : p.final_data()) need(d);
+    raise_by_needed_data(p, bound, needed, stack);
+    return bound;
+}
+
+}  // namespace remat
+// ---- end remat/core/bounds.hpp ----
+// ---- begin remat/graph/topological.hpp ----
+// remat/graph/topological.hpp — topological orders of directed graphs given as successor lists.
+//
+// Kahn, "Topological sorting of large networks", CACM 1962: repeatedly place a node all of
+// whose predecessors are placed. Ties are broken deterministically, smallest node index
+// first (a priority queue), so an order follows the numbering wherever the graph leaves a
+// choice (files list ops in their natural order). On a graph with a cycle, the nodes that can
+// never be placed (those on a cycle or behind one) are reported; a variant breaks cycles
+// instead, for callers that need some order of every node.
+//
+// Also the op-level graph of a Problem (FORMATS.md §1) that Checkmate (Jain et al., MLSys
+// 2020) orders its ops by: an edge from every writer of a data to every other op reading it.
+// Standard library only.
+
+#include <cstddef>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <queue>
+#include <string>
+#include <vector>
+
+
+namespace remat::graph {
+
+/// A directed graph on nodes 0..n-1: `successors[v]` lists the heads of the edges leaving v.
+/// An edge listed twice counts twice (it must then be satisfied twice, which changes nothing).
+using Adjacency = std::vector<std::vector<std::size_t>>;
+
+/// The result of a topological sort.
+struct TopologicalSort {
+    /// The nodes placed, in order.
+    std::vector<std::size_t> order;
+    /// The nodes never placed, in increasing index order: those on a cycle and those reached
+    /// only through one. Empty exactly when the graph is acyclic.
+    std::vector<std::size_t> left;
+
+    [[nodiscard]] bool acyclic() const noexcept { return left.empty(); }
+};
+
+/// Predecessor lists of `successors` (the reversed graph); edges are kept with multiplicity.
+/// Throws InvalidInput when an edge names a node that does not exist.
+[[nodiscard]] inline Adjacency reversed(const Adjacency& successors) {
+    const std::size_t n = successors.size();
+    Adjacency predecessors(n);
+    for (std::size_t v = 0; v < n; ++v)
+        for (const std::size_t s : successors[v]) {
+            if (s >= n)
+                throw InvalidInput("graph edge " + std::to_string(v) + " -> " + std::to_string(s) + " names node " +
+                                   std::to_string(s) + ", but the graph has " + std::to_string(n) + " nodes");
+            predecessors[s].push_back(v);
+        }
+    return predecessors;
+}
+
+namespace detail::topological {
+
+inline constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
+
+using MinQueue = std::priority_queue<std::size_t, std::vector<std::size_t>, std::greater<>>;
+
+// In-degrees with multiplicity; checks every edge's head.
+[[nodiscard]] inline std::vector<std::size_t> in_degrees(const Adjacency& successors) {
+    std::vector<std::size_t> degree(successors.size(), 0);
+    for (const std::vector<std::size_t>& heads : successors)
+        for (const std::size_t s : heads) {
+            if (s >= successors.size())
+                throw InvalidInput("graph edge to node " + std::to_string(s) + ", but the graph has " +
+                                   std::to_string(successors.size()) + " nodes");
+            ++degree[s];
+        }
+    return degree;
+}
+
+// The unplaced node of least remaining in-degree, smallest index among equals.
+[[nodiscard]] inline std::size_t least_blocked(const std::vector<std::size_t>& degree, const std::vector<char>& placed) {
+    std::size_t pick = none;
+    for (std::size_t v = 0; v < degree.size(); ++v)
+        if (!placed[v] && (pick == none || degree[v] < degree[pick])) pick = v;
+    return pick;
+}
+
+// Kahn's algorithm, smallest ready index first. When nothing is ready and `break_cycles`
+// is set, the unplaced node of least remaining in-degree is made ready (its remaining
+// in-edges are ignored); otherwise the sort stops there.
+[[nodiscard]] inline TopologicalSort kahn(const Adjacency& successors, bool break_cycles) {
+    const std::size_t n = successors.size();
+    std::vector<std::size_t> degree = in_degrees(successors);
+    std::vector<char> placed(n, 0);
+    MinQueue ready;
+    for (std::size_t v = 0; v < n; ++v)
+        if (degree[v] == 0) ready.push(v);
+    TopologicalSort result;
+    result.order.reserve(n);
+    while (result.order.size() < n) {
+        if (ready.empty()) {
+            if (!break_cycles) break;
+            const std::size_t pick = least_blocked(degree, placed);
+            degree[pick] = 0;
+            ready.push(pick);
+        }
+        const std::size_t v = ready.top();
+        ready.pop();
+        if (placed[v]) continue;
+        placed[v] = 1;
+        result.order.push_back(v);
+        for (const std::size_t s : successors[v])
+            if (!placed[s] && degree[s] > 0 && --degree[s] == 0) ready.push(s);
+    }
+    for (std::size_t v = 0; v < n; ++v)
+        if (!placed[v]) result.left.push_back(v);
+    return result;
+}
+
+}  // namespace detail::topological
+
+/// Kahn's topological sort, smallest ready index first; on a cyclic graph `order` holds the
+/// nodes that could be placed and `left` the others.
+[[nodiscard]] inline TopologicalSort topological_sort(const Adjacency& successors) {
+    return detail::topological::kahn(successors, false);
+}
+
+/// The topological order of an acyclic graph, or nullopt when it has a cycle.
+[[nodiscard]] inline std::optional<std::vector<std::size_t>> topological_order(const Adjacency& successors) {
+    TopologicalSort sort = topological_sort(successors);
+    if (!sort.acyclic()) return std::nullopt;
+    return std::move(sort.order);
+}
+
+/// An order of every node that is topological when the graph is acyclic. When the sort is
+/// stuck on a cycle, the unplaced node with the fewest unplaced predecessors (smallest
+/// index among equals) is placed next as if those were placed, and the sort goes on.
+[[nodiscard]] inline std::vector<std::size_t> order_breaking_cycles(const Adjacency& successors) {
+    return detail::topological::kahn(successors, true).order;
+}
+
+/// The op-level graph of a problem: an edge from each writer of a data to each other op that
+/// reads it, listed once per pair of ops. Alternative writers of one data all get the edge.
+[[nodiscard]] inline Adjacency op_dependencies(const Problem& problem) {
+    const std::size_t n = problem.op_count();
+    Adjacency successors(n);
+    std::vector<std::size_t> last_reader(n, detail::topological::none);
+    for (std::size_t k = 0; k < n; ++k)
+        for (const DataId d : problem.op(OpId{k}).reads)
+            for (const OpId w : problem.writers(d))
+                if (w.index != k && last_reader[w.index] != k) {
+                    last_reader[w.index] = k;
+                    successors[w.index].push_back(k);
+                }
+    return successors;
+}
+
+/// Ops in a topological order of "writes what the other reads", smallest op index first where
+/// the graph leaves a choice; a cycle (an op that can also be produced from its own result)
+/// is broken as order_breaking_cycles() says. This is the order Checkmate numbers its ops by.
+[[nodiscard]] inline std::vector<std::size_t> op_order(const Problem& problem) {
+    return order_breaking_cycles(op_dependencies(problem));
+}
+
+}  // namespace remat::graph
+// ---- end remat/graph/topological.hpp ----
+// ---- begin remat/graph/dominators.hpp ----
+// remat/graph/dominators.hpp — dominator and post-dominator trees of directed graphs.
+//
+// Node d dominates node v (from an entry) when every path from the entry to v passes
+// through d; the immediate dominator of v is its closest strict dominator. Computed with the
+// iterative algorithm of Cooper, Harvey and Kennedy, "A simple, fast dominance algorithm"
+// (Software Practice & Experience, 2001): intersect the dominator-tree paths of a node's
+// predecessors, visiting nodes in reverse postorder until nothing changes (one pass, plus
+// one that confirms it, on a DAG). Post-dominators are the dominators of the reversed graph
+// from an exit. A graph with several entries gets a virtual one (with_virtual_entry).
+// nodes_between() gives the nodes on the paths between a node and its immediate dominator:
+// the region a 1-separator closes (Rockmate's blocks, Zhao et al., ICML 2023).
+// Standard library only.
+
+#include <cstddef>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+
+namespace remat::graph {
+
+/// "No node": the immediate dominator of a node the entry does not reach.
+inline constexpr std::size_t no_node = std::numeric_limits<std::size_t>::max();
+
+/// A dominator tree: idom[root] == root; idom[v] == no_node when v is not reachable.
+struct DominatorTree {
+    std::size_t root = 0;
+    std::vector<std::size_t> idom;
+    /// Built on the reversed graph from an exit: "dominates" then means "post-dominates".
+    bool post = false;
+
+    [[nodiscard]] bool reachable(std::size_t v) const { return idom.at(v) != no_node; }
+
+    /// Whether d (post-)dominates v; every reachable node dominates itself.
+    [[nodiscard]] bool dominates(std::size_t d, std::size_t v) const {
+        if (!reachable(v) || !reachable(d)) return false;
+        for (std::size_t u = v;; u = idom[u]) {
+            if (u == d) return true;
+            if (u == root) return false;
+        }
+    }
+
+    /// v, idom(v), idom(idom(v)), ..., root; empty when v is not reachable.
+    [[nodiscard]] std::vector<std::size_t> dominators_of(std::size_t v) const {
+        std::vector<std::size_t> chain;
+        if (!reachable(v)) return chain;
+        for (std::size_t u = v;; u = idom[u]) {
+            chain.push_back(u);
+            if (u == root) break;
+        }
+        return chain;
+    }
+};
+
+namespace detail::dominators {
+
+inline void check_node(const Adjacency& successors, std::size_t v, const char* what) {
+    if (v >= successors.size())
+        throw InvalidInput(std::string("dominators: the ") + what + " " + std::to_string(v) + " is not a node (the graph has " +
+                           std::to_string(successors.size()) + " nodes)");
+}
+
+// Nodes reachable from `entry` in reverse postorder of a depth-first search that visits
+// successors in the order listed.
+[[nodiscard]] inline std::vector<std::size_t> reverse_postorder(const Adjacency& successors, std::size_t entry) {
+    std::vector<char> seen(successors.size(), 0);
+    std::vector<std::size_t> postorder;
+    std::vector<std::pair<std::size_t, std::size_t>> stack{{entry, 0}};  // (node, next successor)
+    seen[entry] = 1;
+    while (!stack.empty()) {
+        auto& [v, next] = stack.back();
+        if (next < successors[v].size()) {
+            const std::size_t s = successors[v][next++];
+            if (!seen[s]) {
+                seen[s] = 1;
+                stack.emplace_back(s, 0);
+            }
+            continue;
+        }
+        postorder.push_back(v);
+        stack.pop_back();
+    }
+    return {postorder.rbegin(), postorder.rend()};
+}
+
+// The closest common dominator of a and b in the tree built so far (rank: reverse postorder).
+[[nodiscard]] inline std::size_t intersect(std::size_t a, std::size_t b, const std::vector<std::size_t>& idom,
+                                           const std::vector<std::size_t>& rank) {
+    while (a != b) {
+        while (rank[a] > rank[b]) a = idom[a];
+        while (rank[b] > rank[a]) b = idom[b];
+    }
+    return a;
+}
+
+// Cooper–Harvey–Kennedy on the graph given by both its edge lists.
+[[nodiscard]] inline DominatorTree iterate(const Adjacency& successors, const Adjacency& predecessors, std::size_t entry) {
+    const std::vector<std::size_t> rpo = reverse_postorder(successors, entry);
+    std::vector<std::size_t> rank(successors.size(), no_node);
+    for (std::size_t i = 0; i < rpo.size(); ++i) rank[rpo[i]] = i;
+    DominatorTree tree{entry, std::vector<std::size_t>(successors.size(), no_node), false};
+    std::vector<std::size_t>& idom = tree.idom;
+    idom[entry] = entry;
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (const std::size_t v : rpo) {
+            if (v == entry) continue;
+            std::size_t candidate = no_node;
+            for (const std::size_t u : predecessors[v]) {
+                if (idom[u] == no_node) continue;  // unreachable, or not processed yet
+                candidate = candidate == no_node ? u : intersect(u, candidate, idom, rank);
+            }
+            if (candidate != idom[v]) {
+                idom[v] = candidate;
+                changed = true;
+            }
+        }
+    }
+    return tree;
+}
+
+}  // namespace detail::dominators
+
+/// The dominator tree of the nodes `entry` reaches. Throws InvalidInput when `entry` or an
+/// edge names a node that does not exist.
+[[nodiscard]] inline DominatorTree dominators(const Adjacency& successors, std::size_t entry) {
+    detail::dominators::check_node(successors, entry, "entry");
+    return detail::dominators::iterate(successors, reversed(successors), entry);
+}
+
+/// The post-dominator tree towards `exit`: d post-dominates v when every path from v to the
+/// exit passes through d. Nodes from which the exit cannot be reached get no_node.
+[[nodiscard]] inline DominatorTree post_dominators(const Adjacency& successors, std::size_t exit) {
+    detail::dominators::check_node(successors, exit, "exit");
+    const Adjacency predecessors = reversed(successors);
+    DominatorTree tree = detail::dominators::iterate(predecessors, successors, exit);
+    tree.post = true;
+    return tree;
+}
+
+/// A copy of the graph with one more node, numbered successors.size(), with an edge to each of
+/// `roots`: a single entry for a graph with several.
+[[nodiscard]] inline Adjacency with_virtual_entry(Adjacency successors, const std::vector<std::size_t>& roots) {
+    for (const std::size_t r : roots) detail::dominators::check_node(successors, r, "root");
+    successors.push_back(roots);
+    return successors;
+}
+
+/// The nodes on some path from `from` to `to` (both included), in increasing order; empty
+/// when `to` cannot be reached from `from`.
+[[nodiscard]] inline std::vector<std::size_t> nodes_between(const Adjacency& successors, std::size_t from, std::size_t to) {
+    detail::dominators::check_node(successors, from, "first node");
+    detail::dominators::check_node(successors, to, "last node");
+    const auto reach = [](const Adjacency& edges, std::size_t start) {
+        std::vector<char> seen(edges.size(), 0);
+        std::vector<std::size_t> work{start};
+        seen[start] = 1;
+        while (!work.empty()) {
+            const std::size_t v = work.back();
+            work.pop_back();
+            for (const std::size_t s : edges[v])
+                if (!seen[s]) {
+                    seen[s] = 1;
+                    work.push_back(s);
+                }
+        }
+        return seen;
+    };
+    const std::vector<char> after = reach(successors, from);
+    const std::vector<char> before = reach(reversed(successors), to);
+    std::vector<std::size_t> between;
+    if (!after[to]) return between;
+    for (std::size_t v = 0; v < successors.size(); ++v)
+        if (after[v] && before[v]) between.push_back(v);
+    return between;
+}
+
+/// The nodes on the paths between v and its immediate dominator (both included) — from the
+/// dominator to v, or from v to its immediate post-dominator for a post-dominator tree —
+/// `successors` being the graph the tree was built from. Just {v} for the root; empty when
+/// v is not reachable.
+[[nodiscard]] inline std::vector<std::size_t> region_to_idom(const Adjacency& successors, const DominatorTree& tree,
+                                                             std::size_t v) {
+    if (!tree.reachable(v)) return {};
+    if (v == tree.root) return {v};
+    const std::size_t d = tree.idom[v];
+    return tree.post ? nodes_between(successors, v, d) : nodes_between(successors, d, v);
+}
+
+}  // namespace remat::graph
+// ---- end remat/graph/dominators.hpp ----
+// ---- begin remat/graph/production.hpp ----
+// remat/graph/production.hpp — when each data of a Problem can first be produced.
+//
+// The fixpoint ProblemBuilder::build() runs to decide which data can ever become live
+// (FORMATS.md §1), with the round at which each data first becomes producible: initial data
+// are at level 0, an op is at 1 + the largest level of its reads, and a data at the least
+// level of its writers. Choosing, for every data, a writer of the data's own level makes a
+// set of ops whose "writes what the other reads" graph is acyclic (every read comes from a
+// strictly lower level), which is how store-all picks its writers when a problem gives no
+// order, and how the greedy solver recomputes without going round in circles. Computed
+// breadth-first with a count of missing reads per op, the way Kahn's algorithm counts
+// in-degrees. Standard library only.
+
+#include <cstddef>
+#include <deque>
+#include <limits>
+#include <vector>
+
+
+namespace remat::graph {
+
+/// The level of what can never be produced.
+inline constexpr std::size_t never = std::numeric_limits<std::size_t>::max();
+
+struct ProductionLevels {
+    std::vector<std::size_t> data;  ///< per data: 0 for initial data, `never` if unproducible
+    std::vector<std::size_t> op;    ///< per op: 1 + the largest level of its reads, or `never`
+
+    [[nodiscard]] bool producible(DataId d) const { return data.at(d.index) != never; }
+    [[nodiscard]] bool runnable(OpId k) const { return op.at(k.index) != never; }
+    /// Whether writer w of d is among those that produce d first (w's level is d's).
+    [[nodiscard]] bool first_writer(OpId w, DataId d) const {
+        return op.at(w.index) != never && op.at(w.index) == data.at(d.index);
+    }
+};
+
+/// Levels when only the ops for which `usable(const Op&)` holds may run (the others get
+/// `never`); initial data are at level 0 whoever writes them.
+template <class Usable>
+[[nodiscard]] ProductionLevels production_levels(const Problem& problem, const Usable& usable) {
+    const std::size_t n_ops = problem.op_count();
+    ProductionLevels levels{std::vector<std::size_t>(problem.data_count(), never), std::vector<std::size_t>(n_ops, never)};
+    std::vector<std::size_t> missing(n_ops, 0);
+    std::deque<DataId> reached;  // in nondecreasing level order
+    for (const DataId d : problem.initial()) {
+        levels.data[d.index] = 0;
+        reached.push_back(d);
+    }
+    const auto run = [&](std::size_t k, std::size_t level) {
+        levels.op[k] = level;
+        for (const DataId w : problem.op(OpId{k}).writes)
+            if (levels.data[w.index] == never) {
+                levels.data[w.index] = level;
+                reached.push_back(w);
+            }
+    };
+    for (std::size_t k = 0; k < n_ops; ++k) {
+        missing[k] = problem.op(OpId{k}).reads.size();
+        if (missing[k] == 0 && usable(problem.op(OpId{k}))) run(k, 1);
+    }
+    while (!reached.empty()) {
+        const DataId d = reached.front();
+        reached.pop_front();
+        for (const OpId k : problem.readers(d))
+            if (--missing[k.index] == 0 && usable(problem.op(k))) run(k.index, levels.data[d.index] + 1);
+    }
+    return levels;
+}
+
+/// Levels when every op may run.
+[[nodiscard]] inline ProductionLevels production_levels(const Problem& problem) {
+    return production_levels(problem, [](const Op&) { return true; });
+}
+
+}  // namespace remat::graph
+// ---- end remat/graph/production.hpp ----
 // ---- begin remat/solvers/store_all.hpp ----
 // remat/solvers/store_all.hpp — the framework's own order with no rematerialization.
 //
@@ -800,7 +1382,7 @@ concept Solver = requires(const S& solver, const Problem& problem, Bytes budget)
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
-#include <queue>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -810,15 +1392,17 @@ namespace remat {
 
 namespace detail {
 
-// When a problem has no `autograd` order, choose one: every exactly-once op once, plus one
-// writer for every data they (transitively) need, preferring the writer that produces the
-// most of what is needed (the with-grad forward, which also keeps the saved state), in a
-// topological order that follows the file's op order where the graph leaves a choice.
-inline std::vector<OpId> choose_store_all_order(const Problem& p) {
-    const std::size_t n_ops = p.op_count();
-    const std::size_t n_data = p.data_count();
-    std::vector<char> chosen(n_ops, 0);
-    std::vector<char> needed(n_data, 0);
+// The ops store-all runs when a problem has no `autograd` order: every exactly-once op, plus
+// one writer for every data they (transitively) need and for every final data. A data's
+// writer is taken among those that produce it first (graph/production.hpp), so that what the
+// writer reads can be produced without it: writers that read data nothing produces, or that
+// could only come after what they feed, are never picked. Among those, the writer producing
+// the most of what is needed wins (the with-grad forward, which also keeps the saved state),
+// then the fastest. Data needed are settled in the order they are discovered; a data already
+// written by a chosen op of its first level needs nothing more.
+inline std::vector<char> choose_store_all_ops(const Problem& p, const graph::ProductionLevels& levels) {
+    std::vector<char> chosen(p.op_count(), 0);
+    std::vector<char> needed(p.data_count(), 0);
     std::vector<DataId> pending;
     const auto need = [&](DataId d) {
         if (!needed[d.index] && !p.is_initial(d)) {
@@ -831,60 +1415,66 @@ inline std::vector<OpId> choose_store_all_order(const Problem& p) {
         chosen[op.index] = 1;
         for (const DataId d : p.op(op).reads) need(d);
     };
-    for (std::size_t k = 0; k < n_ops; ++k)
+    for (std::size_t k = 0; k < p.op_count(); ++k)
         if (p.op(OpId{k}).exactly_once) choose(OpId{k});
     for (const DataId d : p.final_data()) need(d);
-    // Needed data are settled in the order they were discovered; a data already written
-    // by a chosen op needs nothing more.
+    // Data still to be settled that a writer would also produce count in its favour.
+    const auto score = [&](OpId w) {
+        std::size_t covered = 0;
+        for (const DataId x : p.op(w).writes) covered += needed[x.index] ? 2 : 0;
+        return covered + p.op(w).writes.size();
+    };
     for (std::size_t next = 0; next < pending.size(); ++next) {
         const DataId d = pending[next];
         const auto writers = p.writers(d);
-        if (std::any_of(writers.begin(), writers.end(), [&](OpId w) { return chosen[w.index] != 0; })) continue;
-        // Data still to be settled that a writer would also produce count in its favour.
-        const auto score = [&](OpId w) {
-            std::size_t covered = 0;
-            for (const DataId x : p.op(w).writes) covered += needed[x.index] ? 2 : 0;
-            return covered + p.op(w).writes.size();
-        };
-        OpId best = writers.front();
-        for (const OpId w : writers)
-            if (score(w) > score(best) || (score(w) == score(best) && p.op(w).time < p.op(best).time)) best = w;
-        choose(best);
-        // Data this writer produces and that were needed by a writer chosen earlier are
-        // now covered too; data it reads joined `pending` in choose().
+        const auto provides = [&](OpId w) { return levels.first_writer(w, d); };
+        if (std::any_of(writers.begin(), writers.end(), [&](OpId w) { return chosen[w.index] && provides(w); })) continue;
+        std::optional<OpId> best;
+        for (const OpId w : writers) {
+            if (!provides(w)) continue;
+            if (!best || score(w) > score(*best) || (score(w) == score(*best) && p.op(w).time < p.op(*best).time))
+                best = w;
+        }
+        if (!best)  // ProblemBuilder::build() checked that every needed data can be produced
+            throw SolverError("store-all: no op can produce data '" + p.data(d).name + "' of '" + p.name() +
+                              "' (this is a bug in remat; please report it with the problem file)");
+        choose(*best);
     }
-    // Topological order over the chosen ops (Kahn), smallest op index first.
-    std::vector<std::vector<std::size_t>> successors(n_ops);
-    std::vector<std::size_t> missing(n_ops, 0);
+    return chosen;
+}
+
+// The chosen ops in a topological order (smallest op index first where the graph leaves a
+// choice): each op after the first-level chosen writer of every data it reads.
+inline std::vector<OpId> order_store_all_ops(const Problem& p, const graph::ProductionLevels& levels,
+                                             const std::vector<char>& chosen) {
+    const std::size_t n_ops = p.op_count();
+    graph::Adjacency successors(n_ops);
     for (std::size_t k = 0; k < n_ops; ++k) {
         if (!chosen[k]) continue;
         for (const DataId d : p.op(OpId{k}).reads) {
             if (p.is_initial(d)) continue;
-            // Depend on the first chosen writer of d.
             for (const OpId w : p.writers(d))
-                if (chosen[w.index] && w.index != k) {
+                if (chosen[w.index] && levels.first_writer(w, d)) {
                     successors[w.index].push_back(k);
-                    ++missing[k];
                     break;
                 }
         }
     }
-    std::priority_queue<std::size_t, std::vector<std::size_t>, std::greater<>> ready;
-    for (std::size_t k = 0; k < n_ops; ++k)
-        if (chosen[k] && missing[k] == 0) ready.push(k);
+    // Every edge goes from a lower level to a higher one: the order exists.
+    const std::optional<std::vector<std::size_t>> sorted = graph::topological_order(successors);
+    if (!sorted)
+        throw SolverError("store-all: the ops chosen for '" + p.name() +
+                          "' depend on each other in a cycle (this is a bug in remat; please report it with the problem "
+                          "file, and give an explicit \"autograd\" order meanwhile)");
     std::vector<OpId> order;
-    while (!ready.empty()) {
-        const std::size_t k = ready.top();
-        ready.pop();
-        order.push_back(OpId{k});
-        for (const std::size_t next : successors[k])
-            if (--missing[next] == 0) ready.push(next);
-    }
-    const auto n_chosen = static_cast<std::size_t>(std::count(chosen.begin(), chosen.end(), char{1}));
-    if (order.size() != n_chosen)
-        throw InvalidInput("problem '" + p.name() +
-                           "' has no autograd order and its ops form a cycle; give an explicit \"autograd\" order");
+    for (const std::size_t k : *sorted)
+        if (chosen[k]) order.push_back(OpId{k});
     return order;
+}
+
+inline std::vector<OpId> choose_store_all_order(const Problem& p) {
+    const graph::ProductionLevels levels = graph::production_levels(p);
+    return order_store_all_ops(p, levels, choose_store_all_ops(p, levels));
 }
 
 }  // namespace detail
@@ -958,7 +1548,7 @@ public:
                                  "', above the budget of " + std::to_string(budget) + " bytes",
                              budget, ref.peak);
         SolverStats stats{std::string(name()), 0.0, SolveStatus::heuristic, std::nullopt, ""};
-        stats.solve_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        stats.solve_seconds = seconds_since(start);
         return make_checked_plan(problem, std::move(ref.schedule), budget, std::move(stats));
     }
 };
@@ -1084,7 +1674,7 @@ public:
             const SearchState s = top.state;
             if (is_goal(s)) return reconstruct(nodes, s, root);
             if (++expanded % 4096 == 0) {
-                const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+                const double seconds = seconds_since(start);
                 if (seconds > options_.time_limit_seconds)
                     throw SolverError("exhaustive search on '" + p_.name() + "' exceeded its time limit of " +
                                       std::to_string(options_.time_limit_seconds) + " s (use checkmate or rockmate)");
@@ -1227,7 +1817,7 @@ public:
                              budget, smallest);
         }
         SolverStats stats{std::string(name()), 0.0, SolveStatus::optimal, std::nullopt, ""};
-        stats.solve_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        stats.solve_seconds = seconds_since(start);
         return make_checked_plan(problem, std::move(result.schedule), budget, std::move(stats));
     }
 
@@ -1353,7 +1943,7 @@ private:
                                  " bytes; raise the budget or use the rotor solver",
                              budget, report.peak);
         SolverStats stats{std::string(name()), 0.0, SolveStatus::heuristic, std::nullopt, "k=" + std::to_string(k)};
-        stats.solve_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        stats.solve_seconds = seconds_since(start);
         return make_checked_plan(problem, std::move(plan), budget, std::move(stats));
     }
 
@@ -1942,7 +2532,7 @@ private:
     void fill(const RotorOptions& options) {
         const auto start = std::chrono::steady_clock::now();
         const auto M = static_cast<Bytes>(M_);
-        const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+        const auto elapsed = [&] { return seconds_since(start); };
         // Columns in blocks: row (a, c) is read by every (a, b) with b > c, so a block of
         // columns reuses it from cache; within a block, a descends and b ascends, which
         // keeps every dependency ((a+1, b), (j, b) for j > a, (a, c) for c < b) computed first.
@@ -2253,7 +2843,7 @@ private:
                           "slot_bytes=" + std::to_string(seq.slot_bytes) + " slots=" + std::to_string(seq.slots) +
                               (seq.optimal ? "" : " (least-memory fallback)")};
         Schedule schedule = rotor_to_schedule(seq.actions, chain.length());
-        stats.solve_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        stats.solve_seconds = seconds_since(start);
         return make_checked_plan(problem, std::move(schedule), budget, std::move(stats));
     }
 
@@ -2419,306 +3009,309 @@ void sort_unique(std::vector<Id>& v) {
     v.erase(std::unique(v.begin(), v.end()), v.end());
 }
 
-}  // namespace detail::blocks
-
-/// Cuts `problem` into its sequence of blocks. Throws InvalidInput, naming the op or data,
-/// when the problem does not have the structure described above.
-[[nodiscard]] inline BlockPartition partition_blocks(const Problem& problem, const PartitionOptions& options = {}) {
-    using detail::blocks::Kind;
-    using detail::blocks::quoted;
-    const Problem& p = problem;
-    const std::string who = "block partition of '" + p.name() + "'";
-    if (!p.loss())
-        throw InvalidInput(who + ": the problem names no loss op; blocks are cut on the way to the loss, so give "
-                                 "\"loss\"");
-    const OpId loss = *p.loss();
-    if (!p.op(loss).exactly_once)
-        throw InvalidInput(who + ": the loss op " + quoted(p, loss) + " must be exactly once");
-    const std::size_t nd = p.data_count(), no = p.op_count();
-
-    // Ops and data by kind.
-    std::vector<char> is_fwd(no, 0), is_bwd(no, 0);
-    for (std::size_t k = 0; k < no; ++k) {
-        if (OpId{k} == loss) continue;
-        (p.op(OpId{k}).exactly_once ? is_bwd : is_fwd)[k] = 1;
+// The steps of partition_blocks(), in the order run() takes them; each member function is one
+// step and the data members are what the steps hand on.
+class Partitioner {
+public:
+    Partitioner(const Problem& problem, const PartitionOptions& options)
+        : p_(problem), options_(options), who_("block partition of '" + problem.name() + "'"),
+          nd_(problem.data_count()), no_(problem.op_count()) {
+        if (!p_.loss())
+            throw InvalidInput(who_ + ": the problem names no loss op; blocks are cut on the way to the loss, so give "
+                                      "\"loss\"");
+        loss_ = *p_.loss();
+        if (!p_.op(loss_).exactly_once)
+            throw InvalidInput(who_ + ": the loss op " + quoted(p_, loss_) + " must be exactly once");
     }
-    std::vector<Kind> kind(nd, Kind::none);
-    std::vector<OpId> a_writer(nd);
-    for (std::size_t d = 0; d < nd; ++d) {
-        const DataId id{d};
-        if (p.is_initial(id)) {
-            kind[d] = Kind::initial;
-            if (!p.writers(id).empty())
-                throw InvalidInput(who + ": initial data " + quoted(p, id) + " is written by op " +
-                                   quoted(p, p.writers(id).front()) + "; initial data belong to the caller");
-            continue;
+
+    [[nodiscard]] BlockPartition run() {
+        classify();
+        check_reads();
+        find_runnable_forward_ops();
+        find_path_to_loss();
+        find_separators();
+        place_all();
+        return assemble();
+    }
+
+private:
+    [[nodiscard]] bool forward_data(DataId d) const { return kind_[d.index] == Kind::forward; }
+
+    // Ops by kind (forward, backward; the loss is neither), data by the kind of their writers.
+    void classify() {
+        is_fwd_.assign(no_, 0);
+        is_bwd_.assign(no_, 0);
+        for (std::size_t k = 0; k < no_; ++k) {
+            if (OpId{k} == loss_) continue;
+            (p_.op(OpId{k}).exactly_once ? is_bwd_ : is_fwd_)[k] = 1;
         }
-        for (const OpId w : p.writers(id)) {
-            const Kind k = is_fwd[w.index] ? Kind::forward : Kind::backward;
-            if (kind[d] != Kind::none && kind[d] != k)
-                throw InvalidInput(who + ": data " + quoted(p, id) + " is written by forward op " +
-                                   quoted(p, k == Kind::forward ? w : a_writer[d]) + " and by backward op " +
-                                   quoted(p, k == Kind::forward ? a_writer[d] : w) +
-                                   "; activations and gradients must be distinct data");
-            kind[d] = k;
-            a_writer[d] = w;
+        kind_.assign(nd_, Kind::none);
+        a_writer_.assign(nd_, OpId{});
+        for (std::size_t d = 0; d < nd_; ++d) {
+            const DataId id{d};
+            if (p_.is_initial(id)) {
+                kind_[d] = Kind::initial;
+                if (!p_.writers(id).empty())
+                    throw InvalidInput(who_ + ": initial data " + quoted(p_, id) + " is written by op " +
+                                       quoted(p_, p_.writers(id).front()) + "; initial data belong to the caller");
+                continue;
+            }
+            for (const OpId w : p_.writers(id)) {
+                const Kind k = is_fwd_[w.index] ? Kind::forward : Kind::backward;
+                if (kind_[d] != Kind::none && kind_[d] != k)
+                    throw InvalidInput(who_ + ": data " + quoted(p_, id) + " is written by forward op " +
+                                       quoted(p_, k == Kind::forward ? w : a_writer_[d]) + " and by backward op " +
+                                       quoted(p_, k == Kind::forward ? a_writer_[d] : w) +
+                                       "; activations and gradients must be distinct data");
+                kind_[d] = k;
+                a_writer_[d] = w;
+            }
         }
     }
-    for (const DataId d : p.op(loss).reads)
-        if (kind[d.index] == Kind::backward)
-            throw InvalidInput(who + ": the loss " + quoted(p, loss) + " reads gradient " + quoted(p, d) +
-                               "; it must read only activations and initial data");
-    for (const DataId d : p.final_data())
-        if (kind[d.index] == Kind::forward)
-            throw InvalidInput(who + ": final data " + quoted(p, d) + " is an activation (written by forward op " +
-                               quoted(p, a_writer[d.index]) + "); final data must be gradients or initial data");
+
+    // The loss and the forward ops read only activations and initial data; final data are not
+    // activations.
+    void check_reads() const {
+        for (const DataId d : p_.op(loss_).reads)
+            if (kind_[d.index] == Kind::backward)
+                throw InvalidInput(who_ + ": the loss " + quoted(p_, loss_) + " reads gradient " + quoted(p_, d) +
+                                   "; it must read only activations and initial data");
+        for (const DataId d : p_.final_data())
+            if (kind_[d.index] == Kind::forward)
+                throw InvalidInput(who_ + ": final data " + quoted(p_, d) + " is an activation (written by forward op " +
+                                   quoted(p_, a_writer_[d.index]) + "); final data must be gradients or initial data");
+        for (std::size_t k = 0; k < no_; ++k) {
+            if (!is_fwd_[k]) continue;
+            for (const DataId d : p_.op(OpId{k}).reads)
+                if (kind_[d.index] == Kind::backward)
+                    throw InvalidInput(who_ + ": forward op " + quoted(p_, OpId{k}) + " reads gradient " + quoted(p_, d) +
+                                       " (written by " + quoted(p_, a_writer_[d.index]) +
+                                       "); forward ops read only activations and initial data");
+        }
+    }
 
     // Forward ops that can run at all: a fixpoint from the initial data.
-    std::vector<char> alive(no, 0), available(nd, 0);
-    for (std::size_t d = 0; d < nd; ++d) available[d] = kind[d] == Kind::initial;
-    for (bool changed = true; changed;) {
-        changed = false;
-        for (std::size_t k = 0; k < no; ++k) {
-            if (!is_fwd[k] || alive[k]) continue;
-            const Op& op = p.op(OpId{k});
-            for (const DataId d : op.reads)
-                if (kind[d.index] == Kind::backward)
-                    throw InvalidInput(who + ": forward op " + quoted(p, OpId{k}) + " reads gradient " + quoted(p, d) +
-                                       " (written by " + quoted(p, a_writer[d.index]) +
-                                       "); forward ops read only activations and initial data");
-            if (!std::all_of(op.reads.begin(), op.reads.end(), [&](DataId d) { return available[d.index] != 0; }))
-                continue;
-            alive[k] = 1;
-            changed = true;
-            for (const DataId d : op.writes) available[d.index] = 1;
+    void find_runnable_forward_ops() {
+        alive_.assign(no_, 0);
+        std::vector<char> available(nd_, 0);
+        for (std::size_t d = 0; d < nd_; ++d) available[d] = kind_[d] == Kind::initial;
+        for (bool changed = true; changed;) {
+            changed = false;
+            for (std::size_t k = 0; k < no_; ++k) {
+                if (!is_fwd_[k] || alive_[k]) continue;
+                const Op& op = p_.op(OpId{k});
+                if (!std::all_of(op.reads.begin(), op.reads.end(), [&](DataId d) { return available[d.index] != 0; }))
+                    continue;
+                alive_[k] = 1;
+                changed = true;
+                for (const DataId d : op.writes) available[d.index] = 1;
+            }
         }
     }
-    const auto forward_data = [&](DataId d) { return kind[d.index] == Kind::forward; };
 
     // Forward ops and data on a path to the loss.
-    std::vector<char> main_op(no, 0), on_path(nd, 0);
-    {
+    void find_path_to_loss() {
+        main_op_.assign(no_, 0);
+        on_path_.assign(nd_, 0);
         std::vector<DataId> work;
-        for (const DataId d : p.op(loss).reads)
-            if (forward_data(d) && !on_path[d.index]) {
-                on_path[d.index] = 1;
+        const auto reach = [&](DataId d) {
+            if (forward_data(d) && !on_path_[d.index]) {
+                on_path_[d.index] = 1;
                 work.push_back(d);
             }
+        };
+        for (const DataId d : p_.op(loss_).reads) reach(d);
         while (!work.empty()) {
             const DataId d = work.back();
             work.pop_back();
-            for (const OpId w : p.writers(d)) {
-                if (!alive[w.index] || main_op[w.index]) continue;
-                main_op[w.index] = 1;
-                for (const DataId r : p.op(w).reads)
-                    if (forward_data(r) && !on_path[r.index]) {
-                        on_path[r.index] = 1;
-                        work.push_back(r);
-                    }
+            for (const OpId w : p_.writers(d)) {
+                if (!alive_[w.index] || main_op_[w.index]) continue;
+                main_op_[w.index] = 1;
+                for (const DataId r : p_.op(w).reads) reach(r);
             }
         }
     }
 
-    // Dominators of the loss on the graph source → path starts, op → data it writes on a
-    // path, data → ops on a path that read it (and the loss); Cooper–Harvey–Kennedy's
-    // intersection over a topological order, which a DAG needs only once.
-    const std::size_t source = nd + no;
-    const std::size_t n_nodes = nd + no + 1;
-    const auto op_node = [&](OpId k) { return nd + k.index; };
-    std::vector<std::vector<std::size_t>> preds(n_nodes), succs(n_nodes);
-    std::vector<char> in_graph(n_nodes, 0);
-    const auto edge = [&](std::size_t from, std::size_t to) {
-        preds[to].push_back(from);
-        succs[from].push_back(to);
-    };
-    in_graph[source] = 1;
-    in_graph[op_node(loss)] = 1;
-    for (std::size_t d = 0; d < nd; ++d) in_graph[d] = on_path[d];
-    for (std::size_t k = 0; k < no; ++k) {
-        const bool is_loss = OpId{k} == loss;
-        if (!main_op[k] && !is_loss) continue;
-        in_graph[nd + k] = 1;
-        bool starts = true;
-        for (const DataId d : p.op(OpId{k}).reads)
-            if (on_path[d.index]) {
-                edge(d.index, nd + k);
-                starts = false;
-            }
-        if (starts) edge(source, nd + k);
-        if (is_loss) continue;
-        for (const DataId d : p.op(OpId{k}).writes)
-            if (on_path[d.index]) edge(nd + k, d.index);
-    }
-    std::vector<std::size_t> order;  // topological
-    {
-        std::vector<std::size_t> missing(n_nodes, 0);
-        for (std::size_t v = 0; v < n_nodes; ++v) missing[v] = preds[v].size();
-        std::vector<std::size_t> ready{source};
-        while (!ready.empty()) {
-            const std::size_t v = ready.back();
-            ready.pop_back();
-            order.push_back(v);
-            for (const std::size_t s : succs[v])
-                if (--missing[s] == 0) ready.push_back(s);
+    // The graph whose dominators are the separators: nodes are data (their ids), ops
+    // (nd + op id) and a source (nd + no) with an edge to every path start; op → data it
+    // writes on a path; data → ops on a path that read it (and the loss).
+    [[nodiscard]] graph::Adjacency dominance_graph() const {
+        graph::Adjacency succs(nd_ + no_ + 1);
+        const std::size_t source = nd_ + no_;
+        for (std::size_t k = 0; k < no_; ++k) {
+            const bool is_loss = OpId{k} == loss_;
+            if (!main_op_[k] && !is_loss) continue;
+            bool starts = true;
+            for (const DataId d : p_.op(OpId{k}).reads)
+                if (on_path_[d.index]) {
+                    succs[d.index].push_back(nd_ + k);
+                    starts = false;
+                }
+            if (starts) succs[source].push_back(nd_ + k);
+            if (is_loss) continue;
+            for (const DataId d : p_.op(OpId{k}).writes)
+                if (on_path_[d.index]) succs[nd_ + k].push_back(d.index);
         }
-        const auto in_graph_count = static_cast<std::size_t>(std::count(in_graph.begin(), in_graph.end(), char{1}));
-        if (order.size() != in_graph_count) {
-            for (std::size_t d = 0; d < nd; ++d)
-                if (in_graph[d] && missing[d] != 0)
-                    throw InvalidInput(who + ": the forward ops form a cycle through " + quoted(p, DataId{d}));
-            throw InvalidInput(who + ": the forward ops form a cycle");
+        return succs;
+    }
+
+    // The data that dominate the loss, in forward order (cut unless options say otherwise).
+    void find_separators() {
+        const graph::Adjacency succs = dominance_graph();
+        const graph::TopologicalSort sort = graph::topological_sort(succs);
+        if (!sort.acyclic()) {
+            if (sort.left.front() < nd_)
+                throw InvalidInput(who_ + ": the forward ops form a cycle through " + quoted(p_, DataId{sort.left.front()}));
+            throw InvalidInput(who_ + ": the forward ops form a cycle");
         }
-    }
-    constexpr std::size_t none = static_cast<std::size_t>(-1);
-    std::vector<std::size_t> rank(n_nodes, none), idom(n_nodes, none);
-    for (std::size_t i = 0; i < order.size(); ++i) rank[order[i]] = i;
-    idom[source] = source;
-    for (const std::size_t v : order) {
-        if (v == source) continue;
-        std::size_t dom = none;
-        for (std::size_t u : preds[v]) {
-            if (dom == none) {
-                dom = u;
-                continue;
-            }
-            std::size_t a = dom;
-            while (a != u) {
-                while (rank[a] > rank[u]) a = idom[a];
-                while (rank[u] > rank[a]) u = idom[u];
-            }
-            dom = a;
+        const std::size_t source = nd_ + no_;
+        const graph::DominatorTree tree = graph::dominators(succs, source);
+        part_.loss = loss_;
+        for (std::size_t v = tree.idom[nd_ + loss_.index]; v != source; v = tree.idom[v]) {
+            if (v >= nd_) continue;
+            const auto readers = p_.readers(DataId{v});
+            if (options_.cut_unread_separators ||
+                std::any_of(readers.begin(), readers.end(), [&](OpId r) { return p_.op(r).exactly_once; }))
+                part_.separators.push_back(DataId{v});
         }
-        idom[v] = dom;
+        std::reverse(part_.separators.begin(), part_.separators.end());
     }
-    BlockPartition part;
-    part.loss = loss;
-    for (std::size_t v = idom[op_node(loss)]; v != source; v = idom[v]) {
-        if (v >= nd) continue;
-        const auto readers = p.readers(DataId{v});
-        if (options.cut_unread_separators ||
-            std::any_of(readers.begin(), readers.end(), [&](OpId r) { return p.op(r).exactly_once; }))
-            part.separators.push_back(DataId{v});
-    }
-    std::reverse(part.separators.begin(), part.separators.end());
+
     // Cut, place the backward ops, and when a backward op cannot be placed (it reads
     // activations of blocks too far apart, or a gradient would cross more than one boundary,
     // e.g. from a skip connection out of an initial input), merge the blocks concerned by
     // dropping a separator, and try again.
-    std::size_t n = 0;
-    std::vector<std::size_t> separator_of, blk_op, blk_data, lo, hi, at;
-    for (;;) {
-        n = part.separators.size() + 1;
-        separator_of.assign(nd, 0);  // l for s_l, 0 otherwise
-        for (std::size_t l = 1; l < n; ++l) separator_of[part.separators[l - 1].index] = l;
+    void place_all() {
+        for (;;) {
+            n_ = part_.separators.size() + 1;
+            separator_of_.assign(nd_, 0);  // l for s_l, 0 otherwise
+            for (std::size_t l = 1; l < n_; ++l) separator_of_[part_.separators[l - 1].index] = l;
+            assign_forward_blocks();
+            check_forward_blocks();
+            std::optional<std::size_t> merge_at = backward_bounds();
+            if (!merge_at)
+                if (const auto stuck = place(hi_)) merge_at = lo_[*stuck];
+            if (!merge_at) break;
+            part_.separators.erase(part_.separators.begin() + static_cast<std::ptrdiff_t>(*merge_at - 2));
+        }
+        cap_final_writers();
+    }
 
-        // Forward ops and data by block: phase l spreads from s_{l-1} and stops at s_l.
-        blk_op.assign(no, 0);
-        blk_data.assign(nd, 0);
-        for (std::size_t l = 1; l <= n; ++l) {
+    // Forward ops and data by block: phase l spreads from s_{l-1} and stops at s_l.
+    void assign_forward_blocks() {
+        blk_op_.assign(no_, 0);
+        blk_data_.assign(nd_, 0);
+        for (std::size_t l = 1; l <= n_; ++l) {
             std::vector<OpId> work;
             const auto reach_readers = [&](DataId d) {
-                for (const OpId r : p.readers(d))
-                    if (alive[r.index] && blk_op[r.index] == 0) work.push_back(r);
+                for (const OpId r : p_.readers(d))
+                    if (alive_[r.index] && blk_op_[r.index] == 0) work.push_back(r);
             };
             if (l == 1) {
-                for (std::size_t k = 0; k < no; ++k)
-                    if (alive[k] && std::none_of(p.op(OpId{k}).reads.begin(), p.op(OpId{k}).reads.end(), forward_data))
+                for (std::size_t k = 0; k < no_; ++k) {
+                    const auto& reads = p_.op(OpId{k}).reads;
+                    if (alive_[k] && std::none_of(reads.begin(), reads.end(), [&](DataId d) { return forward_data(d); }))
                         work.push_back(OpId{k});
+                }
             } else {
-                reach_readers(part.separators[l - 2]);
+                reach_readers(part_.separators[l - 2]);
             }
             while (!work.empty()) {
                 const OpId k = work.back();
                 work.pop_back();
-                if (blk_op[k.index] != 0) continue;
-                blk_op[k.index] = l;
-                for (const DataId d : p.op(k).writes) {
-                    if (blk_data[d.index] != 0) continue;
-                    blk_data[d.index] = l;
-                    if (separator_of[d.index] != l) reach_readers(d);
+                if (blk_op_[k.index] != 0) continue;
+                blk_op_[k.index] = l;
+                for (const DataId d : p_.op(k).writes) {
+                    if (blk_data_[d.index] != 0) continue;
+                    blk_data_[d.index] = l;
+                    if (separator_of_[d.index] != l) reach_readers(d);
                 }
             }
         }
-        for (std::size_t k = 0; k < no; ++k) {
-            if (!alive[k]) continue;
+    }
+
+    // Every runnable forward op is in one block, with its writes, reading only its block's
+    // data, its input separator and initial data.
+    void check_forward_blocks() const {
+        for (std::size_t k = 0; k < no_; ++k) {
+            if (!alive_[k]) continue;
             const OpId id{k};
-            const std::size_t l = blk_op[k];
-            if (l == 0) throw InvalidInput(who + ": forward op " + quoted(p, id) + " is in no block");
-            for (const DataId d : p.op(id).writes)
-                if (blk_data[d.index] != l)
-                    throw InvalidInput(who + ": data " + quoted(p, d) + " is written by forward ops of blocks " +
-                                       std::to_string(blk_data[d.index]) + " and " + std::to_string(l) + " (op " +
-                                       quoted(p, id) + ")");
-            for (const DataId d : p.op(id).reads) {
-                if (!forward_data(d) || blk_data[d.index] == l ||
-                    (separator_of[d.index] != 0 && separator_of[d.index] + 1 == l))
+            const std::size_t l = blk_op_[k];
+            if (l == 0) throw InvalidInput(who_ + ": forward op " + quoted(p_, id) + " is in no block");
+            for (const DataId d : p_.op(id).writes)
+                if (blk_data_[d.index] != l)
+                    throw InvalidInput(who_ + ": data " + quoted(p_, d) + " is written by forward ops of blocks " +
+                                       std::to_string(blk_data_[d.index]) + " and " + std::to_string(l) + " (op " +
+                                       quoted(p_, id) + ")");
+            for (const DataId d : p_.op(id).reads) {
+                if (!forward_data(d) || blk_data_[d.index] == l ||
+                    (separator_of_[d.index] != 0 && separator_of_[d.index] + 1 == l))
                     continue;
-                throw InvalidInput(who + ": forward op " + quoted(p, id) + " of block " + std::to_string(l) + " reads " +
-                                   quoted(p, d) + " of block " + std::to_string(blk_data[d.index]) +
+                throw InvalidInput(who_ + ": forward op " + quoted(p_, id) + " of block " + std::to_string(l) + " reads " +
+                                   quoted(p_, d) + " of block " + std::to_string(blk_data_[d.index]) +
                                    "; a block may read only its own data, its input separator and initial data");
             }
         }
+    }
 
-        // Backward ops: the blocks their activation reads allow.
-        std::optional<std::size_t> merge_at;  // drop s_{merge_at - 1}, merging blocks merge_at - 1 and merge_at
-        lo.assign(no, 1);
-        hi.assign(no, n);
-        for (std::size_t k = 0; k < no && !merge_at; ++k) {
-            if (!is_bwd[k]) continue;
-            for (const DataId d : p.op(OpId{k}).reads) {
+    // Backward ops: the blocks [lo, hi] their activation reads allow. Returns the block to
+    // merge with the one before (s_{merge_at - 1} is dropped) when some op has no block.
+    [[nodiscard]] std::optional<std::size_t> backward_bounds() {
+        lo_.assign(no_, 1);
+        hi_.assign(no_, n_);
+        for (std::size_t k = 0; k < no_; ++k) {
+            if (!is_bwd_[k]) continue;
+            for (const DataId d : p_.op(OpId{k}).reads) {
                 if (!forward_data(d)) continue;
-                const std::size_t m = blk_data[d.index];
+                const std::size_t m = blk_data_[d.index];
                 if (m == 0)
-                    throw InvalidInput(who + ": backward op " + quoted(p, OpId{k}) + " reads " + quoted(p, d) +
+                    throw InvalidInput(who_ + ": backward op " + quoted(p_, OpId{k}) + " reads " + quoted(p_, d) +
                                        ", which no forward op that can run writes");
-                const std::size_t top = separator_of[d.index] != 0 ? m + 1 : m;
-                if (std::max(lo[k], m) > std::min(hi[k], top)) {
-                    merge_at = std::max(lo[k], m);
-                    break;
-                }
-                lo[k] = std::max(lo[k], m);
-                hi[k] = std::min(hi[k], top);
+                const std::size_t top = separator_of_[d.index] != 0 ? m + 1 : m;
+                if (std::max(lo_[k], m) > std::min(hi_[k], top)) return std::max(lo_[k], m);
+                lo_[k] = std::max(lo_[k], m);
+                hi_[k] = std::min(hi_[k], top);
             }
         }
-        lo[loss.index] = hi[loss.index] = n;
-        // The greatest placement below `upper` (the op that cannot be placed, if any).
-        const auto place = [&](const std::vector<std::size_t>& upper) -> std::optional<std::size_t> {
-            at = upper;
-            for (bool changed = true; changed;) {
-                changed = false;
-                for (std::size_t k = 0; k < no; ++k) {
-                    if (!is_bwd[k]) continue;
-                    for (const DataId g : p.op(OpId{k}).reads) {
-                        if (kind[g.index] != Kind::backward) continue;
-                        for (const OpId w : p.writers(g)) {
-                            if (at[w.index] < at[k]) {
-                                at[k] = at[w.index];
-                                changed = true;
-                                if (at[k] < lo[k]) return k;
-                            }
-                            if (at[k] + 1 < at[w.index]) {
-                                at[w.index] = at[k] + 1;
-                                changed = true;
-                                if (at[w.index] < lo[w.index]) return w.index;
-                            }
+        lo_[loss_.index] = hi_[loss_.index] = n_;
+        return std::nullopt;
+    }
+
+    // The greatest placement of the backward ops below `upper` in which a gradient crosses at
+    // most one boundary (into `at_`); the op that falls below its lowest block, if any.
+    [[nodiscard]] std::optional<std::size_t> place(const std::vector<std::size_t>& upper) {
+        at_ = upper;
+        for (bool changed = true; changed;) {
+            changed = false;
+            for (std::size_t k = 0; k < no_; ++k) {
+                if (!is_bwd_[k]) continue;
+                for (const DataId g : p_.op(OpId{k}).reads) {
+                    if (kind_[g.index] != Kind::backward) continue;
+                    for (const OpId w : p_.writers(g)) {
+                        if (at_[w.index] < at_[k]) {
+                            at_[k] = at_[w.index];
+                            changed = true;
+                            if (at_[k] < lo_[k]) return k;
+                        }
+                        if (at_[k] + 1 < at_[w.index]) {
+                            at_[w.index] = at_[k] + 1;
+                            changed = true;
+                            if (at_[w.index] < lo_[w.index]) return w.index;
                         }
                     }
                 }
             }
-            return std::nullopt;
-        };
-        if (!merge_at)
-            if (const auto stuck = place(hi)) merge_at = lo[*stuck];
-        if (merge_at) {
-            part.separators.erase(part.separators.begin() + static_cast<std::ptrdiff_t>(*merge_at - 2));
-            continue;
         }
-        // Final gradients are best written by the first block: written later they stay live
-        // through the rest of the backward pass beside everything Rotor accounts for.
-        std::vector<std::size_t> capped = hi;
-        for (const DataId d : p.final_data()) {
-            if (kind[d.index] != Kind::backward) continue;
-            for (const OpId w : p.writers(d)) {
+        return std::nullopt;
+    }
+
+    // Final gradients are best written by the first block: written later they stay live
+    // through the rest of the backward pass beside everything Rotor accounts for.
+    void cap_final_writers() {
+        std::vector<std::size_t> capped = hi_;
+        for (const DataId d : p_.final_data()) {
+            if (kind_[d.index] != Kind::backward) continue;
+            for (const OpId w : p_.writers(d)) {
                 if (capped[w.index] == 1) continue;
                 const std::size_t before = capped[w.index];
                 capped[w.index] = 1;
@@ -2726,55 +3319,87 @@ void sort_unique(std::vector<Id>& v) {
             }
         }
         (void)place(capped);  // feasible: every cap kept was
-        break;
     }
 
-    // Assemble the blocks.
-    part.blocks.resize(n);
-    for (std::size_t l = 1; l <= n; ++l) {
-        Block& b = part.blocks[l - 1];
-        if (l > 1) b.input = part.separators[l - 2];
-        if (l < n) b.output = part.separators[l - 1];
-        b.has_loss = l == n;
+    [[nodiscard]] BlockPartition assemble() {
+        part_.blocks.resize(n_);
+        for (std::size_t l = 1; l <= n_; ++l) {
+            Block& b = part_.blocks[l - 1];
+            if (l > 1) b.input = part_.separators[l - 2];
+            if (l < n_) b.output = part_.separators[l - 1];
+            b.has_loss = l == n_;
+        }
+        assemble_ops();
+        assemble_data();
+        for (Block& b : part_.blocks) sort_unique(b.initial_reads);
+        return std::move(part_);
     }
-    const auto add_initial_reads = [&](Block& b, OpId k) {
-        for (const DataId d : p.op(k).reads)
-            if (kind[d.index] == Kind::initial) b.initial_reads.push_back(d);
-    };
-    for (std::size_t k = 0; k < no; ++k) {
-        const OpId id{k};
-        if (alive[k]) {
-            Block& b = part.blocks[blk_op[k] - 1];
-            b.forward_ops.push_back(id);
-            add_initial_reads(b, id);
-        } else if (is_bwd[k] || id == loss) {
-            Block& b = part.blocks[at[k] - 1];
-            if (is_bwd[k]) b.backward_ops.push_back(id);
-            add_initial_reads(b, id);
+
+    void assemble_ops() {
+        const auto add_initial_reads = [&](Block& b, OpId k) {
+            for (const DataId d : p_.op(k).reads)
+                if (kind_[d.index] == Kind::initial) b.initial_reads.push_back(d);
+        };
+        for (std::size_t k = 0; k < no_; ++k) {
+            const OpId id{k};
+            if (alive_[k]) {
+                Block& b = part_.blocks[blk_op_[k] - 1];
+                b.forward_ops.push_back(id);
+                add_initial_reads(b, id);
+            } else if (is_bwd_[k] || id == loss_) {
+                Block& b = part_.blocks[at_[k] - 1];
+                if (is_bwd_[k]) b.backward_ops.push_back(id);
+                add_initial_reads(b, id);
+            }
         }
     }
-    for (std::size_t d = 0; d < nd; ++d) {
-        const DataId id{d};
-        if (kind[d] == Kind::forward && blk_data[d] != 0) part.blocks[blk_data[d] - 1].forward_data.push_back(id);
-        if (kind[d] != Kind::backward) continue;
-        const std::size_t l = at[p.writers(id).front().index];
-        for (const OpId w : p.writers(id))
-            if (at[w.index] != l)
-                throw InvalidInput(who + ": gradient " + quoted(p, id) + " is written in blocks " + std::to_string(l) +
-                                   " and " + std::to_string(at[w.index]) + " (ops " + quoted(p, p.writers(id).front()) +
-                                   " and " + quoted(p, w) + ")");
-        part.blocks[l - 1].backward_data.push_back(id);
-        const bool crosses = std::any_of(p.readers(id).begin(), p.readers(id).end(),
-                                         [&](OpId r) { return at[r.index] + 1 == l; });
-        if (crosses) {
-            part.blocks[l - 2].output_grads.push_back(id);
-            part.blocks[l - 1].input_grads.push_back(id);
-        } else if (p.is_final(id)) {
-            (l == 1 ? part.blocks[0].input_grads : part.blocks[l - 1].kept_final).push_back(id);
+
+    // Forward data to their block; gradients to the block of their writers, crossing to the
+    // block before when read there, or kept to the end when final.
+    void assemble_data() {
+        for (std::size_t d = 0; d < nd_; ++d) {
+            const DataId id{d};
+            if (kind_[d] == Kind::forward && blk_data_[d] != 0) part_.blocks[blk_data_[d] - 1].forward_data.push_back(id);
+            if (kind_[d] != Kind::backward) continue;
+            const std::size_t l = at_[p_.writers(id).front().index];
+            for (const OpId w : p_.writers(id))
+                if (at_[w.index] != l)
+                    throw InvalidInput(who_ + ": gradient " + quoted(p_, id) + " is written in blocks " + std::to_string(l) +
+                                       " and " + std::to_string(at_[w.index]) + " (ops " +
+                                       quoted(p_, p_.writers(id).front()) + " and " + quoted(p_, w) + ")");
+            part_.blocks[l - 1].backward_data.push_back(id);
+            const bool crosses = std::any_of(p_.readers(id).begin(), p_.readers(id).end(),
+                                             [&](OpId r) { return at_[r.index] + 1 == l; });
+            if (crosses) {
+                part_.blocks[l - 2].output_grads.push_back(id);
+                part_.blocks[l - 1].input_grads.push_back(id);
+            } else if (p_.is_final(id)) {
+                (l == 1 ? part_.blocks[0].input_grads : part_.blocks[l - 1].kept_final).push_back(id);
+            }
         }
     }
-    for (Block& b : part.blocks) detail::blocks::sort_unique(b.initial_reads);
-    return part;
+
+    const Problem& p_;
+    const PartitionOptions& options_;
+    std::string who_;
+    std::size_t nd_, no_;
+    OpId loss_{};
+    std::vector<char> is_fwd_, is_bwd_;  // per op
+    std::vector<Kind> kind_;             // per data
+    std::vector<OpId> a_writer_;         // per data: a writer, for messages
+    std::vector<char> alive_;            // forward ops that can run
+    std::vector<char> main_op_, on_path_;  // forward ops / data on a path to the loss
+    BlockPartition part_;
+    std::size_t n_ = 0;  // blocks
+    std::vector<std::size_t> separator_of_, blk_op_, blk_data_, lo_, hi_, at_;
+};
+
+}  // namespace detail::blocks
+
+/// Cuts `problem` into its sequence of blocks. Throws InvalidInput, naming the op or data,
+/// when the problem does not have the structure described above.
+[[nodiscard]] inline BlockPartition partition_blocks(const Problem& problem, const PartitionOptions& options = {}) {
+    return detail::blocks::Partitioner(problem, options).run();
 }
 
 /// A block as a problem of its own: its input separator and the initial data it reads are
@@ -3084,10 +3709,6 @@ private:
 };
 
 namespace detail::rockmate {
-
-[[nodiscard]] inline double seconds_since(std::chrono::steady_clock::time_point start) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 [[nodiscard]] inline Bytes bytes_of(const Problem& q, const std::vector<DataId>& data) {
     Bytes sum = 0;
@@ -3406,7 +4027,7 @@ public:
             } else {
                 solve_block(problem, part, l, rb, freeable);
             }
-            rb.seconds = detail::rockmate::seconds_since(block_start);
+            rb.seconds = seconds_since(block_start);
             if (options_.verbose)
                 std::cerr << "rockmate: block " << l + 1 << "/" << n << " (" << block.forward_ops.size() << " forward, "
                           << block.backward_ops.size() << " backward ops): " << rb.options.size() << " options"
@@ -3415,7 +4036,7 @@ public:
                           << " in " << rb.seconds << " s\n";
             model.blocks.push_back(std::move(rb));
         }
-        model.seconds = detail::rockmate::seconds_since(start);
+        model.seconds = seconds_since(start);
         return model;
     }
 
@@ -3429,7 +4050,7 @@ public:
         const auto start = std::chrono::steady_clock::now();
         const RockmateModel model = analyse(problem);
         Plan plan = solve(model, budget);
-        plan.stats.solve_seconds = detail::rockmate::seconds_since(start);
+        plan.stats.solve_seconds = seconds_since(start);
         return plan;
     }
 
@@ -3480,7 +4101,7 @@ public:
                               std::to_string(options_.saved_budgets) + (options_.store_all_only ? " store-all-only" : "") +
                               " across=" + across + " slot_bytes=" + std::to_string(seq.slot_bytes)};
         Schedule schedule = model.to_schedule(seq.actions);
-        stats.solve_seconds = detail::rockmate::seconds_since(start);
+        stats.solve_seconds = seconds_since(start);
         return make_checked_plan(model.problem, std::move(schedule), budget, std::move(stats));
     }
 
@@ -3552,7 +4173,7 @@ private:
                     if (std::any_of(infeasible.begin(), infeasible.end(),
                                     [&](const auto& f) { return peak <= f.first && saved <= f.second; }))
                         continue;
-                    if (detail::rockmate::seconds_since(start) > options_.block_time_limit_seconds) {
+                    if (seconds_since(start) > options_.block_time_limit_seconds) {
                         out_of_time = true;
                         if (options_.verbose)
                             std::cerr << "rockmate: block " << l + 1 << ": time limit of "
@@ -3599,6 +4220,440 @@ private:
 
 }  // namespace remat
 // ---- end remat/solvers/rockmate.hpp ----
+// ---- begin remat/solvers/greedy.hpp ----
+// remat/solvers/greedy.hpp — a fast greedy planner for any graph: a static, DTR-like replay of
+// the framework's order on the simulator's semantics (FORMATS.md §3).
+//
+// Kirisame, Lyubomirsky, Haan, Brennan, He, Roesch, Chen, Tatlock, "Dynamic Tensor
+// Rematerialization", ICLR 2021: when memory runs short, evict the tensor with the smallest
+// h = recompute cost / (bytes × staleness), the recompute cost counting the evicted inputs it
+// would need too; recompute evicted tensors when they are read. Here that runs offline, once
+// per plan, on the problem's own numbers:
+//  - Follow the store-all order (the problem's `autograd` order, or the one store-all chooses;
+//    solvers/store_all.hpp). Exactly-once ops run there and nowhere else; other ops of the
+//    order are skipped when everything they write is live or never read again.
+//  - Before an op runs, its reads are made live: a missing read is recomputed, recursively,
+//    by its cheapest writer that is not exactly-once and whose missing reads can be produced
+//    at a lower production level (graph/production.hpp), which rules out going round in
+//    circles. A missing data that only exactly-once ops write is a failure at that budget.
+//  - While the op would take memory above the budget (live data + what it writes that is
+//    not live + its overhead), a live data is evicted (a free step): not initial, not final,
+//    not read or written by the op, not pinned by the recomputation in progress, and
+//    recomputable from the initial data without exactly-once ops (anything else could never
+//    come back). The victim has the least DTR h (GreedyEviction::dtr), or the farthest next
+//    read in the order (GreedyEviction::farthest_next_use, Belady's rule); by default both
+//    are tried and the faster plan that fits is kept.
+//  - Data never read again are freed at once, as store-all frees them; what is not final is
+//    freed at the end.
+// At a budget of at least P_ref nothing is evicted and the plan is store-all's. Below what it
+// can fit, Greedy throws Infeasible with the smallest budget it fits, found by bisection
+// between the proven lower bound of core/bounds.hpp and P_ref (a greedy is not monotone in the
+// budget: when it fails at a budget but fits a smaller one, that plan is returned). Every plan
+// is checked by the simulator. Thousands of ops plan in milliseconds (examples/bench_greedy).
+// Standard library only.
+
+#include <algorithm>
+#include <cstddef>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+
+namespace remat {
+
+/// Which live data the greedy frees when memory runs short.
+enum class GreedyEviction {
+    dtr,                ///< least recompute cost / (bytes × steps since last use), as in DTR
+    farthest_next_use,  ///< the data read farthest ahead in the order (Belady's rule)
+    both,               ///< plan with each and keep the faster plan that fits
+};
+
+[[nodiscard]] constexpr std::string_view to_string(GreedyEviction eviction) noexcept {
+    switch (eviction) {
+        case GreedyEviction::dtr: return "dtr";
+        case GreedyEviction::farthest_next_use: return "farthest-next-use";
+        case GreedyEviction::both: return "both";
+    }
+    return "unknown";
+}
+
+struct GreedyOptions {
+    /// The eviction rule; `both` costs two replays per budget and is never slower in plan time.
+    GreedyEviction eviction = GreedyEviction::both;
+    /// How many writers deep the recompute cost of a data counts evicted inputs (DTR's evicted
+    /// neighbourhood), for the dtr rule and for choosing among alternative writers. 0 counts
+    /// the writer alone; deeper is more precise on long evicted chains and slower.
+    std::size_t neighbourhood_depth = 4;
+};
+
+namespace detail::greedy {
+
+inline constexpr std::size_t nowhere = std::numeric_limits<std::size_t>::max();
+
+// What does not depend on the budget.
+struct Analysis {
+    std::vector<OpId> order;                       // store-all's order
+    std::vector<std::vector<std::size_t>> reads_at;  // per data: positions of the order that read it
+    graph::ProductionLevels levels;                // without exactly-once ops, from the initial data
+    Reference reference;                           // T_ref, P_ref
+    MemoryLowerBound lower_bound;
+};
+
+[[nodiscard]] inline Analysis analyse(const Problem& problem) {
+    Analysis a;
+    a.order = store_all_order(problem);
+    a.reads_at.assign(problem.data_count(), {});
+    for (std::size_t pos = 0; pos < a.order.size(); ++pos)
+        for (const DataId d : problem.op(a.order[pos]).reads) a.reads_at[d.index].push_back(pos);
+    a.levels = graph::production_levels(problem, [](const Op& op) { return !op.exactly_once; });
+    a.reference = store_all_reference(problem);
+    a.lower_bound = memory_lower_bound(problem);
+    return a;
+}
+
+// A plan that fits (the simulator has the last word on its peak), with its time.
+struct Outcome {
+    Schedule schedule;
+    double time = 0.0;
+    GreedyEviction rule = GreedyEviction::dtr;
+};
+
+// One replay of the order at one budget with one eviction rule.
+class Replay {
+public:
+    Replay(const Problem& problem, const Analysis& analysis, Bytes budget, GreedyEviction rule, std::size_t depth)
+        : p_(problem), a_(analysis), budget_(budget), rule_(rule), depth_(depth), live_(problem.data_count(), 0),
+          live_at_(problem.data_count(), nowhere), pins_(problem.data_count(), 0),
+          last_use_(problem.data_count(), 0), next_read_(problem.data_count(), 0),
+          memo_(problem.data_count(), 0.0), memo_stamp_(problem.data_count(), 0) {
+        for (const DataId d : p_.initial()) {
+            live_[d.index] = 1;
+            memory_ += p_.data(d).bytes;
+        }
+    }
+
+    // The plan, or nullopt when this replay cannot keep within the budget.
+    [[nodiscard]] std::optional<Outcome> run() {
+        if (memory_ > budget_) return std::nullopt;
+        for (pos_ = 0; pos_ < a_.order.size(); ++pos_) {
+            const OpId k = a_.order[pos_];
+            if (!p_.op(k).exactly_once && !useful(k)) continue;
+            if (!run_op(k)) return std::nullopt;
+        }
+        for (const DataId d : p_.final_data())
+            if (!make_live(d)) return std::nullopt;
+        for (std::size_t d = 0; d < live_.size(); ++d)
+            if (live_[d] && !p_.is_initial(DataId{d}) && !p_.is_final(DataId{d})) drop(DataId{d});
+        return Outcome{std::move(schedule_), time_, rule_};
+    }
+
+private:
+    // The next position after the current one where the order reads d; nowhere if none.
+    [[nodiscard]] std::size_t next_read(DataId d) {
+        const std::vector<std::size_t>& at = a_.reads_at[d.index];
+        std::size_t& i = next_read_[d.index];
+        while (i < at.size() && at[i] <= pos_) ++i;
+        return i < at.size() ? at[i] : nowhere;
+    }
+
+    [[nodiscard]] bool needed_later(DataId d) { return p_.is_final(d) || next_read(d) != nowhere; }
+
+    // An op of the order that is not exactly once runs only if it makes live something needed.
+    [[nodiscard]] bool useful(OpId k) {
+        const auto& writes = p_.op(k).writes;
+        return std::any_of(writes.begin(), writes.end(), [&](DataId d) { return !live_[d.index] && needed_later(d); });
+    }
+
+    // Runs op k after making its reads live and room for it; then frees what is dead.
+    [[nodiscard]] bool run_op(OpId k) {
+        const Op& op = p_.op(k);
+        for (const DataId r : op.reads) ++pins_[r.index];
+        for (const DataId r : op.reads)
+            if (!make_live(r)) return false;
+        if (!make_room(k)) return false;
+        emit_run(k);
+        for (const DataId r : op.reads) --pins_[r.index];
+        free_dead(op);
+        return true;
+    }
+
+    // Recomputes d, if it is not live, with its cheapest eligible writer.
+    [[nodiscard]] bool make_live(DataId d) {
+        if (live_[d.index]) return true;
+        const std::optional<OpId> writer = cheapest_writer(d);
+        return writer && run_op(*writer);
+    }
+
+    // A writer that may recompute d now: not exactly once, and every read it lacks can itself
+    // be recomputed from strictly lower production levels (so the recursion ends).
+    [[nodiscard]] bool eligible(OpId w, DataId d) const {
+        const Op& op = p_.op(w);
+        if (op.exactly_once) return false;
+        return std::all_of(op.reads.begin(), op.reads.end(), [&](DataId r) {
+            return live_[r.index] || a_.levels.data[r.index] < a_.levels.data[d.index];
+        });
+    }
+
+    // Estimated time to make d live from the current state, counting evicted inputs up to
+    // `depth` writers deep (memoised for one decision: see next_decision()).
+    [[nodiscard]] double estimate(DataId d, std::size_t depth) {
+        if (live_[d.index]) return 0.0;
+        if (memo_stamp_[d.index] == stamp_) return memo_[d.index];
+        double best = std::numeric_limits<double>::infinity();
+        for (const OpId w : p_.writers(d))
+            if (eligible(w, d)) best = std::min(best, writer_cost(w, depth));
+        memo_stamp_[d.index] = stamp_;
+        memo_[d.index] = best;
+        return best;
+    }
+
+    [[nodiscard]] double writer_cost(OpId w, std::size_t depth) {
+        double cost = p_.op(w).time;
+        if (depth == 0) return cost;
+        for (const DataId r : p_.op(w).reads)
+            if (!live_[r.index]) cost += estimate(r, depth - 1);
+        return cost;
+    }
+
+    void next_decision() { ++stamp_; }
+
+    // Bytes op k would add by writing data that are not live.
+    [[nodiscard]] Bytes new_bytes(OpId k) const {
+        Bytes total = 0;
+        for (const DataId d : p_.op(k).writes)
+            if (!live_[d.index]) total += p_.data(d).bytes;
+        return total;
+    }
+
+    // The eligible writer of least estimated cost; ties: fewer new bytes, then lower id.
+    [[nodiscard]] std::optional<OpId> cheapest_writer(DataId d) {
+        next_decision();
+        std::optional<OpId> best;
+        double best_cost = 0.0;
+        for (const OpId w : p_.writers(d)) {
+            if (!eligible(w, d)) continue;
+            const double cost = writer_cost(w, depth_);
+            if (!best || cost < best_cost || (cost == best_cost && new_bytes(w) < new_bytes(*best))) {
+                best = w;
+                best_cost = cost;
+            }
+        }
+        return best;
+    }
+
+    // Evicts until op k fits; false when nothing more may go.
+    [[nodiscard]] bool make_room(OpId k) {
+        const Bytes extra = new_bytes(k) + p_.op(k).overhead;
+        while (memory_ + extra > budget_) {
+            const std::optional<DataId> victim = pick_victim(k);
+            if (!victim) return false;
+            drop(*victim);
+        }
+        return true;
+    }
+
+    // Whether d may be evicted before op k runs.
+    [[nodiscard]] bool evictable(DataId d, OpId k) const {
+        if (pins_[d.index] != 0 || p_.is_final(d) || p_.data(d).bytes == 0) return false;
+        if (a_.levels.data[d.index] == graph::never) return false;  // could never come back
+        const auto& writes = p_.op(k).writes;
+        return std::find(writes.begin(), writes.end(), d) == writes.end();
+    }
+
+    // What evicting d would cost to undo: its cheapest writer that does not read it, with the
+    // evicted inputs that writer lacks.
+    [[nodiscard]] double eviction_cost(DataId d) {
+        double best = std::numeric_limits<double>::infinity();
+        for (const OpId w : p_.writers(d)) {
+            const auto& reads = p_.op(w).reads;
+            if (std::find(reads.begin(), reads.end(), d) != reads.end() || !eligible(w, d)) continue;
+            best = std::min(best, writer_cost(w, depth_));
+        }
+        return best;
+    }
+
+    [[nodiscard]] std::optional<DataId> pick_victim(OpId k) {
+        next_decision();
+        std::optional<DataId> best;
+        double best_score = 0.0;
+        for (const DataId d : live_list_) {
+            if (!evictable(d, k)) continue;
+            const Bytes bytes = p_.data(d).bytes;
+            double score = 0.0;  // smaller is evicted first
+            if (rule_ == GreedyEviction::farthest_next_use) {
+                const std::size_t next = next_read(d);
+                score = next == nowhere ? -std::numeric_limits<double>::infinity() : -static_cast<double>(next);
+            } else {
+                const auto staleness = static_cast<double>(step_ - last_use_[d.index] + 1);
+                score = eviction_cost(d) / (static_cast<double>(bytes) * staleness);
+            }
+            if (!best || score < best_score || (score == best_score && bytes > p_.data(*best).bytes) ||
+                (score == best_score && bytes == p_.data(*best).bytes && d < *best)) {
+                best = d;
+                best_score = score;
+            }
+        }
+        return best;
+    }
+
+    void emit_run(OpId k) {
+        const Op& op = p_.op(k);
+        schedule_.push_back(Step::run(k));
+        time_ += op.time;
+        for (const DataId d : op.writes)
+            if (!live_[d.index]) {
+                live_[d.index] = 1;
+                memory_ += p_.data(d).bytes;
+                if (!p_.is_initial(d)) {
+                    live_at_[d.index] = live_list_.size();
+                    live_list_.push_back(d);
+                }
+            }
+        for (const DataId d : op.reads) last_use_[d.index] = step_;
+        for (const DataId d : op.writes) last_use_[d.index] = step_;
+        ++step_;
+    }
+
+    // Frees a live data that is not initial (a free step).
+    void drop(DataId d) {
+        schedule_.push_back(Step::free(d));
+        live_[d.index] = 0;
+        memory_ -= p_.data(d).bytes;
+        const std::size_t at = live_at_[d.index];
+        live_list_[at] = live_list_.back();
+        live_at_[live_list_[at].index] = at;
+        live_list_.pop_back();
+        live_at_[d.index] = nowhere;
+    }
+
+    // After op ran: frees what it touched that is never read again (as store-all does).
+    void free_dead(const Op& op) {
+        touched_.assign(op.reads.begin(), op.reads.end());
+        touched_.insert(touched_.end(), op.writes.begin(), op.writes.end());
+        std::sort(touched_.begin(), touched_.end());
+        touched_.erase(std::unique(touched_.begin(), touched_.end()), touched_.end());
+        for (const DataId d : touched_)
+            if (live_[d.index] && pins_[d.index] == 0 && !p_.is_initial(d) && !needed_later(d)) drop(d);
+    }
+
+    const Problem& p_;
+    const Analysis& a_;
+    Bytes budget_;
+    GreedyEviction rule_;
+    std::size_t depth_;
+    std::vector<char> live_;
+    std::vector<DataId> live_list_;      // live data that are not initial
+    std::vector<std::size_t> live_at_;   // per data: index in live_list_, or nowhere
+    std::vector<int> pins_;              // per data: reads of ops waiting on a recomputation
+    std::vector<std::size_t> last_use_;  // per data: the last run step that read or wrote it
+    std::vector<std::size_t> next_read_;  // per data: index into reads_at, advanced lazily
+    std::vector<double> memo_;
+    std::vector<std::size_t> memo_stamp_;
+    std::vector<DataId> touched_;
+    std::size_t stamp_ = 0;
+    std::size_t pos_ = 0;   // position in the order
+    std::size_t step_ = 0;  // run steps so far
+    Bytes memory_ = 0;
+    double time_ = 0.0;
+    Schedule schedule_;
+};
+
+}  // namespace detail::greedy
+
+/// The greedy planner described above; models remat::Solver.
+class Greedy {
+public:
+    explicit Greedy(GreedyOptions options = {}) : options_(options) {}
+
+    [[nodiscard]] static constexpr std::string_view name() noexcept { return "greedy"; }
+    [[nodiscard]] const GreedyOptions& options() const noexcept { return options_; }
+
+    /// A plan within `budget`; Infeasible (with the smallest budget the greedy fits) otherwise.
+    [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
+        const Stopwatch clock;
+        const detail::greedy::Analysis a = detail::greedy::analyse(problem);
+        std::optional<detail::greedy::Outcome> best;
+        if (budget >= a.lower_bound.bytes) best = plan(problem, a, budget);
+        std::string note;
+        if (!best) {
+            const Bytes smallest = smallest_budget(problem, a);
+            if (smallest > budget) throw_infeasible(problem, a, budget, smallest);
+            // Not monotone: the greedy fits a smaller budget than this one.
+            best = plan(problem, a, smallest);
+            note = " (planned at " + std::to_string(smallest) + " bytes)";
+        }
+        SolverStats stats{std::string(name()), 0.0, SolveStatus::heuristic, std::nullopt,
+                          "eviction=" + std::string(to_string(best->rule)) +
+                              " depth=" + std::to_string(options_.neighbourhood_depth) + note};
+        stats.solve_seconds = clock.seconds();
+        return make_checked_plan(problem, std::move(best->schedule), budget, std::move(stats));
+    }
+
+    /// The smallest budget this greedy fits `problem` in (bisection between the proven lower
+    /// bound of core/bounds.hpp and P_ref, about log2(P_ref − bound) replays).
+    [[nodiscard]] Bytes smallest_budget(const Problem& problem) const {
+        return smallest_budget(problem, detail::greedy::analyse(problem));
+    }
+
+private:
+    [[nodiscard]] std::vector<GreedyEviction> rules() const {
+        if (options_.eviction == GreedyEviction::both) return {GreedyEviction::farthest_next_use, GreedyEviction::dtr};
+        return {options_.eviction};
+    }
+
+    // The fastest plan of the rules that fits the budget (ties: the first rule).
+    [[nodiscard]] std::optional<detail::greedy::Outcome> plan(const Problem& problem, const detail::greedy::Analysis& a,
+                                                              Bytes budget) const {
+        std::optional<detail::greedy::Outcome> best;
+        for (const GreedyEviction rule : rules()) {
+            auto outcome = detail::greedy::Replay(problem, a, budget, rule, options_.neighbourhood_depth).run();
+            if (outcome && (!best || outcome->time < best->time)) best = std::move(outcome);
+        }
+        return best;
+    }
+
+    [[nodiscard]] bool fits(const Problem& problem, const detail::greedy::Analysis& a, Bytes budget) const {
+        for (const GreedyEviction rule : rules())
+            if (detail::greedy::Replay(problem, a, budget, rule, options_.neighbourhood_depth).run()) return true;
+        return false;
+    }
+
+    [[nodiscard]] Bytes smallest_budget(const Problem& problem, const detail::greedy::Analysis& a) const {
+        Bytes lo = a.lower_bound.bytes - 1;  // no schedule at all fits lo
+        Bytes hi = a.reference.peak;         // store-all's own plan fits P_ref
+        if (!fits(problem, a, hi))
+            throw SolverError("greedy: no plan of '" + problem.name() + "' at P_ref = " + std::to_string(hi) +
+                              " bytes, where store-all's own schedule fits (this is a bug in the greedy; please "
+                              "report it with the problem file)");
+        while (hi - lo > 1) {
+            const Bytes mid = lo + (hi - lo) / 2;
+            (fits(problem, a, mid) ? hi : lo) = mid;
+        }
+        return hi;
+    }
+
+    [[noreturn]] static void throw_infeasible(const Problem& problem, const detail::greedy::Analysis& a, Bytes budget,
+                                              Bytes smallest) {
+        const std::string head = "greedy: no plan of '" + problem.name() + "' within " + std::to_string(budget) + " bytes";
+        const std::string tail = "; the smallest budget the greedy fits is " + std::to_string(smallest) + " bytes";
+        if (budget < a.lower_bound.bytes)
+            throw Infeasible(head + ": no schedule at all fits, every schedule needs at least " +
+                                 std::to_string(a.lower_bound.bytes) + " bytes (" + a.lower_bound.reason + ")" + tail,
+                             budget, smallest);
+        throw Infeasible(head + "; this is only beyond the greedy's reach (the proven lower bound is " +
+                             std::to_string(a.lower_bound.bytes) + " bytes, " + a.lower_bound.reason +
+                             "): an exact solver (checkmate, rockmate) may fit it" + tail,
+                         budget, smallest);
+    }
+
+    GreedyOptions options_;
+};
+
+}  // namespace remat
+// ---- end remat/solvers/greedy.hpp ----
 // ---- begin remat/io/budget.hpp ----
 // remat/io/budget.hpp — memory budgets as people write them, and byte counts as people read them.
 //

@@ -233,6 +233,29 @@ TEST_CASE("remat-plan exits 3 on an infeasible budget and names the smallest fea
     CHECK_THAT(r.err, Catch::Contains("38797312"));
 }
 
+TEST_CASE("remat-plan --solver greedy plans any graph and names the smallest budget it fits", "[cli]") {
+    const auto problem = remat::io::load_problem(problems / "diamond.problem.json");
+    const remat::Reference ref = remat::store_all_reference(problem);
+    auto r = cli({diamond(), "--budget", "100%", "--json", "--solver", "greedy"});
+    CHECK(r.code == 0);
+    auto line = nlohmann::json::parse(r.out);
+    CHECK(line.at("solver") == "greedy");
+    CHECK(line.at("status") == "heuristic");
+    CHECK(line.at("time") == ref.time);
+    remat::GreedyOptions dtr;
+    dtr.eviction = remat::GreedyEviction::dtr;
+    const Bytes smallest = remat::Greedy(dtr).smallest_budget(problem);
+    r = cli({diamond(), "--budget", std::to_string(smallest - 1), "--json", "--solver", "greedy:dtr"});
+    CHECK(r.code == 3);
+    line = nlohmann::json::parse(r.out);
+    CHECK(line.at("solver") == "greedy:dtr");
+    CHECK(line.at("smallest_feasible") == smallest);
+    r = cli({diamond(), "--budget", "1", "--solver", "greedy:clairvoyant"});
+    CHECK(r.code == 2);
+    CHECK_THAT(r.err, Catch::Contains("greedy:dtr or greedy:belady"));
+    CHECK_THAT(cli({"--help"}).out, Catch::Contains("greedy") && Catch::Contains("greedy:dtr or greedy:belady"));
+}
+
 TEST_CASE("remat-plan exits 2 on bad arguments and bad files", "[cli]") {
     const auto bad = [](const std::vector<std::string>& args, const std::string& message) {
         const auto r = cli(args);

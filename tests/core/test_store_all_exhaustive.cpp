@@ -1,9 +1,15 @@
-// The store-all reference of FORMATS.md §4 and the exact search over all schedules.
+// The store-all reference of FORMATS.md §4 (with the order it chooses when a problem gives
+// none) and the exact search over all schedules.
 #include <catch2/catch.hpp>
 
 #include <random>
+#include <string>
+#include <vector>
 
 #include <remat/remat.hpp>
+
+#include "../support/op_level_problems.hpp"
+#include "../support/random_problems.hpp"
 
 using namespace remat;
 
@@ -74,6 +80,107 @@ TEST_CASE("store-all chooses an order when the problem gives none") {
     CHECK(op_names(p, ref.schedule) == std::vector<std::string>{"Ff+", "Fadd", "loss", "Badd", "Bf"});
     CHECK(ref.time == 7.0);
     CHECK(simulate(p, ref.schedule).valid);
+}
+
+namespace {
+
+// The filed bug: x initial; W1 reads x and u, W2 reads x, both write y (final); nothing writes
+// u. Store-all picked W1 (it was listed first) and then found no writer of u.
+Problem unproducible_read(bool with_w3, bool with_consumer) {
+    ProblemBuilder b(with_w3 ? "cycle-through-alternative" : "unproducible-read");
+    const DataId x = b.add_data("x", 10);
+    const DataId u = b.add_data("u", 20);
+    const DataId y = b.add_data("y", 30);
+    b.add_op({"W1", 1.0, 0, {x, u}, {y}, false});
+    b.add_op({"W2", 2.0, 0, {x}, {y}, false});
+    // W3 makes u from y: W1 could then only come after W2, its own alternative.
+    if (with_w3) b.add_op({"W3", 1.0, 0, {y}, {u}, false});
+    if (with_consumer) {
+        const DataId z = b.add_data("z", 5);
+        b.add_op({"W4", 1.0, 0, {y, u}, {z}, true});
+        b.add_final(z);
+    } else {
+        b.add_final(y);
+    }
+    b.add_initial(x);
+    return b.build();
+}
+
+// A random training DAG without its order, plus cheap traps for store-all's choice: for some
+// data, an alternative writer that reads a data no op produces, or a later activation.
+Problem with_trap_writers(const Problem& p, std::mt19937& rng) {
+    ProblemBuilder b(p.name() + "+traps");
+    for (const Data& d : p.all_data()) b.add_data(d.name, d.bytes);
+    const DataId ghost = b.add_data("ghost", 16);
+    for (const Op& op : p.all_ops()) b.add_op({op.name, op.time, op.overhead, op.reads, op.writes, op.exactly_once});
+    std::uniform_int_distribution<std::size_t> data(0, p.data_count() - 1);
+    for (int i = 0; i < 4; ++i) {
+        const DataId target = DataId{data(rng)};
+        const DataId source = DataId{data(rng)};
+        if (p.is_initial(target) || p.writers(target).empty() || source == target) continue;
+        const bool reads_ghost = i % 2 == 0;
+        std::vector<DataId> reads{reads_ghost ? ghost : source};
+        b.add_op({testing::numbered("trap", static_cast<std::size_t>(i)), 0.0, 0, reads, {target}, false});
+    }
+    for (const DataId d : p.initial()) b.add_initial(d);
+    for (const DataId d : p.final_data()) b.add_final(d);
+    if (p.loss()) b.set_loss(*p.loss());
+    return b.build();
+}
+
+}  // namespace
+
+TEST_CASE("store-all without an order never picks a writer whose reads cannot be produced (filed bug)", "[store-all]") {
+    SECTION("no op writes what W1 reads: W2 alone") {
+        const Problem p = unproducible_read(false, false);
+        const Reference ref = store_all_reference(p);
+        CHECK(op_names(p, ref.schedule) == std::vector<std::string>{"W2"});
+        CHECK(ref.time == 2.0);
+        CHECK(ref.peak == 40);
+        CHECK(simulate(p, ref.schedule).valid);
+    }
+    SECTION("W1's read is made from y: W1 would depend on itself; W2 alone") {
+        const Problem p = unproducible_read(true, false);
+        const Reference ref = store_all_reference(p);
+        CHECK(op_names(p, ref.schedule) == std::vector<std::string>{"W2"});
+        CHECK(simulate(p, ref.schedule).valid);
+    }
+    SECTION("an exactly-once op needs both y and u: W2, then W3, then it") {
+        const Problem p = unproducible_read(true, true);
+        const Reference ref = store_all_reference(p);
+        CHECK(op_names(p, ref.schedule) == std::vector<std::string>{"W2", "W3", "W4"});
+        CHECK(simulate(p, ref.schedule).valid);
+    }
+}
+
+TEST_CASE("store-all chooses a valid order for random problems without one", "[store-all]") {
+    std::mt19937 rng(20250207);
+    for (int trial = 0; trial < 200; ++trial) {
+        testing::DagShape shape;
+        shape.forward_ops = 1 + static_cast<std::size_t>(trial % 12);
+        const Problem dag = testing::random_dag(rng, shape);
+        testing::OpLevelShape op_shape;
+        op_shape.blocks = 1 + static_cast<std::size_t>(trial % 4);
+        op_shape.side_inputs = trial % 2 == 0;
+        const Problem net = testing::random_op_level_problem(rng, op_shape);
+        for (const Problem& given : {dag, net}) {
+            for (const Problem& p : {testing::without_autograd_order(given), with_trap_writers(given, rng)}) {
+                INFO(p.name() << " trial " << trial);
+                REQUIRE(p.autograd_order().empty());
+                Reference ref;
+                REQUIRE_NOTHROW(ref = store_all_reference(p));
+                const SimulationReport r = simulate(p, ref.schedule);
+                REQUIRE(r.valid);
+                CHECK(r.peak == ref.peak);
+                // Each op at most once: store-all never recomputes.
+                std::vector<int> runs(p.op_count(), 0);
+                for (const Step& s : ref.schedule)
+                    if (s.is_run()) REQUIRE(++runs[s.op().index] == 1);
+            }
+            // Without traps, the choice costs what the framework's own order costs.
+            CHECK(store_all_reference(testing::without_autograd_order(given)).time == store_all_reference(given).time);
+        }
+    }
 }
 
 TEST_CASE("StoreAll solver: plan at P_ref, Infeasible below with P_ref as smallest budget") {

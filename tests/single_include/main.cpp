@@ -13,7 +13,9 @@ int main() {
     const remat::Reference ref = remat::store_all_reference(problem);
     const remat::Plan plan = remat::StoreAll{}.solve(problem, ref.peak);
     const remat::Plan exact = remat::Exhaustive{}.solve(problem, ref.peak);
-    const bool ok = plan.time == ref.time && exact.time <= plan.time && remat::simulate(problem, exact.schedule).valid;
+    const remat::Plan greedy = remat::Greedy{}.solve(problem, ref.peak);
+    const bool ok = plan.time == ref.time && exact.time <= plan.time && remat::simulate(problem, exact.schedule).valid &&
+                    greedy.time == ref.time;
     std::printf("single include: T_ref=%g P_ref=%lld exact=%g %s\n", ref.time, static_cast<long long>(ref.peak),
                 exact.time, ok ? "ok" : "MISMATCH");
     return ok ? 0 : 1;

@@ -2,7 +2,7 @@
 // (FORMATS.md §5) and training-like DAGs — forward ops reading one or two earlier
 // activations (diamonds, skips), some with two outputs, each with a no-grad and a
 // with-grad alternative writer, a loss, and exactly-once backward ops that write one
-// gradient contribution per input read.
+// gradient contribution per input read. without_autograd_order() drops a problem's order.
 #pragma once
 
 #include <cstddef>
@@ -94,7 +94,9 @@ inline Problem random_dag(std::mt19937& rng, const DagShape& shape, const std::s
     for (const Act& a : acts) act_id.push_back(b.add_data(a.name, a.bytes));
     b.add_initial(act_id[0]);
     std::vector<DataId> saved_id;
-    for (std::size_t i = 0; i < fwd.size(); ++i) saved_id.push_back(b.add_data("s" + std::to_string(i + 1), fwd[i].saved));
+    // prefix + number by appending (GCC 12 warns falsely, -Wrestrict, on "literal" + std::string&& once inlined).
+    const auto named = [](const char* prefix, std::size_t number) { return std::string(prefix).append(std::to_string(number)); };
+    for (std::size_t i = 0; i < fwd.size(); ++i) saved_id.push_back(b.add_data(named("s", i + 1), fwd[i].saved));
     // Gradient contributions: grad_in[c][j] for consumer c (forward index, or fwd.size() for
     // the loss) and its j-th input.
     std::vector<std::vector<DataId>> grad_in(fwd.size() + 1);
@@ -134,9 +136,20 @@ inline Problem random_dag(std::mt19937& rng, const DagShape& shape, const std::s
         reads.push_back(saved_id[i]);
         for (const DataId d : ids(f.inputs)) reads.push_back(d);
         for (const DataId d : ids(f.outputs)) reads.push_back(d);
-        order.push_back(b.add_op({"B" + std::to_string(i + 1), f.bwd_time, f.bwd_overhead, reads, grad_in[i], true}));
+        order.push_back(b.add_op({named("B", i + 1), f.bwd_time, f.bwd_overhead, reads, grad_in[i], true}));
     }
     b.set_autograd_order(std::move(order));
+    return b.build();
+}
+
+/// The same problem (same ids) without its `autograd` order, so that store-all chooses one.
+inline Problem without_autograd_order(const Problem& p) {
+    ProblemBuilder b(p.name());
+    for (const Data& d : p.all_data()) b.add_data(d.name, d.bytes);
+    for (const Op& op : p.all_ops()) b.add_op({op.name, op.time, op.overhead, op.reads, op.writes, op.exactly_once});
+    for (const DataId d : p.initial()) b.add_initial(d);
+    for (const DataId d : p.final_data()) b.add_final(d);
+    if (p.loss()) b.set_loss(*p.loss());
     return b.build();
 }
 

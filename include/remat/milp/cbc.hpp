@@ -20,6 +20,7 @@
 
 #include <coin/Cbc_C_Interface.h>
 
+#include "../core/timing.hpp"
 #include "backend.hpp"
 #include "model.hpp"
 
@@ -57,7 +58,7 @@ public:
         const auto& rows = model.rows();
         const std::size_t n = vars.size();
         const auto finish = [&](Result r) {
-            r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            r.seconds = seconds_since(start);
             return r;
         };
 

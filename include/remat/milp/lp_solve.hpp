@@ -20,6 +20,7 @@
 
 #include <lpsolve/lp_lib.h>
 
+#include "../core/timing.hpp"
 #include "backend.hpp"
 #include "model.hpp"
 
@@ -62,7 +63,7 @@ public:
         const int n = static_cast<int>(vars.size());
         Result result;
         const auto finish = [&](Result r) {
-            r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            r.seconds = seconds_since(start);
             return r;
         };
         if (n == 0) {

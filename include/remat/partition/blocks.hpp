@@ -51,6 +51,8 @@
 
 #include "../core/errors.hpp"
 #include "../core/problem.hpp"
+#include "../graph/dominators.hpp"
+#include "../graph/topological.hpp"
 
 namespace remat {
 
@@ -109,306 +111,309 @@ void sort_unique(std::vector<Id>& v) {
     v.erase(std::unique(v.begin(), v.end()), v.end());
 }
 
-}  // namespace detail::blocks
-
-/// Cuts `problem` into its sequence of blocks. Throws InvalidInput, naming the op or data,
-/// when the problem does not have the structure described above.
-[[nodiscard]] inline BlockPartition partition_blocks(const Problem& problem, const PartitionOptions& options = {}) {
-    using detail::blocks::Kind;
-    using detail::blocks::quoted;
-    const Problem& p = problem;
-    const std::string who = "block partition of '" + p.name() + "'";
-    if (!p.loss())
-        throw InvalidInput(who + ": the problem names no loss op; blocks are cut on the way to the loss, so give "
-                                 "\"loss\"");
-    const OpId loss = *p.loss();
-    if (!p.op(loss).exactly_once)
-        throw InvalidInput(who + ": the loss op " + quoted(p, loss) + " must be exactly once");
-    const std::size_t nd = p.data_count(), no = p.op_count();
-
-    // Ops and data by kind.
-    std::vector<char> is_fwd(no, 0), is_bwd(no, 0);
-    for (std::size_t k = 0; k < no; ++k) {
-        if (OpId{k} == loss) continue;
-        (p.op(OpId{k}).exactly_once ? is_bwd : is_fwd)[k] = 1;
+// The steps of partition_blocks(), in the order run() takes them; each member function is one
+// step and the data members are what the steps hand on.
+class Partitioner {
+public:
+    Partitioner(const Problem& problem, const PartitionOptions& options)
+        : p_(problem), options_(options), who_("block partition of '" + problem.name() + "'"),
+          nd_(problem.data_count()), no_(problem.op_count()) {
+        if (!p_.loss())
+            throw InvalidInput(who_ + ": the problem names no loss op; blocks are cut on the way to the loss, so give "
+                                      "\"loss\"");
+        loss_ = *p_.loss();
+        if (!p_.op(loss_).exactly_once)
+            throw InvalidInput(who_ + ": the loss op " + quoted(p_, loss_) + " must be exactly once");
     }
-    std::vector<Kind> kind(nd, Kind::none);
-    std::vector<OpId> a_writer(nd);
-    for (std::size_t d = 0; d < nd; ++d) {
-        const DataId id{d};
-        if (p.is_initial(id)) {
-            kind[d] = Kind::initial;
-            if (!p.writers(id).empty())
-                throw InvalidInput(who + ": initial data " + quoted(p, id) + " is written by op " +
-                                   quoted(p, p.writers(id).front()) + "; initial data belong to the caller");
-            continue;
+
+    [[nodiscard]] BlockPartition run() {
+        classify();
+        check_reads();
+        find_runnable_forward_ops();
+        find_path_to_loss();
+        find_separators();
+        place_all();
+        return assemble();
+    }
+
+private:
+    [[nodiscard]] bool forward_data(DataId d) const { return kind_[d.index] == Kind::forward; }
+
+    // Ops by kind (forward, backward; the loss is neither), data by the kind of their writers.
+    void classify() {
+        is_fwd_.assign(no_, 0);
+        is_bwd_.assign(no_, 0);
+        for (std::size_t k = 0; k < no_; ++k) {
+            if (OpId{k} == loss_) continue;
+            (p_.op(OpId{k}).exactly_once ? is_bwd_ : is_fwd_)[k] = 1;
         }
-        for (const OpId w : p.writers(id)) {
-            const Kind k = is_fwd[w.index] ? Kind::forward : Kind::backward;
-            if (kind[d] != Kind::none && kind[d] != k)
-                throw InvalidInput(who + ": data " + quoted(p, id) + " is written by forward op " +
-                                   quoted(p, k == Kind::forward ? w : a_writer[d]) + " and by backward op " +
-                                   quoted(p, k == Kind::forward ? a_writer[d] : w) +
-                                   "; activations and gradients must be distinct data");
-            kind[d] = k;
-            a_writer[d] = w;
+        kind_.assign(nd_, Kind::none);
+        a_writer_.assign(nd_, OpId{});
+        for (std::size_t d = 0; d < nd_; ++d) {
+            const DataId id{d};
+            if (p_.is_initial(id)) {
+                kind_[d] = Kind::initial;
+                if (!p_.writers(id).empty())
+                    throw InvalidInput(who_ + ": initial data " + quoted(p_, id) + " is written by op " +
+                                       quoted(p_, p_.writers(id).front()) + "; initial data belong to the caller");
+                continue;
+            }
+            for (const OpId w : p_.writers(id)) {
+                const Kind k = is_fwd_[w.index] ? Kind::forward : Kind::backward;
+                if (kind_[d] != Kind::none && kind_[d] != k)
+                    throw InvalidInput(who_ + ": data " + quoted(p_, id) + " is written by forward op " +
+                                       quoted(p_, k == Kind::forward ? w : a_writer_[d]) + " and by backward op " +
+                                       quoted(p_, k == Kind::forward ? a_writer_[d] : w) +
+                                       "; activations and gradients must be distinct data");
+                kind_[d] = k;
+                a_writer_[d] = w;
+            }
         }
     }
-    for (const DataId d : p.op(loss).reads)
-        if (kind[d.index] == Kind::backward)
-            throw InvalidInput(who + ": the loss " + quoted(p, loss) + " reads gradient " + quoted(p, d) +
-                               "; it must read only activations and initial data");
-    for (const DataId d : p.final_data())
-        if (kind[d.index] == Kind::forward)
-            throw InvalidInput(who + ": final data " + quoted(p, d) + " is an activation (written by forward op " +
-                               quoted(p, a_writer[d.index]) + "); final data must be gradients or initial data");
+
+    // The loss and the forward ops read only activations and initial data; final data are not
+    // activations.
+    void check_reads() const {
+        for (const DataId d : p_.op(loss_).reads)
+            if (kind_[d.index] == Kind::backward)
+                throw InvalidInput(who_ + ": the loss " + quoted(p_, loss_) + " reads gradient " + quoted(p_, d) +
+                                   "; it must read only activations and initial data");
+        for (const DataId d : p_.final_data())
+            if (kind_[d.index] == Kind::forward)
+                throw InvalidInput(who_ + ": final data " + quoted(p_, d) + " is an activation (written by forward op " +
+                                   quoted(p_, a_writer_[d.index]) + "); final data must be gradients or initial data");
+        for (std::size_t k = 0; k < no_; ++k) {
+            if (!is_fwd_[k]) continue;
+            for (const DataId d : p_.op(OpId{k}).reads)
+                if (kind_[d.index] == Kind::backward)
+                    throw InvalidInput(who_ + ": forward op " + quoted(p_, OpId{k}) + " reads gradient " + quoted(p_, d) +
+                                       " (written by " + quoted(p_, a_writer_[d.index]) +
+                                       "); forward ops read only activations and initial data");
+        }
+    }
 
     // Forward ops that can run at all: a fixpoint from the initial data.
-    std::vector<char> alive(no, 0), available(nd, 0);
-    for (std::size_t d = 0; d < nd; ++d) available[d] = kind[d] == Kind::initial;
-    for (bool changed = true; changed;) {
-        changed = false;
-        for (std::size_t k = 0; k < no; ++k) {
-            if (!is_fwd[k] || alive[k]) continue;
-            const Op& op = p.op(OpId{k});
-            for (const DataId d : op.reads)
-                if (kind[d.index] == Kind::backward)
-                    throw InvalidInput(who + ": forward op " + quoted(p, OpId{k}) + " reads gradient " + quoted(p, d) +
-                                       " (written by " + quoted(p, a_writer[d.index]) +
-                                       "); forward ops read only activations and initial data");
-            if (!std::all_of(op.reads.begin(), op.reads.end(), [&](DataId d) { return available[d.index] != 0; }))
-                continue;
-            alive[k] = 1;
-            changed = true;
-            for (const DataId d : op.writes) available[d.index] = 1;
+    void find_runnable_forward_ops() {
+        alive_.assign(no_, 0);
+        std::vector<char> available(nd_, 0);
+        for (std::size_t d = 0; d < nd_; ++d) available[d] = kind_[d] == Kind::initial;
+        for (bool changed = true; changed;) {
+            changed = false;
+            for (std::size_t k = 0; k < no_; ++k) {
+                if (!is_fwd_[k] || alive_[k]) continue;
+                const Op& op = p_.op(OpId{k});
+                if (!std::all_of(op.reads.begin(), op.reads.end(), [&](DataId d) { return available[d.index] != 0; }))
+                    continue;
+                alive_[k] = 1;
+                changed = true;
+                for (const DataId d : op.writes) available[d.index] = 1;
+            }
         }
     }
-    const auto forward_data = [&](DataId d) { return kind[d.index] == Kind::forward; };
 
     // Forward ops and data on a path to the loss.
-    std::vector<char> main_op(no, 0), on_path(nd, 0);
-    {
+    void find_path_to_loss() {
+        main_op_.assign(no_, 0);
+        on_path_.assign(nd_, 0);
         std::vector<DataId> work;
-        for (const DataId d : p.op(loss).reads)
-            if (forward_data(d) && !on_path[d.index]) {
-                on_path[d.index] = 1;
+        const auto reach = [&](DataId d) {
+            if (forward_data(d) && !on_path_[d.index]) {
+                on_path_[d.index] = 1;
                 work.push_back(d);
             }
+        };
+        for (const DataId d : p_.op(loss_).reads) reach(d);
         while (!work.empty()) {
             const DataId d = work.back();
             work.pop_back();
-            for (const OpId w : p.writers(d)) {
-                if (!alive[w.index] || main_op[w.index]) continue;
-                main_op[w.index] = 1;
-                for (const DataId r : p.op(w).reads)
-                    if (forward_data(r) && !on_path[r.index]) {
-                        on_path[r.index] = 1;
-                        work.push_back(r);
-                    }
+            for (const OpId w : p_.writers(d)) {
+                if (!alive_[w.index] || main_op_[w.index]) continue;
+                main_op_[w.index] = 1;
+                for (const DataId r : p_.op(w).reads) reach(r);
             }
         }
     }
 
-    // Dominators of the loss on the graph source → path starts, op → data it writes on a
-    // path, data → ops on a path that read it (and the loss); Cooper–Harvey–Kennedy's
-    // intersection over a topological order, which a DAG needs only once.
-    const std::size_t source = nd + no;
-    const std::size_t n_nodes = nd + no + 1;
-    const auto op_node = [&](OpId k) { return nd + k.index; };
-    std::vector<std::vector<std::size_t>> preds(n_nodes), succs(n_nodes);
-    std::vector<char> in_graph(n_nodes, 0);
-    const auto edge = [&](std::size_t from, std::size_t to) {
-        preds[to].push_back(from);
-        succs[from].push_back(to);
-    };
-    in_graph[source] = 1;
-    in_graph[op_node(loss)] = 1;
-    for (std::size_t d = 0; d < nd; ++d) in_graph[d] = on_path[d];
-    for (std::size_t k = 0; k < no; ++k) {
-        const bool is_loss = OpId{k} == loss;
-        if (!main_op[k] && !is_loss) continue;
-        in_graph[nd + k] = 1;
-        bool starts = true;
-        for (const DataId d : p.op(OpId{k}).reads)
-            if (on_path[d.index]) {
-                edge(d.index, nd + k);
-                starts = false;
-            }
-        if (starts) edge(source, nd + k);
-        if (is_loss) continue;
-        for (const DataId d : p.op(OpId{k}).writes)
-            if (on_path[d.index]) edge(nd + k, d.index);
-    }
-    std::vector<std::size_t> order;  // topological
-    {
-        std::vector<std::size_t> missing(n_nodes, 0);
-        for (std::size_t v = 0; v < n_nodes; ++v) missing[v] = preds[v].size();
-        std::vector<std::size_t> ready{source};
-        while (!ready.empty()) {
-            const std::size_t v = ready.back();
-            ready.pop_back();
-            order.push_back(v);
-            for (const std::size_t s : succs[v])
-                if (--missing[s] == 0) ready.push_back(s);
+    // The graph whose dominators are the separators: nodes are data (their ids), ops
+    // (nd + op id) and a source (nd + no) with an edge to every path start; op → data it
+    // writes on a path; data → ops on a path that read it (and the loss).
+    [[nodiscard]] graph::Adjacency dominance_graph() const {
+        graph::Adjacency succs(nd_ + no_ + 1);
+        const std::size_t source = nd_ + no_;
+        for (std::size_t k = 0; k < no_; ++k) {
+            const bool is_loss = OpId{k} == loss_;
+            if (!main_op_[k] && !is_loss) continue;
+            bool starts = true;
+            for (const DataId d : p_.op(OpId{k}).reads)
+                if (on_path_[d.index]) {
+                    succs[d.index].push_back(nd_ + k);
+                    starts = false;
+                }
+            if (starts) succs[source].push_back(nd_ + k);
+            if (is_loss) continue;
+            for (const DataId d : p_.op(OpId{k}).writes)
+                if (on_path_[d.index]) succs[nd_ + k].push_back(d.index);
         }
-        const auto in_graph_count = static_cast<std::size_t>(std::count(in_graph.begin(), in_graph.end(), char{1}));
-        if (order.size() != in_graph_count) {
-            for (std::size_t d = 0; d < nd; ++d)
-                if (in_graph[d] && missing[d] != 0)
-                    throw InvalidInput(who + ": the forward ops form a cycle through " + quoted(p, DataId{d}));
-            throw InvalidInput(who + ": the forward ops form a cycle");
+        return succs;
+    }
+
+    // The data that dominate the loss, in forward order (cut unless options say otherwise).
+    void find_separators() {
+        const graph::Adjacency succs = dominance_graph();
+        const graph::TopologicalSort sort = graph::topological_sort(succs);
+        if (!sort.acyclic()) {
+            if (sort.left.front() < nd_)
+                throw InvalidInput(who_ + ": the forward ops form a cycle through " + quoted(p_, DataId{sort.left.front()}));
+            throw InvalidInput(who_ + ": the forward ops form a cycle");
         }
-    }
-    constexpr std::size_t none = static_cast<std::size_t>(-1);
-    std::vector<std::size_t> rank(n_nodes, none), idom(n_nodes, none);
-    for (std::size_t i = 0; i < order.size(); ++i) rank[order[i]] = i;
-    idom[source] = source;
-    for (const std::size_t v : order) {
-        if (v == source) continue;
-        std::size_t dom = none;
-        for (std::size_t u : preds[v]) {
-            if (dom == none) {
-                dom = u;
-                continue;
-            }
-            std::size_t a = dom;
-            while (a != u) {
-                while (rank[a] > rank[u]) a = idom[a];
-                while (rank[u] > rank[a]) u = idom[u];
-            }
-            dom = a;
+        const std::size_t source = nd_ + no_;
+        const graph::DominatorTree tree = graph::dominators(succs, source);
+        part_.loss = loss_;
+        for (std::size_t v = tree.idom[nd_ + loss_.index]; v != source; v = tree.idom[v]) {
+            if (v >= nd_) continue;
+            const auto readers = p_.readers(DataId{v});
+            if (options_.cut_unread_separators ||
+                std::any_of(readers.begin(), readers.end(), [&](OpId r) { return p_.op(r).exactly_once; }))
+                part_.separators.push_back(DataId{v});
         }
-        idom[v] = dom;
+        std::reverse(part_.separators.begin(), part_.separators.end());
     }
-    BlockPartition part;
-    part.loss = loss;
-    for (std::size_t v = idom[op_node(loss)]; v != source; v = idom[v]) {
-        if (v >= nd) continue;
-        const auto readers = p.readers(DataId{v});
-        if (options.cut_unread_separators ||
-            std::any_of(readers.begin(), readers.end(), [&](OpId r) { return p.op(r).exactly_once; }))
-            part.separators.push_back(DataId{v});
-    }
-    std::reverse(part.separators.begin(), part.separators.end());
+
     // Cut, place the backward ops, and when a backward op cannot be placed (it reads
     // activations of blocks too far apart, or a gradient would cross more than one boundary,
     // e.g. from a skip connection out of an initial input), merge the blocks concerned by
     // dropping a separator, and try again.
-    std::size_t n = 0;
-    std::vector<std::size_t> separator_of, blk_op, blk_data, lo, hi, at;
-    for (;;) {
-        n = part.separators.size() + 1;
-        separator_of.assign(nd, 0);  // l for s_l, 0 otherwise
-        for (std::size_t l = 1; l < n; ++l) separator_of[part.separators[l - 1].index] = l;
+    void place_all() {
+        for (;;) {
+            n_ = part_.separators.size() + 1;
+            separator_of_.assign(nd_, 0);  // l for s_l, 0 otherwise
+            for (std::size_t l = 1; l < n_; ++l) separator_of_[part_.separators[l - 1].index] = l;
+            assign_forward_blocks();
+            check_forward_blocks();
+            std::optional<std::size_t> merge_at = backward_bounds();
+            if (!merge_at)
+                if (const auto stuck = place(hi_)) merge_at = lo_[*stuck];
+            if (!merge_at) break;
+            part_.separators.erase(part_.separators.begin() + static_cast<std::ptrdiff_t>(*merge_at - 2));
+        }
+        cap_final_writers();
+    }
 
-        // Forward ops and data by block: phase l spreads from s_{l-1} and stops at s_l.
-        blk_op.assign(no, 0);
-        blk_data.assign(nd, 0);
-        for (std::size_t l = 1; l <= n; ++l) {
+    // Forward ops and data by block: phase l spreads from s_{l-1} and stops at s_l.
+    void assign_forward_blocks() {
+        blk_op_.assign(no_, 0);
+        blk_data_.assign(nd_, 0);
+        for (std::size_t l = 1; l <= n_; ++l) {
             std::vector<OpId> work;
             const auto reach_readers = [&](DataId d) {
-                for (const OpId r : p.readers(d))
-                    if (alive[r.index] && blk_op[r.index] == 0) work.push_back(r);
+                for (const OpId r : p_.readers(d))
+                    if (alive_[r.index] && blk_op_[r.index] == 0) work.push_back(r);
             };
             if (l == 1) {
-                for (std::size_t k = 0; k < no; ++k)
-                    if (alive[k] && std::none_of(p.op(OpId{k}).reads.begin(), p.op(OpId{k}).reads.end(), forward_data))
+                for (std::size_t k = 0; k < no_; ++k) {
+                    const auto& reads = p_.op(OpId{k}).reads;
+                    if (alive_[k] && std::none_of(reads.begin(), reads.end(), [&](DataId d) { return forward_data(d); }))
                         work.push_back(OpId{k});
+                }
             } else {
-                reach_readers(part.separators[l - 2]);
+                reach_readers(part_.separators[l - 2]);
             }
             while (!work.empty()) {
                 const OpId k = work.back();
                 work.pop_back();
-                if (blk_op[k.index] != 0) continue;
-                blk_op[k.index] = l;
-                for (const DataId d : p.op(k).writes) {
-                    if (blk_data[d.index] != 0) continue;
-                    blk_data[d.index] = l;
-                    if (separator_of[d.index] != l) reach_readers(d);
+                if (blk_op_[k.index] != 0) continue;
+                blk_op_[k.index] = l;
+                for (const DataId d : p_.op(k).writes) {
+                    if (blk_data_[d.index] != 0) continue;
+                    blk_data_[d.index] = l;
+                    if (separator_of_[d.index] != l) reach_readers(d);
                 }
             }
         }
-        for (std::size_t k = 0; k < no; ++k) {
-            if (!alive[k]) continue;
+    }
+
+    // Every runnable forward op is in one block, with its writes, reading only its block's
+    // data, its input separator and initial data.
+    void check_forward_blocks() const {
+        for (std::size_t k = 0; k < no_; ++k) {
+            if (!alive_[k]) continue;
             const OpId id{k};
-            const std::size_t l = blk_op[k];
-            if (l == 0) throw InvalidInput(who + ": forward op " + quoted(p, id) + " is in no block");
-            for (const DataId d : p.op(id).writes)
-                if (blk_data[d.index] != l)
-                    throw InvalidInput(who + ": data " + quoted(p, d) + " is written by forward ops of blocks " +
-                                       std::to_string(blk_data[d.index]) + " and " + std::to_string(l) + " (op " +
-                                       quoted(p, id) + ")");
-            for (const DataId d : p.op(id).reads) {
-                if (!forward_data(d) || blk_data[d.index] == l ||
-                    (separator_of[d.index] != 0 && separator_of[d.index] + 1 == l))
+            const std::size_t l = blk_op_[k];
+            if (l == 0) throw InvalidInput(who_ + ": forward op " + quoted(p_, id) + " is in no block");
+            for (const DataId d : p_.op(id).writes)
+                if (blk_data_[d.index] != l)
+                    throw InvalidInput(who_ + ": data " + quoted(p_, d) + " is written by forward ops of blocks " +
+                                       std::to_string(blk_data_[d.index]) + " and " + std::to_string(l) + " (op " +
+                                       quoted(p_, id) + ")");
+            for (const DataId d : p_.op(id).reads) {
+                if (!forward_data(d) || blk_data_[d.index] == l ||
+                    (separator_of_[d.index] != 0 && separator_of_[d.index] + 1 == l))
                     continue;
-                throw InvalidInput(who + ": forward op " + quoted(p, id) + " of block " + std::to_string(l) + " reads " +
-                                   quoted(p, d) + " of block " + std::to_string(blk_data[d.index]) +
+                throw InvalidInput(who_ + ": forward op " + quoted(p_, id) + " of block " + std::to_string(l) + " reads " +
+                                   quoted(p_, d) + " of block " + std::to_string(blk_data_[d.index]) +
                                    "; a block may read only its own data, its input separator and initial data");
             }
         }
+    }
 
-        // Backward ops: the blocks their activation reads allow.
-        std::optional<std::size_t> merge_at;  // drop s_{merge_at - 1}, merging blocks merge_at - 1 and merge_at
-        lo.assign(no, 1);
-        hi.assign(no, n);
-        for (std::size_t k = 0; k < no && !merge_at; ++k) {
-            if (!is_bwd[k]) continue;
-            for (const DataId d : p.op(OpId{k}).reads) {
+    // Backward ops: the blocks [lo, hi] their activation reads allow. Returns the block to
+    // merge with the one before (s_{merge_at - 1} is dropped) when some op has no block.
+    [[nodiscard]] std::optional<std::size_t> backward_bounds() {
+        lo_.assign(no_, 1);
+        hi_.assign(no_, n_);
+        for (std::size_t k = 0; k < no_; ++k) {
+            if (!is_bwd_[k]) continue;
+            for (const DataId d : p_.op(OpId{k}).reads) {
                 if (!forward_data(d)) continue;
-                const std::size_t m = blk_data[d.index];
+                const std::size_t m = blk_data_[d.index];
                 if (m == 0)
-                    throw InvalidInput(who + ": backward op " + quoted(p, OpId{k}) + " reads " + quoted(p, d) +
+                    throw InvalidInput(who_ + ": backward op " + quoted(p_, OpId{k}) + " reads " + quoted(p_, d) +
                                        ", which no forward op that can run writes");
-                const std::size_t top = separator_of[d.index] != 0 ? m + 1 : m;
-                if (std::max(lo[k], m) > std::min(hi[k], top)) {
-                    merge_at = std::max(lo[k], m);
-                    break;
-                }
-                lo[k] = std::max(lo[k], m);
-                hi[k] = std::min(hi[k], top);
+                const std::size_t top = separator_of_[d.index] != 0 ? m + 1 : m;
+                if (std::max(lo_[k], m) > std::min(hi_[k], top)) return std::max(lo_[k], m);
+                lo_[k] = std::max(lo_[k], m);
+                hi_[k] = std::min(hi_[k], top);
             }
         }
-        lo[loss.index] = hi[loss.index] = n;
-        // The greatest placement below `upper` (the op that cannot be placed, if any).
-        const auto place = [&](const std::vector<std::size_t>& upper) -> std::optional<std::size_t> {
-            at = upper;
-            for (bool changed = true; changed;) {
-                changed = false;
-                for (std::size_t k = 0; k < no; ++k) {
-                    if (!is_bwd[k]) continue;
-                    for (const DataId g : p.op(OpId{k}).reads) {
-                        if (kind[g.index] != Kind::backward) continue;
-                        for (const OpId w : p.writers(g)) {
-                            if (at[w.index] < at[k]) {
-                                at[k] = at[w.index];
-                                changed = true;
-                                if (at[k] < lo[k]) return k;
-                            }
-                            if (at[k] + 1 < at[w.index]) {
-                                at[w.index] = at[k] + 1;
-                                changed = true;
-                                if (at[w.index] < lo[w.index]) return w.index;
-                            }
+        lo_[loss_.index] = hi_[loss_.index] = n_;
+        return std::nullopt;
+    }
+
+    // The greatest placement of the backward ops below `upper` in which a gradient crosses at
+    // most one boundary (into `at_`); the op that falls below its lowest block, if any.
+    [[nodiscard]] std::optional<std::size_t> place(const std::vector<std::size_t>& upper) {
+        at_ = upper;
+        for (bool changed = true; changed;) {
+            changed = false;
+            for (std::size_t k = 0; k < no_; ++k) {
+                if (!is_bwd_[k]) continue;
+                for (const DataId g : p_.op(OpId{k}).reads) {
+                    if (kind_[g.index] != Kind::backward) continue;
+                    for (const OpId w : p_.writers(g)) {
+                        if (at_[w.index] < at_[k]) {
+                            at_[k] = at_[w.index];
+                            changed = true;
+                            if (at_[k] < lo_[k]) return k;
+                        }
+                        if (at_[k] + 1 < at_[w.index]) {
+                            at_[w.index] = at_[k] + 1;
+                            changed = true;
+                            if (at_[w.index] < lo_[w.index]) return w.index;
                         }
                     }
                 }
             }
-            return std::nullopt;
-        };
-        if (!merge_at)
-            if (const auto stuck = place(hi)) merge_at = lo[*stuck];
-        if (merge_at) {
-            part.separators.erase(part.separators.begin() + static_cast<std::ptrdiff_t>(*merge_at - 2));
-            continue;
         }
-        // Final gradients are best written by the first block: written later they stay live
-        // through the rest of the backward pass beside everything Rotor accounts for.
-        std::vector<std::size_t> capped = hi;
-        for (const DataId d : p.final_data()) {
-            if (kind[d.index] != Kind::backward) continue;
-            for (const OpId w : p.writers(d)) {
+        return std::nullopt;
+    }
+
+    // Final gradients are best written by the first block: written later they stay live
+    // through the rest of the backward pass beside everything Rotor accounts for.
+    void cap_final_writers() {
+        std::vector<std::size_t> capped = hi_;
+        for (const DataId d : p_.final_data()) {
+            if (kind_[d.index] != Kind::backward) continue;
+            for (const OpId w : p_.writers(d)) {
                 if (capped[w.index] == 1) continue;
                 const std::size_t before = capped[w.index];
                 capped[w.index] = 1;
@@ -416,55 +421,87 @@ void sort_unique(std::vector<Id>& v) {
             }
         }
         (void)place(capped);  // feasible: every cap kept was
-        break;
     }
 
-    // Assemble the blocks.
-    part.blocks.resize(n);
-    for (std::size_t l = 1; l <= n; ++l) {
-        Block& b = part.blocks[l - 1];
-        if (l > 1) b.input = part.separators[l - 2];
-        if (l < n) b.output = part.separators[l - 1];
-        b.has_loss = l == n;
+    [[nodiscard]] BlockPartition assemble() {
+        part_.blocks.resize(n_);
+        for (std::size_t l = 1; l <= n_; ++l) {
+            Block& b = part_.blocks[l - 1];
+            if (l > 1) b.input = part_.separators[l - 2];
+            if (l < n_) b.output = part_.separators[l - 1];
+            b.has_loss = l == n_;
+        }
+        assemble_ops();
+        assemble_data();
+        for (Block& b : part_.blocks) sort_unique(b.initial_reads);
+        return std::move(part_);
     }
-    const auto add_initial_reads = [&](Block& b, OpId k) {
-        for (const DataId d : p.op(k).reads)
-            if (kind[d.index] == Kind::initial) b.initial_reads.push_back(d);
-    };
-    for (std::size_t k = 0; k < no; ++k) {
-        const OpId id{k};
-        if (alive[k]) {
-            Block& b = part.blocks[blk_op[k] - 1];
-            b.forward_ops.push_back(id);
-            add_initial_reads(b, id);
-        } else if (is_bwd[k] || id == loss) {
-            Block& b = part.blocks[at[k] - 1];
-            if (is_bwd[k]) b.backward_ops.push_back(id);
-            add_initial_reads(b, id);
+
+    void assemble_ops() {
+        const auto add_initial_reads = [&](Block& b, OpId k) {
+            for (const DataId d : p_.op(k).reads)
+                if (kind_[d.index] == Kind::initial) b.initial_reads.push_back(d);
+        };
+        for (std::size_t k = 0; k < no_; ++k) {
+            const OpId id{k};
+            if (alive_[k]) {
+                Block& b = part_.blocks[blk_op_[k] - 1];
+                b.forward_ops.push_back(id);
+                add_initial_reads(b, id);
+            } else if (is_bwd_[k] || id == loss_) {
+                Block& b = part_.blocks[at_[k] - 1];
+                if (is_bwd_[k]) b.backward_ops.push_back(id);
+                add_initial_reads(b, id);
+            }
         }
     }
-    for (std::size_t d = 0; d < nd; ++d) {
-        const DataId id{d};
-        if (kind[d] == Kind::forward && blk_data[d] != 0) part.blocks[blk_data[d] - 1].forward_data.push_back(id);
-        if (kind[d] != Kind::backward) continue;
-        const std::size_t l = at[p.writers(id).front().index];
-        for (const OpId w : p.writers(id))
-            if (at[w.index] != l)
-                throw InvalidInput(who + ": gradient " + quoted(p, id) + " is written in blocks " + std::to_string(l) +
-                                   " and " + std::to_string(at[w.index]) + " (ops " + quoted(p, p.writers(id).front()) +
-                                   " and " + quoted(p, w) + ")");
-        part.blocks[l - 1].backward_data.push_back(id);
-        const bool crosses = std::any_of(p.readers(id).begin(), p.readers(id).end(),
-                                         [&](OpId r) { return at[r.index] + 1 == l; });
-        if (crosses) {
-            part.blocks[l - 2].output_grads.push_back(id);
-            part.blocks[l - 1].input_grads.push_back(id);
-        } else if (p.is_final(id)) {
-            (l == 1 ? part.blocks[0].input_grads : part.blocks[l - 1].kept_final).push_back(id);
+
+    // Forward data to their block; gradients to the block of their writers, crossing to the
+    // block before when read there, or kept to the end when final.
+    void assemble_data() {
+        for (std::size_t d = 0; d < nd_; ++d) {
+            const DataId id{d};
+            if (kind_[d] == Kind::forward && blk_data_[d] != 0) part_.blocks[blk_data_[d] - 1].forward_data.push_back(id);
+            if (kind_[d] != Kind::backward) continue;
+            const std::size_t l = at_[p_.writers(id).front().index];
+            for (const OpId w : p_.writers(id))
+                if (at_[w.index] != l)
+                    throw InvalidInput(who_ + ": gradient " + quoted(p_, id) + " is written in blocks " + std::to_string(l) +
+                                       " and " + std::to_string(at_[w.index]) + " (ops " +
+                                       quoted(p_, p_.writers(id).front()) + " and " + quoted(p_, w) + ")");
+            part_.blocks[l - 1].backward_data.push_back(id);
+            const bool crosses = std::any_of(p_.readers(id).begin(), p_.readers(id).end(),
+                                             [&](OpId r) { return at_[r.index] + 1 == l; });
+            if (crosses) {
+                part_.blocks[l - 2].output_grads.push_back(id);
+                part_.blocks[l - 1].input_grads.push_back(id);
+            } else if (p_.is_final(id)) {
+                (l == 1 ? part_.blocks[0].input_grads : part_.blocks[l - 1].kept_final).push_back(id);
+            }
         }
     }
-    for (Block& b : part.blocks) detail::blocks::sort_unique(b.initial_reads);
-    return part;
+
+    const Problem& p_;
+    const PartitionOptions& options_;
+    std::string who_;
+    std::size_t nd_, no_;
+    OpId loss_{};
+    std::vector<char> is_fwd_, is_bwd_;  // per op
+    std::vector<Kind> kind_;             // per data
+    std::vector<OpId> a_writer_;         // per data: a writer, for messages
+    std::vector<char> alive_;            // forward ops that can run
+    std::vector<char> main_op_, on_path_;  // forward ops / data on a path to the loss
+    BlockPartition part_;
+    std::size_t n_ = 0;  // blocks
+    std::vector<std::size_t> separator_of_, blk_op_, blk_data_, lo_, hi_, at_;
+};
+
+}  // namespace detail::blocks
+
+/// Cuts `problem` into its sequence of blocks. Throws InvalidInput, naming the op or data,
+/// when the problem does not have the structure described above.
+[[nodiscard]] inline BlockPartition partition_blocks(const Problem& problem, const PartitionOptions& options = {}) {
+    return detail::blocks::Partitioner(problem, options).run();
 }
 
 /// A block as a problem of its own: its input separator and the initial data it reads are

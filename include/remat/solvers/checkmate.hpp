@@ -31,10 +31,11 @@
 // that fits: store-all, Rotor or periodic) is always representable, because T is raised to
 // its number of passes, so Checkmate is never worse than its baseline.
 //
-// Infeasible budgets: a quick lower bound (the largest single-op requirement, and the
-// final data) rejects hopeless budgets at once; otherwise the same model with the budget
-// replaced by a variable P and the objective min P gives the smallest peak over schedules
-// of at most T passes, which Infeasible carries (exact whenever that search finishes).
+// Infeasible budgets: a quick lower bound (core/bounds.hpp: the largest single-op
+// requirement, and the final data) rejects hopeless budgets at once; otherwise the same
+// model with the budget replaced by a variable P and the objective min P gives the smallest
+// peak over schedules of at most T passes, which Infeasible carries (exact whenever that
+// search finishes).
 //
 // LP rounding (options.lp_rounding, for graphs too large for the exact search): the LP
 // relaxation's liveness is rounded at several thresholds and by randomised rounding; each
@@ -50,12 +51,10 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <iostream>
 #include <limits>
 #include <numeric>
 #include <optional>
-#include <queue>
 #include <random>
 #include <sstream>
 #include <string>
@@ -63,12 +62,15 @@
 #include <utility>
 #include <vector>
 
+#include "../core/bounds.hpp"
 #include "../core/chain.hpp"
 #include "../core/errors.hpp"
 #include "../core/problem.hpp"
 #include "../core/schedule.hpp"
 #include "../core/simulate.hpp"
 #include "../core/solver.hpp"
+#include "../core/timing.hpp"
+#include "../graph/topological.hpp"
 #include "../milp/backend.hpp"
 #include "../milp/model.hpp"
 #include "exhaustive.hpp"
@@ -158,52 +160,11 @@ struct Analysis {
     std::string lower_bound_reason;
 };
 
-// Ops in a topological order of "writes what the other reads", smallest op index first
-// where the graph leaves a choice (files list ops in their natural order). A cycle (an op
-// that can also be produced from its own result) is broken at its lowest-index op.
-inline std::vector<std::size_t> topological_order(const Problem& p) {
-    const std::size_t n = p.op_count();
-    std::vector<std::vector<std::size_t>> succ(n);
-    std::vector<std::size_t> indeg(n, 0);
-    std::vector<std::size_t> seen(n, none);
-    for (std::size_t k = 0; k < n; ++k)
-        for (const DataId d : p.op(OpId{k}).reads)
-            for (const OpId w : p.writers(d))
-                if (w.index != k && seen[w.index] != k) {
-                    seen[w.index] = k;
-                    succ[w.index].push_back(k);
-                    ++indeg[k];
-                }
-    std::vector<char> placed(n, 0);
-    std::vector<std::size_t> order;
-    order.reserve(n);
-    std::priority_queue<std::size_t, std::vector<std::size_t>, std::greater<>> ready;
-    for (std::size_t k = 0; k < n; ++k)
-        if (indeg[k] == 0) ready.push(k);
-    while (order.size() < n) {
-        if (ready.empty()) {
-            std::size_t pick = none;
-            for (std::size_t k = 0; k < n; ++k)
-                if (!placed[k] && (pick == none || indeg[k] < indeg[pick])) pick = k;
-            indeg[pick] = 0;
-            ready.push(pick);
-        }
-        const std::size_t k = ready.top();
-        ready.pop();
-        if (placed[k]) continue;
-        placed[k] = 1;
-        order.push_back(k);
-        for (const std::size_t s : succ[k])
-            if (!placed[s] && indeg[s] > 0 && --indeg[s] == 0) ready.push(s);
-    }
-    return order;
-}
-
 inline Analysis analyse(const Problem& p) {
     Analysis a;
     a.n = p.op_count();
     a.m = p.data_count();
-    a.order = topological_order(p);
+    a.order = graph::op_order(p);  // Checkmate's op numbering
     a.pos.assign(a.n, 0);
     for (std::size_t i = 0; i < a.n; ++i) a.pos[a.order[i]] = i;
     a.eo_index.assign(a.n, none);
@@ -282,65 +243,10 @@ inline Analysis analyse(const Problem& p) {
     a.scale = g > 0 ? g : 1;
     a.initial_bytes = p.initial_bytes();
 
-    // Lower bound of any schedule's peak: the final data all live at the end; every op that
-    // must run (exactly-once ops, and one writer of each data every schedule needs) with
-    // its reads, writes and overhead.
-    const auto requirement = [&](std::size_t k) {
-        const Op& op = p.op(OpId{k});
-        Bytes total = a.initial_bytes + op.overhead;
-        for (const DataId d : op.reads)
-            if (!p.is_initial(d)) total += p.data(d).bytes;
-        for (const DataId d : op.writes)
-            if (!p.is_initial(d) && std::find(op.reads.begin(), op.reads.end(), d) == op.reads.end())
-                total += p.data(d).bytes;
-        return total;
-    };
-    a.lower_bound = a.initial_bytes;
-    a.lower_bound_reason = "the initial data";
-    Bytes finals = a.initial_bytes;
-    for (const DataId d : p.final_data())
-        if (!p.is_initial(d)) finals += p.data(d).bytes;
-    if (finals > a.lower_bound) {
-        a.lower_bound = finals;
-        a.lower_bound_reason = "the initial and final data together";
-    }
-    std::vector<char> needed(a.m, 0);
-    std::vector<std::size_t> stack;
-    const auto need = [&](DataId d) {
-        if (!p.is_initial(d) && !needed[d.index]) {
-            needed[d.index] = 1;
-            stack.push_back(d.index);
-        }
-    };
-    for (const std::size_t k : a.eo_ops) {
-        if (requirement(k) > a.lower_bound) {
-            a.lower_bound = requirement(k);
-            a.lower_bound_reason = "exactly-once op '" + p.op(OpId{k}).name + "'";
-        }
-        for (const DataId d : p.op(OpId{k}).reads) need(d);
-    }
-    for (const DataId d : p.final_data()) need(d);
-    while (!stack.empty()) {
-        const std::size_t d = stack.back();
-        stack.pop_back();
-        const auto writers = p.writers(DataId{d});
-        if (writers.empty()) continue;
-        Bytes least = std::numeric_limits<Bytes>::max();
-        for (const OpId w : writers) least = std::min(least, requirement(w.index));
-        if (least > a.lower_bound) {
-            a.lower_bound = least;
-            a.lower_bound_reason = "computing data '" + p.data(DataId{d}).name + "'";
-        }
-        // Data that every writer of d reads are needed too.
-        for (const DataId r : p.op(writers.front()).reads) {
-            bool all = true;
-            for (const OpId w : writers) {
-                const auto& rr = p.op(w).reads;
-                all = all && std::find(rr.begin(), rr.end(), r) != rr.end();
-            }
-            if (all) need(r);
-        }
-    }
+    // No schedule has a smaller peak (core/bounds.hpp).
+    MemoryLowerBound bound = memory_lower_bound(p);
+    a.lower_bound = bound.bytes;
+    a.lower_bound_reason = std::move(bound.reason);
     return a;
 }
 
@@ -984,10 +890,6 @@ inline Schedule without_useless_runs(const Problem& pr, Schedule s) {
     return s;
 }
 
-inline double seconds_since(std::chrono::steady_clock::time_point start) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 }  // namespace detail::checkmate
 
 /// Checkmate over a MILP backend (milp::LpSolve from milp/lp_solve.hpp, milp::Cbc from
@@ -1155,7 +1057,7 @@ private:
             model.set_time_limit(milp::infinity);
             return backend_.solve(model);
         }
-        const double left = deadline - detail::checkmate::seconds_since(start);
+        const double left = deadline - seconds_since(start);
         const double least = std::min(0.5, 0.05 * options_.time_limit_seconds);
         if (left >= least) {
             model.set_time_limit(left);
@@ -1247,7 +1149,7 @@ private:
     [[nodiscard]] std::pair<Bytes, bool> smallest_peak(const Problem& problem, const detail::checkmate::Analysis& a,
                                                        std::chrono::steady_clock::time_point start) const {
         if (options_.exhaustive_first && problem.data_count() <= 64 && a.eo_ops.size() <= 64) {
-            const double left = options_.time_limit_seconds - detail::checkmate::seconds_since(start);
+            const double left = options_.time_limit_seconds - seconds_since(start);
             ExhaustiveOptions limits;
             limits.max_states = 200'000;
             limits.time_limit_seconds = std::min(2.0, std::max(0.05, left / 4));

@@ -27,6 +27,7 @@
 #include "../core/schedule.hpp"
 #include "../core/simulate.hpp"
 #include "../core/solver.hpp"
+#include "../core/timing.hpp"
 
 namespace remat {
 
@@ -122,7 +123,7 @@ public:
             const SearchState s = top.state;
             if (is_goal(s)) return reconstruct(nodes, s, root);
             if (++expanded % 4096 == 0) {
-                const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+                const double seconds = seconds_since(start);
                 if (seconds > options_.time_limit_seconds)
                     throw SolverError("exhaustive search on '" + p_.name() + "' exceeded its time limit of " +
                                       std::to_string(options_.time_limit_seconds) + " s (use checkmate or rockmate)");
@@ -265,7 +266,7 @@ public:
                              budget, smallest);
         }
         SolverStats stats{std::string(name()), 0.0, SolveStatus::optimal, std::nullopt, ""};
-        stats.solve_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        stats.solve_seconds = seconds_since(start);
         return make_checked_plan(problem, std::move(result.schedule), budget, std::move(stats));
     }
 

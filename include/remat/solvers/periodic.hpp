@@ -23,6 +23,7 @@
 #include "../core/schedule.hpp"
 #include "../core/simulate.hpp"
 #include "../core/solver.hpp"
+#include "../core/timing.hpp"
 
 namespace remat {
 
@@ -107,7 +108,7 @@ private:
                                  " bytes; raise the budget or use the rotor solver",
                              budget, report.peak);
         SolverStats stats{std::string(name()), 0.0, SolveStatus::heuristic, std::nullopt, "k=" + std::to_string(k)};
-        stats.solve_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        stats.solve_seconds = seconds_since(start);
         return make_checked_plan(problem, std::move(plan), budget, std::move(stats));
     }
 

@@ -49,6 +49,7 @@
 #include "../core/schedule.hpp"
 #include "../core/simulate.hpp"
 #include "../core/solver.hpp"
+#include "../core/timing.hpp"
 #include "../partition/blocks.hpp"
 #include "exhaustive.hpp"
 #include "rotor.hpp"
@@ -202,10 +203,6 @@ private:
 };
 
 namespace detail::rockmate {
-
-[[nodiscard]] inline double seconds_since(std::chrono::steady_clock::time_point start) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 [[nodiscard]] inline Bytes bytes_of(const Problem& q, const std::vector<DataId>& data) {
     Bytes sum = 0;
@@ -524,7 +521,7 @@ public:
             } else {
                 solve_block(problem, part, l, rb, freeable);
             }
-            rb.seconds = detail::rockmate::seconds_since(block_start);
+            rb.seconds = seconds_since(block_start);
             if (options_.verbose)
                 std::cerr << "rockmate: block " << l + 1 << "/" << n << " (" << block.forward_ops.size() << " forward, "
                           << block.backward_ops.size() << " backward ops): " << rb.options.size() << " options"
@@ -533,7 +530,7 @@ public:
                           << " in " << rb.seconds << " s\n";
             model.blocks.push_back(std::move(rb));
         }
-        model.seconds = detail::rockmate::seconds_since(start);
+        model.seconds = seconds_since(start);
         return model;
     }
 
@@ -547,7 +544,7 @@ public:
         const auto start = std::chrono::steady_clock::now();
         const RockmateModel model = analyse(problem);
         Plan plan = solve(model, budget);
-        plan.stats.solve_seconds = detail::rockmate::seconds_since(start);
+        plan.stats.solve_seconds = seconds_since(start);
         return plan;
     }
 
@@ -598,7 +595,7 @@ public:
                               std::to_string(options_.saved_budgets) + (options_.store_all_only ? " store-all-only" : "") +
                               " across=" + across + " slot_bytes=" + std::to_string(seq.slot_bytes)};
         Schedule schedule = model.to_schedule(seq.actions);
-        stats.solve_seconds = detail::rockmate::seconds_since(start);
+        stats.solve_seconds = seconds_since(start);
         return make_checked_plan(model.problem, std::move(schedule), budget, std::move(stats));
     }
 
@@ -670,7 +667,7 @@ private:
                     if (std::any_of(infeasible.begin(), infeasible.end(),
                                     [&](const auto& f) { return peak <= f.first && saved <= f.second; }))
                         continue;
-                    if (detail::rockmate::seconds_since(start) > options_.block_time_limit_seconds) {
+                    if (seconds_since(start) > options_.block_time_limit_seconds) {
                         out_of_time = true;
                         if (options_.verbose)
                             std::cerr << "rockmate: block " << l + 1 << ": time limit of "

@@ -63,6 +63,7 @@
 #include "../core/schedule.hpp"
 #include "../core/simulate.hpp"
 #include "../core/solver.hpp"
+#include "../core/timing.hpp"
 
 namespace remat {
 
@@ -584,7 +585,7 @@ private:
     void fill(const RotorOptions& options) {
         const auto start = std::chrono::steady_clock::now();
         const auto M = static_cast<Bytes>(M_);
-        const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+        const auto elapsed = [&] { return seconds_since(start); };
         // Columns in blocks: row (a, c) is read by every (a, b) with b > c, so a block of
         // columns reuses it from cache; within a block, a descends and b ascends, which
         // keeps every dependency ((a+1, b), (j, b) for j > a, (a, c) for c < b) computed first.
@@ -895,7 +896,7 @@ private:
                           "slot_bytes=" + std::to_string(seq.slot_bytes) + " slots=" + std::to_string(seq.slots) +
                               (seq.optimal ? "" : " (least-memory fallback)")};
         Schedule schedule = rotor_to_schedule(seq.actions, chain.length());
-        stats.solve_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        stats.solve_seconds = seconds_since(start);
         return make_checked_plan(problem, std::move(schedule), budget, std::move(stats));
     }
 

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
-#include <queue>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,20 +19,25 @@
 #include "../core/schedule.hpp"
 #include "../core/simulate.hpp"
 #include "../core/solver.hpp"
+#include "../core/timing.hpp"
+#include "../graph/production.hpp"
+#include "../graph/topological.hpp"
 
 namespace remat {
 
 namespace detail {
 
-// When a problem has no `autograd` order, choose one: every exactly-once op once, plus one
-// writer for every data they (transitively) need, preferring the writer that produces the
-// most of what is needed (the with-grad forward, which also keeps the saved state), in a
-// topological order that follows the file's op order where the graph leaves a choice.
-inline std::vector<OpId> choose_store_all_order(const Problem& p) {
-    const std::size_t n_ops = p.op_count();
-    const std::size_t n_data = p.data_count();
-    std::vector<char> chosen(n_ops, 0);
-    std::vector<char> needed(n_data, 0);
+// The ops store-all runs when a problem has no `autograd` order: every exactly-once op, plus
+// one writer for every data they (transitively) need and for every final data. A data's
+// writer is taken among those that produce it first (graph/production.hpp), so that what the
+// writer reads can be produced without it: writers that read data nothing produces, or that
+// could only come after what they feed, are never picked. Among those, the writer producing
+// the most of what is needed wins (the with-grad forward, which also keeps the saved state),
+// then the fastest. Data needed are settled in the order they are discovered; a data already
+// written by a chosen op of its first level needs nothing more.
+inline std::vector<char> choose_store_all_ops(const Problem& p, const graph::ProductionLevels& levels) {
+    std::vector<char> chosen(p.op_count(), 0);
+    std::vector<char> needed(p.data_count(), 0);
     std::vector<DataId> pending;
     const auto need = [&](DataId d) {
         if (!needed[d.index] && !p.is_initial(d)) {
@@ -45,60 +50,66 @@ inline std::vector<OpId> choose_store_all_order(const Problem& p) {
         chosen[op.index] = 1;
         for (const DataId d : p.op(op).reads) need(d);
     };
-    for (std::size_t k = 0; k < n_ops; ++k)
+    for (std::size_t k = 0; k < p.op_count(); ++k)
         if (p.op(OpId{k}).exactly_once) choose(OpId{k});
     for (const DataId d : p.final_data()) need(d);
-    // Needed data are settled in the order they were discovered; a data already written
-    // by a chosen op needs nothing more.
+    // Data still to be settled that a writer would also produce count in its favour.
+    const auto score = [&](OpId w) {
+        std::size_t covered = 0;
+        for (const DataId x : p.op(w).writes) covered += needed[x.index] ? 2 : 0;
+        return covered + p.op(w).writes.size();
+    };
     for (std::size_t next = 0; next < pending.size(); ++next) {
         const DataId d = pending[next];
         const auto writers = p.writers(d);
-        if (std::any_of(writers.begin(), writers.end(), [&](OpId w) { return chosen[w.index] != 0; })) continue;
-        // Data still to be settled that a writer would also produce count in its favour.
-        const auto score = [&](OpId w) {
-            std::size_t covered = 0;
-            for (const DataId x : p.op(w).writes) covered += needed[x.index] ? 2 : 0;
-            return covered + p.op(w).writes.size();
-        };
-        OpId best = writers.front();
-        for (const OpId w : writers)
-            if (score(w) > score(best) || (score(w) == score(best) && p.op(w).time < p.op(best).time)) best = w;
-        choose(best);
-        // Data this writer produces and that were needed by a writer chosen earlier are
-        // now covered too; data it reads joined `pending` in choose().
+        const auto provides = [&](OpId w) { return levels.first_writer(w, d); };
+        if (std::any_of(writers.begin(), writers.end(), [&](OpId w) { return chosen[w.index] && provides(w); })) continue;
+        std::optional<OpId> best;
+        for (const OpId w : writers) {
+            if (!provides(w)) continue;
+            if (!best || score(w) > score(*best) || (score(w) == score(*best) && p.op(w).time < p.op(*best).time))
+                best = w;
+        }
+        if (!best)  // ProblemBuilder::build() checked that every needed data can be produced
+            throw SolverError("store-all: no op can produce data '" + p.data(d).name + "' of '" + p.name() +
+                              "' (this is a bug in remat; please report it with the problem file)");
+        choose(*best);
     }
-    // Topological order over the chosen ops (Kahn), smallest op index first.
-    std::vector<std::vector<std::size_t>> successors(n_ops);
-    std::vector<std::size_t> missing(n_ops, 0);
+    return chosen;
+}
+
+// The chosen ops in a topological order (smallest op index first where the graph leaves a
+// choice): each op after the first-level chosen writer of every data it reads.
+inline std::vector<OpId> order_store_all_ops(const Problem& p, const graph::ProductionLevels& levels,
+                                             const std::vector<char>& chosen) {
+    const std::size_t n_ops = p.op_count();
+    graph::Adjacency successors(n_ops);
     for (std::size_t k = 0; k < n_ops; ++k) {
         if (!chosen[k]) continue;
         for (const DataId d : p.op(OpId{k}).reads) {
             if (p.is_initial(d)) continue;
-            // Depend on the first chosen writer of d.
             for (const OpId w : p.writers(d))
-                if (chosen[w.index] && w.index != k) {
+                if (chosen[w.index] && levels.first_writer(w, d)) {
                     successors[w.index].push_back(k);
-                    ++missing[k];
                     break;
                 }
         }
     }
-    std::priority_queue<std::size_t, std::vector<std::size_t>, std::greater<>> ready;
-    for (std::size_t k = 0; k < n_ops; ++k)
-        if (chosen[k] && missing[k] == 0) ready.push(k);
+    // Every edge goes from a lower level to a higher one: the order exists.
+    const std::optional<std::vector<std::size_t>> sorted = graph::topological_order(successors);
+    if (!sorted)
+        throw SolverError("store-all: the ops chosen for '" + p.name() +
+                          "' depend on each other in a cycle (this is a bug in remat; please report it with the problem "
+                          "file, and give an explicit \"autograd\" order meanwhile)");
     std::vector<OpId> order;
-    while (!ready.empty()) {
-        const std::size_t k = ready.top();
-        ready.pop();
-        order.push_back(OpId{k});
-        for (const std::size_t next : successors[k])
-            if (--missing[next] == 0) ready.push(next);
-    }
-    const auto n_chosen = static_cast<std::size_t>(std::count(chosen.begin(), chosen.end(), char{1}));
-    if (order.size() != n_chosen)
-        throw InvalidInput("problem '" + p.name() +
-                           "' has no autograd order and its ops form a cycle; give an explicit \"autograd\" order");
+    for (const std::size_t k : *sorted)
+        if (chosen[k]) order.push_back(OpId{k});
     return order;
+}
+
+inline std::vector<OpId> choose_store_all_order(const Problem& p) {
+    const graph::ProductionLevels levels = graph::production_levels(p);
+    return order_store_all_ops(p, levels, choose_store_all_ops(p, levels));
 }
 
 }  // namespace detail
@@ -172,7 +183,7 @@ public:
                                  "', above the budget of " + std::to_string(budget) + " bytes",
                              budget, ref.peak);
         SolverStats stats{std::string(name()), 0.0, SolveStatus::heuristic, std::nullopt, ""};
-        stats.solve_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        stats.solve_seconds = seconds_since(start);
         return make_checked_plan(problem, std::move(ref.schedule), budget, std::move(stats));
     }
 };
