@@ -251,6 +251,6 @@ TEST_CASE("Exhaustive on random chains: valid, within budget, never worse than s
 
 TEST_CASE("Exhaustive refuses problems beyond its reach with a clear message") {
     std::mt19937 rng(7);
-    const Problem p = to_problem(random_chain(rng, 30));
-    CHECK_THROWS_WITH(Exhaustive{}.solve(p, 1 << 30), Catch::Contains("at most 64 data") && Catch::Contains("checkmate"));
+    const Problem p = to_problem(random_chain(rng, 45));  // 2 + 3 × 45 data
+    CHECK_THROWS_WITH(Exhaustive{}.solve(p, 1 << 30), Catch::Contains("at most 128 data") && Catch::Contains("checkmate"));
 }

@@ -6,11 +6,17 @@
 // a goal state is the optimal schedule under FORMATS.md §3 — over every schedule, not only
 // persistent ones. The admissible bound is the time of the exactly-once ops still to run.
 // It is the reference the tests compare every other solver with, and a practical solver
-// for problems of up to a few dozen data. The same search with "largest memory so far" as
-// the path cost gives the exact smallest feasible budget.
+// for problems of up to a few dozen data (at most 128). The same search with "largest memory
+// so far" as the path cost gives the exact smallest feasible budget.
+//
+// Choice groups: H-Rockmate (hierarchical.hpp) plans a cluster whose children each offer
+// several backward sub-schedules, exactly one of which must run. The search takes such
+// groups of exactly-once ops and treats each group as one exactly-once unit: once any member
+// runs, no member may run again.
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -40,15 +46,37 @@ struct ExhaustiveOptions {
 
 namespace detail {
 
+/// A set of up to 128 data, by id.
+struct DataMask {
+    std::uint64_t low = 0, high = 0;
+    [[nodiscard]] static constexpr DataMask bit(std::size_t i) noexcept {
+        return i < 64 ? DataMask{std::uint64_t{1} << i, 0} : DataMask{0, std::uint64_t{1} << (i - 64)};
+    }
+    [[nodiscard]] constexpr bool test(std::size_t i) const noexcept {
+        return i < 64 ? (low >> i & 1U) != 0 : (high >> (i - 64) & 1U) != 0;
+    }
+    [[nodiscard]] constexpr bool empty() const noexcept { return (low | high) == 0; }
+    constexpr DataMask& operator|=(DataMask o) noexcept {
+        low |= o.low;
+        high |= o.high;
+        return *this;
+    }
+    friend constexpr DataMask operator|(DataMask a, DataMask b) noexcept { return {a.low | b.low, a.high | b.high}; }
+    friend constexpr DataMask operator&(DataMask a, DataMask b) noexcept { return {a.low & b.low, a.high & b.high}; }
+    friend constexpr DataMask operator~(DataMask a) noexcept { return {~a.low, ~a.high}; }
+    friend constexpr bool operator==(DataMask, DataMask) = default;
+};
+
 struct SearchState {
-    std::uint64_t live = 0;
-    std::uint64_t done = 0;  // exactly-once ops that ran, by their exactly-once index
+    DataMask live;
+    std::uint64_t done = 0;  // exactly-once units that ran, by their unit index
     friend bool operator==(const SearchState&, const SearchState&) = default;
 };
 
 struct SearchStateHash {
     std::size_t operator()(const SearchState& s) const noexcept {
-        return std::hash<std::uint64_t>{}(s.live * 0x9E3779B97F4A7C15ULL ^ (s.done + 0x632BE59BD9B4E019ULL));
+        const std::uint64_t h = s.live.low * 0x9E3779B97F4A7C15ULL ^ (s.live.high + 0x7F4A7C159E3779B9ULL) * 0xC2B2AE3D27D4EB4FULL;
+        return std::hash<std::uint64_t>{}(h ^ (s.done + 0x632BE59BD9B4E019ULL));
     }
 };
 
@@ -57,24 +85,56 @@ enum class SearchGoal { least_time, least_peak };
 
 class ExhaustiveSearch {
 public:
-    ExhaustiveSearch(const Problem& problem, ExhaustiveOptions options) : p_(problem), options_(options) {
-        if (p_.data_count() > 64)
-            throw InvalidInput("exhaustive search handles at most 64 data; problem '" + p_.name() + "' has " +
-                               std::to_string(p_.data_count()) + " (use checkmate or rockmate)");
-        eo_index_.assign(p_.op_count(), -1);
-        for (std::size_t k = 0; k < p_.op_count(); ++k)
-            if (p_.op(OpId{k}).exactly_once) {
-                eo_index_[k] = static_cast<int>(eo_ops_.size());
-                eo_ops_.push_back(k);
+    /// `choice_groups`: sets of exactly-once ops of which exactly one must run (see above);
+    /// every other exactly-once op is a unit of its own.
+    ExhaustiveSearch(const Problem& problem, ExhaustiveOptions options, const std::vector<std::vector<OpId>>& choice_groups = {})
+        : p_(problem), options_(options) {
+        if (p_.data_count() > 128)
+            throw InvalidInput("exhaustive search handles at most 128 data; problem '" + p_.name() + "' has " +
+                               std::to_string(p_.data_count()) + " (use checkmate, rockmate or hrockmate)");
+        unit_of_.assign(p_.op_count(), -1);
+        for (const auto& group : choice_groups) {
+            for (const OpId k : group) {
+                if (!p_.op(k).exactly_once)
+                    throw InvalidInput("exhaustive search: choice group member '" + p_.op(k).name + "' is not exactly once");
+                unit_of_.at(k.index) = static_cast<int>(units_.size());
             }
-        if (eo_ops_.size() > 64)
-            throw InvalidInput("exhaustive search handles at most 64 exactly-once ops; problem '" + p_.name() + "' has " +
-                               std::to_string(eo_ops_.size()));
-        for (std::size_t d = 0; d < p_.data_count(); ++d) {
-            if (p_.is_initial(DataId{d})) initial_mask_ |= bit(d);
-            if (p_.is_final(DataId{d})) final_mask_ |= bit(d);
+            if (!group.empty()) units_.push_back(group);
         }
-        all_done_ = eo_ops_.size() == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << eo_ops_.size()) - 1;
+        for (std::size_t k = 0; k < p_.op_count(); ++k)
+            if (p_.op(OpId{k}).exactly_once && unit_of_[k] < 0) {
+                unit_of_[k] = static_cast<int>(units_.size());
+                units_.push_back({OpId{k}});
+            }
+        if (units_.size() > 64)
+            throw InvalidInput("exhaustive search handles at most 64 exactly-once ops; problem '" + p_.name() + "' has " +
+                               std::to_string(units_.size()));
+        for (std::size_t d = 0; d < p_.data_count(); ++d) {
+            if (p_.is_initial(DataId{d})) initial_mask_ |= DataMask::bit(d);
+            if (p_.is_final(DataId{d})) final_mask_ |= DataMask::bit(d);
+        }
+        all_done_ = units_.size() == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << units_.size()) - 1;
+        for (std::size_t d = 0; d < p_.data_count(); ++d) {
+            bytes_.push_back(p_.data(DataId{d}).bytes);
+            std::uint64_t units = 0;
+            bool other_reader = false;
+            for (const OpId r : p_.readers(DataId{d})) {
+                if (unit_of_[r.index] < 0)
+                    other_reader = true;
+                else
+                    units |= std::uint64_t{1} << unit_of_[r.index];
+            }
+            reader_units_.push_back(units);
+            read_by_repeatable_.push_back(other_reader ? 1 : 0);
+        }
+        for (std::size_t k = 0; k < p_.op_count(); ++k) {
+            DataMask reads, writes;
+            for (const DataId d : p_.op(OpId{k}).reads) reads |= DataMask::bit(d.index);
+            for (const DataId d : p_.op(OpId{k}).writes) writes |= DataMask::bit(d.index);
+            op_reads_.push_back(reads);
+            op_writes_.push_back(writes);
+        }
+        prepare_heuristic();
     }
 
     struct Result {
@@ -90,7 +150,7 @@ public:
             double time;
             Bytes peak;
             SearchState parent;
-            std::vector<Step> steps;  // steps from the parent to this state
+            Step action;  // from the parent: a run (with the frees of what it leaves dead) or a free
             bool closed;
         };
         std::unordered_map<SearchState, Node, SearchStateHash> nodes;
@@ -110,7 +170,7 @@ public:
         const SearchState root{initial_mask_, 0};
         const Bytes root_memory = memory(root.live);
         if (root_memory > budget) return {};
-        nodes.emplace(root, Node{0.0, root_memory, root, {}, false});
+        nodes.emplace(root, Node{0.0, root_memory, root, Step::free(DataId{0}), false});
         open.push({heuristic(root), root_memory, 0.0, root});
 
         std::size_t expanded = 0;
@@ -131,8 +191,10 @@ public:
             const double g = node.time;
             const Bytes peak_so_far = node.peak;
             const Bytes mem = memory(s.live);
+            // Consecutive frees commute: they are generated in increasing data order only.
+            const std::size_t first_free = s == root || node.action.is_run() ? 0 : node.action.data().index + 1;
 
-            const auto relax = [&](SearchState next, double time, Bytes peak, std::vector<Step> steps) {
+            const auto relax = [&](SearchState next, double time, Bytes peak, Step action) {
                 if (const auto it = nodes.find(next); it != nodes.end()) {
                     Node& existing = it->second;
                     if (existing.closed) return;
@@ -140,9 +202,9 @@ public:
                                             ? (time < existing.time || (time == existing.time && peak < existing.peak))
                                             : (peak < existing.peak || (peak == existing.peak && time < existing.time));
                     if (!better) return;
-                    existing = Node{time, peak, s, std::move(steps), false};
+                    existing = Node{time, peak, s, action, false};
                 } else {
-                    nodes.emplace(next, Node{time, peak, s, std::move(steps), false});
+                    nodes.emplace(next, Node{time, peak, s, action, false});
                     if (nodes.size() > options_.max_states)
                         throw SolverError("exhaustive search on '" + p_.name() + "' exceeded " +
                                           std::to_string(options_.max_states) + " states (use checkmate or rockmate)");
@@ -154,64 +216,84 @@ public:
             // an exactly-once op not run yet; then free what is dead.
             for (std::size_t k = 0; k < p_.op_count(); ++k) {
                 const Op& op = p_.op(OpId{k});
-                const int eo = eo_index_[k];
-                if (eo >= 0 && (s.done >> eo & 1U)) continue;
-                bool ready = true;
-                for (const DataId d : op.reads) ready = ready && (s.live >> d.index & 1U);
-                if (!ready) continue;
-                std::uint64_t writes = 0;
-                for (const DataId d : op.writes) writes |= bit(d.index);
-                if (eo < 0 && (writes & ~s.live) == 0) continue;
+                const int unit = unit_of_[k];
+                if (unit >= 0 && (s.done >> unit & 1U)) continue;
+                if ((op_reads_[k] & s.live) != op_reads_[k]) continue;
+                const DataMask writes = op_writes_[k];
+                if (unit < 0 && (writes & ~s.live).empty()) continue;
                 const Bytes during = mem + memory(writes & ~s.live) + op.overhead;
                 if (during > budget) continue;
-                SearchState next{s.live | writes, eo >= 0 ? s.done | bit(static_cast<std::size_t>(eo)) : s.done};
-                std::vector<Step> steps{Step::run(OpId{k})};
-                const std::uint64_t dead = dead_data(next);
-                for (std::size_t d = 0; d < p_.data_count(); ++d)
-                    if (dead >> d & 1U) steps.push_back(Step::free(DataId{d}));
-                next.live &= ~dead;
-                relax(next, g + op.time, std::max(peak_so_far, during), std::move(steps));
+                SearchState next{s.live | writes, unit >= 0 ? s.done | (std::uint64_t{1} << unit) : s.done};
+                next.live = next.live & ~dead_data(next);
+                relax(next, g + op.time, std::max(peak_so_far, during), Step::run(OpId{k}));
             }
-            // Free a live data that is neither initial nor final-and-done.
-            for (std::size_t d = 0; d < p_.data_count(); ++d) {
-                if (!(s.live >> d & 1U) || (initial_mask_ >> d & 1U)) continue;
-                const SearchState next{s.live & ~bit(d), s.done};
-                relax(next, g, peak_so_far, {Step::free(DataId{d})});
+            // Free a live data that is not initial.
+            for (std::size_t d = first_free; d < p_.data_count(); ++d) {
+                if (!s.live.test(d) || initial_mask_.test(d)) continue;
+                const SearchState next{s.live & ~DataMask::bit(d), s.done};
+                relax(next, g, peak_so_far, Step::free(DataId{d}));
             }
         }
         return {};
     }
 
 private:
-    static constexpr std::uint64_t bit(std::size_t i) noexcept { return std::uint64_t{1} << i; }
-
-    [[nodiscard]] Bytes memory(std::uint64_t mask) const {
+    [[nodiscard]] Bytes memory(DataMask mask) const {
         Bytes total = 0;
-        for (std::size_t d = 0; mask != 0; ++d, mask >>= 1)
-            if (mask & 1U) total += p_.data(DataId{d}).bytes;
+        for (std::uint64_t w = mask.low; w != 0; w &= w - 1) total += bytes_[static_cast<std::size_t>(std::countr_zero(w))];
+        for (std::uint64_t w = mask.high; w != 0; w &= w - 1)
+            total += bytes_[64 + static_cast<std::size_t>(std::countr_zero(w))];
         return total;
     }
+    // Per unit member: the data only this unit reads and only repeatable ops write (a layer's
+    // saved state, an option's phantom), and the least time of a writer of each.
+    void prepare_heuristic() {
+        member_private_.resize(units_.size());
+        for (std::size_t u = 0; u < units_.size(); ++u)
+            for (const OpId k : units_[u]) {
+                std::vector<std::pair<std::size_t, double>> own;
+                for (const DataId d : p_.op(k).reads) {
+                    // Written by repeatable ops only: an exactly-once writer is counted by its own unit.
+                    bool private_to_unit = !p_.is_initial(d) && !p_.writers(d).empty();
+                    for (const OpId w : p_.writers(d)) private_to_unit = private_to_unit && unit_of_[w.index] < 0;
+                    for (const OpId r : p_.readers(d)) private_to_unit = private_to_unit && unit_of_[r.index] == static_cast<int>(u);
+                    if (!private_to_unit) continue;
+                    double least = std::numeric_limits<double>::infinity();
+                    for (const OpId w : p_.writers(d)) least = std::min(least, p_.op(w).time);
+                    own.emplace_back(d.index, least);
+                }
+                member_private_[u].push_back(std::move(own));
+            }
+    }
+
+    // Admissible: every unit still to run needs one of its members, and that member's
+    // private reads that are not live need a writer each (the costliest of them counted).
     [[nodiscard]] double heuristic(const SearchState& s) const {
         double remaining = 0.0;
-        for (std::size_t e = 0; e < eo_ops_.size(); ++e)
-            if (!(s.done >> e & 1U)) remaining += p_.op(OpId{eo_ops_[e]}).time;
+        for (std::size_t u = 0; u < units_.size(); ++u) {
+            if (s.done >> u & 1U) continue;
+            double least = std::numeric_limits<double>::infinity();
+            for (std::size_t m = 0; m < units_[u].size(); ++m) {
+                double produce = 0.0;
+                for (const auto& [d, t] : member_private_[u][m])
+                    if (!s.live.test(d)) produce = std::max(produce, t);
+                least = std::min(least, p_.op(units_[u][m]).time + produce);
+            }
+            remaining += least;
+        }
         return remaining;
     }
     [[nodiscard]] bool is_goal(const SearchState& s) const {
         return s.done == all_done_ && (s.live & final_mask_) == final_mask_;
     }
     // Live data nobody can use any more: not initial, not final, and every reader is an
-    // exactly-once op that already ran. Freeing them at once never hurts.
-    [[nodiscard]] std::uint64_t dead_data(const SearchState& s) const {
-        std::uint64_t dead = 0;
+    // exactly-once op whose unit already ran. Freeing them at once never hurts.
+    [[nodiscard]] DataMask dead_data(const SearchState& s) const {
+        DataMask dead;
+        const DataMask candidates = s.live & ~(initial_mask_ | final_mask_);
         for (std::size_t d = 0; d < p_.data_count(); ++d) {
-            if (!(s.live >> d & 1U) || ((initial_mask_ | final_mask_) >> d & 1U)) continue;
-            bool used = false;
-            for (const OpId r : p_.readers(DataId{d})) {
-                const int eo = eo_index_[r.index];
-                used = used || eo < 0 || !(s.done >> eo & 1U);
-            }
-            if (!used) dead |= bit(d);
+            if (!candidates.test(d) || read_by_repeatable_[d]) continue;
+            if ((reader_units_[d] & ~s.done) == 0) dead |= DataMask::bit(d);
         }
         return dead;
     }
@@ -222,33 +304,45 @@ private:
         result.found = true;
         result.time = nodes.at(goal).time;
         result.peak = nodes.at(goal).peak;
-        std::vector<const std::vector<Step>*> pieces;
-        for (SearchState s = goal; !(s == root);) {
-            const auto& node = nodes.at(s);
-            pieces.push_back(&node.steps);
-            s = node.parent;
+        std::vector<SearchState> path;
+        for (SearchState s = goal; !(s == root); s = nodes.at(s).parent) path.push_back(s);
+        for (auto it = path.rbegin(); it != path.rend(); ++it) {
+            const auto& node = nodes.at(*it);
+            result.schedule.push_back(node.action);
+            if (!node.action.is_free()) {
+                // The frees of what the run left dead: live before the run, not after.
+                const SearchState& before = node.parent;
+                DataMask written;
+                for (const DataId d : p_.op(node.action.op()).writes) written |= DataMask::bit(d.index);
+                const DataMask gone = (before.live | written) & ~it->live;
+                for (std::size_t d = 0; d < p_.data_count(); ++d)
+                    if (gone.test(d)) result.schedule.push_back(Step::free(DataId{d}));
+            }
         }
-        for (auto it = pieces.rbegin(); it != pieces.rend(); ++it)
-            result.schedule.insert(result.schedule.end(), (*it)->begin(), (*it)->end());
         // Tidy: free what is left that is neither initial nor final.
-        std::uint64_t leftover = goal.live & ~(initial_mask_ | final_mask_);
-        for (std::size_t d = 0; leftover != 0; ++d, leftover >>= 1)
-            if (leftover & 1U) result.schedule.push_back(Step::free(DataId{d}));
+        const DataMask leftover = goal.live & ~(initial_mask_ | final_mask_);
+        for (std::size_t d = 0; d < p_.data_count(); ++d)
+            if (leftover.test(d)) result.schedule.push_back(Step::free(DataId{d}));
         return result;
     }
 
     const Problem& p_;
     ExhaustiveOptions options_;
-    std::vector<int> eo_index_;
-    std::vector<std::size_t> eo_ops_;
-    std::uint64_t initial_mask_ = 0;
-    std::uint64_t final_mask_ = 0;
+    std::vector<int> unit_of_;                 // op → exactly-once unit, or -1
+    std::vector<std::vector<OpId>> units_;     // unit → its ops (one, or a choice group)
+    std::vector<std::vector<std::vector<std::pair<std::size_t, double>>>> member_private_;  // unit → member → (data, writer time)
+    std::vector<Bytes> bytes_;                 // data → size
+    std::vector<std::uint64_t> reader_units_;  // data → units of its exactly-once readers
+    std::vector<char> read_by_repeatable_;     // data → read by an op that may run again
+    std::vector<DataMask> op_reads_, op_writes_;
+    DataMask initial_mask_;
+    DataMask final_mask_;
     std::uint64_t all_done_ = 0;
 };
 
 }  // namespace detail
 
-/// Exact optimum over all schedules, for small problems (≤ 64 data, ≤ 64 exactly-once ops).
+/// Exact optimum over all schedules, for small problems (≤ 128 data, ≤ 64 exactly-once ops).
 class Exhaustive {
 public:
     explicit Exhaustive(ExhaustiveOptions options = {}) : options_(options) {}
