@@ -414,4 +414,154 @@ inline Problem transformer_like(const TransformerShape& t, const std::string& na
     return g.finish(logits, mv * double(t.batch * t.tokens * t.vocab * f));
 }
 
+/// A U-Net as capture would see it: `levels` levels down and up, `convs` (convolution,
+/// batch norm, ReLU) per level and side, max pooling, transposed convolutions and skip
+/// concatenations, a 1x1 head; the image needs no gradient.
+struct UNetShape {
+    std::size_t levels = 4;
+    std::size_t convs = 3;
+    Bytes batch = 4;
+    Bytes channels = 16;  ///< at the top level; doubled per level down
+    Bytes pixels = 64;    ///< image side at the top level; halved per level down
+};
+
+inline Problem unet_like(const UNetShape& u, const std::string& name = "unet") {
+    OpLevelBuilder g(name);
+    using V = OpLevelBuilder::Value;
+    const Bytes f = 4;
+    const double mm = 1e-9, mv = 2e-10;
+    const auto act = [&](std::size_t level, Bytes channels) {
+        const Bytes side = u.pixels >> level;
+        return u.batch * channels * side * side * f;
+    };
+    const auto op = [&](std::string n, std::vector<V> in, Bytes out, double time, Bytes saved, bool reads_in,
+                        bool reads_out, Bytes bwd_overhead) {
+        OpLevelBuilder::OpDesc d;
+        d.name = std::move(n);
+        d.inputs = std::move(in);
+        d.outputs = {{d.name, out}};
+        d.saved = saved;
+        d.fwd_time = time;
+        d.bwd_time = 2 * time;
+        d.bwd_reads_inputs = reads_in;
+        d.bwd_reads_outputs = reads_out;
+        d.bwd_overhead = bwd_overhead;
+        return g.op1(d);
+    };
+    const auto conv_block = [&](const std::string& p, V x, std::size_t level, Bytes cin, Bytes cout) {
+        const Bytes side = u.pixels >> level;
+        for (std::size_t c = 0; c < u.convs; ++c) {
+            const Bytes in_ch = c == 0 ? cin : cout;
+            const Bytes out = act(level, cout);
+            const double flops = double(u.batch * side * side * in_ch * cout * 9);
+            x = op(numbered(p + "conv", c), {x}, out, mm * flops, 0, true, false, in_ch * cout * 9 * f);
+            x = op(numbered(p + "bn", c), {x}, out, mv * double(out) * 2, 2 * cout * f, true, false, 0);
+            x = op(numbered(p + "relu", c), {x}, out, mv * double(out) * 2, 0, false, true, 0);
+        }
+        return x;
+    };
+    V x = g.input("image", u.batch * 3 * u.pixels * u.pixels * f, false);
+    std::vector<V> skips;
+    Bytes ch = u.channels, in_ch = 3;
+    for (std::size_t l = 0; l < u.levels; ++l) {
+        x = conv_block(numbered("down", l, "."), x, l, in_ch, ch);
+        skips.push_back(x);
+        x = op(numbered("pool", l), {x}, act(l + 1, ch), mv * double(act(l, ch)), act(l + 1, ch) / 4, true, false, 0);
+        in_ch = ch;
+        ch *= 2;
+    }
+    x = conv_block("bottom.", x, u.levels, in_ch, ch);
+    for (std::size_t l = u.levels; l-- > 0;) {
+        const Bytes out_ch = ch / 2;
+        const double flops = double(u.batch * (u.pixels >> l) * (u.pixels >> l) * ch * out_ch);
+        const V up = op(numbered("up", l), {x}, act(l, out_ch), mm * flops, 0, true, false, ch * out_ch * 4 * f);
+        const V cat = op(numbered("cat", l), {up, skips[l]}, act(l, 2 * out_ch), mv * double(act(l, 2 * out_ch)), 0, false,
+                         false, 0);
+        x = conv_block(numbered("dec", l, "."), cat, l, 2 * out_ch, out_ch);
+        ch = out_ch;
+    }
+    const V head = op("head", {x}, act(0, 2), mm * double(u.batch * u.pixels * u.pixels * ch * 2), 0, true, false, 0);
+    return g.finish(head, mv * double(act(0, 2)));
+}
+
+/// An encoder-decoder transformer as capture would see it: two inputs (source and target
+/// embeddings), `encoder` self-attention layers, `decoder` layers of self-attention, cross-
+/// attention reading the encoder's output, and an MLP, each sub-layer with a residual add
+/// and dropout; the loss reads the decoder's output.
+struct EncoderDecoderShape {
+    std::size_t encoder = 3;
+    std::size_t decoder = 3;
+    Bytes batch = 4;
+    Bytes source = 64;
+    Bytes target = 48;
+    Bytes width = 128;
+    Bytes heads = 4;
+};
+
+inline Problem encoder_decoder_like(const EncoderDecoderShape& t, const std::string& name = "encdec") {
+    OpLevelBuilder g(name);
+    using V = OpLevelBuilder::Value;
+    const Bytes f = 4;
+    const double mm = 1e-9, mv = 2e-10;
+    const auto act = [&](Bytes tokens) { return t.batch * tokens * t.width * f; };
+    const auto op = [&](std::string n, std::vector<V> in, Bytes out, double time, Bytes saved, bool reads_in, bool reads_out,
+                        Bytes bwd_overhead) {
+        OpLevelBuilder::OpDesc d;
+        d.name = std::move(n);
+        d.inputs = std::move(in);
+        d.outputs = {{d.name, out}};
+        d.saved = saved;
+        d.fwd_time = time;
+        d.bwd_time = 2 * time;
+        d.bwd_reads_inputs = reads_in;
+        d.bwd_reads_outputs = reads_out;
+        d.bwd_overhead = bwd_overhead;
+        return g.op1(d);
+    };
+    const auto linear = [&](std::string n, V in, Bytes tokens) {
+        return op(std::move(n), {in}, act(tokens), mm * double(t.batch * tokens * t.width * t.width), 0, true, false,
+                  t.width * t.width * f);
+    };
+    // Attention of queries from `q` (tq tokens) over keys and values from `kv` (tk tokens).
+    const auto attention = [&](const std::string& p, V q_in, Bytes tq, V kv_in, Bytes tk) {
+        const V q = linear(p + "q", q_in, tq);
+        const V k = linear(p + "k", kv_in, tk);
+        const V v = linear(p + "v", kv_in, tk);
+        const Bytes scores = t.batch * t.heads * tq * tk * f;
+        const double sflops = double(t.batch * tq * tk * t.width);
+        const V s = op(p + "scores", {q, k}, scores, mm * sflops, 0, true, false, 0);
+        const V sm = op(p + "softmax", {s}, scores, mv * double(scores) * 2, 0, false, true, 0);
+        const V dr = op(p + "drop", {sm}, scores, mv * double(scores) * 2, scores / f, false, false, 0);
+        const V av = op(p + "av", {dr, v}, act(tq), mm * sflops, 0, true, false, 0);
+        const V proj = linear(p + "proj", av, tq);
+        return op(p + "add", {q_in, proj}, act(tq), mv * double(act(tq)) * 3, 0, false, false, 0);
+    };
+    const auto mlp = [&](const std::string& p, V x, Bytes tokens) {
+        const V n = op(p + "ln", {x}, act(tokens), mv * double(act(tokens)) * 2, 2 * t.batch * tokens * f, true, false, 0);
+        const V up = op(p + "fc1", {n}, 4 * act(tokens), mm * double(t.batch * tokens * t.width * 4 * t.width), 0, true,
+                        false, 4 * t.width * t.width * f);
+        const V ge = op(p + "gelu", {up}, 4 * act(tokens), mv * double(4 * act(tokens)) * 2, 0, true, false, 0);
+        const V down = op(p + "fc2", {ge}, act(tokens), mm * double(t.batch * tokens * t.width * 4 * t.width), 0, true,
+                          false, 4 * t.width * t.width * f);
+        return op(p + "add", {x, down}, act(tokens), mv * double(act(tokens)) * 3, 0, false, false, 0);
+    };
+    V src = g.input("source", act(t.source), false);
+    V tgt = g.input("target", act(t.target), false);
+    for (std::size_t l = 0; l < t.encoder; ++l) {
+        const std::string p = numbered("enc", l, ".");
+        src = attention(p + "self.", src, t.source, src, t.source);
+        src = mlp(p + "mlp.", src, t.source);
+    }
+    const V memory = op("enc.ln", {src}, act(t.source), mv * double(act(t.source)) * 2, 2 * t.batch * t.source * f, true,
+                        false, 0);
+    for (std::size_t l = 0; l < t.decoder; ++l) {
+        const std::string p = numbered("dec", l, ".");
+        tgt = attention(p + "self.", tgt, t.target, tgt, t.target);
+        tgt = attention(p + "cross.", tgt, t.target, memory, t.source);
+        tgt = mlp(p + "mlp.", tgt, t.target);
+    }
+    const V out = linear("head", tgt, t.target);
+    return g.finish(out, mv * double(act(t.target)));
+}
+
 }  // namespace remat::testing
