@@ -1,0 +1,185 @@
+// bench_hierarchical — H-Rockmate (solvers/hierarchical.hpp) on op-level graphs with and
+// without a sequential block structure: a U-Net, an encoder-decoder transformer and a
+// GPT-like model, at about 200, 1,000 and 2,500 ops.
+//
+// For each graph: ops, the proven lower bound on any plan's peak (core/bounds.hpp), H-Rockmate's
+// analysis time, hierarchy and smallest budget, then per budget (from the lower bound to 100 %
+// of P_ref) the overhead (time / T_ref − 1) and solve time of the greedy, H-Rockmate and, where
+// they apply, Rockmate and Checkmate (with a time limit), and H-Rockmate's overhead as a ratio
+// of the greedy's. Single thread; every figure is measured in this run.
+//
+//   bench_hierarchical [--quick] [--sizes 200,1000,2500] [--checkmate-limit S] [--no-rockmate]
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <remat/core/bounds.hpp>
+#include <remat/core/timing.hpp>
+#include <remat/io/budget.hpp>
+#include <remat/solvers/greedy.hpp>
+#include <remat/solvers/hierarchical.hpp>
+#include <remat/solvers/rockmate.hpp>
+#include <remat/solvers/store_all.hpp>
+#if REMAT_WITH_LPSOLVE || REMAT_WITH_CBC
+#include <remat/solvers/checkmate.hpp>
+#if REMAT_WITH_CBC
+#include <remat/milp/cbc.hpp>
+#else
+#include <remat/milp/lp_solve.hpp>
+#endif
+#endif
+
+#include "../tests/support/op_level_problems.hpp"
+
+namespace {
+
+using remat::Bytes;
+
+struct Options {
+    bool quick = false;
+    std::vector<int> sizes{200, 1000, 2500};
+    double checkmate_limit = 60.0;
+    bool rockmate = true;
+};
+
+struct Graph {
+    std::string family;
+    remat::Problem problem;
+};
+
+// The three families at about `ops` ops each.
+std::vector<Graph> graphs(int ops) {
+    using namespace remat::testing;
+    std::vector<Graph> out;
+    UNetShape u;
+    u.levels = ops <= 300 ? 4 : ops <= 1500 ? 5 : 6;
+    u.convs = ops <= 300 ? 3 : ops <= 1500 ? 10 : 20;
+    out.push_back({"unet", unet_like(u, "unet-" + std::to_string(ops))});
+    EncoderDecoderShape e;
+    e.encoder = e.decoder = static_cast<std::size_t>(std::max(1, ops / 120));
+    out.push_back({"encdec", encoder_decoder_like(e, "encdec-" + std::to_string(ops))});
+    TransformerShape t;
+    t.layers = static_cast<std::size_t>(std::max(1, ops / 42));
+    t.tokens = 128;
+    t.width = 256;
+    out.push_back({"gpt", transformer_like(t, "gpt-" + std::to_string(ops))});
+    return out;
+}
+
+struct Result {
+    std::optional<double> overhead;
+    double seconds = 0.0;
+};
+
+template <class F>
+Result run(F&& plan, double t_ref) {
+    const remat::Stopwatch clock;
+    Result r;
+    try {
+        const remat::Plan p = plan();
+        r.overhead = p.time / t_ref - 1.0;
+    } catch (const remat::Error&) {
+    }
+    r.seconds = clock.seconds();
+    return r;
+}
+
+std::string cell(const Result& r) {
+    char text[48];
+    if (r.overhead)
+        std::snprintf(text, sizeof text, "%6.1f%% %7.2fs", 100.0 * *r.overhead, r.seconds);
+    else
+        std::snprintf(text, sizeof text, "%7s %7.2fs", "-", r.seconds);
+    return text;
+}
+
+void bench(const Graph& g, const Options& o) {
+    const remat::Problem& p = g.problem;
+    const remat::Reference ref = remat::store_all_reference(p);
+    const remat::MemoryLowerBound bound = remat::memory_lower_bound(p);
+    remat::HRockmateOptions ho;
+    const remat::HRockmate hrockmate(ho);
+    const remat::Stopwatch analysis_clock;
+    const remat::HRockmateModel model = hrockmate.analyse(p);
+    const double analysis = analysis_clock.seconds();
+    const Bytes smallest = hrockmate.smallest_budget(model);
+    std::printf("\n%s: %zu ops, P_ref %s, lower bound %.1f%% (%s)\n", p.name().c_str(), p.op_count(),
+                remat::format_bytes(ref.peak).c_str(), 100.0 * double(bound.bytes) / double(ref.peak), bound.reason.c_str());
+    std::printf("  hrockmate: %zu atoms, %zu clusters (%zu planned), depth %zu, %zu searches, analysis %.1f s, smallest %.1f%%\n",
+                model.hierarchy.atoms.size(), model.hierarchy.clusters.size(), model.unique_clusters,
+                model.hierarchy.depth(), model.searches, analysis, 100.0 * double(smallest) / double(ref.peak));
+    std::optional<remat::RockmateModel> rock;
+    const remat::Rockmate<> rockmate;
+    if (o.rockmate && p.op_count() <= 1200) {
+        try {
+            rock = rockmate.analyse(p);
+        } catch (const remat::Error&) {
+        }
+    }
+    std::printf("  budget | greedy            | hrockmate (hier)  | ratio | rockmate          |%s\n",
+                o.checkmate_limit > 0 && p.op_count() <= 400 ? " checkmate" : "");
+    for (const int percent : {20, 30, 40, 50, 60, 80, 100}) {
+        const Bytes budget = remat::percent_of(ref.peak, percent);
+        const Result greedy = run([&] { return remat::Greedy{}.solve(p, budget); }, ref.time);
+        remat::HRockmateOptions only_hierarchy = ho;
+        only_hierarchy.compare_with_greedy = false;
+        const Result hier = run([&] { return remat::HRockmate(only_hierarchy).solve(model, budget); }, ref.time);
+        const Result rm = rock ? run([&] { return rockmate.solve(*rock, budget); }, ref.time) : Result{};
+        std::string ratio = "   - ";
+        if (greedy.overhead && hier.overhead && *greedy.overhead > 1e-9) {
+            char text[16];
+            std::snprintf(text, sizeof text, "%5.2f", *hier.overhead / *greedy.overhead);
+            ratio = text;
+        }
+        std::string cm;
+#if REMAT_WITH_LPSOLVE || REMAT_WITH_CBC
+        if (o.checkmate_limit > 0 && p.op_count() <= 400) {
+            remat::CheckmateOptions co;
+            co.time_limit_seconds = o.checkmate_limit;
+#if REMAT_WITH_CBC
+            const remat::Checkmate<remat::milp::Cbc> checkmate(co);
+#else
+            const remat::Checkmate<remat::milp::LpSolve> checkmate(co);
+#endif
+            cm = " " + cell(run([&] { return checkmate.solve(p, budget); }, ref.time));
+        }
+#endif
+        std::printf("  %5d%% | %s | %s | %s | %s |%s\n", percent, cell(greedy).c_str(), cell(hier).c_str(), ratio.c_str(),
+                    rock ? cell(rm).c_str() : "      (n/a)       ", cm.c_str());
+        std::fflush(stdout);
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Options o;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--quick") {
+            o.quick = true;
+            o.sizes = {200};
+            o.checkmate_limit = 0;
+        } else if (a == "--sizes" && i + 1 < argc) {
+            o.sizes.clear();
+            std::stringstream in(argv[++i]);
+            for (std::string part; std::getline(in, part, ',');) o.sizes.push_back(std::stoi(part));
+        } else if (a == "--checkmate-limit" && i + 1 < argc) {
+            o.checkmate_limit = std::stod(argv[++i]);
+        } else if (a == "--no-rockmate") {
+            o.rockmate = false;
+        } else {
+            std::fprintf(stderr,
+                         "usage: bench_hierarchical [--quick] [--sizes 200,1000,2500] [--checkmate-limit S] [--no-rockmate]\n");
+            return 2;
+        }
+    }
+    for (const int size : o.sizes)
+        for (const Graph& g : graphs(size)) bench(g, o);
+    return 0;
+}

@@ -1,0 +1,490 @@
+// remat/solvers/hierarchical.hpp — H-Rockmate: plans any graph through a hierarchy of small
+// exact searches.
+//
+// H-Rockmate (ICLR 2024 submission) / HiRemate (Zhao et al., ICML 2025); docs/design.md.
+// Rockmate (rockmate.hpp) needs a sequence of blocks; U-Nets, encoder-decoders and DenseNets
+// have almost none, and their middle becomes one block no exact solver finishes. H-Rockmate
+// clusters the forward graph into a tree of small clusters (partition/hierarchy.hpp) and
+// plans it bottom-up:
+//   1. each cluster is planned on its abstract problem (hierarchical/cluster.hpp): its atom
+//      children with their real ops, each cluster child as a unit with a fast forward and
+//      its options; the exact best-first search of exhaustive.hpp, with the backwards of one
+//      child as a choice group, solves it at a grid of (peak, saved) budgets — the saved
+//      budget imposed through the boundary's overhead, as Rockmate does — and every solution,
+//      flattened and measured by the simulator on the cluster's real sub-problem, becomes an
+//      option of the cluster (Pareto-distinct ones kept, at most `max_options` spread over
+//      the saved bytes offered to the parent);
+//   2. structurally equal clusters (same ops, sizes and edges) are planned once;
+//   3. the top is planned at the user's budget, flattened, and checked by the simulator.
+// Where the reference solves every cluster with an integer program (up to 24 MILPs of 60 s
+// per cluster with Gurobi, hours for a 2,500-node transformer), remat's clusters are small
+// enough for an exact search that settles each grid point in milliseconds (DESIGN.md §4.3
+// measured such searches far ahead of CBC on problems of this size); a search that runs out
+// of its limits leaves the options found so far, and a cluster always has its store-all
+// option (each child's fastest option, in order).
+//
+// The plan is never worse than the greedy (greedy.hpp), which is also planned at the same
+// budget and returned when it is faster, and never over budget: the flattened schedule is
+// simulated on the whole problem, and a schedule that does not fit falls back to the greedy.
+// An infeasible budget says whether it is below a proven lower bound (core/bounds.hpp) or
+// only beyond what these solvers reach.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "../core/bounds.hpp"
+#include "../core/errors.hpp"
+#include "../core/problem.hpp"
+#include "../core/schedule.hpp"
+#include "../core/simulate.hpp"
+#include "../core/solver.hpp"
+#include "../core/timing.hpp"
+#include "../partition/hierarchy.hpp"
+#include "exhaustive.hpp"
+#include "greedy.hpp"
+#include "hierarchical/cluster.hpp"
+#include "store_all.hpp"
+
+namespace remat {
+
+struct HRockmateOptions {
+    HierarchyOptions hierarchy{};
+    /// Peak budgets per cluster, evenly from the least peak of its abstract problem to the
+    /// peak of its fastest schedule.
+    std::size_t peak_budgets = 4;
+    /// Saved budgets per peak budget, from the least the boundary needs to what the fastest
+    /// schedule keeps.
+    std::size_t saved_budgets = 4;
+    /// Options of a cluster its parent sees (Pareto-distinct, spread over the saved bytes).
+    std::size_t max_options = 5;
+    /// Limits of one search (one grid point of one cluster, or the top at the budget).
+    std::size_t max_states = 250000;
+    double search_time_limit_seconds = 5.0;
+    /// Limit of the grid of one cluster; the options found by then are kept.
+    double cluster_time_limit_seconds = 20.0;
+    /// Limit of the whole analysis: clusters still to plan get their store-all option only.
+    double time_limit_seconds = 600.0;
+    /// Also plan with the greedy at the same budget and keep the faster plan.
+    bool compare_with_greedy = true;
+    /// Called with a line per planned cluster and per solve.
+    std::function<void(const std::string&)> progress;
+};
+
+/// What H-Rockmate derives from a problem before the budget comes in.
+struct HRockmateModel {
+    Problem problem;
+    Hierarchy hierarchy;
+    /// Per node id: a cluster's interface and options (atoms: none).
+    std::vector<std::optional<detail::hrockmate::NodeOptions>> nodes;
+    detail::hrockmate::Interface top;
+    std::size_t unique_clusters = 0;
+    std::size_t searches = 0;
+    std::size_t failed_searches = 0;
+    double seconds = 0.0;
+};
+
+namespace detail::hrockmate {
+
+struct SearchLimits {
+    std::size_t max_states = 0;
+    double seconds = 0.0;
+};
+
+// The exact search on an abstract problem; nullopt when no schedule fits or a limit stopped it.
+[[nodiscard]] inline std::optional<ExhaustiveSearch::Result> search(const AbstractProblem& a, SearchGoal goal, Bytes budget,
+                                                                    SearchLimits limits) {
+    try {
+        ExhaustiveOptions o;
+        o.max_states = limits.max_states;
+        o.time_limit_seconds = limits.seconds;
+        const ExhaustiveSearch s(a.problem, o, a.choice_groups);
+        ExhaustiveSearch::Result r = s.run(goal, budget);
+        if (!r.found) return std::nullopt;
+        return r;
+    } catch (const Error&) {
+        return std::nullopt;
+    }
+}
+
+// An abstract problem with only each cluster child's fastest option: a plain problem (no
+// choice group has two members), which store-all and the greedy can plan.
+[[nodiscard]] inline std::vector<Child> fastest_only(const std::vector<Child>& children,
+                                                     std::vector<NodeOptions>& storage) {
+    storage.clear();
+    storage.reserve(children.size());
+    std::vector<Child> out;
+    for (const Child& c : children) {
+        if (c.real_ops) {
+            out.push_back(c);
+            continue;
+        }
+        NodeOptions n = *c.options;
+        n.options.resize(std::min<std::size_t>(1, n.options.size()));
+        storage.push_back(std::move(n));
+        out.push_back(Child{std::nullopt, &storage.back()});
+    }
+    return out;
+}
+
+}  // namespace detail::hrockmate
+
+/// The H-Rockmate solver (see the top of this header).
+class HRockmate {
+public:
+    explicit HRockmate(HRockmateOptions options = {}) : options_(std::move(options)) {
+        if (options_.peak_budgets == 0 || options_.saved_budgets == 0 || options_.max_options == 0)
+            throw InvalidInput("hrockmate: peak_budgets, saved_budgets and max_options must be at least 1");
+        if (!(options_.search_time_limit_seconds > 0) || !(options_.cluster_time_limit_seconds > 0) ||
+            !(options_.time_limit_seconds > 0))
+            throw InvalidInput("hrockmate: time limits must be positive numbers of seconds");
+    }
+
+    [[nodiscard]] static constexpr std::string_view name() noexcept { return "hrockmate"; }
+    [[nodiscard]] const HRockmateOptions& options() const noexcept { return options_; }
+
+    /// The hierarchy and every cluster's options: everything that does not depend on the budget.
+    [[nodiscard]] HRockmateModel analyse(const Problem& problem) const {
+        const Stopwatch clock;
+        HRockmateModel model{problem, partition_hierarchy(problem, options_.hierarchy), {}, {}, 0, 0, 0, 0.0};
+        const Hierarchy& h = model.hierarchy;
+        const std::vector<char> gradient = detail::hrockmate::gradient_data(problem);
+        model.nodes.resize(h.node_count());
+        std::map<std::vector<std::int64_t>, std::size_t> planned;  // structure → node planned
+        for (std::size_t c = 0; c < h.clusters.size(); ++c) {
+            const std::size_t node = h.atoms.size() + c;
+            plan_cluster(model, node, gradient, planned, clock);
+        }
+        std::vector<OpId> top_ops = h.top_ops;
+        for (const std::size_t n : h.top) {
+            const auto ops = h.ops_of(n);
+            top_ops.insert(top_ops.end(), ops.begin(), ops.end());
+        }
+        model.top = detail::hrockmate::interface_of(problem, std::move(top_ops), gradient);
+        model.seconds = clock.seconds();
+        report("hrockmate: analysed '" + problem.name() + "': " + std::to_string(h.atoms.size()) + " atoms, " +
+               std::to_string(h.clusters.size()) + " clusters (" + std::to_string(model.unique_clusters) +
+               " planned, depth " + std::to_string(h.depth()) + "), " + std::to_string(model.searches) + " searches in " +
+               std::to_string(model.seconds) + " s");
+        return model;
+    }
+
+    [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
+        const Stopwatch clock;
+        Plan plan = solve(analyse(problem), budget);
+        plan.stats.solve_seconds = clock.seconds();
+        return plan;
+    }
+
+    /// Plans at `budget` with a model from analyse().
+    [[nodiscard]] Plan solve(const HRockmateModel& model, Bytes budget) const {
+        const Stopwatch clock;
+        std::optional<Plan> best = solve_top(model, budget);
+        if (options_.compare_with_greedy) {
+            try {
+                Plan g = Greedy{}.solve(model.problem, budget);
+                if (!best || g.time < best->time) {
+                    g.stats.solver = std::string(name());
+                    g.stats.options = "greedy plan (faster than the hierarchy's)";
+                    best = std::move(g);
+                }
+            } catch (const Infeasible&) {
+            }
+        }
+        if (!best) throw infeasible(model, budget);
+        best->stats.solve_seconds = clock.seconds();
+        return *std::move(best);
+    }
+
+    /// The smallest budget H-Rockmate (hierarchy or greedy) plans for.
+    [[nodiscard]] Bytes smallest_budget(const HRockmateModel& model) const {
+        Bytes least = std::numeric_limits<Bytes>::max();
+        if (const auto top = top_search(model, detail::SearchGoal::least_peak, std::numeric_limits<Bytes>::max()))
+            least = top->peak;
+        if (options_.compare_with_greedy) least = std::min(least, Greedy{}.smallest_budget(model.problem));
+        return least;
+    }
+
+private:
+    void report(const std::string& line) const {
+        if (options_.progress) options_.progress(line);
+    }
+
+    [[nodiscard]] detail::hrockmate::SearchLimits limits() const {
+        return {options_.max_states, options_.search_time_limit_seconds};
+    }
+
+    // The children of a node as the abstract problem takes them.
+    [[nodiscard]] static std::vector<detail::hrockmate::Child> children_of(const HRockmateModel& model,
+                                                                          const std::vector<std::size_t>& nodes) {
+        std::vector<detail::hrockmate::Child> children;
+        for (const std::size_t n : nodes) {
+            if (model.hierarchy.is_atom(n)) {
+                const Atom& a = model.hierarchy.atoms[n];
+                std::vector<OpId> ops = a.forward_ops;
+                ops.insert(ops.end(), a.backward_ops.begin(), a.backward_ops.end());
+                children.push_back({std::move(ops), nullptr});
+            } else {
+                children.push_back({std::nullopt, &*model.nodes[n]});
+            }
+        }
+        return children;
+    }
+
+    // ---------------------------------------------------------------- clusters
+
+    void plan_cluster(HRockmateModel& model, std::size_t node, const std::vector<char>& gradient,
+                      std::map<std::vector<std::int64_t>, std::size_t>& planned, const Stopwatch& analysis) const {
+        using namespace detail::hrockmate;
+        const Problem& p = model.problem;
+        const Hierarchy& h = model.hierarchy;
+        const Stopwatch clock;
+        const std::string name = p.name() + "/c" + std::to_string(node - h.atoms.size());
+        NodeOptions n;
+        n.interface = interface_of(p, h.ops_of(node), gradient);
+        const SubProblem sub = sub_problem(p, n.interface, false, 0, name);
+        set_fast(n, p, sub, fast_forward(sub, n.interface));
+        const std::vector<std::int64_t> key = structure_key(sub.problem);
+        std::string how;
+        if (const auto it = planned.find(key); it != planned.end()) {
+            n.options = translated(model, it->second, sub);
+            how = "as cluster " + std::to_string(it->second - h.atoms.size());
+        } else {
+            const std::vector<Child> children = children_of(model, h.cluster(node).children);
+            const bool in_time = analysis.seconds() < options_.time_limit_seconds;
+            n.options = in_time ? grid_options(model, n.interface, sub, children, name, clock) : std::vector<Option>{};
+            if (n.options.empty()) n.options = store_all_options(p, n.interface, sub, children, name);
+            planned.emplace(key, node);
+            ++model.unique_clusters;
+            how = std::to_string(n.options.size()) + " options";
+        }
+        prune(n.options);
+        n.options = spread(std::move(n.options), options_.max_options);
+        report("hrockmate: cluster " + std::to_string(node - h.atoms.size()) + " (" +
+               std::to_string(h.cluster(node).children.size()) + " children, " + std::to_string(n.interface.ops.size()) +
+               " ops): " + how + " in " + std::to_string(clock.seconds()) + " s");
+        model.nodes[node] = std::move(n);
+    }
+
+    // The options of an equal cluster, in this cluster's ids (same local numbering).
+    [[nodiscard]] static std::vector<detail::hrockmate::Option> translated(const HRockmateModel& model, std::size_t source,
+                                                                          const detail::hrockmate::SubProblem& sub) {
+        using namespace detail::hrockmate;
+        const Problem& p = model.problem;
+        const NodeOptions& from = *model.nodes[source];
+        const SubProblem other = sub_problem(p, from.interface, false, 0, "source");
+        const auto move = [&](const Schedule& s) {
+            Schedule out;
+            for (const Step& st : s) {
+                if (st.is_run())
+                    out.push_back(Step::run(*sub.global_op.at(other.local_op.at(st.op().index).index)));
+                else
+                    out.push_back(Step::free(*sub.global_data.at(other.local(st.data())->index)));
+            }
+            return out;
+        };
+        const auto move_data = [&](const std::vector<DataId>& v) {
+            std::vector<DataId> out;
+            for (const DataId d : v) out.push_back(*sub.global_data.at(other.local(d)->index));
+            std::sort(out.begin(), out.end());
+            return out;
+        };
+        std::vector<Option> options;
+        for (const Option& o : from.options) {
+            Option t = o;
+            t.forward = move(o.forward);
+            t.backward = move(o.backward);
+            t.forward_time = time_of(p, t.forward);
+            t.backward_time = time_of(p, t.backward);
+            t.forward_reads = move_data(o.forward_reads);
+            t.backward_reads = move_data(o.backward_reads);
+            t.held = move_data(o.held);
+            options.push_back(std::move(t));
+        }
+        return options;
+    }
+
+    // The option of an abstract schedule (or nothing when it does not check out).
+    [[nodiscard]] static std::optional<detail::hrockmate::Option> option_of(const Problem& p,
+                                                                           const detail::hrockmate::Interface& f,
+                                                                           const detail::hrockmate::SubProblem& sub,
+                                                                           const detail::hrockmate::AbstractProblem& a,
+                                                                           const std::vector<detail::hrockmate::Child>& children,
+                                                                           const Schedule& abstract) {
+        using namespace detail::hrockmate;
+        const Flattened flat = flatten(p, a, children, abstract, f.inputs);
+        return option_from(p, sub, f, to_local(sub, flat));
+    }
+
+    // Every child with its fastest option, in the order store-all chooses: the option that
+    // always exists.
+    [[nodiscard]] static std::vector<detail::hrockmate::Option> store_all_options(
+        const Problem& p, const detail::hrockmate::Interface& f, const detail::hrockmate::SubProblem& sub,
+        const std::vector<detail::hrockmate::Child>& children, const std::string& name) {
+        using namespace detail::hrockmate;
+        std::vector<NodeOptions> storage;
+        const std::vector<Child> single = fastest_only(children, storage);
+        const AbstractProblem a = abstract_problem(p, f, single, {}, false, 0, name);
+        const Reference ref = store_all_reference(a.problem);
+        std::vector<Option> out;
+        if (auto o = option_of(p, f, sub, a, single, ref.schedule)) out.push_back(std::move(*o));
+        if (out.empty())
+            throw SolverError("hrockmate: the store-all option of '" + name + "' does not check out (this is a bug in "
+                              "the solver; please report it with the problem file)");
+        return out;
+    }
+
+    // Options at a grid of (peak, saved) budgets, from the largest down, skipping points below
+    // an infeasible one (the feasible schedules shrink with both budgets). The peaks run from
+    // the least the greedy reaches on the abstract problem (each child with its fastest
+    // option: proving the least peak exactly is a search over every state) to the peak of the
+    // fastest schedule; a grid point the exact search cannot settle within its limits gets the
+    // greedy's plan there.
+    [[nodiscard]] std::vector<detail::hrockmate::Option> grid_options(HRockmateModel& model,
+                                                                    const detail::hrockmate::Interface& f,
+                                                                    const detail::hrockmate::SubProblem& sub,
+                                                                    const std::vector<detail::hrockmate::Child>& children,
+                                                                    const std::string& name, const Stopwatch& clock) const {
+        using namespace detail::hrockmate;
+        const Problem& p = model.problem;
+        const AbstractProblem base = abstract_problem(p, f, children, {}, false, 0, name);
+        if (base.problem.data_count() > 128) return {};
+        const Bytes unlimited = std::numeric_limits<Bytes>::max() / 4;
+        ++model.searches;
+        const auto fastest = search(base, detail::SearchGoal::least_time, unlimited, limits());
+        if (!fastest) {
+            ++model.failed_searches;
+            return {};
+        }
+        std::vector<Option> options;
+        if (auto o = option_of(p, f, sub, base, children, fastest->schedule)) options.push_back(std::move(*o));
+        std::vector<NodeOptions> storage;
+        const std::vector<Child> single = fastest_only(children, storage);
+        const Bytes peak_hi = fastest->peak;
+        const Bytes peak_lo = std::min(peak_hi, greedy_option(p, f, sub, single, name, 0, std::nullopt, options));
+        const Bytes floor_saved = bytes_of(p, f.inputs) + bytes_of(p, f.outputs) + bytes_of(p, f.output_grads);
+        const Bytes saved_hi = boundary_memory(base, fastest->schedule);
+        const auto step = [](Bytes lo, Bytes hi, std::size_t i, std::size_t count) {
+            return count <= 1 ? hi : lo + (hi - lo) * static_cast<Bytes>(i) / static_cast<Bytes>(count - 1);
+        };
+        std::vector<std::pair<Bytes, Bytes>> infeasible;
+        for (std::size_t i = options_.peak_budgets; i-- > 0;) {
+            const Bytes peak = step(peak_lo, peak_hi, i, options_.peak_budgets);
+            const Bytes top = std::min(peak, saved_hi);
+            for (std::size_t j = options_.saved_budgets; j-- > 0;) {
+                if (clock.seconds() > options_.cluster_time_limit_seconds) return options;
+                const Bytes saved = step(floor_saved, top, j, options_.saved_budgets);
+                if (saved < floor_saved) continue;
+                if (std::any_of(infeasible.begin(), infeasible.end(),
+                                [&](const auto& x) { return peak <= x.first && saved <= x.second; }))
+                    continue;
+                const AbstractProblem a = abstract_problem(p, f, children, {}, false, peak - saved, name);
+                ++model.searches;
+                if (const auto r = search(a, detail::SearchGoal::least_time, peak, limits())) {
+                    if (auto o = option_of(p, f, sub, a, children, r->schedule)) options.push_back(std::move(*o));
+                    continue;
+                }
+                ++model.failed_searches;
+                if (greedy_option(p, f, sub, single, name, peak - saved, peak, options) > peak)
+                    infeasible.emplace_back(peak, saved);
+            }
+        }
+        return options;
+    }
+
+    // The greedy on the abstract problem with each child's fastest option (boundary overhead
+    // `boundary`): at `budget`, or at the smallest budget it reaches when none is given. Adds
+    // the option it plans; returns the peak of that plan (above `budget` when it found none).
+    [[nodiscard]] static Bytes greedy_option(const Problem& p, const detail::hrockmate::Interface& f,
+                                             const detail::hrockmate::SubProblem& sub,
+                                             const std::vector<detail::hrockmate::Child>& single, const std::string& name,
+                                             Bytes boundary, std::optional<Bytes> budget,
+                                             std::vector<detail::hrockmate::Option>& options) {
+        using namespace detail::hrockmate;
+        const AbstractProblem a = abstract_problem(p, f, single, {}, false, boundary, name);
+        try {
+            const Greedy greedy;
+            const Bytes at = budget ? *budget : greedy.smallest_budget(a.problem);
+            const Plan plan = greedy.solve(a.problem, at);
+            if (auto o = option_of(p, f, sub, a, single, plan.schedule)) options.push_back(std::move(*o));
+            return plan.peak;
+        } catch (const Error&) {
+            return std::numeric_limits<Bytes>::max();
+        }
+    }
+
+    // Memory at the boundary in a schedule of the abstract problem (live data + its writes).
+    [[nodiscard]] static Bytes boundary_memory(const detail::hrockmate::AbstractProblem& a, const Schedule& s) {
+        const SimulationReport r = simulate(a.problem, s);
+        for (std::size_t i = 0; i < s.size() && i < r.timeline.size(); ++i)
+            if (s[i].is_run() && s[i].op() == *a.boundary) return r.timeline[i].during;
+        return r.peak;
+    }
+
+    // ---------------------------------------------------------------- the top
+
+    [[nodiscard]] std::optional<detail::ExhaustiveSearch::Result> top_search(const HRockmateModel& model,
+                                                                            detail::SearchGoal goal, Bytes budget) const {
+        using namespace detail::hrockmate;
+        const std::vector<Child> children = children_of(model, model.hierarchy.top);
+        const AbstractProblem a =
+            abstract_problem(model.problem, model.top, children, model.hierarchy.top_ops, true, 0, model.problem.name());
+        if (a.problem.data_count() > 128) return std::nullopt;
+        return search(a, goal, budget, limits());
+    }
+
+    [[nodiscard]] std::optional<Plan> solve_top(const HRockmateModel& model, Bytes budget) const {
+        using namespace detail::hrockmate;
+        const Stopwatch clock;
+        const std::vector<Child> children = children_of(model, model.hierarchy.top);
+        const AbstractProblem a =
+            abstract_problem(model.problem, model.top, children, model.hierarchy.top_ops, true, 0, model.problem.name());
+        std::optional<Plan> plan;
+        if (a.problem.data_count() <= 128) {
+            if (const auto r = search(a, detail::SearchGoal::least_time, budget, limits())) {
+                const std::vector<DataId> initial(model.problem.initial().begin(), model.problem.initial().end());
+                const Flattened flat = flatten(model.problem, a, children, r->schedule, initial);
+                const SimulationReport sim = simulate(model.problem, flat.steps);
+                if (sim.fits(budget)) {
+                    SolverStats stats{std::string(name()), 0.0, SolveStatus::feasible, std::nullopt,
+                                      "clusters=" + std::to_string(model.hierarchy.clusters.size()) +
+                                          " depth=" + std::to_string(model.hierarchy.depth())};
+                    plan = make_checked_plan(model.problem, flat.steps, budget, std::move(stats));
+                }
+            }
+        }
+        report("hrockmate: top of '" + model.problem.name() + "' at " + std::to_string(budget) + " bytes: " +
+               (plan ? "plan of time " + std::to_string(plan->time) : std::string("no plan")) + " in " +
+               std::to_string(clock.seconds()) + " s");
+        return plan;
+    }
+
+    [[nodiscard]] Infeasible infeasible(const HRockmateModel& model, Bytes budget) const {
+        const MemoryLowerBound bound = memory_lower_bound(model.problem);
+        const Bytes least = smallest_budget(model);
+        std::ostringstream m;
+        m << "hrockmate cannot plan '" << model.problem.name() << "' within " << budget << " bytes: ";
+        if (budget < bound.bytes)
+            m << "no schedule can, since every schedule needs at least " << bound.bytes << " bytes (" << bound.reason << ")";
+        else
+            m << "the budget is above the proven lower bound of " << bound.bytes
+              << " bytes, but beyond what the hierarchy and the greedy reach; an exact solver (checkmate) may plan it";
+        if (least != std::numeric_limits<Bytes>::max()) m << "; hrockmate's smallest budget is " << least << " bytes";
+        return Infeasible(m.str(), budget,
+                          least != std::numeric_limits<Bytes>::max() ? std::optional<Bytes>(least) : std::nullopt);
+    }
+
+    HRockmateOptions options_;
+};
+
+}  // namespace remat
