@@ -3,9 +3,12 @@
 // scripts/zoo exports torchvision and torch.nn models in train mode, traced and scripted
 // (scripts/lib/zoo_export.py), and runs this program on its manifest. For each model:
 //   - capture (remat/torch/script.hpp): ops, blocks between 1-separators, capture time;
-//   - the store-all peak P_ref, a proven lower bound on any plan's peak, and the smallest
-//     budget the planner reaches;
-//   - a plan at each budget (default 50 % and 30 % of P_ref) with the best solver available;
+//   - the store-all peak P_ref, a proven lower bound on any plan's peak (core/bounds.hpp, with
+//     what forces it: when it is close to P_ref, the model — what capture counts, such as
+//     convolution workspaces that scale with the weights — not the planner sets the floor),
+//     and the smallest budget Rockmate and the greedy reach;
+//   - a plan at each budget (default 50 % and 30 % of P_ref) with the best solver available
+//     (the faster of Rockmate and the greedy);
 //   - `--steps` SGD steps through the plan against the same steps of plain autograd (the
 //     module run eagerly, graph-executor optimizations off) from the same parameters,
 //     buffers and seed: whether every gradient, buffer and parameter is equal bit for bit
@@ -29,8 +32,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <remat/core/bounds.hpp>
 #include <remat/io/budget.hpp>
 #include <remat/partition/blocks.hpp>
+#include <remat/solvers/greedy.hpp>
 #include <remat/solvers/rockmate.hpp>
 #include <remat/solvers/store_all.hpp>
 #include <remat/torch/graph_executor.hpp>
@@ -222,26 +227,38 @@ std::string compare(const Trajectory& a, const Trajectory& b) {
 // ---------------------------------------------------------------- planning
 
 struct Planner {
+    const remat::Problem& problem;
     remat::Rockmate<> rockmate;
     remat::RockmateModel model;
-    Bytes smallest = 0;
+    Bytes rockmate_smallest = 0;
+    Bytes greedy_smallest = 0;
 };
 
 Planner analyse(const remat::Problem& problem) {
-    remat::RockmateOptions options;
-    options.block_time_limit_seconds = 5.0;
+    remat::RockmateOptions options;  // a coarser grid than the default: models with hundreds of blocks
+    options.peak_budgets = 4;
+    options.saved_budgets = 4;
+    options.block_time_limit_seconds = 2.0;
     const remat::Rockmate<> rockmate(options);
-    Planner p{rockmate, rockmate.analyse(problem), 0};
-    p.smallest = p.rockmate.smallest_budget(p.model);
+    Planner p{problem, rockmate, rockmate.analyse(problem), 0, 0};
+    p.rockmate_smallest = p.rockmate.smallest_budget(p.model);
+    p.greedy_smallest = remat::Greedy{}.smallest_budget(problem);
     return p;
 }
 
+// The faster plan of Rockmate and the greedy at `budget`, with the name of its solver.
 std::optional<remat::Plan> plan_at(const Planner& planner, Bytes budget) {
+    std::optional<remat::Plan> best;
     try {
-        return planner.rockmate.solve(planner.model, budget);
+        best = planner.rockmate.solve(planner.model, budget);
     } catch (const remat::Infeasible&) {
-        return std::nullopt;
     }
+    try {
+        remat::Plan g = remat::Greedy{}.solve(planner.problem, budget);
+        if (!best || g.time < best->time) best = std::move(g);
+    } catch (const remat::Infeasible&) {
+    }
+    return best;
 }
 
 std::string percent(Bytes part, Bytes whole) {
@@ -272,9 +289,13 @@ void run_entry(const Entry& e, const Options& o) {
     const auto t0 = Clock::now();
     const Planner planner = analyse(problem);
     const double analysis = seconds_since(t0);
-    std::printf("%-34s  %5zu ops %4zu blocks  capture %6.1f s  P_ref %9s  smallest %5s (analysis %.1f s)\n",
+    const remat::MemoryLowerBound bound = remat::memory_lower_bound(problem);
+    std::printf("%-34s  %5zu ops %4zu blocks  capture %6.1f s  P_ref %9s  smallest: rockmate %4s greedy %4s, "
+                "lower bound %4s (%s) (analysis %.1f s)\n",
                 title.c_str(), problem.op_count(), remat::partition_blocks(problem).blocks.size(), cap.seconds(),
-                remat::format_bytes(reference.peak).c_str(), percent(planner.smallest, reference.peak).c_str(), analysis);
+                remat::format_bytes(reference.peak).c_str(), percent(planner.rockmate_smallest, reference.peak).c_str(),
+                percent(planner.greedy_smallest, reference.peak).c_str(), percent(bound.bytes, reference.peak).c_str(),
+                bound.reason.c_str(), analysis);
     std::vector<at::Tensor> buffers;
     for (const at::Tensor& b : m.buffers()) buffers.push_back(b);
     const State start = snapshot(cap.parameters(), buffers);
@@ -284,13 +305,14 @@ void run_entry(const Entry& e, const Options& o) {
         const Bytes budget = remat::percent_of(reference.peak, b);
         const auto plan = plan_at(planner, budget);
         if (!plan) {
-            std::printf("    budget %3.0f%%: infeasible for rockmate\n", b);
+            std::printf("    budget %3.0f%%: infeasible for rockmate and the greedy\n", b);
             continue;
         }
         restore(start, cap.parameters(), buffers);
         const Planned planned = train_planned(ex, *plan, inputs, buffers, o.steps);
-        std::printf("    budget %3.0f%%: overhead %+6.1f%%  peak predicted %9s measured %9s (%+.2f%%)  %s\n", b,
-                    100.0 * (plan->time / reference.time - 1.0), remat::format_bytes(planned.predicted_peak).c_str(),
+        std::printf("    budget %3.0f%%: %-9s overhead %+6.1f%%  peak predicted %9s measured %9s (%+.2f%%)  %s\n", b,
+                    plan->stats.solver.c_str(), 100.0 * (plan->time / reference.time - 1.0),
+                    remat::format_bytes(planned.predicted_peak).c_str(),
                     remat::format_bytes(planned.measured_peak).c_str(),
                     100.0 * (double(planned.measured_peak) / double(planned.predicted_peak) - 1.0),
                     compare(plain, planned.trajectory).c_str());

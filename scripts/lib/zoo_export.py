@@ -74,7 +74,8 @@ class UNet(nn.Module):
         return self.head(x)
 
 
-def image(batch=2, size=32):
+def image(batch=4, size=64):
+    """Large enough that activations, not the weights' workspaces, set the memory."""
     return [{"dtype": "float", "shape": [batch, 3, size, size]}]
 
 
@@ -92,9 +93,9 @@ MODELS = {
         lambda: torchvision.models.segmentation.lraspp_mobilenet_v3_large(num_classes=4, weights_backbone=None),
         image()),
     "unet": (UNet, image()),
-    "transformer": (TransformerModel, [{"dtype": "float", "shape": [2, 6, 32]},
-                                       {"dtype": "float", "shape": [2, 5, 32]}]),
-    "lstm": (LSTMModel, [{"dtype": "long", "shape": [2, 7], "high": 100}]),
+    "transformer": (TransformerModel, [{"dtype": "float", "shape": [8, 32, 32]},
+                                       {"dtype": "float", "shape": [8, 24, 32]}]),
+    "lstm": (LSTMModel, [{"dtype": "long", "shape": [8, 32], "high": 100}]),
 }
 
 
