@@ -1,11 +1,12 @@
 // remat/remat.hpp — umbrella header: everything of remat that needs only the standard
-// library (problem, chain, schedule, simulator, memory bounds, graph utilities, solvers, MILP
-// model and partitioning).
+// library (problem, chain, schedule, simulator, memory bounds, graph utilities, solvers,
+// partitioning and the execution engine).
 //
 // Optional layers are included on their own: remat/io/json.hpp (nlohmann/json),
 // remat/milp/lp_solve.hpp and remat/milp/cbc.hpp (MILP backends), remat/torch/*.hpp.
 #pragma once
 
+#include "core/bytes.hpp"
 #include "core/errors.hpp"
 #include "core/problem.hpp"
 #include "core/chain.hpp"
@@ -25,5 +26,9 @@
 #include "partition/blocks.hpp"
 #include "solvers/rockmate.hpp"
 #include "solvers/greedy.hpp"
+#include "exec/report.hpp"
+#include "exec/plan.hpp"
+#include "exec/backend.hpp"
+#include "exec/executor.hpp"
 #include "io/budget.hpp"
 #include "io/svg.hpp"

@@ -5,12 +5,24 @@
 #pragma once
 // ---- begin remat/remat.hpp ----
 // remat/remat.hpp — umbrella header: everything of remat that needs only the standard
-// library (problem, chain, schedule, simulator, memory bounds, graph utilities, solvers, MILP
-// model and partitioning).
+// library (problem, chain, schedule, simulator, memory bounds, graph utilities, solvers,
+// partitioning and the execution engine).
 //
 // Optional layers are included on their own: remat/io/json.hpp (nlohmann/json),
 // remat/milp/lp_solve.hpp and remat/milp/cbc.hpp (MILP backends), remat/torch/*.hpp.
 
+// ---- begin remat/core/bytes.hpp ----
+// remat/core/bytes.hpp — the one type of memory sizes in remat.
+
+#include <cstdint>
+
+namespace remat {
+
+/// Sizes in bytes. Signed so that differences and "not enough memory" stay representable.
+using Bytes = std::int64_t;
+
+}  // namespace remat
+// ---- end remat/core/bytes.hpp ----
 // ---- begin remat/core/errors.hpp ----
 // remat/core/errors.hpp — the one small exception hierarchy of remat.
 //
@@ -19,15 +31,12 @@
 // at the environment (SolverError for a MILP backend, ExecutionError for a tensor run).
 // The command-line tools map them to exit codes: InvalidInput → 2, Infeasible → 3.
 
-#include <cstdint>
 #include <optional>
 #include <stdexcept>
 #include <string>
 
-namespace remat {
 
-/// Sizes in bytes. Signed so that differences and "not enough memory" stay representable.
-using Bytes = std::int64_t;
+namespace remat {
 
 class Error : public std::runtime_error {
 public:
@@ -1564,10 +1573,16 @@ public:
 // a goal state is the optimal schedule under FORMATS.md §3 — over every schedule, not only
 // persistent ones. The admissible bound is the time of the exactly-once ops still to run.
 // It is the reference the tests compare every other solver with, and a practical solver
-// for problems of up to a few dozen data. The same search with "largest memory so far" as
-// the path cost gives the exact smallest feasible budget.
+// for problems of up to a few dozen data (at most 128). The same search with "largest memory
+// so far" as the path cost gives the exact smallest feasible budget.
+//
+// Choice groups: H-Rockmate (hierarchical.hpp) plans a cluster whose children each offer
+// several backward sub-schedules, exactly one of which must run. The search takes such
+// groups of exactly-once ops and treats each group as one exactly-once unit: once any member
+// runs, no member may run again.
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -1591,15 +1606,37 @@ struct ExhaustiveOptions {
 
 namespace detail {
 
+/// A set of up to 128 data, by id.
+struct DataMask {
+    std::uint64_t low = 0, high = 0;
+    [[nodiscard]] static constexpr DataMask bit(std::size_t i) noexcept {
+        return i < 64 ? DataMask{std::uint64_t{1} << i, 0} : DataMask{0, std::uint64_t{1} << (i - 64)};
+    }
+    [[nodiscard]] constexpr bool test(std::size_t i) const noexcept {
+        return i < 64 ? (low >> i & 1U) != 0 : (high >> (i - 64) & 1U) != 0;
+    }
+    [[nodiscard]] constexpr bool empty() const noexcept { return (low | high) == 0; }
+    constexpr DataMask& operator|=(DataMask o) noexcept {
+        low |= o.low;
+        high |= o.high;
+        return *this;
+    }
+    friend constexpr DataMask operator|(DataMask a, DataMask b) noexcept { return {a.low | b.low, a.high | b.high}; }
+    friend constexpr DataMask operator&(DataMask a, DataMask b) noexcept { return {a.low & b.low, a.high & b.high}; }
+    friend constexpr DataMask operator~(DataMask a) noexcept { return {~a.low, ~a.high}; }
+    friend constexpr bool operator==(DataMask, DataMask) = default;
+};
+
 struct SearchState {
-    std::uint64_t live = 0;
-    std::uint64_t done = 0;  // exactly-once ops that ran, by their exactly-once index
+    DataMask live;
+    std::uint64_t done = 0;  // exactly-once units that ran, by their unit index
     friend bool operator==(const SearchState&, const SearchState&) = default;
 };
 
 struct SearchStateHash {
     std::size_t operator()(const SearchState& s) const noexcept {
-        return std::hash<std::uint64_t>{}(s.live * 0x9E3779B97F4A7C15ULL ^ (s.done + 0x632BE59BD9B4E019ULL));
+        const std::uint64_t h = s.live.low * 0x9E3779B97F4A7C15ULL ^ (s.live.high + 0x7F4A7C159E3779B9ULL) * 0xC2B2AE3D27D4EB4FULL;
+        return std::hash<std::uint64_t>{}(h ^ (s.done + 0x632BE59BD9B4E019ULL));
     }
 };
 
@@ -1608,24 +1645,56 @@ enum class SearchGoal { least_time, least_peak };
 
 class ExhaustiveSearch {
 public:
-    ExhaustiveSearch(const Problem& problem, ExhaustiveOptions options) : p_(problem), options_(options) {
-        if (p_.data_count() > 64)
-            throw InvalidInput("exhaustive search handles at most 64 data; problem '" + p_.name() + "' has " +
-                               std::to_string(p_.data_count()) + " (use checkmate or rockmate)");
-        eo_index_.assign(p_.op_count(), -1);
-        for (std::size_t k = 0; k < p_.op_count(); ++k)
-            if (p_.op(OpId{k}).exactly_once) {
-                eo_index_[k] = static_cast<int>(eo_ops_.size());
-                eo_ops_.push_back(k);
+    /// `choice_groups`: sets of exactly-once ops of which exactly one must run (see above);
+    /// every other exactly-once op is a unit of its own.
+    ExhaustiveSearch(const Problem& problem, ExhaustiveOptions options, const std::vector<std::vector<OpId>>& choice_groups = {})
+        : p_(problem), options_(options) {
+        if (p_.data_count() > 128)
+            throw InvalidInput("exhaustive search handles at most 128 data; problem '" + p_.name() + "' has " +
+                               std::to_string(p_.data_count()) + " (use checkmate, rockmate or hrockmate)");
+        unit_of_.assign(p_.op_count(), -1);
+        for (const auto& group : choice_groups) {
+            for (const OpId k : group) {
+                if (!p_.op(k).exactly_once)
+                    throw InvalidInput("exhaustive search: choice group member '" + p_.op(k).name + "' is not exactly once");
+                unit_of_.at(k.index) = static_cast<int>(units_.size());
             }
-        if (eo_ops_.size() > 64)
-            throw InvalidInput("exhaustive search handles at most 64 exactly-once ops; problem '" + p_.name() + "' has " +
-                               std::to_string(eo_ops_.size()));
-        for (std::size_t d = 0; d < p_.data_count(); ++d) {
-            if (p_.is_initial(DataId{d})) initial_mask_ |= bit(d);
-            if (p_.is_final(DataId{d})) final_mask_ |= bit(d);
+            if (!group.empty()) units_.push_back(group);
         }
-        all_done_ = eo_ops_.size() == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << eo_ops_.size()) - 1;
+        for (std::size_t k = 0; k < p_.op_count(); ++k)
+            if (p_.op(OpId{k}).exactly_once && unit_of_[k] < 0) {
+                unit_of_[k] = static_cast<int>(units_.size());
+                units_.push_back({OpId{k}});
+            }
+        if (units_.size() > 64)
+            throw InvalidInput("exhaustive search handles at most 64 exactly-once ops; problem '" + p_.name() + "' has " +
+                               std::to_string(units_.size()));
+        for (std::size_t d = 0; d < p_.data_count(); ++d) {
+            if (p_.is_initial(DataId{d})) initial_mask_ |= DataMask::bit(d);
+            if (p_.is_final(DataId{d})) final_mask_ |= DataMask::bit(d);
+        }
+        all_done_ = units_.size() == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << units_.size()) - 1;
+        for (std::size_t d = 0; d < p_.data_count(); ++d) {
+            bytes_.push_back(p_.data(DataId{d}).bytes);
+            std::uint64_t units = 0;
+            bool other_reader = false;
+            for (const OpId r : p_.readers(DataId{d})) {
+                if (unit_of_[r.index] < 0)
+                    other_reader = true;
+                else
+                    units |= std::uint64_t{1} << unit_of_[r.index];
+            }
+            reader_units_.push_back(units);
+            read_by_repeatable_.push_back(other_reader ? 1 : 0);
+        }
+        for (std::size_t k = 0; k < p_.op_count(); ++k) {
+            DataMask reads, writes;
+            for (const DataId d : p_.op(OpId{k}).reads) reads |= DataMask::bit(d.index);
+            for (const DataId d : p_.op(OpId{k}).writes) writes |= DataMask::bit(d.index);
+            op_reads_.push_back(reads);
+            op_writes_.push_back(writes);
+        }
+        prepare_heuristic();
     }
 
     struct Result {
@@ -1641,7 +1710,7 @@ public:
             double time;
             Bytes peak;
             SearchState parent;
-            std::vector<Step> steps;  // steps from the parent to this state
+            Step action;  // from the parent: a run (with the frees of what it leaves dead) or a free
             bool closed;
         };
         std::unordered_map<SearchState, Node, SearchStateHash> nodes;
@@ -1661,7 +1730,7 @@ public:
         const SearchState root{initial_mask_, 0};
         const Bytes root_memory = memory(root.live);
         if (root_memory > budget) return {};
-        nodes.emplace(root, Node{0.0, root_memory, root, {}, false});
+        nodes.emplace(root, Node{0.0, root_memory, root, Step::free(DataId{0}), false});
         open.push({heuristic(root), root_memory, 0.0, root});
 
         std::size_t expanded = 0;
@@ -1682,8 +1751,10 @@ public:
             const double g = node.time;
             const Bytes peak_so_far = node.peak;
             const Bytes mem = memory(s.live);
+            // Consecutive frees commute: they are generated in increasing data order only.
+            const std::size_t first_free = s == root || node.action.is_run() ? 0 : node.action.data().index + 1;
 
-            const auto relax = [&](SearchState next, double time, Bytes peak, std::vector<Step> steps) {
+            const auto relax = [&](SearchState next, double time, Bytes peak, Step action) {
                 if (const auto it = nodes.find(next); it != nodes.end()) {
                     Node& existing = it->second;
                     if (existing.closed) return;
@@ -1691,9 +1762,9 @@ public:
                                             ? (time < existing.time || (time == existing.time && peak < existing.peak))
                                             : (peak < existing.peak || (peak == existing.peak && time < existing.time));
                     if (!better) return;
-                    existing = Node{time, peak, s, std::move(steps), false};
+                    existing = Node{time, peak, s, action, false};
                 } else {
-                    nodes.emplace(next, Node{time, peak, s, std::move(steps), false});
+                    nodes.emplace(next, Node{time, peak, s, action, false});
                     if (nodes.size() > options_.max_states)
                         throw SolverError("exhaustive search on '" + p_.name() + "' exceeded " +
                                           std::to_string(options_.max_states) + " states (use checkmate or rockmate)");
@@ -1705,64 +1776,84 @@ public:
             // an exactly-once op not run yet; then free what is dead.
             for (std::size_t k = 0; k < p_.op_count(); ++k) {
                 const Op& op = p_.op(OpId{k});
-                const int eo = eo_index_[k];
-                if (eo >= 0 && (s.done >> eo & 1U)) continue;
-                bool ready = true;
-                for (const DataId d : op.reads) ready = ready && (s.live >> d.index & 1U);
-                if (!ready) continue;
-                std::uint64_t writes = 0;
-                for (const DataId d : op.writes) writes |= bit(d.index);
-                if (eo < 0 && (writes & ~s.live) == 0) continue;
+                const int unit = unit_of_[k];
+                if (unit >= 0 && (s.done >> unit & 1U)) continue;
+                if ((op_reads_[k] & s.live) != op_reads_[k]) continue;
+                const DataMask writes = op_writes_[k];
+                if (unit < 0 && (writes & ~s.live).empty()) continue;
                 const Bytes during = mem + memory(writes & ~s.live) + op.overhead;
                 if (during > budget) continue;
-                SearchState next{s.live | writes, eo >= 0 ? s.done | bit(static_cast<std::size_t>(eo)) : s.done};
-                std::vector<Step> steps{Step::run(OpId{k})};
-                const std::uint64_t dead = dead_data(next);
-                for (std::size_t d = 0; d < p_.data_count(); ++d)
-                    if (dead >> d & 1U) steps.push_back(Step::free(DataId{d}));
-                next.live &= ~dead;
-                relax(next, g + op.time, std::max(peak_so_far, during), std::move(steps));
+                SearchState next{s.live | writes, unit >= 0 ? s.done | (std::uint64_t{1} << unit) : s.done};
+                next.live = next.live & ~dead_data(next);
+                relax(next, g + op.time, std::max(peak_so_far, during), Step::run(OpId{k}));
             }
-            // Free a live data that is neither initial nor final-and-done.
-            for (std::size_t d = 0; d < p_.data_count(); ++d) {
-                if (!(s.live >> d & 1U) || (initial_mask_ >> d & 1U)) continue;
-                const SearchState next{s.live & ~bit(d), s.done};
-                relax(next, g, peak_so_far, {Step::free(DataId{d})});
+            // Free a live data that is not initial.
+            for (std::size_t d = first_free; d < p_.data_count(); ++d) {
+                if (!s.live.test(d) || initial_mask_.test(d)) continue;
+                const SearchState next{s.live & ~DataMask::bit(d), s.done};
+                relax(next, g, peak_so_far, Step::free(DataId{d}));
             }
         }
         return {};
     }
 
 private:
-    static constexpr std::uint64_t bit(std::size_t i) noexcept { return std::uint64_t{1} << i; }
-
-    [[nodiscard]] Bytes memory(std::uint64_t mask) const {
+    [[nodiscard]] Bytes memory(DataMask mask) const {
         Bytes total = 0;
-        for (std::size_t d = 0; mask != 0; ++d, mask >>= 1)
-            if (mask & 1U) total += p_.data(DataId{d}).bytes;
+        for (std::uint64_t w = mask.low; w != 0; w &= w - 1) total += bytes_[static_cast<std::size_t>(std::countr_zero(w))];
+        for (std::uint64_t w = mask.high; w != 0; w &= w - 1)
+            total += bytes_[64 + static_cast<std::size_t>(std::countr_zero(w))];
         return total;
     }
+    // Per unit member: the data only this unit reads and only repeatable ops write (a layer's
+    // saved state, an option's phantom), and the least time of a writer of each.
+    void prepare_heuristic() {
+        member_private_.resize(units_.size());
+        for (std::size_t u = 0; u < units_.size(); ++u)
+            for (const OpId k : units_[u]) {
+                std::vector<std::pair<std::size_t, double>> own;
+                for (const DataId d : p_.op(k).reads) {
+                    // Written by repeatable ops only: an exactly-once writer is counted by its own unit.
+                    bool private_to_unit = !p_.is_initial(d) && !p_.writers(d).empty();
+                    for (const OpId w : p_.writers(d)) private_to_unit = private_to_unit && unit_of_[w.index] < 0;
+                    for (const OpId r : p_.readers(d)) private_to_unit = private_to_unit && unit_of_[r.index] == static_cast<int>(u);
+                    if (!private_to_unit) continue;
+                    double least = std::numeric_limits<double>::infinity();
+                    for (const OpId w : p_.writers(d)) least = std::min(least, p_.op(w).time);
+                    own.emplace_back(d.index, least);
+                }
+                member_private_[u].push_back(std::move(own));
+            }
+    }
+
+    // Admissible: every unit still to run needs one of its members, and that member's
+    // private reads that are not live need a writer each (the costliest of them counted).
     [[nodiscard]] double heuristic(const SearchState& s) const {
         double remaining = 0.0;
-        for (std::size_t e = 0; e < eo_ops_.size(); ++e)
-            if (!(s.done >> e & 1U)) remaining += p_.op(OpId{eo_ops_[e]}).time;
+        for (std::size_t u = 0; u < units_.size(); ++u) {
+            if (s.done >> u & 1U) continue;
+            double least = std::numeric_limits<double>::infinity();
+            for (std::size_t m = 0; m < units_[u].size(); ++m) {
+                double produce = 0.0;
+                for (const auto& [d, t] : member_private_[u][m])
+                    if (!s.live.test(d)) produce = std::max(produce, t);
+                least = std::min(least, p_.op(units_[u][m]).time + produce);
+            }
+            remaining += least;
+        }
         return remaining;
     }
     [[nodiscard]] bool is_goal(const SearchState& s) const {
         return s.done == all_done_ && (s.live & final_mask_) == final_mask_;
     }
     // Live data nobody can use any more: not initial, not final, and every reader is an
-    // exactly-once op that already ran. Freeing them at once never hurts.
-    [[nodiscard]] std::uint64_t dead_data(const SearchState& s) const {
-        std::uint64_t dead = 0;
+    // exactly-once op whose unit already ran. Freeing them at once never hurts.
+    [[nodiscard]] DataMask dead_data(const SearchState& s) const {
+        DataMask dead;
+        const DataMask candidates = s.live & ~(initial_mask_ | final_mask_);
         for (std::size_t d = 0; d < p_.data_count(); ++d) {
-            if (!(s.live >> d & 1U) || ((initial_mask_ | final_mask_) >> d & 1U)) continue;
-            bool used = false;
-            for (const OpId r : p_.readers(DataId{d})) {
-                const int eo = eo_index_[r.index];
-                used = used || eo < 0 || !(s.done >> eo & 1U);
-            }
-            if (!used) dead |= bit(d);
+            if (!candidates.test(d) || read_by_repeatable_[d]) continue;
+            if ((reader_units_[d] & ~s.done) == 0) dead |= DataMask::bit(d);
         }
         return dead;
     }
@@ -1773,33 +1864,45 @@ private:
         result.found = true;
         result.time = nodes.at(goal).time;
         result.peak = nodes.at(goal).peak;
-        std::vector<const std::vector<Step>*> pieces;
-        for (SearchState s = goal; !(s == root);) {
-            const auto& node = nodes.at(s);
-            pieces.push_back(&node.steps);
-            s = node.parent;
+        std::vector<SearchState> path;
+        for (SearchState s = goal; !(s == root); s = nodes.at(s).parent) path.push_back(s);
+        for (auto it = path.rbegin(); it != path.rend(); ++it) {
+            const auto& node = nodes.at(*it);
+            result.schedule.push_back(node.action);
+            if (!node.action.is_free()) {
+                // The frees of what the run left dead: live before the run, not after.
+                const SearchState& before = node.parent;
+                DataMask written;
+                for (const DataId d : p_.op(node.action.op()).writes) written |= DataMask::bit(d.index);
+                const DataMask gone = (before.live | written) & ~it->live;
+                for (std::size_t d = 0; d < p_.data_count(); ++d)
+                    if (gone.test(d)) result.schedule.push_back(Step::free(DataId{d}));
+            }
         }
-        for (auto it = pieces.rbegin(); it != pieces.rend(); ++it)
-            result.schedule.insert(result.schedule.end(), (*it)->begin(), (*it)->end());
         // Tidy: free what is left that is neither initial nor final.
-        std::uint64_t leftover = goal.live & ~(initial_mask_ | final_mask_);
-        for (std::size_t d = 0; leftover != 0; ++d, leftover >>= 1)
-            if (leftover & 1U) result.schedule.push_back(Step::free(DataId{d}));
+        const DataMask leftover = goal.live & ~(initial_mask_ | final_mask_);
+        for (std::size_t d = 0; d < p_.data_count(); ++d)
+            if (leftover.test(d)) result.schedule.push_back(Step::free(DataId{d}));
         return result;
     }
 
     const Problem& p_;
     ExhaustiveOptions options_;
-    std::vector<int> eo_index_;
-    std::vector<std::size_t> eo_ops_;
-    std::uint64_t initial_mask_ = 0;
-    std::uint64_t final_mask_ = 0;
+    std::vector<int> unit_of_;                 // op → exactly-once unit, or -1
+    std::vector<std::vector<OpId>> units_;     // unit → its ops (one, or a choice group)
+    std::vector<std::vector<std::vector<std::pair<std::size_t, double>>>> member_private_;  // unit → member → (data, writer time)
+    std::vector<Bytes> bytes_;                 // data → size
+    std::vector<std::uint64_t> reader_units_;  // data → units of its exactly-once readers
+    std::vector<char> read_by_repeatable_;     // data → read by an op that may run again
+    std::vector<DataMask> op_reads_, op_writes_;
+    DataMask initial_mask_;
+    DataMask final_mask_;
     std::uint64_t all_done_ = 0;
 };
 
 }  // namespace detail
 
-/// Exact optimum over all schedules, for small problems (≤ 64 data, ≤ 64 exactly-once ops).
+/// Exact optimum over all schedules, for small problems (≤ 128 data, ≤ 64 exactly-once ops).
 class Exhaustive {
 public:
     explicit Exhaustive(ExhaustiveOptions options = {}) : options_(options) {}
@@ -4654,6 +4757,642 @@ private:
 
 }  // namespace remat
 // ---- end remat/solvers/greedy.hpp ----
+// ---- begin remat/exec/report.hpp ----
+// remat/exec/report.hpp — what one executed step cost, measured, next to what its plan
+// predicted (exec/executor.hpp fills it; every framework's executor reports the same way).
+
+#include <cstddef>
+#include <iterator>
+#include <ostream>
+#include <vector>
+
+
+namespace remat {
+
+/// What one step cost, measured, next to what the plan predicted.
+///
+/// Measured bytes come from the memory probe, op by op: the peak while an op ran, minus the
+/// parameter gradients the step has collected so far (they are handed to the parameters at
+/// the end; parameters and their gradients are not activations) and minus outputs the plan
+/// freed but the caller still holds, relative to the memory at the start of the step plus the
+/// inputs' bytes (the simulator's initial state). When the caller computes the loss between
+/// the two phases, the backward phase is measured from its own start, taken to be the
+/// simulator's state after `loss`; `caller_bytes` says how much more the caller really held.
+struct StepReport {
+    /// The simulator's peak for the plan on the problem predictions use.
+    Bytes predicted_peak = 0;
+    /// The simulator's peak on the problem the solver planned with (>= predicted_peak when
+    /// the two differ, as for a profiled chain).
+    Bytes planned_peak = 0;
+    double predicted_time = 0.0;  ///< in the problem's unit: seconds for profiled problems
+    Bytes measured_peak = 0;
+    Bytes forward_peak = 0;
+    Bytes backward_peak = 0;
+    Bytes caller_bytes = 0;
+    double forward_seconds = 0.0;
+    double backward_seconds = 0.0;
+    /// Forwards run (one per unit when nothing is recomputed).
+    std::size_t forward_runs = 0;
+    /// Per schedule step, the measured memory while it ran (run steps) or after it (free
+    /// steps), on the same scale as SimulationReport::timeline; -1 for `loss`, which the
+    /// caller runs. For comparing a plan's timeline with reality step by step.
+    std::vector<Bytes> measured_timeline;
+    bool completed = false;
+};
+
+namespace detail::report {
+
+// "812 B", "3.4 KiB", "12.3 MiB", "1.5 GiB".
+inline void write_bytes(std::ostream& out, Bytes b) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = static_cast<double>(b);
+    std::size_t u = 0;
+    while ((v >= 1024.0 || v <= -1024.0) && u + 1 < std::size(units)) {
+        v /= 1024.0;
+        ++u;
+    }
+    if (u == 0)
+        out << b << " B";
+    else
+        out << v << ' ' << units[u];
+}
+
+}  // namespace detail::report
+
+/// "predicted peak 12.3 MiB, measured 12.3 MiB (+0.00 %); 41 forwards; forward 0.12 s, backward 0.25 s".
+inline std::ostream& operator<<(std::ostream& out, const StepReport& r) {
+    const std::ios::fmtflags flags = out.flags();
+    const std::streamsize precision = out.precision();
+    out.setf(std::ios::fixed);
+    out.precision(2);
+    out << "predicted peak ";
+    detail::report::write_bytes(out, r.predicted_peak);
+    out << ", measured ";
+    detail::report::write_bytes(out, r.measured_peak);
+    if (r.predicted_peak > 0)
+        out << " (" << (r.measured_peak >= r.predicted_peak ? "+" : "")
+            << 100.0 * (static_cast<double>(r.measured_peak) / static_cast<double>(r.predicted_peak) - 1.0) << " %)";
+    out << "; " << r.forward_runs << " forwards; forward " << r.forward_seconds << " s, backward " << r.backward_seconds
+        << " s" << (r.completed ? "" : " (not completed)");
+    out.flags(flags);
+    out.precision(precision);
+    return out;
+}
+
+}  // namespace remat
+// ---- end remat/exec/report.hpp ----
+// ---- begin remat/exec/plan.hpp ----
+// remat/exec/plan.hpp — what the execution engine (executor.hpp) knows of a problem and of a
+// plan before it runs one: the role of every op and data, and a simulator-checked plan with
+// its landmarks.
+//
+// DESIGN.md §4.6, docs/design.md. A problem's ops are forwards without autograd (F),
+// forwards with autograd that also write saved state (F+), exactly-once backwards (B) and
+// the loss; each belongs to a *unit* — a chain stage, a captured op group, a layer of the
+// user's framework — which is what the backend runs. Data are activations, saved state,
+// gradients or markers, each of a unit. The engine runs only what the simulator accepted
+// (FORMATS.md §3), which is what makes freeing memory behind a framework's back safe.
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+
+namespace remat {
+
+enum class ExecOpRole : unsigned char { forward, forward_grad, backward, loss };
+enum class ExecDataRole : unsigned char { activation, saved, gradient, marker };
+
+/// The role and unit of every op and data of a problem.
+struct ExecutionTable {
+    std::vector<ExecOpRole> op_role;
+    std::vector<std::size_t> op_unit;  ///< ignored for the loss
+    std::vector<ExecDataRole> data_role;
+    std::vector<std::size_t> data_unit;
+    std::size_t units = 0;
+
+    /// Throws InvalidInput when the table does not describe `problem`.
+    void check(const Problem& problem) const {
+        const std::string who = "execution table of '" + problem.name() + "'";
+        if (op_role.size() != problem.op_count() || op_unit.size() != problem.op_count())
+            throw InvalidInput(who + ": " + std::to_string(op_role.size()) + " op roles for " +
+                               std::to_string(problem.op_count()) + " ops");
+        if (data_role.size() != problem.data_count() || data_unit.size() != problem.data_count())
+            throw InvalidInput(who + ": " + std::to_string(data_role.size()) + " data roles for " +
+                               std::to_string(problem.data_count()) + " data");
+        for (std::size_t k = 0; k < op_role.size(); ++k) {
+            const bool is_loss = op_role[k] == ExecOpRole::loss;
+            if (is_loss != (problem.loss() && problem.loss()->index == k))
+                throw InvalidInput(who + ": op '" + problem.op(OpId{k}).name + "' is " +
+                                   (is_loss ? "marked as the loss but is not the problem's loss"
+                                            : "the problem's loss but not marked as such"));
+            if (!is_loss && op_unit[k] >= units)
+                throw InvalidInput(who + ": op '" + problem.op(OpId{k}).name + "' belongs to unit " +
+                                   std::to_string(op_unit[k]) + " of " + std::to_string(units));
+        }
+        if (!problem.loss()) throw InvalidInput(who + ": the problem has no loss; a step runs up to it, then back");
+    }
+};
+
+/// A plan checked against an executor's problem, with what its steps look up at run time.
+struct PreparedPlan {
+    Plan plan;
+    /// On the problem predictions use.
+    SimulationReport simulation;
+    /// The simulator's peak on the problem the solver planned with.
+    Bytes planned_peak = 0;
+    std::size_t loss_step = 0;
+    /// Per unit: how many forwards the plan runs. A unit run more than once is recomputed,
+    /// so its random numbers are kept at its first run.
+    std::vector<std::size_t> forward_runs;
+};
+
+/// A prepared plan, shareable between steps and executors of the same problem.
+class ExecutionPlan {
+public:
+    explicit ExecutionPlan(std::shared_ptr<const PreparedPlan> prepared) : prepared_(std::move(prepared)) {}
+
+    [[nodiscard]] const Plan& plan() const noexcept { return prepared_->plan; }
+    [[nodiscard]] const Schedule& schedule() const noexcept { return prepared_->plan.schedule; }
+    /// The simulator's peak on the problem predictions use: what the executor should reach.
+    [[nodiscard]] Bytes predicted_peak() const noexcept { return prepared_->simulation.peak; }
+    [[nodiscard]] Bytes planned_peak() const noexcept { return prepared_->planned_peak; }
+    [[nodiscard]] double predicted_time() const noexcept { return prepared_->simulation.time; }
+    [[nodiscard]] const SimulationReport& simulation() const noexcept { return prepared_->simulation; }
+    [[nodiscard]] const PreparedPlan& prepared() const noexcept { return *prepared_; }
+
+private:
+    std::shared_ptr<const PreparedPlan> prepared_;
+};
+
+/// Simulates `schedule` on `problem` and refuses a schedule the simulator rejects. `subject`
+/// names the problem in the message.
+[[nodiscard]] inline SimulationReport checked_simulation(const Problem& problem, const Schedule& schedule,
+                                                         const std::string& subject) {
+    SimulationReport report = simulate(problem, schedule);
+    if (!report.valid) throw InvalidInput("the plan is not a valid schedule of " + subject + ": " + report.error);
+    return report;
+}
+
+/// Checks `plan` on the problem the solver planned with (`planned`) and on the one
+/// predictions use (`predicting`, the same ops and data, possibly other costs), and finds its
+/// landmarks.
+[[nodiscard]] inline ExecutionPlan prepare_execution(const Problem& planned, const Problem& predicting,
+                                                     const ExecutionTable& table, Plan plan) {
+    const std::string subject = "'" + predicting.name() + "'";
+    const SimulationReport on_planned = checked_simulation(planned, plan.schedule, subject);
+    auto prepared = std::make_shared<PreparedPlan>();
+    prepared->simulation = &planned == &predicting ? on_planned : checked_simulation(predicting, plan.schedule, subject);
+    prepared->planned_peak = on_planned.peak;
+    prepared->forward_runs.assign(table.units, 0);
+    bool found_loss = false;
+    for (std::size_t i = 0; i < plan.schedule.size(); ++i) {
+        const Step& step = plan.schedule[i];
+        if (!step.is_run()) continue;
+        const ExecOpRole role = table.op_role.at(step.op().index);
+        if (role == ExecOpRole::loss) {
+            prepared->loss_step = i;
+            found_loss = true;
+        } else if (role == ExecOpRole::forward || role == ExecOpRole::forward_grad) {
+            ++prepared->forward_runs.at(table.op_unit[step.op().index]);
+        }
+    }
+    if (!found_loss) throw InvalidInput("the plan never runs 'loss'");
+    prepared->plan = std::move(plan);
+    return ExecutionPlan(std::move(prepared));
+}
+
+/// A schedule written by hand, as a plan.
+[[nodiscard]] inline Plan hand_written_plan(Schedule schedule) {
+    Plan plan;
+    plan.schedule = std::move(schedule);
+    plan.stats.solver = "hand-written";
+    return plan;
+}
+
+}  // namespace remat
+// ---- end remat/exec/plan.hpp ----
+// ---- begin remat/exec/backend.hpp ----
+// remat/exec/backend.hpp — what a framework implements to run remat's plans: the
+// ExecutionBackend and MemoryReader concepts of the execution engine (executor.hpp).
+//
+// DESIGN.md principle 4 (policies at compile time) and §4.6. LibTorch's backends are in
+// torch/ (chain stages, captured op groups); examples/embedding/ plugs in a framework that
+// is not LibTorch.
+//
+// What the backend must guarantee:
+//   - forward(unit, with_grad, first_run) makes the unit's activations live (and, with
+//     grad, its saved state); a recomputation (first_run false) gives the same values as the
+//     first run when the engine has put the random state back, and does not change anything
+//     that must change once per step (running statistics, counters) — restore those itself;
+//   - backward(unit) reads the unit's saved state and the gradients of its outputs, writes
+//     the gradients of its inputs, and *collects* its parameter gradients without handing
+//     them to the parameters; pending_gradient_bytes() says how many bytes those hold;
+//   - release(data) gives the data's memory back at once (the engine calls it exactly where
+//     the plan frees, and before a rewrite);
+//   - commit() hands the collected parameter gradients over (end of a successful step);
+//     rollback(generators_too) puts back what begin_step() saved, so that a failed step
+//     leaves no trace; clear() drops everything the step holds (both noexcept);
+//   - capture_rng()/restore_rng() read and write every random generator the units draw from.
+// Memory is measured by a MemoryReader: current and peak bytes of the memory activations live
+// in, with the peak resettable.
+
+#include <concepts>
+#include <cstddef>
+#include <exception>
+#include <string>
+
+
+namespace remat {
+
+/// A memory probe: bytes in use now, the peak since the last reset_peak().
+template <class P>
+concept MemoryReader = requires(P& probe, const P& const_probe) {
+    { const_probe.current() } -> std::convertible_to<Bytes>;
+    { const_probe.peak() } -> std::convertible_to<Bytes>;
+    probe.reset_peak();
+};
+
+/// One step's framework state: see the top of this header for what each call must do.
+template <class B>
+concept ExecutionBackend = requires(B& backend, const B& const_backend, std::size_t unit, DataId data, bool flag,
+                                    const typename B::RngState& state) {
+    typename B::RngState;
+    { backend.capture_rng() } -> std::same_as<typename B::RngState>;
+    backend.restore_rng(state);
+    /// Whether a unit may draw random numbers (replayed when it is recomputed); may say true
+    /// for every unit.
+    { const_backend.random(unit) } -> std::convertible_to<bool>;
+    backend.forward(unit, flag, flag);
+    backend.backward(unit);
+    backend.release(data);
+    { const_backend.pending_gradient_bytes() } -> std::convertible_to<Bytes>;
+    /// Bytes of data the plan freed that the caller still holds (outputs it kept).
+    { const_backend.caller_bytes() } -> std::convertible_to<Bytes>;
+    backend.begin_step();
+    backend.commit();
+    { backend.rollback(flag) } noexcept;
+    { backend.clear() } noexcept;
+    /// Waits for queued device work (no-op on synchronous frameworks).
+    backend.synchronize();
+    /// How messages name a unit: " (stage 3 'fc')".
+    { const_backend.describe(unit) } -> std::convertible_to<std::string>;
+};
+
+/// A backend that words exceptions itself (e.g. without a framework's backtrace).
+template <class B>
+concept WordsErrors = requires(const B& backend, const std::exception& e) {
+    { backend.error_text(e) } -> std::convertible_to<std::string>;
+};
+
+/// A backend with its own clock for per-step op times (thread CPU time, device events...).
+template <class B>
+concept HasClock = requires(const B& backend) {
+    { backend.now() } -> std::convertible_to<double>;
+};
+
+}  // namespace remat
+// ---- end remat/exec/backend.hpp ----
+// ---- begin remat/exec/executor.hpp ----
+// remat/exec/executor.hpp — the execution engine: runs any simulator-checked schedule of any
+// problem, step by step, through a framework's backend (backend.hpp). Standard library only.
+//
+// DESIGN.md §4.6 and docs/design.md. A training step is a plan in two phases — up to the
+// loss when the model is called, the rest when the caller back-propagates — and the engine
+// owns everything that does not depend on the framework:
+//   - the phases, with the loss boundary between them, and the order they may be called in;
+//   - which forward really runs: a forward with grad whose saved state is already live only
+//     rewrites its missing activations, one whose writes are all live does nothing, and live
+//     writes are released before they are rewritten (as the simulator counts them);
+//   - random-number replay: the generators' state is read before the measured window at the
+//     first run of a unit the plan recomputes, and put back around each recomputation;
+//   - the plan's timeline against measured memory: the probe's peak while each op runs, minus
+//     the parameter gradients collected so far and what the caller holds, on the simulator's
+//     scale (the step's start plus the inputs);
+//   - parameter gradients handed over only when the step completes (Backend::commit);
+//   - on any failure: rollback (buffers; the generators too in the forward phase, when the
+//     caller has not drawn from them since), everything freed, and an exception naming the
+//     plan step, its op and unit, and the phase — an ExecutionError, or InvalidInput when the
+//     backend blamed the input.
+
+#include <algorithm>
+#include <cstddef>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+
+namespace remat {
+
+/// Where a two-phase step stands. Each phase runs once: a step frees its activations as it goes.
+enum class StepPhase : unsigned char { ready, forward, between, backward, done, failed };
+
+/// The problems and table an executor runs plans of. `planned`: what solvers plan on;
+/// `predicting`: the same ops and data with the costs predictions use (the same problem
+/// unless a profile measured finer costs than the planner's model).
+struct ExecutionModel {
+    Problem planned;
+    Problem predicting;
+    ExecutionTable table;
+};
+
+template <ExecutionBackend Backend, MemoryReader Probe>
+class ExecutionStep {
+public:
+    /// `continuous`: the caller runs both phases back to back; otherwise the backward phase
+    /// is measured from its own start (the caller's loss in between is the caller's).
+    ExecutionStep(std::shared_ptr<const ExecutionModel> model, ExecutionPlan plan, Backend backend, Probe& probe,
+                  bool continuous)
+        : model_(std::move(model)), plan_(std::move(plan)), backend_(std::move(backend)), probe_(&probe),
+          continuous_(continuous) {
+        const Problem& p = model_->predicting;
+        live_.assign(p.data_count(), 0);
+        for (const DataId d : p.initial()) live_[d.index] = 1;
+        rng_.resize(model_->table.units);
+        ran_.assign(model_->table.units, 0);
+        report_.predicted_peak = plan_.predicted_peak();
+        report_.planned_peak = plan_.planned_peak();
+        report_.predicted_time = plan_.predicted_time();
+        report_.measured_timeline.assign(plan_.schedule().size(), -1);
+        step_seconds_.assign(plan_.schedule().size(), 0.0);
+    }
+
+    ExecutionStep(ExecutionStep&&) noexcept = default;
+    ExecutionStep& operator=(ExecutionStep&&) noexcept = default;
+    ExecutionStep(const ExecutionStep&) = delete;
+    ExecutionStep& operator=(const ExecutionStep&) = delete;
+    /// A step dropped half-way frees what it holds; it does not roll back (the forward's
+    /// buffer updates stand, as they do when a plain forward is never back-propagated).
+    ~ExecutionStep() { backend_.clear(); }
+
+    /// Runs the plan up to `loss`.
+    void forward() {
+        if (phase_ != StepPhase::ready)
+            throw ExecutionError("step: forward() was already called; start a new step for a new forward");
+        backend_.begin_step();
+        phase_ = StepPhase::forward;
+        const Stopwatch clock;
+        report_.forward_peak = model_->predicting.initial_bytes();
+        forward_reference_ = probe_->current() - model_->predicting.initial_bytes();
+        for (std::size_t i = 0; i < loss_step(); ++i) execute(i, forward_reference_, report_.forward_peak);
+        sync_or_fail(loss_step());
+        report_.forward_seconds = clock.seconds();
+        phase_ = StepPhase::between;
+    }
+
+    /// Runs the rest of the plan (the backend holds the loss's gradients by now) and hands the
+    /// parameter gradients over.
+    void backward() {
+        if (phase_ != StepPhase::between)
+            throw ExecutionError(phase_ == StepPhase::done || phase_ == StepPhase::failed
+                                     ? "step: backward() was already called (or the step failed); a step back-propagates once"
+                                     : "step: backward() before forward()");
+        phase_ = StepPhase::backward;
+        const Stopwatch clock;
+        const Bytes after_loss = plan_.simulation().timeline.at(loss_step()).after;
+        const Bytes now = probe_->current();
+        report_.caller_bytes = (now - forward_reference_) - after_loss;
+        report_.backward_peak = after_loss;
+        const Bytes reference = continuous_ ? forward_reference_ : now - after_loss;
+        mark_live(loss_step());
+        const Schedule& schedule = plan_.schedule();
+        for (std::size_t i = loss_step() + 1; i < schedule.size(); ++i) execute(i, reference, report_.backward_peak);
+        sync_or_fail(schedule.size());
+        try {
+            backend_.commit();
+        } catch (...) {
+            fail(schedule.size(), "handing the parameter gradients over");
+        }
+        report_.backward_seconds = clock.seconds();
+        report_.measured_peak = std::max(report_.forward_peak, report_.backward_peak);
+        report_.completed = true;
+        phase_ = StepPhase::done;
+        backend_.clear();
+    }
+
+    /// Gives up a step between (or before) its phases — the caller's loss failed: the backend
+    /// rolls back (not the generators: the caller may have drawn from them) and frees everything.
+    void abort() noexcept {
+        if (phase_ == StepPhase::done || phase_ == StepPhase::failed) return;
+        if (phase_ != StepPhase::ready) backend_.rollback(false);
+        phase_ = StepPhase::failed;
+        backend_.clear();
+    }
+
+    [[nodiscard]] StepPhase phase() const noexcept { return phase_; }
+    [[nodiscard]] const StepReport& report() const noexcept { return report_; }
+    /// Per schedule step, the seconds its op took on the backend's clock (when it has one).
+    [[nodiscard]] const std::vector<double>& step_seconds() const noexcept { return step_seconds_; }
+    [[nodiscard]] const ExecutionPlan& plan() const noexcept { return plan_; }
+    [[nodiscard]] Backend& backend() noexcept { return backend_; }
+    [[nodiscard]] const Backend& backend() const noexcept { return backend_; }
+    /// Whether a data is live at this point of the step (the simulator's view).
+    [[nodiscard]] bool live(DataId d) const { return live_.at(d.index) != 0; }
+
+private:
+    [[nodiscard]] std::size_t loss_step() const noexcept { return plan_.prepared().loss_step; }
+    [[nodiscard]] const ExecutionTable& table() const noexcept { return model_->table; }
+
+    // The loss's writes (the gradients the caller hands back) are live from its step on.
+    void mark_live(std::size_t index) {
+        const Step& step = plan_.schedule()[index];
+        for (const DataId d : model_->predicting.op(step.op()).writes) live_[d.index] = 1;
+    }
+
+    [[nodiscard]] Bytes held_outside() const { return backend_.pending_gradient_bytes() + backend_.caller_bytes(); }
+
+    void execute(std::size_t index, Bytes reference, Bytes& peak) {
+        const Step& step = plan_.schedule()[index];
+        if (step.is_free()) {
+            try {
+                release(step.data());
+            } catch (...) {
+                fail(index, "");
+            }
+            report_.measured_timeline[index] = probe_->current() - held_outside() - reference;
+            return;
+        }
+        const std::size_t k = step.op().index;
+        const ExecOpRole role = table().op_role[k];
+        if (role == ExecOpRole::loss) return;
+        const std::size_t unit = table().op_unit[k];
+        const Bytes outside_before = held_outside();
+        // Reading the generators may allocate for a moment: done before the measured window,
+        // which then holds the op alone, as profiling measured it.
+        std::optional<typename Backend::RngState> rng_now;
+        if (role != ExecOpRole::backward && wants_rng(unit)) rng_now = backend_.capture_rng();
+        probe_->reset_peak();
+        double t0 = 0.0;
+        if constexpr (HasClock<Backend>) t0 = backend_.now();
+        try {
+            if (role == ExecOpRole::backward)
+                run_backward(OpId{k}, unit);
+            else
+                run_forward(OpId{k}, unit, role == ExecOpRole::forward_grad, std::move(rng_now));
+            backend_.synchronize();
+        } catch (...) {
+            fail(index, backend_.describe(unit));
+        }
+        if constexpr (HasClock<Backend>) step_seconds_[index] = backend_.now() - t0;
+        const Bytes during = probe_->peak() - outside_before - reference;
+        report_.measured_timeline[index] = during;
+        peak = std::max(peak, during);
+    }
+
+    void release(DataId d) {
+        backend_.release(d);
+        live_[d.index] = 0;
+    }
+
+    // A unit's random state is needed at its first run when the plan runs it again (to
+    // replay), and at a replay (to put the sequence back afterwards).
+    [[nodiscard]] bool wants_rng(std::size_t unit) const {
+        if (!backend_.random(unit)) return false;
+        return ran_[unit] == 0 ? plan_.prepared().forward_runs[unit] > 1 : rng_[unit].has_value();
+    }
+
+    // Puts the generators back on exit (after a replayed recomputation), exceptions included.
+    struct RestoreRng {
+        Backend& backend;
+        const typename Backend::RngState* state = nullptr;
+        explicit RestoreRng(Backend& b) : backend(b) {}
+        RestoreRng(const RestoreRng&) = delete;
+        RestoreRng& operator=(const RestoreRng&) = delete;
+        ~RestoreRng() {
+            if (state != nullptr) backend.restore_rng(*state);
+        }
+    };
+
+    void run_forward(OpId k, std::size_t unit, bool with_grad, std::optional<typename Backend::RngState> rng_now) {
+        const Op& op = model_->predicting.op(k);
+        const auto saved = [&](DataId d) { return table().data_role[d.index] == ExecDataRole::saved; };
+        bool saved_live = false, activations_live = true;
+        for (const DataId d : op.writes) {
+            if (saved(d))
+                saved_live = saved_live || live_[d.index];
+            else
+                activations_live = activations_live && live_[d.index];
+        }
+        if (with_grad && saved_live) with_grad = false;  // only activations can be missing
+        if (!with_grad && activations_live) return;       // nothing the op writes is missing
+        for (const DataId d : op.writes)
+            if (!saved(d) && live_[d.index]) release(d);  // rewritten: counted once, as in the simulator
+        const bool first = ran_[unit] == 0;
+        RestoreRng restore(backend_);
+        if (first) {
+            ran_[unit] = 1;
+            if (rng_now) rng_[unit] = std::move(rng_now);  // the numbers its later runs replay
+        } else if (rng_[unit] && rng_now) {
+            restore.state = &*rng_now;
+            backend_.restore_rng(*rng_[unit]);
+        }
+        ++report_.forward_runs;
+        backend_.forward(unit, with_grad, first);
+        for (const DataId d : op.writes)
+            if (with_grad || table().data_role[d.index] != ExecDataRole::saved) live_[d.index] = 1;
+    }
+
+    void run_backward(OpId k, std::size_t unit) {
+        backend_.backward(unit);
+        for (const DataId d : model_->predicting.op(k).writes) live_[d.index] = 1;
+    }
+
+    void sync_or_fail(std::size_t index) {
+        try {
+            backend_.synchronize();
+        } catch (...) {
+            fail(index, " (waiting for the device)");
+        }
+    }
+
+    [[nodiscard]] std::string error_text(const std::exception& e) const {
+        if constexpr (WordsErrors<Backend>)
+            return backend_.error_text(e);
+        else
+            return e.what();
+    }
+
+    // Rolls back, frees everything and rethrows what is being handled, naming the plan step.
+    [[noreturn]] void fail(std::size_t index, const std::string& unit_text) {
+        const bool in_forward = phase_ == StepPhase::forward;
+        // The generators go back only in the forward phase: later, the caller's loss may have
+        // drawn from them.
+        backend_.rollback(in_forward);
+        phase_ = StepPhase::failed;
+        backend_.clear();
+        const Schedule& schedule = plan_.schedule();
+        const std::string what = index < schedule.size() ? describe(model_->predicting, schedule[index]) : std::string("the end");
+        const std::string context = "step " + std::to_string(index) + " of the plan, " + what + unit_text +
+                                    " failed during the " + (in_forward ? "forward" : "backward") +
+                                    " phase; parameters, gradients and buffers are as before the step: ";
+        try {
+            throw;
+        } catch (const InvalidInput& e) {
+            std::throw_with_nested(InvalidInput(context + e.what()));
+        } catch (const Error& e) {
+            std::throw_with_nested(ExecutionError(context + e.what()));
+        } catch (const std::exception& e) {
+            std::throw_with_nested(ExecutionError(context + error_text(e)));
+        } catch (...) {
+            std::throw_with_nested(ExecutionError(context + "unknown exception"));
+        }
+    }
+
+    std::shared_ptr<const ExecutionModel> model_;
+    ExecutionPlan plan_;
+    Backend backend_;
+    Probe* probe_;
+    bool continuous_ = false;
+    StepPhase phase_ = StepPhase::ready;
+    std::vector<char> live_;
+    std::vector<std::optional<typename Backend::RngState>> rng_;
+    std::vector<char> ran_;
+    Bytes forward_reference_ = 0;
+    StepReport report_;
+    std::vector<double> step_seconds_;
+};
+
+/// Runs plans of one problem through `Backend`s: checks plans and starts steps.
+template <ExecutionBackend Backend, MemoryReader Probe>
+class Executor {
+public:
+    /// `predicting` may be the same as `planned` (pass it twice).
+    Executor(Problem planned, Problem predicting, ExecutionTable table)
+        : model_(std::make_shared<ExecutionModel>(ExecutionModel{std::move(planned), std::move(predicting), std::move(table)})) {
+        model_->table.check(model_->predicting);
+        if (model_->planned.op_count() != model_->predicting.op_count() ||
+            model_->planned.data_count() != model_->predicting.data_count())
+            throw InvalidInput("executor: the planned and the predicting problems of '" + model_->planned.name() +
+                               "' differ in their ops or data");
+    }
+
+    [[nodiscard]] const Problem& problem() const noexcept { return model_->planned; }
+    [[nodiscard]] const Problem& predicting_problem() const noexcept { return model_->predicting; }
+    [[nodiscard]] const ExecutionTable& table() const noexcept { return model_->table; }
+
+    /// Checks a plan (the simulator must accept it on both problems) and prepares it.
+    [[nodiscard]] ExecutionPlan prepare(Plan plan) const {
+        return prepare_execution(model_->planned, model_->predicting, model_->table, std::move(plan));
+    }
+    [[nodiscard]] ExecutionPlan prepare(Schedule schedule) const { return prepare(hand_written_plan(std::move(schedule))); }
+
+    /// A step of `plan` run through `backend` (its state for this step), measured by `probe`.
+    [[nodiscard]] ExecutionStep<Backend, Probe> start(ExecutionPlan plan, Backend backend, Probe& probe,
+                                                      bool continuous = true) const {
+        return ExecutionStep<Backend, Probe>(model_, std::move(plan), std::move(backend), probe, continuous);
+    }
+
+private:
+    std::shared_ptr<ExecutionModel> model_;
+};
+
+}  // namespace remat
+// ---- end remat/exec/executor.hpp ----
 // ---- begin remat/io/budget.hpp ----
 // remat/io/budget.hpp — memory budgets as people write them, and byte counts as people read them.
 //

@@ -6,15 +6,13 @@
 // The command-line tools map them to exit codes: InvalidInput → 2, Infeasible → 3.
 #pragma once
 
-#include <cstdint>
 #include <optional>
 #include <stdexcept>
 #include <string>
 
-namespace remat {
+#include "bytes.hpp"
 
-/// Sizes in bytes. Signed so that differences and "not enough memory" stay representable.
-using Bytes = std::int64_t;
+namespace remat {
 
 class Error : public std::runtime_error {
 public:

@@ -37,6 +37,7 @@
 #include "../core/schedule.hpp"
 #include "../core/simulate.hpp"
 #include "../core/solver.hpp"
+#include "../exec/executor.hpp"
 #include "detail/runtime.hpp"
 #include "detail/step.hpp"
 #include "detail/step_capsule.hpp"
@@ -72,16 +73,198 @@ template <MemoryProbe Probe = CpuMemoryProbe>
 class ScriptStep;
 
 /// A plan checked against a captured problem and ready to run, shareable between steps:
-/// plan(), schedule(), predicted_peak(), predicted_time() and simulation(), from
-/// detail::PlanView.
-class ScriptPlan : public detail::PlanView {
+/// plan(), schedule(), predicted_peak(), predicted_time() and simulation().
+class ScriptPlan : public ExecutionPlan {
 private:
     template <MemoryProbe>
     friend class ScriptExecutor;
     template <MemoryProbe>
     friend class ScriptStep;
-    explicit ScriptPlan(std::shared_ptr<const detail::PreparedPlan> prepared) : PlanView(std::move(prepared)) {}
+    explicit ScriptPlan(ExecutionPlan plan) : ExecutionPlan(std::move(plan)) {}
 };
+
+namespace detail::capture {
+
+/// The execution table of a captured problem: one unit per op group.
+[[nodiscard]] inline ExecutionTable execution_table(const Core& core) {
+    ExecutionTable t;
+    t.units = core.groups.size();
+    for (const OpEntry& op : core.ops) {
+        t.op_role.push_back(op.role == OpRole::forward        ? ExecOpRole::forward
+                            : op.role == OpRole::forward_grad ? ExecOpRole::forward_grad
+                            : op.role == OpRole::backward     ? ExecOpRole::backward
+                                                              : ExecOpRole::loss);
+        t.op_unit.push_back(op.role == OpRole::loss ? 0 : op.group);
+    }
+    for (const DataEntry& d : core.data) {
+        t.data_role.push_back(d.role == DataRole::activation ? ExecDataRole::activation
+                              : d.role == DataRole::saved    ? ExecDataRole::saved
+                              : d.role == DataRole::gradient ? ExecDataRole::gradient
+                                                             : ExecDataRole::marker);
+        t.data_unit.push_back(d.role == DataRole::activation && d.input ? 0 : (d.group == static_cast<std::size_t>(-1) ? 0 : d.group));
+    }
+    return t;
+}
+
+/// One step of a captured module's tensors, run for the engine (exec/backend.hpp): the
+/// activations, each group's autograd graph, the gradient contributions, the parameter
+/// gradients collected so far, and the outputs the caller holds.
+class ScriptBackend {
+public:
+    using RngState = detail::RngState;
+
+    ScriptBackend(std::shared_ptr<const Core> core, std::shared_ptr<Scratch> scratch, const std::vector<at::Tensor>& inputs)
+        : core_(std::move(core)), scratch_(std::move(scratch)), device_(core_->device), clock_(core_->device) {
+        const std::size_t n_data = core_->problem.data_count();
+        act_.resize(n_data);
+        grad_.resize(n_data);
+        graph_.resize(core_->groups.size());
+        pending_.reset(core_->parameters.size());
+        for (std::size_t i = 0; i < inputs.size(); ++i) act_[core_->inputs[i].data.index].set_external(inputs[i]);
+    }
+    ScriptBackend(ScriptBackend&&) noexcept = default;
+    ScriptBackend& operator=(ScriptBackend&&) noexcept = default;
+
+    [[nodiscard]] RngState capture_rng() const { return RngState::capture(device_); }
+    void restore_rng(const RngState& state) const { state.restore(); }
+    [[nodiscard]] bool random(std::size_t k) const { return core_->groups[k].random; }
+
+    void forward(std::size_t k, bool with_grad, bool first_run) {
+        const Group& g = core_->groups[k];
+        std::vector<at::Tensor> inputs;
+        inputs.reserve(g.input_data.size());
+        for (const DataId d : g.input_data) inputs.push_back(act_[d.index].tensor());
+        std::optional<BufferGuard> buffers;
+        if (!first_run && !g.buffers.empty()) buffers.emplace(scratch_->recompute[k], g.buffers);
+        if (with_grad) {
+            GroupGraph graph = run_with_grad(*core_, g, inputs);
+            for (std::size_t o = 0; o < g.output_data.size(); ++o)
+                act_[g.output_data[o].index].install(graph.outputs[o], /*graph_holds_storage=*/true, g.name);
+            graph_[k] = std::move(graph);
+        } else {
+            const std::vector<at::Tensor> outs = run_no_grad(*core_, g, inputs);
+            for (std::size_t o = 0; o < g.output_data.size(); ++o)
+                act_[g.output_data[o].index].install(outs[o], /*graph_holds_storage=*/false, g.name);
+        }
+    }
+
+    void backward(std::size_t k) {
+        const Group& g = core_->groups[k];
+        if (!graph_[k].live())
+            throw ExecutionError("the backward of op '" + g.name + "' found no autograd graph (its saved state was "
+                                 "produced without one)");
+        std::vector<std::vector<at::Tensor>> incoming(g.outputs.size());
+        for (std::size_t o = 0; o < g.outputs.size(); ++o)
+            for (const DataId d : g.incoming[o]) incoming[o].push_back(grad_[d.index]);
+        BackwardResult r = run_backward(g, graph_[k], incoming);
+        incoming.clear();
+        graph_[k].clear();  // consumed; the plan's `free s:G` finds nothing left to drop
+        for (std::size_t i = 0; i < g.inputs.size(); ++i)
+            if (g.input_grad[i]) grad_[g.input_grad[i]->index] = std::move(r.input_grads[i]);
+        const at::NoGradGuard no_grad;
+        // run_backward gives every parameter gradient memory of its own.
+        for (std::size_t j = 0; j < g.parameters.size(); ++j)
+            if (r.parameter_grads[j].defined()) pending_.add_owned(g.parameters[j], std::move(r.parameter_grads[j]));
+        pending_.recount();
+    }
+
+    void release(DataId d) {
+        const DataEntry& e = core_->data[d.index];
+        switch (e.role) {
+            case DataRole::activation:
+                if (std::find(exposed_.begin(), exposed_.end(), d.index) != exposed_.end()) {
+                    // The caller holds it: forget it (a recomputation produces it afresh), and count
+                    // its bytes as the caller's for as long as the caller keeps it.
+                    if (act_[d.index].live()) {
+                        const c10::Storage& storage = act_[d.index].tensor().storage();
+                        caller_held_.emplace_back(storage.getWeakStorageImpl(), storage_bytes(act_[d.index].tensor()));
+                    }
+                    act_[d.index].clear();
+                } else {
+                    act_[d.index].release();
+                }
+                break;
+            case DataRole::saved: graph_[e.group].clear(); break;
+            case DataRole::gradient: grad_[d.index] = at::Tensor(); break;
+            case DataRole::marker: break;
+        }
+    }
+
+    [[nodiscard]] Bytes pending_gradient_bytes() const noexcept { return pending_.bytes(); }
+    // Bytes of outputs the plan has freed but the caller still holds.
+    [[nodiscard]] Bytes caller_bytes() const noexcept {
+        Bytes total = 0;
+        for (const auto& [storage, bytes] : caller_held_)
+            if (storage.use_count() > 0) total += bytes;
+        return total;
+    }
+    void begin_step() { rollback_.save(core_->groups, device_); }
+    void commit() {
+        const at::NoGradGuard no_grad;
+        result_.inputs.clear();
+        for (const auto& in : core_->inputs) {
+            at::Tensor sum;
+            for (const DataId d : in.grads)
+                if (grad_[d.index].defined()) sum = sum.defined() ? sum + grad_[d.index] : grad_[d.index];
+            result_.inputs.push_back(std::move(sum));
+        }
+        result_.parameters = pending_.take();
+    }
+    void rollback(bool generators_too) noexcept { rollback_.undo(core_->groups, generators_too); }
+    void clear() noexcept {
+        for (auto& g : graph_) g.clear();
+        for (auto& a : act_) a.clear();
+        for (auto& g : grad_) g = at::Tensor();
+        pending_.clear();
+        rollback_.clear();
+        caller_held_.clear();
+    }
+    void synchronize() const { detail::synchronize(device_); }
+    [[nodiscard]] std::string describe(std::size_t k) const {
+        return " (op '" + core_->groups[k].name + "', root node " + core_->groups[k].where + ")";
+    }
+    [[nodiscard]] static std::string error_text(const std::exception& e) { return error_message(e); }
+    [[nodiscard]] double now() const { return clock_.now(); }
+
+    /// The outputs after the forward phase: the caller's from now on.
+    [[nodiscard]] std::vector<at::Tensor> expose_outputs() {
+        std::vector<at::Tensor> outputs;
+        for (const DataId d : core_->output_data) {
+            act_[d.index].expose();
+            exposed_.push_back(d.index);
+            outputs.push_back(act_[d.index].tensor().detach());
+        }
+        return outputs;
+    }
+    [[nodiscard]] const at::Tensor& output(std::size_t o) const { return act_[core_->output_data[o].index].tensor(); }
+    void set_output_gradient(std::size_t o, at::Tensor g) { grad_[core_->output_grad[o]->index] = std::move(g); }
+    [[nodiscard]] ScriptGradients take_result() noexcept { return std::move(result_); }
+
+private:
+    std::shared_ptr<const Core> core_;
+    std::shared_ptr<Scratch> scratch_;
+    c10::Device device_;
+    OpClock clock_;
+    std::vector<Activation> act_;
+    std::vector<at::Tensor> grad_;
+    std::vector<GroupGraph> graph_;
+    std::vector<std::size_t> exposed_;
+    std::vector<std::pair<c10::weak_intrusive_ptr<c10::StorageImpl>, Bytes>> caller_held_;
+    PendingGradients pending_;
+    StepRollback rollback_;
+    ScriptGradients result_;
+};
+
+/// The torch probe as the engine reads it.
+template <class Probe>
+struct ScriptProbeReader {
+    Probe* probe;
+    [[nodiscard]] Bytes current() const { return probe->current(); }
+    [[nodiscard]] Bytes peak() const { return probe->peak(); }
+    void reset_peak() { probe->reset_peak(); }
+};
+
+}  // namespace detail::capture
 
 /// One training step in two phases: forward() runs the plan up to `loss` and returns the
 /// module's output tensors; backward(grads) runs the rest and returns the gradients. A step
@@ -89,16 +272,51 @@ private:
 /// everything; the exception is an ExecutionError naming the plan step, the op and its node.
 template <MemoryProbe Probe>
 class ScriptStep {
+    using Reader = detail::capture::ScriptProbeReader<Probe>;
+    using Engine = Executor<detail::capture::ScriptBackend, Reader>;
+
 public:
     ScriptStep(std::shared_ptr<const detail::capture::Core> core, std::shared_ptr<detail::capture::Scratch> scratch,
-               ScriptPlan plan, Probe* probe, const std::vector<at::Tensor>& inputs, bool continuous)
-        : core_(std::move(core)),
-          scratch_(std::move(scratch)),
-          prepared_(std::move(plan.prepared_)),
-          probe_(probe),
-          continuous_(continuous) {
-        const auto& c = *core_;
-        const ScriptCapture capture(core_);
+               std::shared_ptr<const Engine> engine, ScriptPlan plan, Probe* probe, const std::vector<at::Tensor>& inputs,
+               bool continuous)
+        : core_(check_inputs(std::move(core), inputs)),
+          reader_(std::make_unique<Reader>(Reader{probe})),
+          step_(engine->start(std::move(plan), detail::capture::ScriptBackend(core_, std::move(scratch), inputs), *reader_,
+                              continuous)) {}
+
+    ScriptStep(ScriptStep&&) noexcept = default;
+    ScriptStep& operator=(ScriptStep&&) noexcept = default;
+
+    /// Runs the plan up to `loss`; returns one tensor per output of the module (without
+    /// autograd history; the caller may keep them).
+    std::vector<at::Tensor> forward() {
+        step_.forward();
+        return step_.backend().expose_outputs();
+    }
+
+    /// Runs the rest of the plan with the gradients of the loss with respect to each output
+    /// (undefined entries are taken as zeros). The executor keeps no reference to them beyond
+    /// the plan's frees.
+    ScriptGradients backward(std::vector<at::Tensor> grad_outputs) {
+        if (step_.phase() == StepPhase::between) give_output_gradients(std::move(grad_outputs));
+        step_.backward();
+        return step_.backend().take_result();
+    }
+
+    /// Gives up a step between its phases (the caller's loss failed): buffers go back to
+    /// their values before the step and everything is freed.
+    void abort() noexcept { step_.abort(); }
+
+    [[nodiscard]] const StepReport& report() const noexcept { return step_.report(); }
+    /// Per schedule step, the seconds its op took (0 for frees and the loss), on the clock
+    /// capture times ops with: for comparing a plan's predicted times with reality op by op.
+    [[nodiscard]] const std::vector<double>& step_seconds() const noexcept { return step_.step_seconds(); }
+
+private:
+    static std::shared_ptr<const detail::capture::Core> check_inputs(std::shared_ptr<const detail::capture::Core> core,
+                                                                     const std::vector<at::Tensor>& inputs) {
+        const auto& c = *core;
+        const ScriptCapture capture(core);
         if (!capture.matches(inputs)) {
             std::string expected, got;
             for (const auto& in : c.inputs)
@@ -121,63 +339,17 @@ public:
             throw InvalidInput("'" + c.name + "' was captured in " + (c.training ? "training" : "evaluation") +
                                " mode but the module is now in " + (c.training ? "evaluation" : "training") +
                                " mode; capture again after train()/eval()");
-        const std::size_t n_data = c.problem.data_count();
-        act_.resize(n_data);
-        grad_.resize(n_data);
-        graph_.resize(c.groups.size());
-        saved_live_.assign(c.groups.size(), 0);
-        rng_.resize(c.groups.size());
-        ran_.assign(c.groups.size(), 0);
-        pending_.reset(c.parameters.size());
-        device_ = c.device;
-        clock_ = detail::OpClock(device_);
-        for (std::size_t i = 0; i < inputs.size(); ++i) act_[c.inputs[i].data.index].set_external(inputs[i]);
-        report_ = detail::planned_report(*prepared_);
-        step_seconds_.assign(prepared_->plan.schedule.size(), 0.0);
+        return core;
     }
 
-    ScriptStep(ScriptStep&&) noexcept = default;
-    ScriptStep& operator=(ScriptStep&&) noexcept = default;
-    ScriptStep(const ScriptStep&) = delete;
-    ScriptStep& operator=(const ScriptStep&) = delete;
-    ~ScriptStep() { clear(); }
-
-    /// Runs the plan up to `loss`; returns one tensor per output of the module (without
-    /// autograd history; the caller may keep them).
-    std::vector<at::Tensor> forward() {
-        detail::check_forward_allowed(phase_, "script step");
-        rollback_.save(core_->groups, device_);
-        phase_ = Phase::forward;
-        const auto start = detail::Clock::now();
-        forward_reference_ =
-            detail::start_forward_measurement(report_, probe_->current(), core_->problem.initial_bytes());
-        for (std::size_t i = 0; i < prepared_->loss_step; ++i) execute(i, forward_reference_, report_.forward_peak);
-        std::vector<at::Tensor> outputs;
-        for (const DataId d : core_->output_data) {
-            act_[d.index].expose();
-            exposed_.push_back(d.index);
-            outputs.push_back(act_[d.index].tensor().detach());
-        }
-        detail::synchronize(device_);
-        report_.forward_seconds = detail::seconds_since(start);
-        phase_ = Phase::between;
-        return outputs;
-    }
-
-    /// Runs the rest of the plan with the gradients of the loss with respect to each output
-    /// (undefined entries are taken as zeros). The executor keeps no reference to them beyond
-    /// the plan's frees.
-    ScriptGradients backward(std::vector<at::Tensor> grad_outputs) {
-        detail::check_backward_allowed(phase_, "script step");
+    void give_output_gradients(std::vector<at::Tensor> grad_outputs) {
         if (grad_outputs.size() != core_->output_data.size())
             throw InvalidInput("script step: " + std::to_string(grad_outputs.size()) + " output gradients for " +
                                std::to_string(core_->output_data.size()) + " outputs");
-        phase_ = Phase::backward;
-        const auto start = detail::Clock::now();
+        auto& backend = step_.backend();
         for (std::size_t o = 0; o < grad_outputs.size(); ++o) {
-            const auto& d = core_->output_grad[o];
-            if (!d) continue;
-            const at::Tensor& out = act_[core_->output_data[o].index].tensor();
+            if (!core_->output_grad[o]) continue;
+            const at::Tensor& out = backend.output(o);
             at::Tensor g = std::move(grad_outputs[o]);
             if (!g.defined()) {
                 g = at::zeros_like(out);
@@ -188,234 +360,13 @@ public:
             } else {
                 g = g.contiguous();
             }
-            grad_[d->index] = std::move(g);
+            backend.set_output_gradient(o, std::move(g));
         }
-        grad_outputs.clear();
-        const Bytes reference =
-            detail::start_backward_measurement(report_, *prepared_, probe_->current(), forward_reference_, continuous_);
-        const Schedule& schedule = prepared_->plan.schedule;
-        for (std::size_t i = prepared_->loss_step + 1; i < schedule.size(); ++i)
-            execute(i, reference, report_.backward_peak);
-        ScriptGradients result;
-        {
-            const at::NoGradGuard no_grad;
-            for (const auto& in : core_->inputs) {
-                at::Tensor sum;
-                for (const DataId d : in.grads)
-                    if (grad_[d.index].defined()) sum = sum.defined() ? sum + grad_[d.index] : grad_[d.index];
-                result.inputs.push_back(std::move(sum));
-            }
-        }
-        result.parameters = pending_.take();
-        detail::finish_report(report_, start, device_);
-        phase_ = Phase::done;
-        clear();
-        return result;
-    }
-
-    /// Gives up a step between its phases (the caller's loss failed): buffers go back to
-    /// their values before the step and everything is freed.
-    void abort() noexcept {
-        if (phase_ == Phase::done || phase_ == Phase::failed) return;
-        rollback_.undo(core_->groups, /*generators_too=*/false);
-        phase_ = Phase::failed;
-        clear();
-    }
-
-    [[nodiscard]] const StepReport& report() const noexcept { return report_; }
-    /// Per schedule step, the seconds its op took (0 for frees and the loss), on the clock
-    /// capture times ops with: for comparing a plan's predicted times with reality op by op.
-    [[nodiscard]] const std::vector<double>& step_seconds() const noexcept { return step_seconds_; }
-
-private:
-    using Phase = detail::StepPhase;
-    using Role = detail::capture::OpRole;
-    using DataRole = detail::capture::DataRole;
-
-    void execute(std::size_t index, Bytes reference, Bytes& peak) {
-        const Step& step = prepared_->plan.schedule[index];
-        if (step.is_free()) {
-            release_data(step.data());
-            report_.measured_timeline[index] = probe_->current() - pending_.bytes() - held_by_caller() - reference;
-            return;
-        }
-        const detail::capture::OpEntry op = core_->ops[step.op().index];
-        if (op.role == Role::loss) return;
-        const Bytes pending_before = pending_.bytes() + held_by_caller();
-        // Reading the generator's state allocates a tensor for a moment: done before the
-        // measured window, which then holds the op alone, as profiling measured it.
-        std::optional<detail::RngState> rng_now;
-        if (op.role != Role::backward && wants_rng(op.group)) rng_now = detail::RngState::capture(device_);
-        probe_->reset_peak();
-        const double t0 = clock_.now();
-        try {
-            if (op.role == Role::backward)
-                run_backward(op.group);
-            else
-                run_forward(op.group, op.role == Role::forward_grad, std::move(rng_now));
-        } catch (...) {
-            fail(index, op);
-        }
-        detail::synchronize(device_);
-        step_seconds_[index] = clock_.now() - t0;
-        const Bytes during = probe_->peak() - pending_before - reference;
-        report_.measured_timeline[index] = during;
-        peak = std::max(peak, during);
-    }
-
-    void release_data(DataId d) {
-        const detail::capture::DataEntry& e = core_->data[d.index];
-        switch (e.role) {
-            case DataRole::activation:
-                if (std::find(exposed_.begin(), exposed_.end(), d.index) != exposed_.end()) {
-                    // The caller holds it: forget it (a recomputation produces it afresh), and count
-                    // its bytes as the caller's for as long as the caller keeps it.
-                    if (act_[d.index].live()) {
-                        const c10::Storage& storage = act_[d.index].tensor().storage();
-                        caller_held_.emplace_back(storage.getWeakStorageImpl(), detail::storage_bytes(act_[d.index].tensor()));
-                    }
-                    act_[d.index].clear();
-                } else {
-                    act_[d.index].release();
-                }
-                break;
-            case DataRole::saved:
-                graph_[e.group].clear();
-                saved_live_[e.group] = 0;
-                break;
-            case DataRole::gradient: grad_[d.index] = at::Tensor(); break;
-            case DataRole::marker: break;
-        }
-    }
-
-    // Whether a forward of group k needs the generator's current state: the first run of a
-    // random group that the plan runs again (to replay it), or a replay (to put it back).
-    [[nodiscard]] bool wants_rng(std::size_t k) const {
-        if (!core_->groups[k].random) return false;
-        return ran_[k] == 0 ? prepared_->forward_runs[k] > 1 : rng_[k].has_value();
-    }
-
-    // Puts the generator back on exit (after a replayed recomputation), exceptions included.
-    struct RestoreRng {
-        std::optional<detail::RngState> state;
-        RestoreRng() = default;
-        RestoreRng(const RestoreRng&) = delete;
-        RestoreRng& operator=(const RestoreRng&) = delete;
-        ~RestoreRng() {
-            if (state) state->restore();
-        }
-    };
-
-    void run_forward(std::size_t k, bool with_grad, std::optional<detail::RngState> rng_now) {
-        const detail::capture::Group& g = core_->groups[k];
-        if (with_grad && saved_live_[k]) with_grad = false;  // only outputs can be missing
-        bool all_live = true;
-        for (const DataId d : g.output_data) all_live = all_live && act_[d.index].live();
-        if (!with_grad && all_live) return;  // nothing the op writes is missing
-        for (const DataId d : g.output_data)
-            if (act_[d.index].live()) release_data(d);  // rewritten: counted once, as in the simulator
-        std::vector<at::Tensor> inputs;
-        inputs.reserve(g.input_data.size());
-        for (const DataId d : g.input_data) inputs.push_back(act_[d.index].tensor());
-        const bool first = ran_[k] == 0;
-        RestoreRng restore_rng;
-        std::optional<detail::BufferGuard> buffers;
-        if (first) {
-            ran_[k] = 1;
-            if (rng_now) rng_[k] = std::move(rng_now);  // the numbers its later runs replay
-        } else {
-            if (rng_[k] && rng_now) {
-                restore_rng.state = std::move(rng_now);
-                rng_[k]->restore();
-            }
-            if (!g.buffers.empty()) buffers.emplace(scratch_->recompute[k], g.buffers);
-        }
-        ++report_.forward_runs;
-        if (with_grad) {
-            detail::capture::GroupGraph graph = detail::capture::run_with_grad(*core_, g, inputs);
-            for (std::size_t o = 0; o < g.output_data.size(); ++o)
-                act_[g.output_data[o].index].install(graph.outputs[o], /*graph_holds_storage=*/true, g.name);
-            graph_[k] = std::move(graph);
-            saved_live_[k] = 1;
-        } else {
-            const std::vector<at::Tensor> outs = detail::capture::run_no_grad(*core_, g, inputs);
-            for (std::size_t o = 0; o < g.output_data.size(); ++o)
-                act_[g.output_data[o].index].install(outs[o], /*graph_holds_storage=*/false, g.name);
-        }
-    }
-
-    void run_backward(std::size_t k) {
-        const detail::capture::Group& g = core_->groups[k];
-        if (!graph_[k].live())
-            throw ExecutionError("the backward of op '" + g.name + "' found no autograd graph (its saved state was "
-                                 "produced without one)");
-        std::vector<std::vector<at::Tensor>> incoming(g.outputs.size());
-        for (std::size_t o = 0; o < g.outputs.size(); ++o)
-            for (const DataId d : g.incoming[o]) incoming[o].push_back(grad_[d.index]);
-        detail::capture::BackwardResult r = detail::capture::run_backward(g, graph_[k], incoming);
-        incoming.clear();
-        graph_[k].clear();  // consumed; the plan's `free s:G` finds nothing left to drop
-        for (std::size_t i = 0; i < g.inputs.size(); ++i)
-            if (g.input_grad[i]) grad_[g.input_grad[i]->index] = std::move(r.input_grads[i]);
-        const at::NoGradGuard no_grad;
-        // run_backward gives every parameter gradient memory of its own.
-        for (std::size_t j = 0; j < g.parameters.size(); ++j)
-            if (r.parameter_grads[j].defined()) pending_.add_owned(g.parameters[j], std::move(r.parameter_grads[j]));
-        pending_.recount();
-    }
-
-    // Bytes of outputs the plan has freed but the caller still holds.
-    [[nodiscard]] Bytes held_by_caller() const noexcept {
-        Bytes total = 0;
-        for (const auto& [storage, bytes] : caller_held_)
-            if (storage.use_count() > 0) total += bytes;
-        return total;
-    }
-
-    [[noreturn]] void fail(std::size_t index, const detail::capture::OpEntry& op) {
-        const bool in_forward = phase_ == Phase::forward;
-        // The generators go back only in the forward phase: later, the caller (its loss) may
-        // have drawn from them.
-        rollback_.undo(core_->groups, /*generators_too=*/in_forward);
-        phase_ = Phase::failed;
-        clear();
-        const std::string node = " (op '" + core_->groups[op.group].name + "', root node " +
-                                 core_->groups[op.group].where + ")";
-        detail::rethrow_as_execution_error(
-            detail::step_failure_context(index, core_->problem, prepared_->plan.schedule[index], node, in_forward),
-            error_message);
-    }
-
-    void clear() noexcept {
-        for (auto& g : graph_) g.clear();
-        for (auto& a : act_) a.clear();
-        for (auto& g : grad_) g = at::Tensor();
-        pending_.clear();
-        rollback_.clear();
-        caller_held_.clear();
     }
 
     std::shared_ptr<const detail::capture::Core> core_;
-    std::shared_ptr<detail::capture::Scratch> scratch_;
-    std::shared_ptr<const detail::PreparedPlan> prepared_;
-    Probe* probe_ = nullptr;
-    bool continuous_ = false;
-    Phase phase_ = Phase::ready;
-    c10::Device device_ = c10::Device(c10::DeviceType::CPU);
-    std::vector<detail::Activation> act_;
-    std::vector<at::Tensor> grad_;
-    std::vector<detail::capture::GroupGraph> graph_;
-    std::vector<char> saved_live_;
-    std::vector<std::optional<detail::RngState>> rng_;
-    std::vector<char> ran_;
-    std::vector<std::size_t> exposed_;
-    std::vector<std::pair<c10::weak_intrusive_ptr<c10::StorageImpl>, Bytes>> caller_held_;
-    detail::PendingGradients pending_;
-    Bytes forward_reference_ = 0;
-    detail::StepRollback rollback_;
-    StepReport report_;
-    std::vector<double> step_seconds_;
-    detail::OpClock clock_{device_};
+    std::unique_ptr<Reader> reader_;
+    ExecutionStep<detail::capture::ScriptBackend, Reader> step_;
 };
 
 /// The outcome of ScriptExecutor::step.
@@ -471,7 +422,9 @@ public:
     explicit ScriptExecutor(ScriptCapture capture, Probe probe = Probe{})
         : capture_(std::move(capture)),
           probe_(std::make_shared<Probe>(std::move(probe))),
-          scratch_(std::make_shared<detail::capture::Scratch>()) {
+          scratch_(std::make_shared<detail::capture::Scratch>()),
+          engine_(std::make_shared<const Engine>(capture_.problem(), capture_.problem(),
+                                                 detail::capture::execution_table(*capture_.core()))) {
         for (const auto& g : capture_.core()->groups) scratch_->recompute.emplace_back(g.buffers);
     }
 
@@ -482,28 +435,15 @@ public:
     [[nodiscard]] Probe& probe() const noexcept { return *probe_; }
 
     /// Checks a plan against the captured problem (the simulator must accept it) and prepares it.
-    [[nodiscard]] ScriptPlan prepare(Plan plan) const {
-        const auto& core = *capture_.core();
-        SimulationReport simulation =
-            detail::checked_simulation(core.problem, plan.schedule, "'" + core.problem.name() + "'");
-        const auto role_of = [&core](OpId id) {
-            const detail::capture::OpEntry op = core.ops[id.index];
-            using Role = detail::capture::OpRole;
-            return detail::PlanOpRole{op.role == Role::loss, op.role == Role::forward || op.role == Role::forward_grad,
-                                      op.group};
-        };
-        // No planned_peak: the script executor predicts on the very problem solvers plan on.
-        return ScriptPlan(detail::prepare_plan(std::move(plan), std::move(simulation), /*planned_peak=*/0,
-                                               core.groups.size(), role_of));
-    }
+    [[nodiscard]] ScriptPlan prepare(Plan plan) const { return ScriptPlan(engine_->prepare(std::move(plan))); }
     [[nodiscard]] ScriptPlan prepare(Schedule schedule) const {
-        return prepare(detail::hand_written_plan(std::move(schedule)));
+        return prepare(hand_written_plan(std::move(schedule)));
     }
 
     /// A step to drive by hand: forward(), then backward().
     [[nodiscard]] ScriptStep<Probe> start(const ScriptPlan& plan, const std::vector<at::Tensor>& inputs,
                                           bool continuous = true) const {
-        return ScriptStep<Probe>(capture_.core(), scratch_, plan, probe_.get(), inputs, continuous);
+        return ScriptStep<Probe>(capture_.core(), scratch_, engine_, plan, probe_.get(), inputs, continuous);
     }
 
     /// A whole training step: forward, `loss(outputs)` (with autograd), backward, and the
@@ -579,9 +519,11 @@ public:
     }
 
 private:
+    using Engine = Executor<detail::capture::ScriptBackend, detail::capture::ScriptProbeReader<Probe>>;
     ScriptCapture capture_;
     std::shared_ptr<Probe> probe_;
     std::shared_ptr<detail::capture::Scratch> scratch_;
+    std::shared_ptr<const Engine> engine_;
 };
 
 }  // namespace remat::torch

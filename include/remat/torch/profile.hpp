@@ -27,6 +27,7 @@
 #include "../core/chain.hpp"
 #include "../core/problem.hpp"
 #include "../core/errors.hpp"
+#include "../core/timing.hpp"
 #include "../io/budget.hpp"
 #include "detail/runtime.hpp"
 #include "memory.hpp"
@@ -91,9 +92,7 @@ inline double median(std::vector<double> values) {
     return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
-inline double seconds_since(Clock::time_point start) {
-    return std::chrono::duration<double>(Clock::now() - start).count();
-}
+using remat::seconds_since;
 
 /// Puts the model's buffers and the random generators back as they were, whatever happens
 /// in between: profiling must leave no trace on the model.

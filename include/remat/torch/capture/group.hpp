@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "../../core/errors.hpp"
+#include "../../graph/topological.hpp"
 #include "trace.hpp"
 
 namespace remat::torch::detail::capture {
@@ -275,27 +276,24 @@ private:
         }
     }
 
-    // Kahn's order, the group that comes first in the module first.
+    // Kahn's order, the group that comes first in the module first: groups are numbered by
+    // their first node for the sort, whose ties go to the smallest number.
     std::vector<std::size_t> topological(const std::vector<std::vector<std::size_t>>& successors,
                                          const std::vector<std::size_t>& position) const {
         const std::size_t n = successors.size();
-        std::vector<std::size_t> missing(n, 0);
-        for (const auto& next : successors)
-            for (const std::size_t s : next) ++missing[s];
-        std::set<std::pair<std::size_t, std::size_t>> ready;
+        std::vector<std::size_t> by_position(n);
+        for (std::size_t g = 0; g < n; ++g) by_position[g] = g;
+        std::sort(by_position.begin(), by_position.end(), [&](std::size_t a, std::size_t b) { return position[a] < position[b]; });
+        std::vector<std::size_t> rank(n);
+        for (std::size_t r = 0; r < n; ++r) rank[by_position[r]] = r;
+        graph::Adjacency ranked(n);
         for (std::size_t g = 0; g < n; ++g)
-            if (missing[g] == 0) ready.emplace(position[g], g);
-        std::vector<std::size_t> order;
-        while (!ready.empty()) {
-            const std::size_t g = ready.begin()->second;
-            ready.erase(ready.begin());
-            order.push_back(g);
-            for (const std::size_t s : successors[g])
-                if (--missing[s] == 0) ready.emplace(position[s], s);
-        }
-        if (order.size() != n)
-            throw InvalidInput(who_ + ": the ops read each other's results in a cycle (internal error in capture)");
-        return order;
+            for (const std::size_t s : successors[g]) ranked[rank[g]].push_back(rank[s]);
+        const auto order = graph::topological_order(ranked);
+        if (!order) throw InvalidInput(who_ + ": the ops read each other's results in a cycle (internal error in capture)");
+        std::vector<std::size_t> groups;
+        for (const std::size_t r : *order) groups.push_back(by_position[r]);
+        return groups;
     }
 
     Group make_group(std::size_t rank, const std::vector<std::size_t>& members, std::vector<std::size_t> inputs,

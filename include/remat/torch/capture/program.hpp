@@ -34,12 +34,6 @@
 
 namespace remat::torch {
 
-/// An exception's message without the C++ backtrace LibTorch appends to its own errors.
-[[nodiscard]] inline std::string error_message(const std::exception& e) {
-    if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) return c10_error->what_without_backtrace();
-    return e.what();
-}
-
 namespace detail::capture {
 
 namespace jit = ::torch::jit;
