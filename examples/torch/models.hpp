@@ -6,7 +6,12 @@
 //    norm, and an LM head tied to the token embedding;
 //  - a ResNet-like network (He et al., 2016): a convolution stem, basic residual blocks of
 //    two 3×3 convolutions with batch norm (strided blocks with a projection shortcut),
-//    global average pooling and a linear classifier.
+//    global average pooling and a linear classifier;
+//  - a U-Net (Ronneberger et al., 2015): levels of (3×3 convolution, batch norm, ReLU) down
+//    with max pooling, up with transposed convolutions, skip concatenations between them;
+//  - an encoder-decoder transformer (Vaswani et al., 2017): two inputs, encoder layers of
+//    self-attention and MLP, decoder layers of self-attention, cross-attention over the
+//    encoder's output and MLP, dropout, post-residual layer norms.
 //
 // Each block is a submodule with its own forward, as a Python user's nn.Module would be when
 // scripted; parameters require grad, and every module has the `training` attribute that
@@ -29,6 +34,23 @@ struct GptConfig {
     std::int64_t layers = 2;
     std::int64_t heads = 4;
     std::int64_t embed = 64;
+    double dropout = 0.1;
+};
+
+struct UNetConfig {
+    std::int64_t in_channels = 3;
+    std::int64_t width = 8;     // channels of the top level; doubled per level down
+    std::int64_t levels = 4;    // levels with a skip connection (the bottom comes below them)
+    std::int64_t convs = 2;     // (conv, batch norm, ReLU) per level and side
+    std::int64_t classes = 3;
+};
+
+struct EncoderDecoderConfig {
+    std::int64_t d_model = 32;
+    std::int64_t heads = 4;
+    std::int64_t encoder_layers = 2;
+    std::int64_t decoder_layers = 2;
+    std::int64_t feedforward = 64;
     double dropout = 0.1;
 };
 
@@ -152,7 +174,153 @@ def forward(self, x):
     return m;
 }
 
+// (conv, batch norm, ReLU) × convs: the body of a U-Net level's forward.
+inline std::string conv_stack(torch::jit::Module& m, const std::string& prefix, std::int64_t in, std::int64_t out,
+                              std::int64_t convs, const std::string& input) {
+    std::string body, x = input;
+    for (std::int64_t c = 0; c < convs; ++c) {
+        std::string name = prefix;
+        name += std::to_string(c);
+        add_parameter(m, name + "_conv", conv_weight(out, c == 0 ? in : out, 3));
+        add_batch_norm(m, name + "_bn", out);
+        body += "    x = torch.relu(" + batch_norm(conv(x, name + "_conv", 1, 1), name + "_bn") + ")\n";
+        x = "x";
+    }
+    return body;
+}
+
+// Multi-head attention of queries from `q` over keys and values from `kv`, with the output
+// projection; the caller adds the residual and the norm.
+inline std::string attention(torch::jit::Module& m, const std::string& p, const EncoderDecoderConfig& c,
+                             const std::string& q, const std::string& kv) {
+    const std::int64_t d = c.d_model;
+    const double std = 1.0 / std::sqrt(static_cast<double>(d));
+    for (const char* w : {"_q", "_k", "_v", "_o"}) {
+        add_parameter(m, p + w + "_w", normal(d, d, std));
+        add_parameter(m, p + w + "_b", at::zeros({d}));
+    }
+    const std::string H = std::to_string(c.heads), P = number(c.dropout);
+    const std::string scale = number(1.0 / std::sqrt(static_cast<double>(d / c.heads)));
+    const auto lin = [&](const std::string& in, const std::string& w) {
+        return "torch.linear(" + in + ", self." + p + w + "_w, self." + p + w + "_b)";
+    };
+    return "    B = " + q + ".size(0)\n"
+           "    Tq = " + q + ".size(1)\n"
+           "    Tk = " + kv + ".size(1)\n"
+           "    qh = " + lin(q, "_q") + ".view(B, Tq, " + H + ", " + std::to_string(d / c.heads) + ").transpose(1, 2)\n"
+           "    kh = " + lin(kv, "_k") + ".view(B, Tk, " + H + ", " + std::to_string(d / c.heads) + ").transpose(1, 2)\n"
+           "    vh = " + lin(kv, "_v") + ".view(B, Tk, " + H + ", " + std::to_string(d / c.heads) + ").transpose(1, 2)\n"
+           "    att = torch.softmax(torch.matmul(qh, kh.transpose(-2, -1)) * " + scale + ", -1)\n"
+           "    att = torch.dropout(att, " + P + ", self.training)\n"
+           "    y = torch.matmul(att, vh).transpose(1, 2).contiguous().view(B, Tq, " + std::to_string(d) + ")\n"
+           "    y = torch.dropout(" + lin("y", "_o") + ", " + P + ", self.training)\n";
+}
+
+inline std::string layer_norm(torch::jit::Module& m, const std::string& name, std::int64_t d, const std::string& x) {
+    add_parameter(m, name + "_w", at::ones({d}));
+    add_parameter(m, name + "_b", at::zeros({d}));
+    return "torch.layer_norm(" + x + ", [" + std::to_string(d) + "], self." + name + "_w, self." + name + "_b, 1e-5, False)";
+}
+
+inline std::string feedforward(torch::jit::Module& m, const std::string& p, const EncoderDecoderConfig& c,
+                               const std::string& x) {
+    add_parameter(m, p + "_fc1_w", normal(c.feedforward, c.d_model, 1.0 / std::sqrt(static_cast<double>(c.d_model))));
+    add_parameter(m, p + "_fc1_b", at::zeros({c.feedforward}));
+    add_parameter(m, p + "_fc2_w", normal(c.d_model, c.feedforward, 1.0 / std::sqrt(static_cast<double>(c.feedforward))));
+    add_parameter(m, p + "_fc2_b", at::zeros({c.d_model}));
+    return "    h = torch.relu(torch.linear(" + x + ", self." + p + "_fc1_w, self." + p + "_fc1_b))\n"
+           "    h = torch.dropout(torch.linear(h, self." + p + "_fc2_w, self." + p + "_fc2_b), " + number(c.dropout) +
+           ", self.training)\n";
+}
+
+inline torch::jit::Module encoder_layer(const EncoderDecoderConfig& c) {
+    torch::jit::Module m = new_module("EncoderLayer");
+    std::string body = attention(m, "sa", c, "x", "x");
+    body += "    x = " + layer_norm(m, "ln1", c.d_model, "x + y") + "\n";
+    body += feedforward(m, "ff", c, "x");
+    body += "    return " + layer_norm(m, "ln2", c.d_model, "x + h") + "\n";
+    m.define("def forward(self, x):\n" + body);
+    return m;
+}
+
+inline torch::jit::Module decoder_layer(const EncoderDecoderConfig& c) {
+    torch::jit::Module m = new_module("DecoderLayer");
+    std::string body = attention(m, "sa", c, "x", "x");
+    body += "    x = " + layer_norm(m, "ln1", c.d_model, "x + y") + "\n";
+    body += attention(m, "ca", c, "x", "memory");
+    body += "    x = " + layer_norm(m, "ln2", c.d_model, "x + y") + "\n";
+    body += feedforward(m, "ff", c, "x");
+    body += "    return " + layer_norm(m, "ln3", c.d_model, "x + h") + "\n";
+    m.define("def forward(self, x, memory):\n" + body);
+    return m;
+}
+
 }  // namespace detail
+
+/// The U-Net: forward(x: Float[B, in_channels, H, W]) → [B, classes, H, W], H and W
+/// divisible by 2^levels.
+[[nodiscard]] inline torch::jit::Module make_unet(const UNetConfig& c) {
+    torch::jit::Module m = detail::new_module("UNet");
+    std::string body;
+    std::int64_t channels = c.in_channels;
+    for (std::int64_t l = 0; l < c.levels; ++l) {
+        std::string down = "down";
+        down += std::to_string(l);
+        const std::int64_t out = c.width << l;
+        torch::jit::Module level = detail::new_module("Down");
+        level.define("def forward(self, x):\n" + detail::conv_stack(level, "c", channels, out, c.convs, "x") + "    return x\n");
+        m.register_module(down, level);
+        body += "    s" + std::to_string(l) + " = self." + down + ".forward(x)\n";
+        body += "    x = torch.max_pool2d(s" + std::to_string(l) + ", [2, 2], [2, 2], [0, 0], [1, 1], False)\n";
+        channels = out;
+    }
+    torch::jit::Module bottom = detail::new_module("Bottom");
+    const std::int64_t bottom_channels = c.width << c.levels;
+    bottom.define("def forward(self, x):\n" + detail::conv_stack(bottom, "c", channels, bottom_channels, c.convs, "x") +
+                  "    return x\n");
+    m.register_module("bottom", bottom);
+    body += "    x = self.bottom.forward(x)\n";
+    channels = bottom_channels;
+    for (std::int64_t l = c.levels; l-- > 0;) {
+        const std::int64_t out = c.width << l;
+        std::string up = "up";
+        up += std::to_string(l);
+        torch::jit::Module level = detail::new_module("Up");
+        detail::add_parameter(level, "up_w", at::randn({channels, out, 2, 2}) * std::sqrt(1.0 / static_cast<double>(channels)));
+        detail::add_parameter(level, "up_b", at::zeros({out}));
+        level.define("def forward(self, x, skip):\n"
+                     "    x = torch.conv_transpose2d(x, self.up_w, self.up_b, [2, 2], [0, 0], [0, 0], 1, [1, 1])\n"
+                     "    x = torch.cat([x, skip], 1)\n" +
+                     detail::conv_stack(level, "c", 2 * out, out, c.convs, "x") + "    return x\n");
+        m.register_module(up, level);
+        body += "    x = self." + up + ".forward(x, s" + std::to_string(l) + ")\n";
+        channels = out;
+    }
+    detail::add_parameter(m, "head_w", detail::conv_weight(c.classes, channels, 1));
+    m.define("def forward(self, x):\n" + body + "    return " + detail::conv("x", "head_w", 1, 0) + "\n");
+    return m;
+}
+
+/// The encoder-decoder transformer: forward(src: Float[B, S, d_model], tgt: Float[B, T, d_model])
+/// → [B, T, d_model].
+[[nodiscard]] inline torch::jit::Module make_encoder_decoder(const EncoderDecoderConfig& c) {
+    torch::jit::Module m = detail::new_module("EncoderDecoder");
+    std::string body;
+    for (std::int64_t l = 0; l < c.encoder_layers; ++l) {
+        std::string name = "enc";
+        name += std::to_string(l);
+        m.register_module(name, detail::encoder_layer(c));
+        body += "    src = self." + name + ".forward(src)\n";
+    }
+    for (std::int64_t l = 0; l < c.decoder_layers; ++l) {
+        std::string name = "dec";
+        name += std::to_string(l);
+        m.register_module(name, detail::decoder_layer(c));
+        body += "    tgt = self." + name + ".forward(tgt, src)\n";
+    }
+    m.define("def forward(self, src, tgt):\n" + body + "    return tgt\n");
+    return m;
+}
 
 /// The GPT-2-like model: forward(idx: Long[B, T]) → logits [B, T, vocab], T ≤ block_size.
 /// Parameters are drawn from the default generator (seed it for reproducible models).

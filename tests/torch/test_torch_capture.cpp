@@ -19,6 +19,8 @@
 
 #include "../../examples/torch/models.hpp"
 #include "remat/io/json.hpp"
+#include "remat/core/bounds.hpp"
+#include "remat/solvers/greedy.hpp"
 #include "remat/solvers/rockmate.hpp"
 #include "remat/solvers/store_all.hpp"
 #include "remat/torch/graph_executor.hpp"
@@ -535,4 +537,59 @@ TEST_CASE("capture: the problem is valid JSON and its store-all reference matche
     REQUIRE(lines.size() == again.ops().size());
     CHECK(lines.front().find("capture op " + again.ops().front().name) != std::string::npos);
     CHECK(again.problem().op_count() == p.op_count());
+}
+
+TEST_CASE("capture: a U-Net and an encoder-decoder without blocks train under budgets like plain autograd",
+          "[torch][capture][models]") {
+    remat::torch::CpuMemoryProbe probe;
+    at::manual_seed(70);
+    remat_examples::UNetConfig u;
+    u.levels = 4;
+    u.width = 4;
+    u.convs = 2;
+    auto unet = remat_examples::make_unet(u);
+    const at::Tensor image = at::randn({2, 3, 32, 32});
+    remat_examples::EncoderDecoderConfig e;
+    e.d_model = 16;
+    e.heads = 2;
+    e.feedforward = 32;
+    auto encdec = remat_examples::make_encoder_decoder(e);
+    const at::Tensor src = at::randn({2, 7, 16});
+    const at::Tensor tgt = at::randn({2, 5, 16});
+    struct Case {
+        std::string name;
+        torch::jit::Module* module;
+        std::vector<at::Tensor> inputs;
+    };
+    for (const Case& c : {Case{"unet", &unet, {image}}, Case{"encdec", &encdec, {src, tgt}}}) {
+        INFO(c.name);
+        const ScriptCapture cap = capture_script(*c.module, c.inputs, quick(c.name));
+        // The skips and the cross-attention tie the middle of the graph into one block.
+        const auto partition = remat::partition_blocks(cap.problem());
+        std::size_t largest = 0, forward = 0;
+        for (const auto& b : partition.blocks) {
+            largest = std::max(largest, b.forward_ops.size());
+            forward += b.forward_ops.size();
+        }
+        CHECK(2 * largest >= forward);
+        ScriptExecutor<> ex(cap);
+        const remat::Plan reference = store_all(cap);
+        const remat::MemoryLowerBound bound = remat::memory_lower_bound(cap.problem());
+        INFO("lower bound " << bound.bytes << " (" << bound.reason << "), store-all " << reference.peak);
+        // Budgets between the proven lower bound (at this size, a convolution's workspace) and
+        // the store-all peak, down to the least the greedy reaches.
+        std::vector<remat::Plan> plans{reference, recompute_all(cap)};
+        const remat::Greedy greedy;
+        const Bytes least = greedy.smallest_budget(cap.problem());
+        for (const Bytes budget : {(bound.bytes + reference.peak) / 2, least}) plans.push_back(greedy.solve(cap.problem(), budget));
+        CHECK(least < reference.peak * 3 / 4);
+        for (const remat::Plan& plan : plans) {
+            INFO("budget " << plan.budget << " of " << reference.peak << " (" << plan.stats.solver << ")");
+            const auto report = check_against_plain(*c.module, cap, ex, plan, c.inputs, sum_of_squares());
+            // Within 1 % (and a few hundred bytes of autograd's own on models this small).
+            const Bytes slack = 1024 + report.predicted_peak / 100;
+            CHECK(report.measured_peak <= plan.budget + slack);
+            CHECK(std::abs(report.measured_peak - report.predicted_peak) <= slack);
+        }
+    }
 }

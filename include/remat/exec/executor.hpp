@@ -6,8 +6,9 @@
 // owns everything that does not depend on the framework:
 //   - the phases, with the loss boundary between them, and the order they may be called in;
 //   - which forward really runs: a forward with grad whose saved state is already live only
-//     rewrites its missing activations, one whose writes are all live does nothing, and live
-//     writes are released before they are rewritten (as the simulator counts them);
+//     rewrites its missing activations, one whose activations are all live does nothing, and
+//     live activations are released before they are rewritten (the simulator counts them
+//     once), outside the measured window;
 //   - random-number replay: the generators' state is read before the measured window at the
 //     first run of a unit the plan recomputes, and put back around each recomputation;
 //   - the plan's timeline against measured memory: the probe's peak while each op runs, minus
@@ -172,11 +173,25 @@ private:
         const ExecOpRole role = table().op_role[k];
         if (role == ExecOpRole::loss) return;
         const std::size_t unit = table().op_unit[k];
-        const Bytes outside_before = held_outside();
-        // Reading the generators may allocate for a moment: done before the measured window,
-        // which then holds the op alone, as profiling measured it.
+        // Before the measured window: what a forward must really run, the release of what it
+        // rewrites (the caller may keep an output it rewrites: that memory is the caller's),
+        // and the generators' state (reading it may allocate for a moment). The window then
+        // holds the op alone, as profiling measured it.
+        std::optional<bool> with_grad;
         std::optional<typename Backend::RngState> rng_now;
-        if (role != ExecOpRole::backward && wants_rng(unit)) rng_now = backend_.capture_rng();
+        if (role != ExecOpRole::backward) {
+            try {
+                with_grad = forward_to_run(OpId{k}, role == ExecOpRole::forward_grad);
+            } catch (...) {
+                fail(index, backend_.describe(unit));
+            }
+            if (!with_grad) {
+                report_.measured_timeline[index] = probe_->current() - held_outside() - reference;
+                return;
+            }
+            if (wants_rng(unit)) rng_now = backend_.capture_rng();
+        }
+        const Bytes outside_before = held_outside();
         probe_->reset_peak();
         double t0 = 0.0;
         if constexpr (HasClock<Backend>) t0 = backend_.now();
@@ -184,7 +199,7 @@ private:
             if (role == ExecOpRole::backward)
                 run_backward(OpId{k}, unit);
             else
-                run_forward(OpId{k}, unit, role == ExecOpRole::forward_grad, std::move(rng_now));
+                run_forward(OpId{k}, unit, *with_grad, std::move(rng_now));
             backend_.synchronize();
         } catch (...) {
             fail(index, backend_.describe(unit));
@@ -219,20 +234,30 @@ private:
         }
     };
 
-    void run_forward(OpId k, std::size_t unit, bool with_grad, std::optional<typename Backend::RngState> rng_now) {
+    // Whether a forward runs with grad, or nullopt when it has nothing to do: a forward with
+    // grad whose saved state is live only rewrites missing activations, one whose activations
+    // are all live does nothing. Live activations it rewrites are released now (the simulator
+    // counts a rewritten data once).
+    std::optional<bool> forward_to_run(OpId k, bool with_grad) {
         const Op& op = model_->predicting.op(k);
-        const auto saved = [&](DataId d) { return table().data_role[d.index] == ExecDataRole::saved; };
         bool saved_live = false, activations_live = true;
         for (const DataId d : op.writes) {
-            if (saved(d))
+            if (is_saved(d))
                 saved_live = saved_live || live_[d.index];
             else
                 activations_live = activations_live && live_[d.index];
         }
-        if (with_grad && saved_live) with_grad = false;  // only activations can be missing
-        if (!with_grad && activations_live) return;       // nothing the op writes is missing
+        if (with_grad && saved_live) with_grad = false;
+        if (!with_grad && activations_live) return std::nullopt;
         for (const DataId d : op.writes)
-            if (!saved(d) && live_[d.index]) release(d);  // rewritten: counted once, as in the simulator
+            if (!is_saved(d) && live_[d.index]) release(d);
+        return with_grad;
+    }
+
+    [[nodiscard]] bool is_saved(DataId d) const { return table().data_role[d.index] == ExecDataRole::saved; }
+
+    void run_forward(OpId k, std::size_t unit, bool with_grad, std::optional<typename Backend::RngState> rng_now) {
+        const Op& op = model_->predicting.op(k);
         const bool first = ran_[unit] == 0;
         RestoreRng restore(backend_);
         if (first) {
@@ -245,7 +270,7 @@ private:
         ++report_.forward_runs;
         backend_.forward(unit, with_grad, first);
         for (const DataId d : op.writes)
-            if (with_grad || table().data_role[d.index] != ExecDataRole::saved) live_[d.index] = 1;
+            if (with_grad || !is_saved(d)) live_[d.index] = 1;
     }
 
     void run_backward(OpId k, std::size_t unit) {
