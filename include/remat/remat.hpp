@@ -15,6 +15,8 @@
 #include "core/solver.hpp"
 #include "core/timing.hpp"
 #include "core/bounds.hpp"
+#include "core/progress.hpp"
+#include "core/explain.hpp"
 #include "graph/topological.hpp"
 #include "graph/dominators.hpp"
 #include "graph/production.hpp"

@@ -14,12 +14,42 @@
 // ---- begin remat/core/bytes.hpp ----
 // remat/core/bytes.hpp — the one type of memory sizes in remat.
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <string>
 
 namespace remat {
 
 /// Sizes in bytes. Signed so that differences and "not enough memory" stay representable.
 using Bytes = std::int64_t;
+
+/// "512 B", "24.5 KiB", "1.5 GiB", "8 MiB": three significant digits, binary units.
+[[nodiscard]] inline std::string format_bytes(Bytes bytes) {
+    constexpr std::array<const char*, 7> units{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    const bool negative = bytes < 0;
+    // Magnitude as unsigned so that the most negative value formats too.
+    const std::uint64_t magnitude =
+        negative ? std::uint64_t{0} - static_cast<std::uint64_t>(bytes) : static_cast<std::uint64_t>(bytes);
+    const std::string sign = negative ? "-" : "";
+    if (magnitude < 1024) return sign + std::to_string(magnitude) + " B";
+    std::size_t unit = 0;
+    double value = static_cast<double>(magnitude);
+    while (value >= 1024 && unit + 1 < units.size()) {
+        value /= 1024;
+        ++unit;
+    }
+    std::array<char, 32> buffer{};
+    const int decimals = value < 10 ? 2 : value < 100 ? 1 : 0;
+    std::snprintf(buffer.data(), buffer.size(), "%.*f", decimals, value);
+    std::string number(buffer.data());
+    if (number.find('.') != std::string::npos) {
+        while (number.back() == '0') number.pop_back();
+        if (number.back() == '.') number.pop_back();
+    }
+    return sign + number + " " + units[unit];
+}
 
 }  // namespace remat
 // ---- end remat/core/bytes.hpp ----
@@ -54,15 +84,28 @@ public:
 /// `smallest_feasible()` is the smallest budget the solver knows to work, when it knows one.
 class Infeasible : public Error {
 public:
-    Infeasible(std::string message, Bytes budget, std::optional<Bytes> smallest_feasible)
-        : Error(std::move(message)), budget_(budget), smallest_feasible_(smallest_feasible) {}
+    /// `store_all_peak`: P_ref, when the thrower knows it (front ends add it), so that the
+    /// smallest budget can also be read as a percentage of it.
+    Infeasible(std::string message, Bytes budget, std::optional<Bytes> smallest_feasible,
+               std::optional<Bytes> store_all_peak = std::nullopt)
+        : Error(std::move(message)), budget_(budget), smallest_feasible_(smallest_feasible), store_all_peak_(store_all_peak) {}
 
     [[nodiscard]] Bytes budget() const noexcept { return budget_; }
+    /// The smallest budget the solver knows to work, when it knows one.
+    [[nodiscard]] std::optional<Bytes> smallest_budget() const noexcept { return smallest_feasible_; }
+    /// The same (the name of earlier versions).
     [[nodiscard]] std::optional<Bytes> smallest_feasible() const noexcept { return smallest_feasible_; }
+    [[nodiscard]] std::optional<Bytes> store_all_peak() const noexcept { return store_all_peak_; }
+    /// The smallest budget as a percentage of the store-all peak, when both are known.
+    [[nodiscard]] std::optional<double> smallest_percent() const noexcept {
+        if (!smallest_feasible_ || !store_all_peak_ || *store_all_peak_ <= 0) return std::nullopt;
+        return 100.0 * static_cast<double>(*smallest_feasible_) / static_cast<double>(*store_all_peak_);
+    }
 
 private:
     Bytes budget_;
     std::optional<Bytes> smallest_feasible_;
+    std::optional<Bytes> store_all_peak_;
 };
 
 /// A solver back-end failed (a MILP library error, a time limit reached with no solution).
@@ -727,9 +770,200 @@ struct SimulationReport {
 #include <cmath>
 #include <concepts>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <string_view>
 
+// ---- begin remat/core/explain.hpp ----
+// remat/core/explain.hpp — a plan in words: per layer (a chain stage, a captured op, any
+// unit of the problem), how often its forward runs, what is recomputed and at what cost,
+// what is kept for its backward and what is freed. What `remat-plan --explain` and
+// Plan::explain print (docs/guide.md, "Reading a plan").
+//
+// Units come from op names (FORMATS.md §1, §5): `F3`, `F3+`, `B3` are stage 3 of a chain;
+// `F:linear.7`, `F+:linear.7`, `B:linear.7` are the captured op `linear.7`; any other op is a
+// unit of its own. Labels (stage names, a node's source line) are the caller's to give.
+// Standard library only.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+
+namespace remat {
+
+/// What an op is to its unit.
+enum class UnitRole : unsigned char { forward, forward_grad, backward, other };
+
+struct UnitOf {
+    std::string unit;  ///< "3", "linear.7", or the op's own name
+    UnitRole role = UnitRole::other;
+};
+
+/// The unit and role an op's name gives (see the top of this header).
+[[nodiscard]] inline UnitOf unit_of(std::string_view name) {
+    for (const auto& [prefix, role] : {std::pair<std::string_view, UnitRole>{"F+:", UnitRole::forward_grad},
+                                       {"F:", UnitRole::forward}, {"B:", UnitRole::backward}})
+        if (name.size() > prefix.size() && name.substr(0, prefix.size()) == prefix)
+            return {std::string(name.substr(prefix.size())), role};
+    if (name.size() >= 2 && (name[0] == 'F' || name[0] == 'B')) {
+        std::string_view rest = name.substr(1);
+        const bool plus = !rest.empty() && rest.back() == '+';
+        if (plus) rest.remove_suffix(1);
+        const bool digits = !rest.empty() && std::all_of(rest.begin(), rest.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (digits && !(name[0] == 'B' && plus))
+            return {std::string(rest), name[0] == 'B' ? UnitRole::backward : plus ? UnitRole::forward_grad : UnitRole::forward};
+    }
+    return {std::string(name), UnitRole::other};
+}
+
+/// How explain() names units and what it prints.
+struct ExplainOptions {
+    /// Display names per unit ("3" → "conv3 (stage 3)"); units without one show their key.
+    std::map<std::string, std::string> labels;
+    /// The store-all time T_ref, for the overhead in the header line.
+    std::optional<double> reference_time;
+    /// Show every unit, not only those with something to say (recomputed or freed early).
+    bool all_units = false;
+};
+
+/// What a plan does with one unit.
+struct UnitSummary {
+    std::string unit;
+    std::size_t forwards = 0;      ///< runs of its forward ops (with and without grad)
+    std::size_t backwards = 0;
+    double forward_time = 0.0;     ///< all its forward runs
+    double least_forward = 0.0;    ///< its cheapest forward: what running it once costs
+    bool saved_across_loss = false;///< its saved state is kept from the forward phase to its backward
+    bool grad_forward_after_loss = false;  ///< its forward with grad runs again in the backward phase
+    std::size_t frees = 0;         ///< frees of its data
+
+    [[nodiscard]] std::size_t recomputations() const noexcept { return forwards > 1 ? forwards - 1 : 0; }
+    [[nodiscard]] double recompute_time() const noexcept { return forwards > 1 ? forward_time - least_forward : 0.0; }
+};
+
+/// Per unit, in the order units first appear in the problem's ops.
+[[nodiscard]] inline std::vector<UnitSummary> summarize_units(const Problem& problem, const Schedule& schedule) {
+    std::vector<UnitSummary> units;
+    std::map<std::string, std::size_t> index;
+    std::vector<std::size_t> op_unit(problem.op_count());
+    const auto unit_index = [&](const std::string& key) {
+        const auto [it, inserted] = index.emplace(key, units.size());
+        if (inserted) units.push_back(UnitSummary{key});
+        return it->second;
+    };
+    for (std::size_t k = 0; k < problem.op_count(); ++k) op_unit[k] = unit_index(unit_of(problem.op(OpId{k}).name).unit);
+    std::vector<std::size_t> data_unit(problem.data_count(), static_cast<std::size_t>(-1));
+    for (std::size_t k = 0; k < problem.op_count(); ++k)
+        if (unit_of(problem.op(OpId{k}).name).role != UnitRole::backward)
+            for (const DataId d : problem.op(OpId{k}).writes) data_unit[d.index] = op_unit[k];
+    for (UnitSummary& u : units) u.least_forward = -1.0;
+    const std::optional<OpId> loss = problem.loss();
+    bool after_loss = false;
+    for (const Step& step : schedule) {
+        if (step.is_free()) {
+            if (const std::size_t u = data_unit.at(step.data().index); u != static_cast<std::size_t>(-1)) ++units[u].frees;
+            continue;
+        }
+        if (loss && step.op() == *loss) after_loss = true;
+        const Op& op = problem.op(step.op());
+        UnitSummary& u = units[op_unit[step.op().index]];
+        const UnitRole role = unit_of(op.name).role;
+        if (role == UnitRole::backward) {
+            ++u.backwards;
+        } else if (role == UnitRole::forward || role == UnitRole::forward_grad) {
+            ++u.forwards;
+            u.forward_time += op.time;
+            u.least_forward = u.least_forward < 0 ? op.time : std::min(u.least_forward, op.time);
+            if (role == UnitRole::forward_grad) {
+                if (after_loss) u.grad_forward_after_loss = true;
+                else u.saved_across_loss = true;
+            }
+        }
+    }
+    for (UnitSummary& u : units) {
+        if (u.least_forward < 0) u.least_forward = 0.0;
+        if (u.grad_forward_after_loss) u.saved_across_loss = false;
+    }
+    return units;
+}
+
+namespace detail::explain {
+
+inline std::string seconds(double s) {
+    char text[32];
+    if (s == 0.0)
+        std::snprintf(text, sizeof text, "0");
+    else if (s < 1e-3)
+        std::snprintf(text, sizeof text, "%.3g us", s * 1e6);
+    else if (s < 1.0)
+        std::snprintf(text, sizeof text, "%.3g ms", s * 1e3);
+    else
+        std::snprintf(text, sizeof text, "%.3g s", s);
+    return text;
+}
+
+inline std::string what_happens(const UnitSummary& u) {
+    std::string text;
+    if (u.backwards == 0) text = u.forwards > 1 ? "forward only, run " + std::to_string(u.forwards) + " times" : "forward only";
+    else if (u.saved_across_loss && u.recomputations() == 0) text = "kept for its backward";
+    else if (u.saved_across_loss) text = "kept for its backward; its output recomputed";
+    else if (u.grad_forward_after_loss && u.forwards == 1) text = "run once, in the backward phase";
+    else if (u.grad_forward_after_loss) text = "recomputed with grad before its backward";
+    else text = "no saved state";
+    return text;
+}
+
+}  // namespace detail::explain
+
+/// The plan in words: a header line, then one line per unit (recomputed or freed early ones
+/// unless `all_units`), most expensive recomputation first.
+[[nodiscard]] inline std::string explain(const Problem& problem, const Schedule& schedule, const ExplainOptions& options = {}) {
+    const SimulationReport sim = simulate(problem, schedule);
+    std::vector<UnitSummary> units = summarize_units(problem, schedule);
+    std::ostringstream out;
+    double recompute = 0.0;
+    std::size_t recomputed = 0, with_forward = 0;
+    for (const UnitSummary& u : units) {
+        recompute += u.recompute_time();
+        recomputed += u.recomputations() > 0 ? 1 : 0;
+        with_forward += u.forwards > 0 ? 1 : 0;
+    }
+    out << "plan for '" << problem.name() << "': " << schedule.size() << " steps, time " << sim.time;
+    if (options.reference_time && *options.reference_time > 0) {
+        char overhead[32];
+        std::snprintf(overhead, sizeof overhead, "%+.1f", 100.0 * (sim.time / *options.reference_time - 1.0));
+        out << " (" << overhead << " % over store-all)";
+    }
+    out << ", peak " << format_bytes(sim.peak) << (sim.valid ? "" : " (INVALID: " + sim.error + ")") << "\n";
+    out << recomputed << " of " << with_forward << " layers recomputed, " << detail::explain::seconds(recompute)
+        << " of recomputation in all\n";
+    std::stable_sort(units.begin(), units.end(),
+                     [](const UnitSummary& a, const UnitSummary& b) { return a.recompute_time() > b.recompute_time(); });
+    out << "layer                              forwards  recomputed (cost)     backward  what happens\n";
+    for (const UnitSummary& u : units) {
+        if (u.forwards == 0 && u.backwards == 0) continue;
+        if (!options.all_units && u.recomputations() == 0) continue;
+        const auto label = options.labels.find(u.unit);
+        std::string name = label == options.labels.end() ? u.unit : label->second;
+        if (name.size() > 34) name = name.substr(0, 31) + "...";
+        char line[256];
+        std::snprintf(line, sizeof line, "%-34s %8zu  %4zu (%-12s)  %8zu  ", name.c_str(), u.forwards, u.recomputations(),
+                      ("+" + detail::explain::seconds(u.recompute_time())).c_str(), u.backwards);
+        out << line << detail::explain::what_happens(u) << "\n";
+    }
+    if (!options.all_units && recomputed == 0) out << "(nothing is recomputed: every layer runs once)\n";
+    return out.str();
+}
+
+}  // namespace remat
+// ---- end remat/core/explain.hpp ----
 
 namespace remat {
 
@@ -749,6 +983,8 @@ enum class SolveStatus {
     return "unknown";
 }
 
+inline std::ostream& operator<<(std::ostream& out, SolveStatus status) { return out << to_string(status); }
+
 struct SolverStats {
     std::string solver;
     double solve_seconds = 0.0;
@@ -766,6 +1002,12 @@ struct Plan {
     Bytes peak = 0;     ///< simulated peak
     Bytes budget = 0;   ///< the budget it was made for
     SolverStats stats;
+
+    /// The plan in words, per layer: what runs how often, what is recomputed at what cost,
+    /// what is kept (core/explain.hpp).
+    [[nodiscard]] std::string explain(const Problem& problem, const ExplainOptions& options = {}) const {
+        return remat::explain(problem, schedule, options);
+    }
 };
 
 template <class S>
@@ -950,6 +1192,25 @@ inline void raise_by_needed_data(const Problem& p, MemoryLowerBound& bound, std:
 
 }  // namespace remat
 // ---- end remat/core/bounds.hpp ----
+// ---- begin remat/core/progress.hpp ----
+// remat/core/progress.hpp — the one way long work in remat reports progress: a callback that
+// receives one human-readable line at a time (solvers, profiling, capture, the CLI's stderr).
+
+#include <functional>
+#include <string>
+
+namespace remat {
+
+/// Receives progress lines; empty means silence. Called on the thread doing the work.
+using ProgressCallback = std::function<void(const std::string&)>;
+
+/// Sends `line` to `progress` when there is one.
+inline void report_progress(const ProgressCallback& progress, const std::string& line) {
+    if (progress) progress(line);
+}
+
+}  // namespace remat
+// ---- end remat/core/progress.hpp ----
 // ---- begin remat/graph/topological.hpp ----
 // remat/graph/topological.hpp — topological orders of directed graphs given as successor lists.
 //
@@ -4762,7 +5023,6 @@ private:
 // predicted (exec/executor.hpp fills it; every framework's executor reports the same way).
 
 #include <cstddef>
-#include <iterator>
 #include <ostream>
 #include <vector>
 
@@ -4800,24 +5060,6 @@ struct StepReport {
     bool completed = false;
 };
 
-namespace detail::report {
-
-// "812 B", "3.4 KiB", "12.3 MiB", "1.5 GiB".
-inline void write_bytes(std::ostream& out, Bytes b) {
-    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double v = static_cast<double>(b);
-    std::size_t u = 0;
-    while ((v >= 1024.0 || v <= -1024.0) && u + 1 < std::size(units)) {
-        v /= 1024.0;
-        ++u;
-    }
-    if (u == 0)
-        out << b << " B";
-    else
-        out << v << ' ' << units[u];
-}
-
-}  // namespace detail::report
 
 /// "predicted peak 12.3 MiB, measured 12.3 MiB (+0.00 %); 41 forwards; forward 0.12 s, backward 0.25 s".
 inline std::ostream& operator<<(std::ostream& out, const StepReport& r) {
@@ -4825,10 +5067,7 @@ inline std::ostream& operator<<(std::ostream& out, const StepReport& r) {
     const std::streamsize precision = out.precision();
     out.setf(std::ios::fixed);
     out.precision(2);
-    out << "predicted peak ";
-    detail::report::write_bytes(out, r.predicted_peak);
-    out << ", measured ";
-    detail::report::write_bytes(out, r.measured_peak);
+    out << "predicted peak " << format_bytes(r.predicted_peak) << ", measured " << format_bytes(r.measured_peak);
     if (r.predicted_peak > 0)
         out << " (" << (r.measured_peak >= r.predicted_peak ? "+" : "")
             << 100.0 * (static_cast<double>(r.measured_peak) / static_cast<double>(r.predicted_peak) - 1.0) << " %)";
@@ -5064,8 +5303,9 @@ concept HasClock = requires(const B& backend) {
 // owns everything that does not depend on the framework:
 //   - the phases, with the loss boundary between them, and the order they may be called in;
 //   - which forward really runs: a forward with grad whose saved state is already live only
-//     rewrites its missing activations, one whose writes are all live does nothing, and live
-//     writes are released before they are rewritten (as the simulator counts them);
+//     rewrites its missing activations, one whose activations are all live does nothing, and
+//     live activations are released before they are rewritten (the simulator counts them
+//     once), outside the measured window;
 //   - random-number replay: the generators' state is read before the measured window at the
 //     first run of a unit the plan recomputes, and put back around each recomputation;
 //   - the plan's timeline against measured memory: the probe's peak while each op runs, minus
@@ -5221,11 +5461,25 @@ private:
         const ExecOpRole role = table().op_role[k];
         if (role == ExecOpRole::loss) return;
         const std::size_t unit = table().op_unit[k];
-        const Bytes outside_before = held_outside();
-        // Reading the generators may allocate for a moment: done before the measured window,
-        // which then holds the op alone, as profiling measured it.
+        // Before the measured window: what a forward must really run, the release of what it
+        // rewrites (the caller may keep an output it rewrites: that memory is the caller's),
+        // and the generators' state (reading it may allocate for a moment). The window then
+        // holds the op alone, as profiling measured it.
+        std::optional<bool> with_grad;
         std::optional<typename Backend::RngState> rng_now;
-        if (role != ExecOpRole::backward && wants_rng(unit)) rng_now = backend_.capture_rng();
+        if (role != ExecOpRole::backward) {
+            try {
+                with_grad = forward_to_run(OpId{k}, role == ExecOpRole::forward_grad);
+            } catch (...) {
+                fail(index, backend_.describe(unit));
+            }
+            if (!with_grad) {
+                report_.measured_timeline[index] = probe_->current() - held_outside() - reference;
+                return;
+            }
+            if (wants_rng(unit)) rng_now = backend_.capture_rng();
+        }
+        const Bytes outside_before = held_outside();
         probe_->reset_peak();
         double t0 = 0.0;
         if constexpr (HasClock<Backend>) t0 = backend_.now();
@@ -5233,7 +5487,7 @@ private:
             if (role == ExecOpRole::backward)
                 run_backward(OpId{k}, unit);
             else
-                run_forward(OpId{k}, unit, role == ExecOpRole::forward_grad, std::move(rng_now));
+                run_forward(OpId{k}, unit, *with_grad, std::move(rng_now));
             backend_.synchronize();
         } catch (...) {
             fail(index, backend_.describe(unit));
@@ -5268,20 +5522,30 @@ private:
         }
     };
 
-    void run_forward(OpId k, std::size_t unit, bool with_grad, std::optional<typename Backend::RngState> rng_now) {
+    // Whether a forward runs with grad, or nullopt when it has nothing to do: a forward with
+    // grad whose saved state is live only rewrites missing activations, one whose activations
+    // are all live does nothing. Live activations it rewrites are released now (the simulator
+    // counts a rewritten data once).
+    std::optional<bool> forward_to_run(OpId k, bool with_grad) {
         const Op& op = model_->predicting.op(k);
-        const auto saved = [&](DataId d) { return table().data_role[d.index] == ExecDataRole::saved; };
         bool saved_live = false, activations_live = true;
         for (const DataId d : op.writes) {
-            if (saved(d))
+            if (is_saved(d))
                 saved_live = saved_live || live_[d.index];
             else
                 activations_live = activations_live && live_[d.index];
         }
-        if (with_grad && saved_live) with_grad = false;  // only activations can be missing
-        if (!with_grad && activations_live) return;       // nothing the op writes is missing
+        if (with_grad && saved_live) with_grad = false;
+        if (!with_grad && activations_live) return std::nullopt;
         for (const DataId d : op.writes)
-            if (!saved(d) && live_[d.index]) release(d);  // rewritten: counted once, as in the simulator
+            if (!is_saved(d) && live_[d.index]) release(d);
+        return with_grad;
+    }
+
+    [[nodiscard]] bool is_saved(DataId d) const { return table().data_role[d.index] == ExecDataRole::saved; }
+
+    void run_forward(OpId k, std::size_t unit, bool with_grad, std::optional<typename Backend::RngState> rng_now) {
+        const Op& op = model_->predicting.op(k);
         const bool first = ran_[unit] == 0;
         RestoreRng restore(backend_);
         if (first) {
@@ -5294,7 +5558,7 @@ private:
         ++report_.forward_runs;
         backend_.forward(unit, with_grad, first);
         for (const DataId d : op.writes)
-            if (with_grad || table().data_role[d.index] != ExecDataRole::saved) live_[d.index] = 1;
+            if (with_grad || !is_saved(d)) live_[d.index] = 1;
     }
 
     void run_backward(OpId k, std::size_t unit) {
@@ -5407,26 +5671,60 @@ private:
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 
 
 namespace remat {
 
-/// A parsed budget: bytes, or a percentage still to be applied to P_ref.
+/// A budget as a user states it: bytes, a percentage of the store-all peak P_ref, or a margin
+/// above the smallest budget the solver reaches — and what to do when the solver cannot plan
+/// within it.
 struct BudgetSpec {
-    enum class Kind { bytes, percent };
+    enum class Kind { bytes, percent, above_smallest };
     Kind kind = Kind::bytes;
     Bytes bytes = 0;      ///< when kind == bytes
-    double percent = 0;   ///< when kind == percent
+    double percent = 0;   ///< kind percent: of P_ref; kind above_smallest: the margin, in %
+    /// When no plan fits: plan at the smallest budget the solver reaches (with a warning)
+    /// instead of throwing Infeasible.
+    bool fall_back_to_smallest = false;
 
     [[nodiscard]] bool is_percent() const noexcept { return kind == Kind::percent; }
-    /// The budget in bytes, given the store-all peak P_ref (used only for a percentage).
-    [[nodiscard]] Bytes resolve(Bytes reference_peak) const {
-        return is_percent() ? percent_of(reference_peak, percent) : bytes;
+    /// The budget in bytes, given the store-all peak P_ref and (for above_smallest) the
+    /// smallest budget of the solver.
+    [[nodiscard]] Bytes resolve(Bytes reference_peak, Bytes smallest = 0) const {
+        switch (kind) {
+            case Kind::percent: return percent_of(reference_peak, percent);
+            case Kind::above_smallest: return smallest + percent_of(smallest, percent);
+            case Kind::bytes: break;
+        }
+        return bytes;
+    }
+    /// The same budget, falling back to the smallest one when it cannot be met.
+    [[nodiscard]] BudgetSpec or_smallest() const {
+        BudgetSpec copy = *this;
+        copy.fall_back_to_smallest = true;
+        return copy;
     }
     friend bool operator==(const BudgetSpec&, const BudgetSpec&) = default;
 };
+
+/// A budget in bytes of what the plan counts (by default activations; see docs/guide.md).
+[[nodiscard]] inline BudgetSpec budget_bytes(Bytes bytes) {
+    if (bytes < 0) throw InvalidInput("a budget must be non-negative, not " + std::to_string(bytes) + " bytes");
+    return BudgetSpec{BudgetSpec::Kind::bytes, bytes, 0.0, false};
+}
+/// A budget as a percentage of the store-all peak (FORMATS.md §4).
+[[nodiscard]] inline BudgetSpec budget_percent(double percent) {
+    (void)percent_of(0, percent);  // validates
+    return BudgetSpec{BudgetSpec::Kind::percent, 0, percent, false};
+}
+/// The smallest budget the solver reaches, plus `percent` % of it: a plan that always exists.
+[[nodiscard]] inline BudgetSpec budget_above_smallest(double percent = 0.0) {
+    (void)percent_of(0, percent);  // validates
+    return BudgetSpec{BudgetSpec::Kind::above_smallest, 0, percent, false};
+}
 
 namespace detail::budget_impl {
 
@@ -5510,7 +5808,7 @@ inline std::string_view trim(std::string_view text) {
         double scale = 1;
         for (std::size_t i = 0; i < n.fraction_digits; ++i) scale *= 10;
         const double percent = static_cast<double>(n.whole) + static_cast<double>(n.fraction) / scale;
-        return BudgetSpec{BudgetSpec::Kind::percent, 0, percent};
+        return BudgetSpec{BudgetSpec::Kind::percent, 0, percent, false};
     }
     Bytes multiplier = 0;
     if (unit.empty()) multiplier = 1;
@@ -5527,7 +5825,7 @@ inline std::string_view trim(std::string_view text) {
     // fraction < 10^6 and m <= 2^40, so the product stays below 2^63.
     const std::uint64_t part = n.fraction * m / pow10;
     if (n.whole * m > max - part) detail::budget_impl::bad_budget(text, "the size is too large");
-    return BudgetSpec{BudgetSpec::Kind::bytes, static_cast<Bytes>(n.whole * m + part), 0};
+    return BudgetSpec{BudgetSpec::Kind::bytes, static_cast<Bytes>(n.whole * m + part), 0, false};
 }
 
 /// A budget in bytes; a percentage is taken of `reference_peak` (P_ref).
@@ -5542,48 +5840,92 @@ inline std::string_view trim(std::string_view text) {
     return spec.bytes;
 }
 
-/// "512 B", "24.5 KiB", "1.5 GiB", "8 MiB": three significant digits, binary units.
-[[nodiscard]] inline std::string format_bytes(Bytes bytes) {
-    constexpr std::array<const char*, 7> units{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-    const bool negative = bytes < 0;
-    // Magnitude as unsigned so that the most negative value formats too.
-    const std::uint64_t magnitude =
-        negative ? std::uint64_t{0} - static_cast<std::uint64_t>(bytes) : static_cast<std::uint64_t>(bytes);
-    const std::string sign = negative ? "-" : "";
-    if (magnitude < 1024) return sign + std::to_string(magnitude) + " B";
-    std::size_t unit = 0;
-    double value = static_cast<double>(magnitude);
-    while (value >= 1024 && unit + 1 < units.size()) {
-        value /= 1024;
-        ++unit;
+
+/// The smallest budget `solver` plans `problem` for: its own smallest_budget(problem) when it
+/// has one, else what its Infeasible says at a budget nothing fits (no budget at all when it
+/// says nothing).
+template <Solver S>
+[[nodiscard]] std::optional<Bytes> smallest_budget_of(const S& solver, const Problem& problem) {
+    if constexpr (requires { { solver.smallest_budget(problem) } -> std::convertible_to<Bytes>; }) {
+        return solver.smallest_budget(problem);
+    } else {
+        try {
+            (void)solver.solve(problem, 0);
+        } catch (const Infeasible& e) {
+            return e.smallest_budget();
+        }
+        return Bytes{0};
     }
-    std::array<char, 32> buffer{};
-    const int decimals = value < 10 ? 2 : value < 100 ? 1 : 0;
-    std::snprintf(buffer.data(), buffer.size(), "%.*f", decimals, value);
-    std::string number(buffer.data());
-    if (number.find('.') != std::string::npos) {
-        while (number.back() == '0') number.pop_back();
-        if (number.back() == '.') number.pop_back();
+}
+
+/// A plan made under a BudgetSpec: the budget it was resolved to, and whether it fell back to
+/// the solver's smallest budget (and the warning that says so).
+struct BudgetedPlan {
+    Plan plan;
+    Bytes budget = 0;
+    bool fell_back = false;
+    std::string warning;
+};
+
+/// Plans `problem` with `solver` under `spec`, P_ref being `store_all_peak`. An infeasible
+/// budget throws Infeasible naming the smallest budget in bytes and in % of P_ref, or, when
+/// the spec asks for it, plans at that smallest budget and says so through `warn`.
+template <Solver S>
+[[nodiscard]] BudgetedPlan plan_within(const S& solver, const Problem& problem, const BudgetSpec& spec, Bytes store_all_peak,
+                                       const ProgressCallback& warn = {}) {
+    std::optional<Bytes> smallest;
+    if (spec.kind == BudgetSpec::Kind::above_smallest) {
+        smallest = smallest_budget_of(solver, problem);
+        if (!smallest)
+            throw InvalidInput("solver '" + std::string(solver.name()) + "' cannot tell its smallest budget for '" +
+                               problem.name() + "'; give the budget in bytes or as a percentage");
     }
-    return sign + number + " " + units[unit];
+    const Bytes budget = spec.resolve(store_all_peak, smallest.value_or(0));
+    try {
+        return BudgetedPlan{solver.solve(problem, budget), budget, false, {}};
+    } catch (const Infeasible& e) {
+        const std::optional<Bytes> least = e.smallest_budget() ? e.smallest_budget() : smallest_budget_of(solver, problem);
+        const auto percent_text = [&](Bytes b) {
+            char percent[32];
+            std::snprintf(percent, sizeof percent, "%.1f",
+                          100.0 * static_cast<double>(b) / static_cast<double>(std::max<Bytes>(1, store_all_peak)));
+            return format_bytes(b) + " = " + percent + " % of the store-all peak " + format_bytes(store_all_peak);
+        };
+        if (!spec.fall_back_to_smallest || !least) {
+            std::string message = e.what();
+            if (least) message += " (smallest budget " + percent_text(*least) + ")";
+            if (!spec.fall_back_to_smallest && least)
+                message += "; ask for budget_above_smallest() or .or_smallest() to plan at the smallest budget instead";
+            throw Infeasible(message, budget, least, store_all_peak);
+        }
+        BudgetedPlan out{solver.solve(problem, *least), *least, true, {}};
+        out.warning = "remat: the budget " + percent_text(budget) + " is below what " + std::string(solver.name()) +
+                      " reaches; planned at its smallest budget, " + percent_text(*least);
+        report_progress(warn, out.warning);
+        return out;
+    }
 }
 
 }  // namespace remat
 // ---- end remat/io/budget.hpp ----
 // ---- begin remat/io/svg.hpp ----
-// remat/io/svg.hpp — a picture of a plan: memory over the steps of its schedule, as SVG.
+// remat/io/svg.hpp — a picture of a plan: memory over the predicted time of its schedule, as
+// SVG.
 //
 // It draws what the simulator of FORMATS.md §3 reports (SimulationReport::timeline): the
 // memory while each step runs (shaded; it includes the op's new outputs and its transient
-// overhead) and the memory between steps (a line), with the budget as a horizontal line,
-// the store-all peak P_ref when known, and the loss step that separates the forward phase
-// from the backward phase — the figure the Rotor and Checkmate papers use to show where a
-// schedule spends its memory. Standard library only; the output is a self-contained SVG.
+// overhead) and the memory between steps (a line), against the predicted time (each step as
+// wide as its op takes, steps as ticks; step numbers when the problem has no times), with
+// the budget, the peak and the store-all peak P_ref marked, the loss step that separates the
+// forward phase from the backward phase, and each recomputation labelled with its layer's
+// name (core/explain.hpp) — the figure the Rotor and Checkmate papers use to show where a
+// schedule spends its memory and its time. Standard library only; a self-contained SVG.
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -5599,6 +5941,10 @@ struct TimelineChart {
     std::optional<Bytes> budget;           ///< drawn as a red dashed line
     std::optional<Bytes> reference_peak;   ///< P_ref, drawn as a grey dashed line
     std::optional<std::size_t> loss_step;  ///< index of the step that runs the loss op
+    /// Per step, its predicted duration: the x axis is time when they sum to more than 0.
+    std::vector<double> step_seconds;
+    /// Per step, the layer it recomputes (empty when the step is no recomputation).
+    std::vector<std::string> recompute_labels;
     int width = 960;
     int height = 480;
 };
@@ -5645,6 +5991,16 @@ inline std::size_t step_tick(std::size_t steps) {
     }
 }
 
+// Tick spacing for times: 1, 2 or 5 times a power of ten, at most about ten ticks.
+inline double time_tick(double span) {
+    double base = std::pow(10.0, std::floor(std::log10(std::max(span, 1e-300))) - 1);
+    while (true) {
+        for (const double m : {1.0, 2.0, 5.0})
+            if (span / (base * m) <= 10.0) return base * m;
+        base *= 10.0;
+    }
+}
+
 inline std::string format_number(double value, const char* format = "%.4g") {
     char buffer[32];
     std::snprintf(buffer, sizeof buffer, format, value);
@@ -5668,7 +6024,19 @@ inline std::string format_number(double value, const char* format = "%.4g") {
     if (chart.reference_peak) highest = std::max(highest, *chart.reference_peak);
     const Bytes tick = detail::svg_impl::byte_tick(highest + highest / 10);
     const Bytes y_top = (highest + highest / 10 + tick - 1) / tick * tick;
-    const auto x = [&](double step) { return x0 + (x1 - x0) * step / static_cast<double>(std::max<std::size_t>(n, 1)); };
+    // Where each step starts on the x axis: its predicted start time, or its number.
+    std::vector<double> start(n + 1, 0.0);
+    double total = 0.0;
+    for (std::size_t i = 0; i < n && i < chart.step_seconds.size(); ++i) total += std::max(0.0, chart.step_seconds[i]);
+    const bool by_time = chart.step_seconds.size() == n && total > 0.0;
+    for (std::size_t i = 0; i < n; ++i) start[i + 1] = start[i] + (by_time ? std::max(0.0, chart.step_seconds[i]) : 1.0);
+    const double span = std::max(start[n], 1e-300);
+    const auto x_at = [&](double v) { return x0 + (x1 - x0) * v / span; };
+    const auto x = [&](double step) {  // step index, fractional within the step
+        const auto i = static_cast<std::size_t>(std::clamp(step, 0.0, static_cast<double>(n)));
+        const double f = step - static_cast<double>(i);
+        return x_at(i >= n ? start[n] : start[i] + f * (start[i + 1] - start[i]));
+    };
     const auto y = [&](Bytes bytes) {
         return y1 - (y1 - y0) * static_cast<double>(bytes) / static_cast<double>(y_top);
     };
@@ -5693,13 +6061,26 @@ inline std::string format_number(double value, const char* format = "%.4g") {
     svg += "<text transform=\"translate(18 " + coord((y0 + y1) / 2) + ") rotate(-90)\" text-anchor=\"middle\">memory</text>\n";
     svg += "</g>\n";
 
-    // Step axis.
-    const std::size_t every = detail::svg_impl::step_tick(std::max<std::size_t>(n, 1));
+    // Time (or step) axis, with a tick at every step.
     svg += "<g class=\"x-axis\" fill=\"#444\" text-anchor=\"middle\">\n";
-    for (std::size_t s = 0; s <= n; s += every)
-        svg += "<text x=\"" + coord(x(static_cast<double>(s))) + "\" y=\"" + coord(y1 + 18) + "\">" + std::to_string(s) +
-               "</text>\n";
-    svg += "<text x=\"" + coord((x0 + x1) / 2) + "\" y=\"" + coord(y1 + 36) + "\">step</text>\n";
+    if (by_time) {
+        const double every = detail::svg_impl::time_tick(span);
+        for (double t = 0.0; t <= span * (1 + 1e-9); t += every)
+            svg += "<text x=\"" + coord(x_at(t)) + "\" y=\"" + coord(y1 + 18) + "\">" + detail::svg_impl::format_number(t) +
+                   "</text>\n";
+        svg += "<text x=\"" + coord((x0 + x1) / 2) + "\" y=\"" + coord(y1 + 36) + "\">predicted time (ticks: steps)</text>\n";
+    } else {
+        const std::size_t every = detail::svg_impl::step_tick(std::max<std::size_t>(n, 1));
+        for (std::size_t s = 0; s <= n; s += every)
+            svg += "<text x=\"" + coord(x(static_cast<double>(s))) + "\" y=\"" + coord(y1 + 18) + "\">" + std::to_string(s) +
+                   "</text>\n";
+        svg += "<text x=\"" + coord((x0 + x1) / 2) + "\" y=\"" + coord(y1 + 36) + "\">step</text>\n";
+    }
+    svg += "</g>\n";
+    svg += "<g class=\"step-ticks\" stroke=\"#999\">\n";
+    for (std::size_t i = 0; i <= n; ++i)
+        svg += "<line x1=\"" + coord(x(static_cast<double>(i))) + "\" y1=\"" + coord(y1) + "\" x2=\"" +
+               coord(x(static_cast<double>(i))) + "\" y2=\"" + coord(y1 + 4) + "\"/>\n";
     svg += "</g>\n";
 
     // Memory while each step runs: a step-shaped area.
@@ -5762,6 +6143,29 @@ inline std::string format_number(double value, const char* format = "%.4g") {
         }
     }
 
+    // Recomputations: an orange band under the area, and the layer's name where it fits.
+    if (chart.recompute_labels.size() == n) {
+        svg += "<g class=\"recomputations\" fill=\"#e6550d\" font-size=\"10\">\n";
+        for (std::size_t i = 0; i < n;) {
+            if (chart.recompute_labels[i].empty()) {
+                ++i;
+                continue;
+            }
+            std::size_t j = i;
+            while (j < n && chart.recompute_labels[j] == chart.recompute_labels[i]) ++j;
+            const double xa = x(static_cast<double>(i)), xb = x(static_cast<double>(j));
+            svg += "<rect class=\"recompute\" x=\"" + coord(xa) + "\" y=\"" + coord(y1 - 4) + "\" width=\"" +
+                   coord(std::max(xb - xa, 0.5)) + "\" height=\"4\"><title>recomputes " +
+                   detail::svg_impl::xml_escape(chart.recompute_labels[i]) + "</title></rect>\n";
+            if (xb - xa >= 9.0)
+                svg += "<text class=\"recompute-label\" transform=\"translate(" + coord((xa + xb) / 2 + 3) + " " +
+                       coord(y1 - 8) + ") rotate(-90)\">" + detail::svg_impl::xml_escape(chart.recompute_labels[i]) +
+                       "</text>\n";
+            i = j;
+        }
+        svg += "</g>\n";
+    }
+
     // Legend.
     const double ly = height - 16;
     svg += "<g class=\"legend\" fill=\"#333\">\n";
@@ -5773,16 +6177,34 @@ inline std::string format_number(double value, const char* format = "%.4g") {
     svg += "<line x1=\"" + coord(x0 + 390) + "\" y1=\"" + coord(ly - 4) + "\" x2=\"" + coord(x0 + 408) + "\" y2=\"" +
            coord(ly - 4) + "\" stroke=\"#d62728\" stroke-width=\"1.5\" stroke-dasharray=\"8 4\"/>\n";
     svg += "<text x=\"" + coord(x0 + 414) + "\" y=\"" + coord(ly) + "\">budget</text>\n";
+    svg += "<rect x=\"" + coord(x0 + 480) + "\" y=\"" + coord(ly - 7) + "\" width=\"14\" height=\"4\" fill=\"#e6550d\"/>\n";
+    svg += "<text x=\"" + coord(x0 + 500) + "\" y=\"" + coord(ly) + "\">recomputation</text>\n";
     svg += "</g>\n";
     svg += "</svg>\n";
     return svg;
 }
 
-/// The picture of a plan: title "problem — solver", subtitle with time, peak and budget.
+/// The picture of a plan: title "problem — solver", subtitle with time, peak and budget; time
+/// on the x axis, recomputations labelled with their layer (`labels`: display names per unit,
+/// as ExplainOptions::labels).
 [[nodiscard]] inline std::string timeline_svg(const Problem& problem, const Plan& plan,
-                                              std::optional<Bytes> reference_peak = std::nullopt) {
+                                              std::optional<Bytes> reference_peak = std::nullopt,
+                                              const std::map<std::string, std::string>& labels = {}) {
     const SimulationReport report = simulate(problem, plan.schedule);
     TimelineChart chart;
+    std::map<std::string, std::size_t> forwards;
+    for (const Step& step : plan.schedule) {
+        chart.step_seconds.push_back(step.is_run() ? problem.op(step.op()).time : 0.0);
+        std::string label;
+        if (step.is_run()) {
+            const UnitOf u = unit_of(problem.op(step.op()).name);
+            if ((u.role == UnitRole::forward || u.role == UnitRole::forward_grad) && ++forwards[u.unit] > 1) {
+                const auto found = labels.find(u.unit);
+                label = found == labels.end() ? u.unit : found->second;
+            }
+        }
+        chart.recompute_labels.push_back(std::move(label));
+    }
     chart.title = problem.name() + " \u2014 " + plan.stats.solver + " (" + std::string(to_string(plan.stats.status)) +
                   (plan.stats.options.empty() ? "" : ", " + plan.stats.options) + ")";
     chart.subtitle = std::to_string(plan.schedule.size()) + " steps, time " +

@@ -17,6 +17,7 @@
 #include "remat/solvers/store_all.hpp"
 #include "remat/torch/graph_executor.hpp"
 #include "remat/torch/script.hpp"
+#include "remat/torch/script_module.hpp"
 
 #include "capture_helpers.hpp"
 
@@ -308,4 +309,71 @@ def forward(self, x):
         message_of([&] { check_gradient_coverage(m, sample, parameters, names, {0}, "capture of 'two'"); });
     CHECK(what.find("parameter 'b'") != std::string::npos);
     CHECK(what.find("no captured op") != std::string::npos);
+}
+
+TEST_CASE("checkpoint(): any TorchScript module trains under a budget like the original", "[torch][capture][checkpoint]") {
+    remat::torch::CpuMemoryProbe probe;
+    at::manual_seed(80);
+    const std::vector<std::pair<std::string, at::Tensor>> weights{
+        {"w1", at::randn({12, 24}) * 0.3}, {"w2", at::randn({24, 24}) * 0.2}, {"w3", at::randn({24, 3}) * 0.3}};
+    const char* source = R"(
+def forward(self, x):
+    h = torch.relu(torch.matmul(x, self.w1))
+    h = torch.dropout(torch.tanh(torch.matmul(h, self.w2)), 0.2, self.training)
+    h = torch.relu(torch.matmul(h, self.w2)) + h
+    return {"logits": torch.matmul(h, self.w3), "hidden": h}
+)";
+    auto m = make_module("Mlp", weights, source);
+    auto reference = make_module("MlpReference", weights, source);
+    const at::Tensor x = at::randn({16, 12});
+    remat::torch::ScriptCheckpointOptions options;
+    options.capture = quick("mlp");
+    std::vector<std::string> warnings;
+    options.progress = [&warnings](const std::string& line) { warnings.push_back(line); };
+    // 75 % of the store-all peak, or the smallest budget where another shape needs more.
+    auto planned = remat::torch::checkpoint(m, {x}, remat::budget_percent(75).or_smallest(), remat::Greedy{}, options);
+    CHECK(planned->parameters().size() == 3);
+    CHECK(planned->plan().peak <= planned->budget());
+    const auto loss_of = [](const c10::IValue& out) {
+        const auto dict = out.toGenericDict();
+        const at::Tensor logits = dict.at("logits").toTensor();
+        return (logits * logits).mean() + dict.at("hidden").toTensor().abs().mean();
+    };
+    std::vector<at::Tensor> ref_params, params;
+    for (const at::Tensor& p : reference.parameters()) ref_params.push_back(p);
+    for (const at::Tensor& p : m.parameters()) params.push_back(p);
+    for (int step = 0; step < 2; ++step) {
+        {
+            const torch::jit::GraphOptimizerEnabledGuard eager(false);
+            at::manual_seed(90 + step);
+            loss_of(reference.forward({x})).backward();
+        }
+        at::manual_seed(90 + step);
+        loss_of(planned->forward({x})).backward();
+        REQUIRE(planned->last_report().completed);
+        for (std::size_t i = 0; i < params.size(); ++i) {
+            INFO("step " << step << ", parameter " << i);
+            CHECK(max_diff(params[i].grad(), ref_params[i].grad()) == 0.0);
+        }
+        const at::NoGradGuard no_grad;
+        for (std::size_t i = 0; i < params.size(); ++i) {
+            params[i].sub_(params[i].grad() * 0.1);
+            ref_params[i].sub_(ref_params[i].grad() * 0.1);
+            params[i].mutable_grad() = at::Tensor();
+            ref_params[i].mutable_grad() = at::Tensor();
+        }
+    }
+    // Another batch size is captured and planned again on first sight.
+    const at::Tensor bigger = at::randn({32, 12});
+    (void)planned->forward({bigger});
+    for (const at::Tensor& p : params) p.mutable_grad() = at::Tensor();
+    CHECK(planned->cached_shapes() == 2);
+    // eval() is another capture too (dropout off).
+    planned->eval();
+    {
+        const at::NoGradGuard no_grad;
+        const auto a = planned->forward({x}).toGenericDict().at("logits").toTensor();
+        const auto b = m.forward({x}).toGenericDict().at("logits").toTensor();
+        CHECK(max_diff(a, b) == 0.0);
+    }
 }

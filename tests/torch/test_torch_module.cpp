@@ -236,6 +236,38 @@ TEST_CASE("module: an infeasible budget names the smallest feasible one", "[torc
     }
 }
 
+TEST_CASE("module: budget policies never dead-end", "[torch][module][budget]") {
+    auto model = remat_test::make_mlp(16, 32, 5, 4, 0.2);
+    const at::Tensor sample = torch::randn({16, 16});
+    const rt::StageList stages = remat_test::blocks_of(model);
+    // The smallest budget in bytes and in % of the store-all peak.
+    try {
+        (void)rt::checkpoint(stages, sample, rt::budget_percent(1), remat::Rotor{}, quick());
+        FAIL("1 % of the store-all peak was accepted");
+    } catch (const remat::Infeasible& e) {
+        REQUIRE(e.smallest_budget().has_value());
+        REQUIRE(e.smallest_percent().has_value());
+        CHECK(*e.smallest_percent() > 1.0);
+        CHECK(*e.smallest_percent() < 100.0);
+        const std::string what = e.what();
+        CHECK(what.find("% of the store-all peak") != std::string::npos);
+        CHECK(what.find("or_smallest") != std::string::npos);
+    }
+    // Falling back to the smallest budget, with a warning.
+    std::vector<std::string> lines;
+    rt::CheckpointOptions options = quick();
+    options.progress = [&lines](const std::string& line) { lines.push_back(line); };
+    auto fallen = rt::checkpoint(stages, sample, rt::budget_percent(1).or_smallest(), remat::Rotor{}, options);
+    REQUIRE(lines.size() == 1);
+    CHECK(lines[0].find("planned at its smallest budget") != std::string::npos);
+    CHECK(fallen->budget() > remat::percent_of(fallen->store_all_peak(), 1));
+    // The smallest budget plus a margin always plans.
+    auto margin = rt::checkpoint(stages, sample, rt::budget_above_smallest(10), remat::Rotor{}, quick());
+    CHECK(margin->budget() >= fallen->budget());
+    CHECK(margin->budget() <= fallen->budget() + fallen->budget() / 10 + 1);
+    CHECK(margin->plan().peak <= margin->budget());
+}
+
 TEST_CASE("module: inputs of another shape are re-planned, or rejected on request", "[torch][module][shape]") {
     at::set_num_threads(1);
     auto model = remat_test::make_mlp(8, 16, 3, 3, 0.2);

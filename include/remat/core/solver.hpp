@@ -8,10 +8,12 @@
 #include <cmath>
 #include <concepts>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <string_view>
 
 #include "errors.hpp"
+#include "explain.hpp"
 #include "problem.hpp"
 #include "schedule.hpp"
 #include "simulate.hpp"
@@ -34,6 +36,8 @@ enum class SolveStatus {
     return "unknown";
 }
 
+inline std::ostream& operator<<(std::ostream& out, SolveStatus status) { return out << to_string(status); }
+
 struct SolverStats {
     std::string solver;
     double solve_seconds = 0.0;
@@ -51,6 +55,12 @@ struct Plan {
     Bytes peak = 0;     ///< simulated peak
     Bytes budget = 0;   ///< the budget it was made for
     SolverStats stats;
+
+    /// The plan in words, per layer: what runs how often, what is recomputed at what cost,
+    /// what is kept (core/explain.hpp).
+    [[nodiscard]] std::string explain(const Problem& problem, const ExplainOptions& options = {}) const {
+        return remat::explain(problem, schedule, options);
+    }
 };
 
 template <class S>

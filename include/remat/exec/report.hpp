@@ -3,10 +3,10 @@
 #pragma once
 
 #include <cstddef>
-#include <iterator>
 #include <ostream>
 #include <vector>
 
+#include "../core/bytes.hpp"
 #include "../core/errors.hpp"
 
 namespace remat {
@@ -42,24 +42,6 @@ struct StepReport {
     bool completed = false;
 };
 
-namespace detail::report {
-
-// "812 B", "3.4 KiB", "12.3 MiB", "1.5 GiB".
-inline void write_bytes(std::ostream& out, Bytes b) {
-    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double v = static_cast<double>(b);
-    std::size_t u = 0;
-    while ((v >= 1024.0 || v <= -1024.0) && u + 1 < std::size(units)) {
-        v /= 1024.0;
-        ++u;
-    }
-    if (u == 0)
-        out << b << " B";
-    else
-        out << v << ' ' << units[u];
-}
-
-}  // namespace detail::report
 
 /// "predicted peak 12.3 MiB, measured 12.3 MiB (+0.00 %); 41 forwards; forward 0.12 s, backward 0.25 s".
 inline std::ostream& operator<<(std::ostream& out, const StepReport& r) {
@@ -67,10 +49,7 @@ inline std::ostream& operator<<(std::ostream& out, const StepReport& r) {
     const std::streamsize precision = out.precision();
     out.setf(std::ios::fixed);
     out.precision(2);
-    out << "predicted peak ";
-    detail::report::write_bytes(out, r.predicted_peak);
-    out << ", measured ";
-    detail::report::write_bytes(out, r.measured_peak);
+    out << "predicted peak " << format_bytes(r.predicted_peak) << ", measured " << format_bytes(r.measured_peak);
     if (r.predicted_peak > 0)
         out << " (" << (r.measured_peak >= r.predicted_peak ? "+" : "")
             << 100.0 * (static_cast<double>(r.measured_peak) / static_cast<double>(r.predicted_peak) - 1.0) << " %)";

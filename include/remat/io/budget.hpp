@@ -12,28 +12,63 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 
 #include "../core/errors.hpp"
+#include "../core/progress.hpp"
 #include "../core/solver.hpp"
 
 namespace remat {
 
-/// A parsed budget: bytes, or a percentage still to be applied to P_ref.
+/// A budget as a user states it: bytes, a percentage of the store-all peak P_ref, or a margin
+/// above the smallest budget the solver reaches — and what to do when the solver cannot plan
+/// within it.
 struct BudgetSpec {
-    enum class Kind { bytes, percent };
+    enum class Kind { bytes, percent, above_smallest };
     Kind kind = Kind::bytes;
     Bytes bytes = 0;      ///< when kind == bytes
-    double percent = 0;   ///< when kind == percent
+    double percent = 0;   ///< kind percent: of P_ref; kind above_smallest: the margin, in %
+    /// When no plan fits: plan at the smallest budget the solver reaches (with a warning)
+    /// instead of throwing Infeasible.
+    bool fall_back_to_smallest = false;
 
     [[nodiscard]] bool is_percent() const noexcept { return kind == Kind::percent; }
-    /// The budget in bytes, given the store-all peak P_ref (used only for a percentage).
-    [[nodiscard]] Bytes resolve(Bytes reference_peak) const {
-        return is_percent() ? percent_of(reference_peak, percent) : bytes;
+    /// The budget in bytes, given the store-all peak P_ref and (for above_smallest) the
+    /// smallest budget of the solver.
+    [[nodiscard]] Bytes resolve(Bytes reference_peak, Bytes smallest = 0) const {
+        switch (kind) {
+            case Kind::percent: return percent_of(reference_peak, percent);
+            case Kind::above_smallest: return smallest + percent_of(smallest, percent);
+            case Kind::bytes: break;
+        }
+        return bytes;
+    }
+    /// The same budget, falling back to the smallest one when it cannot be met.
+    [[nodiscard]] BudgetSpec or_smallest() const {
+        BudgetSpec copy = *this;
+        copy.fall_back_to_smallest = true;
+        return copy;
     }
     friend bool operator==(const BudgetSpec&, const BudgetSpec&) = default;
 };
+
+/// A budget in bytes of what the plan counts (by default activations; see docs/guide.md).
+[[nodiscard]] inline BudgetSpec budget_bytes(Bytes bytes) {
+    if (bytes < 0) throw InvalidInput("a budget must be non-negative, not " + std::to_string(bytes) + " bytes");
+    return BudgetSpec{BudgetSpec::Kind::bytes, bytes, 0.0, false};
+}
+/// A budget as a percentage of the store-all peak (FORMATS.md §4).
+[[nodiscard]] inline BudgetSpec budget_percent(double percent) {
+    (void)percent_of(0, percent);  // validates
+    return BudgetSpec{BudgetSpec::Kind::percent, 0, percent, false};
+}
+/// The smallest budget the solver reaches, plus `percent` % of it: a plan that always exists.
+[[nodiscard]] inline BudgetSpec budget_above_smallest(double percent = 0.0) {
+    (void)percent_of(0, percent);  // validates
+    return BudgetSpec{BudgetSpec::Kind::above_smallest, 0, percent, false};
+}
 
 namespace detail::budget_impl {
 
@@ -117,7 +152,7 @@ inline std::string_view trim(std::string_view text) {
         double scale = 1;
         for (std::size_t i = 0; i < n.fraction_digits; ++i) scale *= 10;
         const double percent = static_cast<double>(n.whole) + static_cast<double>(n.fraction) / scale;
-        return BudgetSpec{BudgetSpec::Kind::percent, 0, percent};
+        return BudgetSpec{BudgetSpec::Kind::percent, 0, percent, false};
     }
     Bytes multiplier = 0;
     if (unit.empty()) multiplier = 1;
@@ -134,7 +169,7 @@ inline std::string_view trim(std::string_view text) {
     // fraction < 10^6 and m <= 2^40, so the product stays below 2^63.
     const std::uint64_t part = n.fraction * m / pow10;
     if (n.whole * m > max - part) detail::budget_impl::bad_budget(text, "the size is too large");
-    return BudgetSpec{BudgetSpec::Kind::bytes, static_cast<Bytes>(n.whole * m + part), 0};
+    return BudgetSpec{BudgetSpec::Kind::bytes, static_cast<Bytes>(n.whole * m + part), 0, false};
 }
 
 /// A budget in bytes; a percentage is taken of `reference_peak` (P_ref).
@@ -149,30 +184,70 @@ inline std::string_view trim(std::string_view text) {
     return spec.bytes;
 }
 
-/// "512 B", "24.5 KiB", "1.5 GiB", "8 MiB": three significant digits, binary units.
-[[nodiscard]] inline std::string format_bytes(Bytes bytes) {
-    constexpr std::array<const char*, 7> units{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-    const bool negative = bytes < 0;
-    // Magnitude as unsigned so that the most negative value formats too.
-    const std::uint64_t magnitude =
-        negative ? std::uint64_t{0} - static_cast<std::uint64_t>(bytes) : static_cast<std::uint64_t>(bytes);
-    const std::string sign = negative ? "-" : "";
-    if (magnitude < 1024) return sign + std::to_string(magnitude) + " B";
-    std::size_t unit = 0;
-    double value = static_cast<double>(magnitude);
-    while (value >= 1024 && unit + 1 < units.size()) {
-        value /= 1024;
-        ++unit;
+
+/// The smallest budget `solver` plans `problem` for: its own smallest_budget(problem) when it
+/// has one, else what its Infeasible says at a budget nothing fits (no budget at all when it
+/// says nothing).
+template <Solver S>
+[[nodiscard]] std::optional<Bytes> smallest_budget_of(const S& solver, const Problem& problem) {
+    if constexpr (requires { { solver.smallest_budget(problem) } -> std::convertible_to<Bytes>; }) {
+        return solver.smallest_budget(problem);
+    } else {
+        try {
+            (void)solver.solve(problem, 0);
+        } catch (const Infeasible& e) {
+            return e.smallest_budget();
+        }
+        return Bytes{0};
     }
-    std::array<char, 32> buffer{};
-    const int decimals = value < 10 ? 2 : value < 100 ? 1 : 0;
-    std::snprintf(buffer.data(), buffer.size(), "%.*f", decimals, value);
-    std::string number(buffer.data());
-    if (number.find('.') != std::string::npos) {
-        while (number.back() == '0') number.pop_back();
-        if (number.back() == '.') number.pop_back();
+}
+
+/// A plan made under a BudgetSpec: the budget it was resolved to, and whether it fell back to
+/// the solver's smallest budget (and the warning that says so).
+struct BudgetedPlan {
+    Plan plan;
+    Bytes budget = 0;
+    bool fell_back = false;
+    std::string warning;
+};
+
+/// Plans `problem` with `solver` under `spec`, P_ref being `store_all_peak`. An infeasible
+/// budget throws Infeasible naming the smallest budget in bytes and in % of P_ref, or, when
+/// the spec asks for it, plans at that smallest budget and says so through `warn`.
+template <Solver S>
+[[nodiscard]] BudgetedPlan plan_within(const S& solver, const Problem& problem, const BudgetSpec& spec, Bytes store_all_peak,
+                                       const ProgressCallback& warn = {}) {
+    std::optional<Bytes> smallest;
+    if (spec.kind == BudgetSpec::Kind::above_smallest) {
+        smallest = smallest_budget_of(solver, problem);
+        if (!smallest)
+            throw InvalidInput("solver '" + std::string(solver.name()) + "' cannot tell its smallest budget for '" +
+                               problem.name() + "'; give the budget in bytes or as a percentage");
     }
-    return sign + number + " " + units[unit];
+    const Bytes budget = spec.resolve(store_all_peak, smallest.value_or(0));
+    try {
+        return BudgetedPlan{solver.solve(problem, budget), budget, false, {}};
+    } catch (const Infeasible& e) {
+        const std::optional<Bytes> least = e.smallest_budget() ? e.smallest_budget() : smallest_budget_of(solver, problem);
+        const auto percent_text = [&](Bytes b) {
+            char percent[32];
+            std::snprintf(percent, sizeof percent, "%.1f",
+                          100.0 * static_cast<double>(b) / static_cast<double>(std::max<Bytes>(1, store_all_peak)));
+            return format_bytes(b) + " = " + percent + " % of the store-all peak " + format_bytes(store_all_peak);
+        };
+        if (!spec.fall_back_to_smallest || !least) {
+            std::string message = e.what();
+            if (least) message += " (smallest budget " + percent_text(*least) + ")";
+            if (!spec.fall_back_to_smallest && least)
+                message += "; ask for budget_above_smallest() or .or_smallest() to plan at the smallest budget instead";
+            throw Infeasible(message, budget, least, store_all_peak);
+        }
+        BudgetedPlan out{solver.solve(problem, *least), *least, true, {}};
+        out.warning = "remat: the budget " + percent_text(budget) + " is below what " + std::string(solver.name()) +
+                      " reaches; planned at its smallest budget, " + percent_text(*least);
+        report_progress(warn, out.warning);
+        return out;
+    }
 }
 
 }  // namespace remat

@@ -1,22 +1,27 @@
-// remat/io/svg.hpp — a picture of a plan: memory over the steps of its schedule, as SVG.
+// remat/io/svg.hpp — a picture of a plan: memory over the predicted time of its schedule, as
+// SVG.
 //
 // It draws what the simulator of FORMATS.md §3 reports (SimulationReport::timeline): the
 // memory while each step runs (shaded; it includes the op's new outputs and its transient
-// overhead) and the memory between steps (a line), with the budget as a horizontal line,
-// the store-all peak P_ref when known, and the loss step that separates the forward phase
-// from the backward phase — the figure the Rotor and Checkmate papers use to show where a
-// schedule spends its memory. Standard library only; the output is a self-contained SVG.
+// overhead) and the memory between steps (a line), against the predicted time (each step as
+// wide as its op takes, steps as ticks; step numbers when the problem has no times), with
+// the budget, the peak and the store-all peak P_ref marked, the loss step that separates the
+// forward phase from the backward phase, and each recomputation labelled with its layer's
+// name (core/explain.hpp) — the figure the Rotor and Checkmate papers use to show where a
+// schedule spends its memory and its time. Standard library only; a self-contained SVG.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "../core/explain.hpp"
 #include "../core/problem.hpp"
 #include "../core/schedule.hpp"
 #include "../core/simulate.hpp"
@@ -32,6 +37,10 @@ struct TimelineChart {
     std::optional<Bytes> budget;           ///< drawn as a red dashed line
     std::optional<Bytes> reference_peak;   ///< P_ref, drawn as a grey dashed line
     std::optional<std::size_t> loss_step;  ///< index of the step that runs the loss op
+    /// Per step, its predicted duration: the x axis is time when they sum to more than 0.
+    std::vector<double> step_seconds;
+    /// Per step, the layer it recomputes (empty when the step is no recomputation).
+    std::vector<std::string> recompute_labels;
     int width = 960;
     int height = 480;
 };
@@ -78,6 +87,16 @@ inline std::size_t step_tick(std::size_t steps) {
     }
 }
 
+// Tick spacing for times: 1, 2 or 5 times a power of ten, at most about ten ticks.
+inline double time_tick(double span) {
+    double base = std::pow(10.0, std::floor(std::log10(std::max(span, 1e-300))) - 1);
+    while (true) {
+        for (const double m : {1.0, 2.0, 5.0})
+            if (span / (base * m) <= 10.0) return base * m;
+        base *= 10.0;
+    }
+}
+
 inline std::string format_number(double value, const char* format = "%.4g") {
     char buffer[32];
     std::snprintf(buffer, sizeof buffer, format, value);
@@ -101,7 +120,19 @@ inline std::string format_number(double value, const char* format = "%.4g") {
     if (chart.reference_peak) highest = std::max(highest, *chart.reference_peak);
     const Bytes tick = detail::svg_impl::byte_tick(highest + highest / 10);
     const Bytes y_top = (highest + highest / 10 + tick - 1) / tick * tick;
-    const auto x = [&](double step) { return x0 + (x1 - x0) * step / static_cast<double>(std::max<std::size_t>(n, 1)); };
+    // Where each step starts on the x axis: its predicted start time, or its number.
+    std::vector<double> start(n + 1, 0.0);
+    double total = 0.0;
+    for (std::size_t i = 0; i < n && i < chart.step_seconds.size(); ++i) total += std::max(0.0, chart.step_seconds[i]);
+    const bool by_time = chart.step_seconds.size() == n && total > 0.0;
+    for (std::size_t i = 0; i < n; ++i) start[i + 1] = start[i] + (by_time ? std::max(0.0, chart.step_seconds[i]) : 1.0);
+    const double span = std::max(start[n], 1e-300);
+    const auto x_at = [&](double v) { return x0 + (x1 - x0) * v / span; };
+    const auto x = [&](double step) {  // step index, fractional within the step
+        const auto i = static_cast<std::size_t>(std::clamp(step, 0.0, static_cast<double>(n)));
+        const double f = step - static_cast<double>(i);
+        return x_at(i >= n ? start[n] : start[i] + f * (start[i + 1] - start[i]));
+    };
     const auto y = [&](Bytes bytes) {
         return y1 - (y1 - y0) * static_cast<double>(bytes) / static_cast<double>(y_top);
     };
@@ -126,13 +157,26 @@ inline std::string format_number(double value, const char* format = "%.4g") {
     svg += "<text transform=\"translate(18 " + coord((y0 + y1) / 2) + ") rotate(-90)\" text-anchor=\"middle\">memory</text>\n";
     svg += "</g>\n";
 
-    // Step axis.
-    const std::size_t every = detail::svg_impl::step_tick(std::max<std::size_t>(n, 1));
+    // Time (or step) axis, with a tick at every step.
     svg += "<g class=\"x-axis\" fill=\"#444\" text-anchor=\"middle\">\n";
-    for (std::size_t s = 0; s <= n; s += every)
-        svg += "<text x=\"" + coord(x(static_cast<double>(s))) + "\" y=\"" + coord(y1 + 18) + "\">" + std::to_string(s) +
-               "</text>\n";
-    svg += "<text x=\"" + coord((x0 + x1) / 2) + "\" y=\"" + coord(y1 + 36) + "\">step</text>\n";
+    if (by_time) {
+        const double every = detail::svg_impl::time_tick(span);
+        for (double t = 0.0; t <= span * (1 + 1e-9); t += every)
+            svg += "<text x=\"" + coord(x_at(t)) + "\" y=\"" + coord(y1 + 18) + "\">" + detail::svg_impl::format_number(t) +
+                   "</text>\n";
+        svg += "<text x=\"" + coord((x0 + x1) / 2) + "\" y=\"" + coord(y1 + 36) + "\">predicted time (ticks: steps)</text>\n";
+    } else {
+        const std::size_t every = detail::svg_impl::step_tick(std::max<std::size_t>(n, 1));
+        for (std::size_t s = 0; s <= n; s += every)
+            svg += "<text x=\"" + coord(x(static_cast<double>(s))) + "\" y=\"" + coord(y1 + 18) + "\">" + std::to_string(s) +
+                   "</text>\n";
+        svg += "<text x=\"" + coord((x0 + x1) / 2) + "\" y=\"" + coord(y1 + 36) + "\">step</text>\n";
+    }
+    svg += "</g>\n";
+    svg += "<g class=\"step-ticks\" stroke=\"#999\">\n";
+    for (std::size_t i = 0; i <= n; ++i)
+        svg += "<line x1=\"" + coord(x(static_cast<double>(i))) + "\" y1=\"" + coord(y1) + "\" x2=\"" +
+               coord(x(static_cast<double>(i))) + "\" y2=\"" + coord(y1 + 4) + "\"/>\n";
     svg += "</g>\n";
 
     // Memory while each step runs: a step-shaped area.
@@ -195,6 +239,29 @@ inline std::string format_number(double value, const char* format = "%.4g") {
         }
     }
 
+    // Recomputations: an orange band under the area, and the layer's name where it fits.
+    if (chart.recompute_labels.size() == n) {
+        svg += "<g class=\"recomputations\" fill=\"#e6550d\" font-size=\"10\">\n";
+        for (std::size_t i = 0; i < n;) {
+            if (chart.recompute_labels[i].empty()) {
+                ++i;
+                continue;
+            }
+            std::size_t j = i;
+            while (j < n && chart.recompute_labels[j] == chart.recompute_labels[i]) ++j;
+            const double xa = x(static_cast<double>(i)), xb = x(static_cast<double>(j));
+            svg += "<rect class=\"recompute\" x=\"" + coord(xa) + "\" y=\"" + coord(y1 - 4) + "\" width=\"" +
+                   coord(std::max(xb - xa, 0.5)) + "\" height=\"4\"><title>recomputes " +
+                   detail::svg_impl::xml_escape(chart.recompute_labels[i]) + "</title></rect>\n";
+            if (xb - xa >= 9.0)
+                svg += "<text class=\"recompute-label\" transform=\"translate(" + coord((xa + xb) / 2 + 3) + " " +
+                       coord(y1 - 8) + ") rotate(-90)\">" + detail::svg_impl::xml_escape(chart.recompute_labels[i]) +
+                       "</text>\n";
+            i = j;
+        }
+        svg += "</g>\n";
+    }
+
     // Legend.
     const double ly = height - 16;
     svg += "<g class=\"legend\" fill=\"#333\">\n";
@@ -206,16 +273,34 @@ inline std::string format_number(double value, const char* format = "%.4g") {
     svg += "<line x1=\"" + coord(x0 + 390) + "\" y1=\"" + coord(ly - 4) + "\" x2=\"" + coord(x0 + 408) + "\" y2=\"" +
            coord(ly - 4) + "\" stroke=\"#d62728\" stroke-width=\"1.5\" stroke-dasharray=\"8 4\"/>\n";
     svg += "<text x=\"" + coord(x0 + 414) + "\" y=\"" + coord(ly) + "\">budget</text>\n";
+    svg += "<rect x=\"" + coord(x0 + 480) + "\" y=\"" + coord(ly - 7) + "\" width=\"14\" height=\"4\" fill=\"#e6550d\"/>\n";
+    svg += "<text x=\"" + coord(x0 + 500) + "\" y=\"" + coord(ly) + "\">recomputation</text>\n";
     svg += "</g>\n";
     svg += "</svg>\n";
     return svg;
 }
 
-/// The picture of a plan: title "problem — solver", subtitle with time, peak and budget.
+/// The picture of a plan: title "problem — solver", subtitle with time, peak and budget; time
+/// on the x axis, recomputations labelled with their layer (`labels`: display names per unit,
+/// as ExplainOptions::labels).
 [[nodiscard]] inline std::string timeline_svg(const Problem& problem, const Plan& plan,
-                                              std::optional<Bytes> reference_peak = std::nullopt) {
+                                              std::optional<Bytes> reference_peak = std::nullopt,
+                                              const std::map<std::string, std::string>& labels = {}) {
     const SimulationReport report = simulate(problem, plan.schedule);
     TimelineChart chart;
+    std::map<std::string, std::size_t> forwards;
+    for (const Step& step : plan.schedule) {
+        chart.step_seconds.push_back(step.is_run() ? problem.op(step.op()).time : 0.0);
+        std::string label;
+        if (step.is_run()) {
+            const UnitOf u = unit_of(problem.op(step.op()).name);
+            if ((u.role == UnitRole::forward || u.role == UnitRole::forward_grad) && ++forwards[u.unit] > 1) {
+                const auto found = labels.find(u.unit);
+                label = found == labels.end() ? u.unit : found->second;
+            }
+        }
+        chart.recompute_labels.push_back(std::move(label));
+    }
     chart.title = problem.name() + " \u2014 " + plan.stats.solver + " (" + std::string(to_string(plan.stats.status)) +
                   (plan.stats.options.empty() ? "" : ", " + plan.stats.options) + ")";
     chart.subtitle = std::to_string(plan.schedule.size()) + " steps, time " +

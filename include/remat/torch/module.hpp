@@ -41,6 +41,7 @@
 
 #include "../core/chain.hpp"
 #include "../core/errors.hpp"
+#include "../core/progress.hpp"
 #include "../core/solver.hpp"
 #include "../io/budget.hpp"
 #include "../solvers/store_all.hpp"
@@ -62,21 +63,17 @@ struct CheckpointOptions {
     std::size_t max_cached_shapes = 8;
     /// Fuse stages that return views of their input into a neighbour (see fuse_aliasing_stages).
     bool fuse_aliasing = true;
-    /// A summary line per plan on stderr.
+    /// A summary line per plan on stderr (or to `progress`).
     bool verbose = false;
+    /// Receives the summary lines and warnings (a fallback to the smallest budget) instead of stderr.
+    ProgressCallback progress;
 };
 
-/// A budget in bytes of activation memory (the simulator's peak: parameters and their
-/// gradients are not counted).
-[[nodiscard]] inline BudgetSpec budget_bytes(Bytes bytes) {
-    if (bytes < 0) throw InvalidInput("a budget must be non-negative, not " + std::to_string(bytes) + " bytes");
-    return BudgetSpec{BudgetSpec::Kind::bytes, bytes, 0.0};
-}
-/// A budget as a percentage of the chain's store-all peak (FORMATS.md §4).
-[[nodiscard]] inline BudgetSpec budget_percent(double percent) {
-    (void)percent_of(0, percent);  // validates
-    return BudgetSpec{BudgetSpec::Kind::percent, 0, percent};
-}
+// Budgets (io/budget.hpp): budget_bytes(n), budget_percent(p), budget_above_smallest(p), each
+// with .or_smallest() to fall back to the solver's smallest budget instead of throwing.
+using remat::budget_above_smallest;
+using remat::budget_bytes;
+using remat::budget_percent;
 
 namespace detail {
 
@@ -232,9 +229,15 @@ private:
     [[nodiscard]] std::shared_ptr<Compiled> plan_again(const ChainExecutor<Probe>& executor, const BudgetSpec& budget) const {
         const Problem& problem = executor.problem();
         Reference reference = store_all_reference(problem);
-        const Bytes bytes = budget.resolve(reference.peak);
-        Plan plan = solver_.solve(problem, bytes);
-        ExecutablePlan executable = executor.prepare(std::move(plan));
+        const ProgressCallback warn = [this](const std::string& line) {
+            if (options_.progress)
+                options_.progress(line);
+            else
+                std::cerr << line << '\n';
+        };
+        BudgetedPlan planned = plan_within(solver_, problem, budget, reference.peak, warn);
+        const Bytes bytes = planned.budget;
+        ExecutablePlan executable = executor.prepare(std::move(planned.plan));
         if (options_.verbose) {
             std::ostringstream line;
             const double overhead = reference.time > 0 ? executable.predicted_time() / reference.time - 1 : 0.0;
@@ -243,7 +246,7 @@ private:
                  << format_bytes(reference.peak) << ", budget " << format_bytes(bytes) << ", " << solver_.name()
                  << " plan peak " << format_bytes(executable.predicted_peak()) << ", predicted overhead "
                  << overhead * 100 << " %";
-            std::cerr << line.str() << '\n';
+            warn(line.str());
         }
         return std::make_shared<Compiled>(Compiled{executor, std::move(reference), bytes, std::move(executable)});
     }
