@@ -246,18 +246,34 @@ private:
         return total;
     }
     // Per unit member: the data only this unit reads and only repeatable ops write (a layer's
-    // saved state, an option's phantom), and the least time of a writer of each.
+    // saved state, an option's phantom), and the least time of a writer of each. A data whose
+    // writer also writes a data private to another unit is left out: one run of that writer
+    // may serve both units, and counting it twice would overestimate (an inadmissible bound
+    // makes A* return a slower schedule).
     void prepare_heuristic() {
+        std::vector<int> private_unit(p_.data_count(), -1);
+        for (std::size_t d = 0; d < p_.data_count(); ++d) {
+            const DataId id{d};
+            if (p_.is_initial(id) || p_.writers(id).empty() || p_.readers(id).empty()) continue;
+            bool repeatable = true;
+            for (const OpId w : p_.writers(id)) repeatable = repeatable && unit_of_[w.index] < 0;
+            const int unit = unit_of_[p_.readers(id).front().index];
+            bool one_unit = unit >= 0;
+            for (const OpId r : p_.readers(id)) one_unit = one_unit && unit_of_[r.index] == unit;
+            if (repeatable && one_unit) private_unit[d] = unit;
+        }
+        const auto shared_writer = [&](DataId d) {
+            for (const OpId w : p_.writers(d))
+                for (const DataId e : p_.op(w).writes)
+                    if (private_unit[e.index] >= 0 && private_unit[e.index] != private_unit[d.index]) return true;
+            return false;
+        };
         member_private_.resize(units_.size());
         for (std::size_t u = 0; u < units_.size(); ++u)
             for (const OpId k : units_[u]) {
                 std::vector<std::pair<std::size_t, double>> own;
                 for (const DataId d : p_.op(k).reads) {
-                    // Written by repeatable ops only: an exactly-once writer is counted by its own unit.
-                    bool private_to_unit = !p_.is_initial(d) && !p_.writers(d).empty();
-                    for (const OpId w : p_.writers(d)) private_to_unit = private_to_unit && unit_of_[w.index] < 0;
-                    for (const OpId r : p_.readers(d)) private_to_unit = private_to_unit && unit_of_[r.index] == static_cast<int>(u);
-                    if (!private_to_unit) continue;
+                    if (private_unit[d.index] != static_cast<int>(u) || shared_writer(d)) continue;
                     double least = std::numeric_limits<double>::infinity();
                     for (const OpId w : p_.writers(d)) least = std::min(least, p_.op(w).time);
                     own.emplace_back(d.index, least);
