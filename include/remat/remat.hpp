@@ -1,6 +1,6 @@
 // remat/remat.hpp — umbrella header: everything of remat that needs only the standard
 // library (problem, chain, schedule, simulator, memory bounds, graph utilities, solvers, MILP
-// model and partitioning).
+// model, partitioning, the hierarchy and H-Rockmate).
 //
 // Optional layers are included on their own: remat/io/json.hpp (nlohmann/json),
 // remat/milp/lp_solve.hpp and remat/milp/cbc.hpp (MILP backends), remat/torch/*.hpp.
@@ -24,6 +24,9 @@
 #include "solvers/sequence_solver.hpp"
 #include "partition/blocks.hpp"
 #include "solvers/rockmate.hpp"
+#include "solvers/improve.hpp"
 #include "solvers/greedy.hpp"
+#include "partition/hierarchy.hpp"
+#include "solvers/hierarchical.hpp"
 #include "io/budget.hpp"
 #include "io/svg.hpp"

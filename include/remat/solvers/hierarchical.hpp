@@ -71,12 +71,12 @@ struct HRockmateOptions {
     /// Options of a cluster its parent sees (Pareto-distinct, spread over the saved bytes).
     std::size_t max_options = 5;
     /// Limits of one search (one grid point of one cluster, or the top at the budget).
-    std::size_t max_states = 250000;
-    double search_time_limit_seconds = 5.0;
+    std::size_t max_states = 100000;
+    double search_time_limit_seconds = 1.0;
     /// Limit of the grid of one cluster; the options found by then are kept.
-    double cluster_time_limit_seconds = 20.0;
+    double cluster_time_limit_seconds = 3.0;
     /// Limit of the whole analysis: clusters still to plan get their store-all option only.
-    double time_limit_seconds = 600.0;
+    double time_limit_seconds = 40.0;
     /// The top is searched at the budget times each of these factors: the options' costs are
     /// upper bounds of what their steps use, so a plan made for a larger abstract budget often
     /// still fits the real one (the simulator decides); the fastest that fits is kept.
@@ -86,12 +86,17 @@ struct HRockmateOptions {
     /// When the exact search of a cluster or the top hits its limits, the weighted search
     /// (a schedule at most this many times slower than the abstract optimum) is tried.
     double fallback_weight = 3.0;
-    /// Local improvement of every candidate plan (solvers/improve.hpp).
+    /// Local improvement of every candidate plan (solvers/improve.hpp), at most this long each.
     bool improve_plans = true;
-    ImproveOptions improve{};
+    ImproveOptions improve{0.5, 4096};
     /// Problems of at most this many data are not partitioned: the top is the whole problem,
     /// searched exactly (as the reference solves graphs of 40 nodes or fewer with one ILP).
     std::size_t flat_up_to_data = 64;
+    /// Limits of that exact search (also run on partitioned problems of at most 128 data):
+    /// the state limit bounds its memory; the time limit is generous, so that the answer does
+    /// not depend on how loaded the machine is.
+    std::size_t flat_max_states = 2'000'000;
+    double flat_time_limit_seconds = 30.0;
     /// Also plan with the greedy at the same budget and keep the faster plan.
     bool compare_with_greedy = true;
     /// The greedy used then: a portfolio of eviction scores, improved (greedy.hpp).
@@ -259,6 +264,7 @@ public:
         const auto consider = [&](std::optional<Plan> plan) {
             if (plan && (!best || plan->time < best->time)) best = std::move(plan);
         };
+        if (!model.hierarchy.clusters.empty()) consider(exact_plan(model.problem, budget));
         if (options_.compare_with_greedy) consider(greedy_plan(model.problem, budget));
         if (model.rockmate) consider(rockmate_plan(*model.rockmate, budget));
         if (!best) throw infeasible(model, budget);
@@ -288,6 +294,15 @@ private:
 
     [[nodiscard]] detail::hrockmate::SearchLimits limits() const {
         return {options_.max_states, options_.search_time_limit_seconds};
+    }
+
+    // Limits of a search at the top: an unpartitioned problem gets the flat limits; otherwise
+    // at most half of the top's time left (`left`), so that the weighted fallback has time too.
+    [[nodiscard]] detail::hrockmate::SearchLimits top_limits(bool flat, double left) const {
+        if (flat) return {options_.flat_max_states, options_.flat_time_limit_seconds};
+        detail::hrockmate::SearchLimits l = limits();
+        l.seconds = std::min(l.seconds, left / 2);
+        return l;
     }
 
     // The children of a node as the abstract problem takes them.
@@ -506,7 +521,7 @@ private:
         const AbstractProblem a =
             abstract_problem(model.problem, model.top, children, model.hierarchy.top_ops, true, 0, model.problem.name());
         if (a.problem.data_count() > 128) return std::nullopt;
-        return search(a, goal, budget, limits());
+        return search(a, goal, budget, top_limits(model.hierarchy.clusters.empty(), options_.top_time_limit_seconds));
     }
 
     // The top searched at the budget and at the larger abstract budgets of
@@ -523,14 +538,14 @@ private:
         double best_time = 0.0;
         std::size_t misses = 0;
         const std::vector<DataId> initial(model.problem.initial().begin(), model.problem.initial().end());
-        for (std::size_t i = 0; i < options_.top_budget_factors.size() && misses < 2 && a.problem.data_count() <= 128; ++i) {
+        const bool flat = model.hierarchy.clusters.empty();  // the abstract problem is the real one
+        const std::size_t factors = flat ? 1 : options_.top_budget_factors.size();
+        for (std::size_t i = 0; i < factors && misses < 2 && a.problem.data_count() <= 128; ++i) {
             const double left = options_.top_time_limit_seconds - clock.seconds();
-            if (left <= 0) break;
-            const double factor = options_.top_budget_factors[i];
+            if (left <= 0 && !flat) break;
+            const double factor = flat ? 1.0 : options_.top_budget_factors[i];
             const auto abstract_budget = static_cast<Bytes>(static_cast<double>(budget) * factor);
-            SearchLimits top_limits = limits();
-            top_limits.seconds = std::min(top_limits.seconds, left / 2);
-            const auto r = search_or_weighted(a, abstract_budget, top_limits, options_.fallback_weight);
+            const auto r = search_or_weighted(a, abstract_budget, top_limits(flat, left), options_.fallback_weight);
             if (!r) continue;
             Schedule steps = tidy_schedule(model.problem, flatten(model.problem, a, children, r->schedule, initial).steps);
             const SimulationReport sim = simulate(model.problem, steps);
@@ -566,6 +581,23 @@ private:
             report("hrockmate: rockmate on " + std::to_string(model.blocks.size()) + " blocks in " +
                    std::to_string(clock.seconds()) + " s");
             return model;
+        } catch (const Error&) {
+            return std::nullopt;
+        }
+    }
+
+    // The exact search on the whole problem when it is small enough for it (at most 128 data)
+    // but was partitioned: within the flat limits, else nothing.
+    [[nodiscard]] std::optional<Plan> exact_plan(const Problem& problem, Bytes budget) const {
+        if (problem.data_count() > 128) return std::nullopt;
+        try {
+            ExhaustiveOptions o;
+            o.max_states = options_.flat_max_states;
+            o.time_limit_seconds = options_.flat_time_limit_seconds;
+            const detail::ExhaustiveSearch s(problem, o);
+            detail::ExhaustiveSearch::Result r = s.run(detail::SearchGoal::least_time, budget);
+            if (!r.found) return std::nullopt;
+            return finished(problem, std::move(r.schedule), budget, "exact");
         } catch (const Error&) {
             return std::nullopt;
         }
@@ -607,10 +639,12 @@ private:
         std::ostringstream m;
         m << "hrockmate cannot plan '" << model.problem.name() << "' within " << budget << " bytes: ";
         if (budget < bound.bytes)
-            m << "no schedule can, since every schedule needs at least " << bound.bytes << " bytes (" << bound.reason << ")";
+            m << "the budget is below a proven lower bound: every schedule needs at least " << bound.bytes << " bytes ("
+              << bound.reason << ")";
         else
-            m << "the budget is above the proven lower bound of " << bound.bytes
-              << " bytes, but beyond what the hierarchy and the greedy reach; an exact solver (checkmate) may plan it";
+            m << "the budget is above the proven lower bound of " << bound.bytes << " bytes (" << bound.reason
+              << ") but beyond what the hierarchy, the greedy" << (model.rockmate ? " and Rockmate" : "")
+              << " reach; an exact solver (checkmate) may plan it";
         if (least != std::numeric_limits<Bytes>::max()) m << "; hrockmate's smallest budget is " << least << " bytes";
         return Infeasible(m.str(), budget,
                           least != std::numeric_limits<Bytes>::max() ? std::optional<Bytes>(least) : std::nullopt);
