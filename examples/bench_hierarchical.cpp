@@ -8,9 +8,16 @@
 // they apply, Rockmate and Checkmate (with a time limit), and H-Rockmate's overhead as a ratio
 // of the greedy's. Single thread; every figure is measured in this run.
 //
+// Columns: "greedy (dtr)" is the plain DTR rule (the "greedy"), "greedy (both)"
+// Greedy{} (DTR and Belady, the faster), "hrockmate" the plan H-Rockmate returns, with the
+// component that made it ("hier": the hierarchy's top; "greedy": its greedy portfolio;
+// "rockmate"; "exact": the exact search on small graphs) and its overhead as a ratio of plain
+// DTR's, "hierarchy alone" H-Rockmate with every other component turned off.
+//
 //   bench_hierarchical [--quick] [--sizes 200,1000,2500] [--checkmate-limit S] [--no-rockmate]
 #include <algorithm>
 #include <cstdio>
+#include <ctime>
 #include <cstdlib>
 #include <functional>
 #include <optional>
@@ -74,6 +81,7 @@ std::vector<Graph> graphs(int ops) {
 struct Result {
     std::optional<double> overhead;
     double seconds = 0.0;
+    std::string note;  // the component that made H-Rockmate's plan
 };
 
 template <class F>
@@ -83,6 +91,7 @@ Result run(F&& plan, double t_ref) {
     try {
         const remat::Plan p = plan();
         r.overhead = p.time / t_ref - 1.0;
+        r.note = p.stats.options;
     } catch (const remat::Error&) {
     }
     r.seconds = clock.seconds();
@@ -92,67 +101,122 @@ Result run(F&& plan, double t_ref) {
 std::string cell(const Result& r) {
     char text[48];
     if (r.overhead)
-        std::snprintf(text, sizeof text, "%6.1f%% %7.2fs", 100.0 * *r.overhead, r.seconds);
+        std::snprintf(text, sizeof text, "%6.1f%% %6.2fs", 100.0 * *r.overhead, r.seconds);
     else
-        std::snprintf(text, sizeof text, "%7s %7.2fs", "-", r.seconds);
+        std::snprintf(text, sizeof text, "%7s %6.2fs", "-", r.seconds);
     return text;
+}
+
+// "hier", "greedy", "rockmate": which component H-Rockmate returned.
+std::string component(const Result& r) {
+    if (!r.overhead) return "-";
+    const std::string key = "component=";
+    const auto at = r.note.find(key);
+    if (at == std::string::npos) return "?";
+    const std::string rest = r.note.substr(at + key.size());
+    if (rest.rfind("hierarchy", 0) == 0) return "hier";
+    if (rest.rfind("greedy", 0) == 0) return "greedy";
+    if (rest.rfind("rockmate", 0) == 0) return "rockmate";
+    if (rest.rfind("exact", 0) == 0) return "exact";
+    return "?";
+}
+
+std::string ratio(const Result& a, const Result& greedy) {
+    if (!greedy.overhead || !a.overhead || *greedy.overhead <= 1e-9) return "   - ";
+    char text[16];
+    std::snprintf(text, sizeof text, "%5.2f", *a.overhead / *greedy.overhead);
+    return text;
+}
+
+struct Solvers {
+    const remat::HRockmate& full;
+    const remat::HRockmate& hierarchy_only;
+    const remat::HRockmateModel& model;
+    const remat::HRockmateModel& hierarchy_model;
+    std::optional<remat::RockmateModel> rock;
+};
+
+std::string checkmate_cell(const remat::Problem& p, Bytes budget, double t_ref, const Options& o) {
+#if REMAT_WITH_LPSOLVE || REMAT_WITH_CBC
+    if (o.checkmate_limit > 0 && p.op_count() <= 400) {
+        remat::CheckmateOptions co;
+        co.time_limit_seconds = o.checkmate_limit;
+#if REMAT_WITH_CBC
+        const remat::Checkmate<remat::milp::Cbc> checkmate(co);
+#else
+        const remat::Checkmate<remat::milp::LpSolve> checkmate(co);
+#endif
+        return " " + cell(run([&] { return checkmate.solve(p, budget); }, t_ref));
+    }
+#else
+    (void)p, (void)budget, (void)t_ref, (void)o;
+#endif
+    return "";
+}
+
+void budget_row(const remat::Problem& p, const remat::Reference& ref, int percent, const Solvers& s, const Options& o) {
+    const Bytes budget = remat::percent_of(ref.peak, percent);
+    remat::GreedyOptions plain;
+    plain.eviction = remat::GreedyEviction::dtr;
+    const Result dtr = run([&] { return remat::Greedy(plain).solve(p, budget); }, ref.time);
+    const Result both = run([&] { return remat::Greedy{}.solve(p, budget); }, ref.time);
+    const Result full = run([&] { return s.full.solve(s.model, budget); }, ref.time);
+    const Result hier = run([&] { return s.hierarchy_only.solve(s.hierarchy_model, budget); }, ref.time);
+    const Result rm = s.rock ? run([&] { return remat::Rockmate<>().solve(*s.rock, budget); }, ref.time) : Result{};
+    std::printf("  %5d%% | %s | %s | %s | %-8s %s | %s | %s |%s\n", percent, cell(dtr).c_str(), cell(both).c_str(),
+                cell(full).c_str(), component(full).c_str(), ratio(full, dtr).c_str(), cell(hier).c_str(),
+                s.rock ? cell(rm).c_str() : "     (n/a)      ", checkmate_cell(p, budget, ref.time, o).c_str());
+    std::fflush(stdout);
+}
+
+// H-Rockmate's options: the defaults, or shorter limits with --quick.
+remat::HRockmateOptions hrockmate_options(const Options& o) {
+    remat::HRockmateOptions h;
+    if (o.quick) {
+        h.time_limit_seconds = 3.0;
+        h.greedy.portfolio_seconds = 0.2;
+        h.greedy.improve_seconds = 0.1;
+        h.top_time_limit_seconds = 0.3;
+        h.improve.time_limit_seconds = 0.2;
+    }
+    return h;
 }
 
 void bench(const Graph& g, const Options& o) {
     const remat::Problem& p = g.problem;
     const remat::Reference ref = remat::store_all_reference(p);
     const remat::MemoryLowerBound bound = remat::memory_lower_bound(p);
-    remat::HRockmateOptions ho;
-    const remat::HRockmate hrockmate(ho);
+    const remat::HRockmate hrockmate{hrockmate_options(o)};
+    remat::HRockmateOptions only = hrockmate_options(o);
+    only.compare_with_greedy = false;
+    only.use_rockmate = false;
+    const remat::HRockmate hierarchy(only);
     const remat::Stopwatch analysis_clock;
+    const std::clock_t analysis_cpu = std::clock();
     const remat::HRockmateModel model = hrockmate.analyse(p);
     const double analysis = analysis_clock.seconds();
+    const double analysis_cpu_seconds = double(std::clock() - analysis_cpu) / CLOCKS_PER_SEC;
+    const remat::HRockmateModel hierarchy_model = hierarchy.analyse(p);
     const Bytes smallest = hrockmate.smallest_budget(model);
     std::printf("\n%s: %zu ops, P_ref %s, lower bound %.1f%% (%s)\n", p.name().c_str(), p.op_count(),
                 remat::format_bytes(ref.peak).c_str(), 100.0 * double(bound.bytes) / double(ref.peak), bound.reason.c_str());
-    std::printf("  hrockmate: %zu atoms, %zu clusters (%zu planned), depth %zu, %zu searches, analysis %.1f s, smallest %.1f%%\n",
-                model.hierarchy.atoms.size(), model.hierarchy.clusters.size(), model.unique_clusters,
-                model.hierarchy.depth(), model.searches, analysis, 100.0 * double(smallest) / double(ref.peak));
+    std::printf("  hrockmate: %zu atoms, %zu clusters (%zu planned), depth %zu, %zu searches (%zu failed), rockmate %s, "
+                "analysis %.1f s (%.1f s CPU), smallest %.1f%%\n",
+                model.hierarchy.atoms.size(), model.hierarchy.clusters.size(), model.unique_clusters, model.hierarchy.depth(),
+                model.searches, model.failed_searches, model.rockmate ? "yes" : "no", analysis, analysis_cpu_seconds,
+                100.0 * double(smallest) / double(ref.peak));
     std::optional<remat::RockmateModel> rock;
-    const remat::Rockmate<> rockmate;
     if (o.rockmate && p.op_count() <= 1200) {
         try {
-            rock = rockmate.analyse(p);
+            rock = remat::Rockmate<>().analyse(p);
         } catch (const remat::Error&) {
         }
     }
-    std::printf("  budget | greedy            | hrockmate (hier)  | ratio | rockmate          |%s\n",
+    std::printf("  budget | greedy (dtr)     | greedy (both)    | hrockmate        | won by   ratio | hierarchy alone  | rockmate         |%s\n",
                 o.checkmate_limit > 0 && p.op_count() <= 400 ? " checkmate" : "");
-    for (const int percent : {20, 30, 40, 50, 60, 80, 100}) {
-        const Bytes budget = remat::percent_of(ref.peak, percent);
-        const Result greedy = run([&] { return remat::Greedy{}.solve(p, budget); }, ref.time);
-        remat::HRockmateOptions only_hierarchy = ho;
-        only_hierarchy.compare_with_greedy = false;
-        const Result hier = run([&] { return remat::HRockmate(only_hierarchy).solve(model, budget); }, ref.time);
-        const Result rm = rock ? run([&] { return rockmate.solve(*rock, budget); }, ref.time) : Result{};
-        std::string ratio = "   - ";
-        if (greedy.overhead && hier.overhead && *greedy.overhead > 1e-9) {
-            char text[16];
-            std::snprintf(text, sizeof text, "%5.2f", *hier.overhead / *greedy.overhead);
-            ratio = text;
-        }
-        std::string cm;
-#if REMAT_WITH_LPSOLVE || REMAT_WITH_CBC
-        if (o.checkmate_limit > 0 && p.op_count() <= 400) {
-            remat::CheckmateOptions co;
-            co.time_limit_seconds = o.checkmate_limit;
-#if REMAT_WITH_CBC
-            const remat::Checkmate<remat::milp::Cbc> checkmate(co);
-#else
-            const remat::Checkmate<remat::milp::LpSolve> checkmate(co);
-#endif
-            cm = " " + cell(run([&] { return checkmate.solve(p, budget); }, ref.time));
-        }
-#endif
-        std::printf("  %5d%% | %s | %s | %s | %s |%s\n", percent, cell(greedy).c_str(), cell(hier).c_str(), ratio.c_str(),
-                    rock ? cell(rm).c_str() : "      (n/a)       ", cm.c_str());
-        std::fflush(stdout);
-    }
+    const Solvers s{hrockmate, hierarchy, model, hierarchy_model, std::move(rock)};
+    const std::vector<int> percents = o.quick ? std::vector<int>{30, 50, 80} : std::vector<int>{20, 30, 40, 50, 60, 80, 100};
+    for (const int percent : percents) budget_row(p, ref, percent, s, o);
 }
 
 }  // namespace

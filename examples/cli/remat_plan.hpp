@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -33,13 +34,14 @@ inline constexpr int exit_infeasible = 3;
 [[nodiscard]] inline std::string remat_plan_usage() {
     std::string u =
         "usage: remat-plan FILE.json --budget B [--solver NAME[:VARIANT]] [--out SCHEDULE.json] [--json]\n"
-        "                  [--svg TIMELINE.svg] [--sweep N] [--time-limit S] [--verbose]\n"
+        "                  [--svg TIMELINE.svg] [--sweep N] [--time-limit S] [--verbose] [--quiet]\n"
         "\n"
         "Plans the training step of FILE.json (remat.problem/1 or remat.chain/1) within a memory budget.\n"
         "\n"
         "  --budget B        bytes (25088), a size (512MiB, 1.5GiB, 100KB; KiB/MiB/GiB/TiB are powers of 1024,\n"
         "                    KB/MB/GB/TB powers of 1000) or a percentage of the store-all peak P_ref (40%)\n"
-        "  --solver NAME     default: rotor for chains, store-all otherwise. Solvers:\n";
+        "  --solver NAME     default: auto (rotor for chains, rockmate for sequences of small blocks, hrockmate\n"
+        "                    otherwise, greedy as the last resort). Solvers:\n";
     for (const SolverEntry& e : solver_table()) {
         std::string line = "                      " + std::string(e.name);
         line.resize(std::max<std::size_t>(line.size() + 1, 36), ' ');
@@ -53,8 +55,11 @@ inline constexpr int exit_infeasible = 3;
         "  --sweep N         also plan N budgets from the smallest feasible one to P_ref (--budget optional)\n"
         "  --time-limit S    give up after S seconds (solvers that search)\n"
         "  --verbose         solver progress on stderr\n"
+        "  --quiet           no progress lines (long solves print one every few seconds on stderr, with the\n"
+        "                    elapsed time)\n"
         "\n"
-        "Exit codes: 0 ok, 2 bad input, 3 infeasible budget (the message says the smallest feasible one).\n";
+        "Exit codes: 0 ok, 2 bad input, 3 infeasible budget (the message says the smallest feasible one, and\n"
+        "whether the budget is below a proven lower bound or only beyond the solver's reach).\n";
     return u;
 }
 
@@ -70,6 +75,7 @@ struct PlanArgs {
     std::optional<double> time_limit;
     bool json = false;
     bool verbose = false;
+    bool quiet = false;
     bool help = false;
 };
 
@@ -137,6 +143,9 @@ inline PlanArgs parse_plan_args(const std::vector<std::string>& args) {
         } else if (flag == "--verbose" || flag == "-v") {
             no_value();
             a.verbose = true;
+        } else if (flag == "--quiet" || flag == "-q") {
+            no_value();
+            a.quiet = true;
         } else if (flag.size() > 1 && flag[0] == '-') {
             throw UsageError{"unknown option '" + flag + "'"};
         } else if (a.file.empty()) {
@@ -175,6 +184,42 @@ inline std::string pad(std::string s, std::size_t width, bool right = true) {
     return right ? std::string(width - s.size(), ' ') + s : s + std::string(width - s.size(), ' ');
 }
 
+// Progress lines on `err` with the elapsed time, at most one every `every` seconds (the first
+// after `every` seconds, so that quick solves print nothing).
+[[nodiscard]] inline std::function<void(const std::string&)> progress_printer(std::ostream& err, double every) {
+    struct State {
+        Stopwatch clock;
+        double last = 0.0;
+    };
+    return [&err, every, state = std::make_shared<State>()](const std::string& line) {
+        const double now = state->clock.seconds();
+        if (now - state->last < every) return;
+        state->last = now;
+        err << "remat-plan: [" << number(now, "%.1f") << " s] " << line << "\n";
+    };
+}
+
+// After an infeasible budget: below the proven lower bound, or only beyond this solver's reach
+// (and the greedy's smallest budget when it reaches lower).
+inline void explain_infeasible(std::ostream& err, const Problem& problem, Bytes budget, const std::string& solver,
+                               const std::optional<Bytes>& smallest) {
+    const MemoryLowerBound bound = memory_lower_bound(problem);
+    if (budget < bound.bytes) {
+        err << "remat-plan: the budget is below a proven lower bound: every schedule needs at least "
+            << bytes_both(bound.bytes) << " (" << bound.reason << ")\n";
+        return;
+    }
+    err << "remat-plan: the budget is above the proven lower bound of " << bytes_both(bound.bytes) << " ("
+        << bound.reason << "): it is only beyond the reach of " << solver << "\n";
+    if (solver.rfind("greedy", 0) == 0 || solver == "auto") return;
+    try {
+        const Bytes greedy = Greedy{}.smallest_budget(problem);
+        if (!smallest || greedy < *smallest)
+            err << "remat-plan: greedy reaches lower: its smallest budget is " << bytes_both(greedy) << " (--solver greedy)\n";
+    } catch (const Error&) {
+    }
+}
+
 struct SweepRow {
     Bytes budget = 0;
     std::optional<Plan> plan;
@@ -203,6 +248,7 @@ inline int run_remat_plan(const std::vector<std::string>& args, std::ostream& ou
         SolveOptions options;
         options.time_limit = a.time_limit;
         options.verbose = a.verbose;
+        if (!a.quiet) options.progress = detail::progress_printer(err, 2.0);
         const SolverEntry& solver = a.solver ? find_solver(*a.solver, options) : default_solver(problem);
         if (!solver.applies(problem))
             throw InvalidInput("solver '" + std::string(solver.name) + "' does not apply to problem '" + problem.name() +
@@ -212,11 +258,14 @@ inline int run_remat_plan(const std::vector<std::string>& args, std::ostream& ou
         const bool planning = a.budget.has_value();
         const Bytes budget = planning ? parse_budget(*a.budget, ref.peak) : 0;
 
-        // In a sweep, Rockmate analyses the blocks once for every budget.
-        const bool bound = solver.name == "rockmate" && a.sweep.has_value();
+        // In a sweep, Rockmate, H-Rockmate and auto analyse the problem once for every budget.
+        const bool bound =
+            (solver.name == "rockmate" || solver.name == "hrockmate" || solver.name == "auto") && a.sweep.has_value();
         const std::function<Plan(Bytes)> plan_at =
-            bound ? rockmate_planner(problem, options)
-                  : std::function<Plan(Bytes)>([&](Bytes b) { return solve_with(solver, problem, b, options); });
+            !bound ? std::function<Plan(Bytes)>([&](Bytes b) { return solve_with(solver, problem, b, options); })
+            : solver.name == "rockmate"  ? rockmate_planner(problem, options)
+            : solver.name == "hrockmate" ? hrockmate_planner(problem, options)
+                                         : auto_planner(problem, options);
 
         // The plan at the budget.
         std::optional<Plan> plan;
@@ -235,7 +284,7 @@ inline int run_remat_plan(const std::vector<std::string>& args, std::ostream& ou
             if (infeasible && infeasible->smallest_feasible()) {
                 smallest = infeasible->smallest_feasible();
             } else if (bound) {
-                // Asked at budget 0, Rockmate answers with its smallest budget.
+                // Asked at budget 0, these answer with their smallest budget.
                 try {
                     smallest = plan_at(0).peak;
                 } catch (const Infeasible& e) {
@@ -354,6 +403,7 @@ inline int run_remat_plan(const std::vector<std::string>& args, std::ostream& ou
                     << detail::bytes_both(*smallest) << " = "
                     << detail::percent(double(*smallest), double(ref.peak)) << " of P_ref; try --budget " << *smallest
                     << "\n";
+            if (planning) detail::explain_infeasible(err, problem, budget, solver_name, smallest);
             return exit_infeasible;
         }
         return exit_ok;

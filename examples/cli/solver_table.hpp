@@ -21,6 +21,9 @@
 #include <remat/solvers/exhaustive.hpp>
 #include <remat/solvers/greedy.hpp>
 #include <remat/solvers/rockmate.hpp>
+#include <remat/solvers/hierarchical.hpp>
+#include <remat/partition/blocks.hpp>
+#include <remat/core/bounds.hpp>
 #ifdef REMAT_WITH_LPSOLVE
 #include <remat/milp/lp_solve.hpp>
 #include <remat/solvers/checkmate.hpp>
@@ -37,6 +40,9 @@ struct SolveOptions {
     std::string variant;               ///< the part after ':' in --solver NAME:VARIANT, or empty
     std::optional<double> time_limit;  ///< --time-limit S, for solvers that search
     bool verbose = false;              ///< progress on stderr
+    /// Progress lines of long solvers (hrockmate, auto); remat-plan prints them with the
+    /// elapsed time unless --quiet.
+    std::function<void(const std::string&)> progress;
 };
 
 struct SolverEntry {
@@ -80,7 +86,72 @@ inline void no_variant(std::string_view name, const SolveOptions& options) {
         throw InvalidInput("solver '" + std::string(name) + "' takes no ':" + options.variant + "' variant");
 }
 
+inline constexpr std::string_view hrockmate_variant_help =
+    "hrockmate:OPTIONS, comma-separated: children=N (cluster size cap, default 4), grid=N (peak and saved "
+    "budgets per cluster, default 4), options=N (options per cluster, default 5), hierarchy-only (no greedy, "
+    "Rockmate or exact component)";
+
+// A key=N part of a variant.
+inline std::size_t variant_number(std::string_view name, std::string_view help, const std::string& part) {
+    SolveOptions o;
+    o.variant = part.substr(part.find('=') + 1);
+    return positive_variant(name, help, o);
+}
+
+inline HRockmateOptions hrockmate_options(const SolveOptions& o) {
+    constexpr std::string_view name = "hrockmate";
+    constexpr std::string_view help = hrockmate_variant_help;
+    HRockmateOptions options;
+    std::size_t from = 0;
+    while (from < o.variant.size()) {
+        const std::size_t comma = std::min(o.variant.find(',', from), o.variant.size());
+        const std::string part = o.variant.substr(from, comma - from);
+        from = comma + 1;
+        if (part.rfind("children=", 0) == 0) {
+            options.hierarchy.max_children = std::max<std::size_t>(2, variant_number(name, help, part));
+        } else if (part.rfind("grid=", 0) == 0) {
+            options.peak_budgets = options.saved_budgets = variant_number(name, help, part);
+        } else if (part.rfind("options=", 0) == 0) {
+            options.max_options = variant_number(name, help, part);
+        } else if (part == "hierarchy-only") {
+            options.compare_with_greedy = false;
+            options.use_rockmate = false;
+        } else {
+            throw InvalidInput("solver 'hrockmate:" + o.variant + "': unknown option '" + part + "'; expected " +
+                               std::string(help));
+        }
+    }
+    if (o.time_limit) options.time_limit_seconds = *o.time_limit;
+    options.progress = o.progress;
+    return options;
+}
+
+// Rockmate applies when the problem is a sequence of at least two blocks of at most 64 ops.
+inline bool small_blocks(const Problem& problem) {
+    try {
+        const BlockPartition part = partition_blocks(problem);
+        if (part.blocks.size() < 2) return false;
+        for (const Block& b : part.blocks)
+            if (b.forward_ops.size() + b.backward_ops.size() > 64) return false;
+        return true;
+    } catch (const Error&) {
+        return false;
+    }
+}
+
 }  // namespace detail
+
+/// H-Rockmate bound to one problem: the hierarchy and every cluster's options are analysed
+/// once; each call plans one budget. The first plan's solve time includes the analysis.
+[[nodiscard]] inline std::function<Plan(Bytes)> hrockmate_planner(const Problem& problem, const SolveOptions& o) {
+    const HRockmate solver(detail::hrockmate_options(o));
+    return [solver, model = std::make_shared<const HRockmateModel>(solver.analyse(problem)), first = true](Bytes budget) mutable {
+        Plan plan = solver.solve(*model, budget);
+        if (first) plan.stats.solve_seconds += model->seconds;
+        first = false;
+        return plan;
+    };
+}
 
 /// Rockmate bound to one problem: the block analysis (every block's grid of options), which
 /// does not depend on the budget, runs once here; each call of the result runs only the
@@ -108,13 +179,86 @@ inline void no_variant(std::string_view name, const SolveOptions& options) {
     };
 }
 
+/// What --solver auto picks for a problem: rotor for chains, rockmate when the problem is a
+/// sequence of at least two blocks of at most 64 ops, hrockmate otherwise.
+[[nodiscard]] inline std::string auto_choice(const Problem& problem) {
+    if (as_chain(problem)) return "rotor";
+    if (detail::small_blocks(problem)) return "rockmate";
+    return "hrockmate";
+}
+
+namespace detail {
+
+// Why --solver auto has no plan: below the proven lower bound, or only beyond the reach of the
+// solvers it tried, naming the one that reaches lower.
+[[nodiscard]] inline Infeasible auto_infeasible(const Problem& problem, Bytes budget, const std::string& choice,
+                                                const std::optional<Bytes>& chosen_least, const std::optional<Bytes>& greedy_least) {
+    const MemoryLowerBound bound = memory_lower_bound(problem);
+    const auto show = [](const std::optional<Bytes>& b) { return b ? std::to_string(*b) + " bytes" : std::string("unknown"); };
+    std::string m = "auto: no plan of '" + problem.name() + "' within " + std::to_string(budget) + " bytes: ";
+    if (budget < bound.bytes) {
+        m += "the budget is below a proven lower bound: every schedule needs at least " + std::to_string(bound.bytes) +
+             " bytes (" + bound.reason + ")";
+    } else {
+        m += "the budget is above the proven lower bound of " + std::to_string(bound.bytes) + " bytes (" + bound.reason +
+             ") but beyond the reach of " + choice + " (smallest budget " + show(chosen_least) + ") and greedy (" +
+             show(greedy_least) + ")";
+        if (chosen_least && greedy_least && *chosen_least != *greedy_least)
+            m += "; " + std::string(*greedy_least < *chosen_least ? "greedy" : choice) + " reaches lower";
+        m += "; an exact solver (checkmate) may reach further";
+    }
+    std::optional<Bytes> least = chosen_least;
+    if (greedy_least && (!least || *greedy_least < *least)) least = greedy_least;
+    return Infeasible(m, budget, least);
+}
+
+}  // namespace detail
+
+/// --solver auto bound to one problem: the solver auto_choice() picks, and the greedy (with its
+/// portfolio of eviction scores) as the last resort when that one has no plan. The plan's
+/// options say which solver made it.
+[[nodiscard]] inline std::function<Plan(Bytes)> auto_planner(const Problem& problem, const SolveOptions& o) {
+    const std::string choice = auto_choice(problem);
+    if (o.progress) o.progress("auto: " + choice + " for '" + problem.name() + "'");
+    SolveOptions inner = o;
+    inner.variant.clear();
+    std::function<Plan(Bytes)> first;
+    if (choice == "rotor") {
+        RotorOptions r;
+        r.time_limit_seconds = o.time_limit;
+        r.verbose = o.verbose;
+        first = [r, p = std::make_shared<const Problem>(problem)](Bytes budget) { return Rotor(r).solve(*p, budget); };
+    } else {
+        first = choice == "rockmate" ? rockmate_planner(problem, inner) : hrockmate_planner(problem, inner);
+    }
+    return [first, choice, p = std::make_shared<const Problem>(problem)](Bytes budget) -> Plan {
+        const auto tagged = [](Plan plan, const std::string& who) {
+            plan.stats.options = "chose " + who + (plan.stats.options.empty() ? "" : ", " + plan.stats.options);
+            return plan;
+        };
+        std::optional<Bytes> chosen_least, greedy_least;
+        try {
+            return tagged(first(budget), choice);
+        } catch (const Infeasible& e) {
+            chosen_least = e.smallest_feasible();
+        } catch (const SolverError&) {
+        }
+        try {
+            return tagged(Greedy(HRockmateOptions::default_greedy()).solve(*p, budget), "greedy (last resort)");
+        } catch (const Infeasible& e) {
+            greedy_least = e.smallest_feasible();
+        }
+        throw detail::auto_infeasible(*p, budget, choice, chosen_least, greedy_least);
+    };
+}
+
 /// Every solver the programs offer, in the order --help lists them.
 [[nodiscard]] inline const std::vector<SolverEntry>& solver_table() {
     static const std::vector<SolverEntry> table = [] {
         std::vector<SolverEntry> t;
         {
             SolverEntry e{"rotor", "optimal persistent schedule of a chain (Beaumont et al. 2019)",
-                          "rotor:SLOTS, the number of memory slots of the DP (default 500)", true, true, {}, {}, {}};
+                          "rotor:SLOTS, the number of memory slots of the DP (default 500)", true, false, {}, {}, {}};
             e.applies = detail::is_chain;
             e.quick = detail::is_chain;
             e.solve = [name = e.name, help = e.variant_help](const Problem& p, Bytes budget, const SolveOptions& o) {
@@ -194,6 +338,23 @@ inline void no_variant(std::string_view name, const SolveOptions& options) {
             t.push_back(std::move(e));
         }
         {
+            SolverEntry e{"hrockmate", "hierarchy of small exact searches for any graph, with the greedy and Rockmate "
+                          "as components (after H-Rockmate/HiRemate, Zhao et al. 2025)",
+                          detail::hrockmate_variant_help, false, false, {}, {}, {}};
+            e.applies = [](const Problem& p) { return p.loss().has_value(); };
+            e.quick = [](const Problem& p) { return p.op_count() <= 40; };
+            e.solve = [](const Problem& p, Bytes budget, const SolveOptions& o) { return hrockmate_planner(p, o)(budget); };
+            t.push_back(std::move(e));
+        }
+        {
+            SolverEntry e{"auto", "the default: rotor for chains, rockmate for sequences of small blocks, hrockmate "
+                          "otherwise; greedy as the last resort", "", false, true, {}, {}, {}};
+            e.applies = detail::always;
+            e.quick = [](const Problem& p) { return p.op_count() <= 40 || detail::is_chain(p); };
+            e.solve = [](const Problem& p, Bytes budget, const SolveOptions& o) { return auto_planner(p, o)(budget); };
+            t.push_back(std::move(e));
+        }
+        {
             SolverEntry e{"exhaustive", "exact optimum over all schedules by A* search (small problems)", "", false,
                           false, {}, {}, {}};
             e.applies = [](const Problem& p) { return p.data_count() <= 64; };
@@ -208,7 +369,7 @@ inline void no_variant(std::string_view name, const SolveOptions& options) {
         }
         {
             SolverEntry e{"store-all", "no rematerialization: the framework's own order (the reference)", "", false,
-                          true, {}, {}, {}};
+                          false, {}, {}, {}};
             e.applies = detail::always;
             e.quick = detail::always;
             e.solve = [name = e.name](const Problem& p, Bytes budget, const SolveOptions& o) {

@@ -1,6 +1,6 @@
 // remat/remat.hpp — umbrella header: everything of remat that needs only the standard
-// library (problem, chain, schedule, simulator, memory bounds, graph utilities, solvers,
-// partitioning and the execution engine).
+// library (problem, chain, schedule, simulator, memory bounds, graph utilities, solvers, MILP
+// model, partitioning, the hierarchy, H-Rockmate and the execution engine).
 //
 // Optional layers are included on their own: remat/io/json.hpp (nlohmann/json),
 // remat/milp/lp_solve.hpp and remat/milp/cbc.hpp (MILP backends), remat/torch/*.hpp.
@@ -27,7 +27,10 @@
 #include "solvers/sequence_solver.hpp"
 #include "partition/blocks.hpp"
 #include "solvers/rockmate.hpp"
+#include "solvers/improve.hpp"
 #include "solvers/greedy.hpp"
+#include "partition/hierarchy.hpp"
+#include "solvers/hierarchical.hpp"
 #include "exec/report.hpp"
 #include "exec/plan.hpp"
 #include "exec/backend.hpp"

@@ -5,8 +5,8 @@
 #pragma once
 // ---- begin remat/remat.hpp ----
 // remat/remat.hpp — umbrella header: everything of remat that needs only the standard
-// library (problem, chain, schedule, simulator, memory bounds, graph utilities, solvers,
-// partitioning and the execution engine).
+// library (problem, chain, schedule, simulator, memory bounds, graph utilities, solvers, MILP
+// model, partitioning, the hierarchy, H-Rockmate and the execution engine).
 //
 // Optional layers are included on their own: remat/io/json.hpp (nlohmann/json),
 // remat/milp/lp_solve.hpp and remat/milp/cbc.hpp (MILP backends), remat/torch/*.hpp.
@@ -1865,6 +1865,10 @@ struct ExhaustiveOptions {
     std::size_t max_states = 4'000'000;
     /// And beyond this many seconds.
     double time_limit_seconds = 60.0;
+    /// Weight of the admissible bound in the search order (weighted A*, Pohl 1970): 1 is
+    /// exact; w > 1 returns a schedule at most w times slower than the optimum after
+    /// expanding far fewer states (how H-Rockmate plans when the exact search hits its limits).
+    double weight = 1.0;
 };
 
 namespace detail {
@@ -1994,7 +1998,7 @@ public:
         const Bytes root_memory = memory(root.live);
         if (root_memory > budget) return {};
         nodes.emplace(root, Node{0.0, root_memory, root, Step::free(DataId{0}), false});
-        open.push({heuristic(root), root_memory, 0.0, root});
+        open.push({options_.weight * heuristic(root), root_memory, 0.0, root});
 
         std::size_t expanded = 0;
         while (!open.empty()) {
@@ -2032,7 +2036,7 @@ public:
                         throw SolverError("exhaustive search on '" + p_.name() + "' exceeded " +
                                           std::to_string(options_.max_states) + " states (use checkmate or rockmate)");
                 }
-                open.push({time + heuristic(next), peak, time, next});
+                open.push({time + options_.weight * heuristic(next), peak, time, next});
             };
 
             // Run an op: its reads live, its writes not all live already (else it changes nothing),
@@ -2069,18 +2073,34 @@ private:
         return total;
     }
     // Per unit member: the data only this unit reads and only repeatable ops write (a layer's
-    // saved state, an option's phantom), and the least time of a writer of each.
+    // saved state, an option's phantom), and the least time of a writer of each. A data whose
+    // writer also writes a data private to another unit is left out: one run of that writer
+    // may serve both units, and counting it twice would overestimate (an inadmissible bound
+    // makes A* return a slower schedule).
     void prepare_heuristic() {
+        std::vector<int> private_unit(p_.data_count(), -1);
+        for (std::size_t d = 0; d < p_.data_count(); ++d) {
+            const DataId id{d};
+            if (p_.is_initial(id) || p_.writers(id).empty() || p_.readers(id).empty()) continue;
+            bool repeatable = true;
+            for (const OpId w : p_.writers(id)) repeatable = repeatable && unit_of_[w.index] < 0;
+            const int unit = unit_of_[p_.readers(id).front().index];
+            bool one_unit = unit >= 0;
+            for (const OpId r : p_.readers(id)) one_unit = one_unit && unit_of_[r.index] == unit;
+            if (repeatable && one_unit) private_unit[d] = unit;
+        }
+        const auto shared_writer = [&](DataId d) {
+            for (const OpId w : p_.writers(d))
+                for (const DataId e : p_.op(w).writes)
+                    if (private_unit[e.index] >= 0 && private_unit[e.index] != private_unit[d.index]) return true;
+            return false;
+        };
         member_private_.resize(units_.size());
         for (std::size_t u = 0; u < units_.size(); ++u)
             for (const OpId k : units_[u]) {
                 std::vector<std::pair<std::size_t, double>> own;
                 for (const DataId d : p_.op(k).reads) {
-                    // Written by repeatable ops only: an exactly-once writer is counted by its own unit.
-                    bool private_to_unit = !p_.is_initial(d) && !p_.writers(d).empty();
-                    for (const OpId w : p_.writers(d)) private_to_unit = private_to_unit && unit_of_[w.index] < 0;
-                    for (const OpId r : p_.readers(d)) private_to_unit = private_to_unit && unit_of_[r.index] == static_cast<int>(u);
-                    if (!private_to_unit) continue;
+                    if (private_unit[d.index] != static_cast<int>(u) || shared_writer(d)) continue;
                     double least = std::numeric_limits<double>::infinity();
                     for (const OpId w : p_.writers(d)) least = std::min(least, p_.op(w).time);
                     own.emplace_back(d.index, least);
@@ -2168,7 +2188,10 @@ private:
 /// Exact optimum over all schedules, for small problems (≤ 128 data, ≤ 64 exactly-once ops).
 class Exhaustive {
 public:
-    explicit Exhaustive(ExhaustiveOptions options = {}) : options_(options) {}
+    explicit Exhaustive(ExhaustiveOptions options = {}) : options_(options) {
+        if (!(options_.weight >= 1.0))
+            throw InvalidInput("exhaustive: the weight of the bound must be at least 1 (1 is exact)");
+    }
 
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "exhaustive"; }
 
@@ -2182,7 +2205,8 @@ public:
                                  " bytes; the smallest feasible budget is " + std::to_string(smallest) + " bytes",
                              budget, smallest);
         }
-        SolverStats stats{std::string(name()), 0.0, SolveStatus::optimal, std::nullopt, ""};
+        SolverStats stats{std::string(name()), 0.0, options_.weight == 1.0 ? SolveStatus::optimal : SolveStatus::feasible,
+                          std::nullopt, options_.weight == 1.0 ? "" : "weight=" + std::to_string(options_.weight)};
         stats.solve_seconds = seconds_since(start);
         return make_checked_plan(problem, std::move(result.schedule), budget, std::move(stats));
     }
@@ -2474,6 +2498,9 @@ struct RotorOptions {
     std::optional<double> time_limit_seconds;
     /// Progress on stderr.
     bool verbose = false;
+    /// Memory cap of the DP's time table (L(L+1)/2 rows of slots + 1 floats): beyond it the
+    /// solve stops with an error saying how large the table would be, instead of allocating it.
+    std::size_t max_table_mib = 2048;
 };
 
 /// Throws InvalidInput naming the stage and option when a RotorChain breaks the rules above.
@@ -2818,11 +2845,12 @@ public:
     RotorTable(const RotorUnits& u, const RotorNeeds& needs, std::size_t M, const RotorOptions& options)
         : u_(u), needs_(needs), L_(u.L), M_(M), width_(M + 1) {
         const std::size_t pairs = L_ * (L_ + 1) / 2;
-        constexpr std::size_t max_cells = std::size_t{1} << 29;  // 2 GiB of floats
+        const std::size_t max_cells = options.max_table_mib * (std::size_t{1} << 20) / sizeof(float);
         if (width_ > max_cells / pairs)
             throw InvalidInput("rotor: " + std::to_string(L_) + " stages with " + std::to_string(width_) +
                                " memory slots need a table of " + std::to_string(pairs * width_ * 4 / (1 << 20)) +
-                               " MiB; use fewer slots or a larger slot_bytes");
+                               " MiB, above max_table_mib = " + std::to_string(options.max_table_mib) +
+                               "; use fewer slots or a larger slot_bytes");
         least_.assign(L_ + 1, 0.0);
         for (std::size_t l = 1; l <= L_; ++l) {
             double t = std::numeric_limits<double>::infinity();
@@ -3927,6 +3955,782 @@ struct BlockProblem {
 #include <utility>
 #include <vector>
 
+// ---- begin remat/solvers/greedy.hpp ----
+// remat/solvers/greedy.hpp — a fast greedy planner for any graph: a static, DTR-like replay of
+// the framework's order on the simulator's semantics (FORMATS.md §3).
+//
+// Kirisame, Lyubomirsky, Haan, Brennan, He, Roesch, Chen, Tatlock, "Dynamic Tensor
+// Rematerialization", ICLR 2021: when memory runs short, evict the tensor with the smallest
+// h = recompute cost / (bytes × staleness), the recompute cost counting the evicted inputs it
+// would need too; recompute evicted tensors when they are read. Here that runs offline, once
+// per plan, on the problem's own numbers:
+//  - Follow the store-all order (the problem's `autograd` order, or the one store-all chooses;
+//    solvers/store_all.hpp). Exactly-once ops run there and nowhere else; other ops of the
+//    order are skipped when everything they write is live or never read again.
+//  - Before an op runs, its reads are made live: a missing read is recomputed, recursively,
+//    by its cheapest writer that is not exactly-once and whose missing reads can be produced
+//    at a lower production level (graph/production.hpp), which rules out going round in
+//    circles. A missing data that only exactly-once ops write is a failure at that budget.
+//  - While the op would take memory above the budget (live data + what it writes that is
+//    not live + its overhead), a live data is evicted (a free step): not initial, not final,
+//    not read or written by the op, not pinned by the recomputation in progress, and
+//    recomputable from the initial data without exactly-once ops (anything else could never
+//    come back). The victim has the least DTR h (GreedyEviction::dtr), or the farthest next
+//    read in the order (GreedyEviction::farthest_next_use, Belady's rule); by default both
+//    are tried and the faster plan that fits is kept.
+//  - Data never read again are freed at once, as store-all frees them; what is not final is
+//    freed at the end.
+// Portfolio (GreedyOptions::portfolio_seconds > 0): further replays with other eviction scores
+// — DTR's h with the bytes and the staleness raised to other powers (Kirisame et al. weigh
+// such variants of h), other neighbourhood depths, then random multiplicative noise on h
+// (randomised tie-breaking) — until the time is spent; with `improve`, the fastest plans are
+// locally improved (solvers/improve.hpp). The fastest plan that fits is kept. Off by
+// default: Greedy{} is the plain rule.
+// At a budget of at least P_ref nothing is evicted and the plan is store-all's. Below what it
+// can fit, Greedy throws Infeasible with the smallest budget it fits, found by bisection
+// between the proven lower bound of core/bounds.hpp and P_ref (a greedy is not monotone in the
+// budget: when it fails at a budget but fits a smaller one, that plan is returned). Every plan
+// is checked by the simulator. Thousands of ops plan in milliseconds (examples/bench_greedy).
+// Standard library only.
+
+#include <algorithm>
+#include <cstddef>
+#include <limits>
+#include <optional>
+#include <random>
+#include <cmath>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+// ---- begin remat/solvers/improve.hpp ----
+// remat/solvers/improve.hpp — local improvement of a schedule that fits a budget.
+//
+// Any planner's schedule (the greedy's, H-Rockmate's flattened one) can carry steps that the
+// simulator of FORMATS.md §3 does not need, and frees that come later than they could:
+//   - tidy_schedule(): drops runs that write nothing new or nothing read before it is freed
+//     again (a liveness analysis backwards from the final data and the exactly-once ops, as
+//     a compiler removes dead code), drops the frees that then free nothing, and moves every
+//     free to right after the last step that touches the data (as store-all frees, §4). It
+//     never raises the peak and never adds time.
+//   - improve_schedule(): hill climbing on "keep instead of recompute" (the move Checkmate's
+//     integer program weighs for every data, Jain et al., MLSys 2020): for a run that
+//     recomputes what an earlier free threw away, the free is dropped and the run removed;
+//     the schedule is tidied (the recomputation of that run's inputs may become dead too) and
+//     simulated, and the move is kept when it still fits the budget and is faster. The
+//     largest savings are tried first; a pass over the candidates repeats while one is kept,
+//     within a time limit.
+// Every result is a valid schedule under the simulator with a peak within the budget, and
+// never slower than the input. Standard library only.
+
+#include <algorithm>
+#include <cstddef>
+#include <limits>
+#include <vector>
+
+
+namespace remat {
+
+struct ImproveOptions {
+    /// Wall-clock limit of the hill climbing.
+    double time_limit_seconds = 1.0;
+    /// Candidate moves tried per pass at most (the largest savings first).
+    std::size_t max_candidates = 4096;
+};
+
+namespace detail::improve {
+
+inline constexpr std::size_t nowhere = std::numeric_limits<std::size_t>::max();
+
+// Steps to keep after dropping the runs that change nothing (every write live already) and
+// the frees of data that are not live; `newly[i]` flags the writes step i makes live.
+struct ForwardPass {
+    std::vector<char> keep;
+    std::vector<std::vector<char>> newly;
+    bool changed = false;
+};
+
+[[nodiscard]] inline ForwardPass forward_pass(const Problem& p, const Schedule& s) {
+    ForwardPass f{std::vector<char>(s.size(), 1), std::vector<std::vector<char>>(s.size()), false};
+    std::vector<char> live(p.data_count(), 0);
+    for (const DataId d : p.initial()) live[d.index] = 1;
+    for (std::size_t i = 0; i < s.size(); ++i) {
+        if (s[i].is_free()) {
+            const std::size_t d = s[i].data().index;
+            if (!live[d]) f.keep[i] = 0;
+            live[d] = 0;
+            f.changed = f.changed || !f.keep[i];
+            continue;
+        }
+        const Op& op = p.op(s[i].op());
+        const bool writes_new = std::any_of(op.writes.begin(), op.writes.end(), [&](DataId w) { return !live[w.index]; });
+        if (!writes_new && !op.exactly_once) {
+            f.keep[i] = 0;
+            f.changed = true;
+            continue;
+        }
+        f.newly[i].resize(op.writes.size());
+        for (std::size_t x = 0; x < op.writes.size(); ++x) {
+            f.newly[i][x] = live[op.writes[x].index] ? 0 : 1;
+            live[op.writes[x].index] = 1;
+        }
+    }
+    return f;
+}
+
+// Backwards liveness: a run that is not exactly once and makes live nothing that is read
+// (or final at the end) before it is freed is dead. Marks dead runs in `f.keep`.
+inline void drop_dead_runs(const Problem& p, const Schedule& s, ForwardPass& f) {
+    std::vector<char> needed(p.data_count(), 0);
+    for (const DataId d : p.final_data()) needed[d.index] = 1;
+    for (std::size_t i = s.size(); i-- > 0;) {
+        if (!f.keep[i]) continue;
+        if (s[i].is_free()) {
+            needed[s[i].data().index] = 0;
+            continue;
+        }
+        const Op& op = p.op(s[i].op());
+        bool useful = op.exactly_once;
+        for (std::size_t x = 0; x < op.writes.size(); ++x) useful = useful || (f.newly[i][x] && needed[op.writes[x].index]);
+        if (!useful) {
+            f.keep[i] = 0;
+            f.changed = true;
+            continue;
+        }
+        for (std::size_t x = 0; x < op.writes.size(); ++x)
+            if (f.newly[i][x]) needed[op.writes[x].index] = 0;
+        for (const DataId r : op.reads) needed[r.index] = 1;
+    }
+}
+
+// Every free moved to right after the last run that reads or writes the data while it is
+// live; data left live at the end that are neither initial nor final are freed the same way.
+[[nodiscard]] inline Schedule free_early(const Problem& p, const Schedule& s) {
+    std::vector<std::size_t> last(p.data_count(), nowhere);  // last run touching the data's live value
+    std::vector<char> live(p.data_count(), 0);
+    std::vector<std::vector<DataId>> after(s.size());
+    std::vector<char> moved(s.size(), 0);
+    for (std::size_t i = 0; i < s.size(); ++i) {
+        if (s[i].is_free()) {
+            const std::size_t d = s[i].data().index;
+            if (last[d] != nowhere) {
+                after[last[d]].push_back(s[i].data());
+                moved[i] = 1;
+            }
+            live[d] = 0;
+            last[d] = nowhere;
+            continue;
+        }
+        const Op& op = p.op(s[i].op());
+        for (const DataId r : op.reads) last[r.index] = i;
+        for (const DataId w : op.writes) {
+            live[w.index] = 1;
+            last[w.index] = i;
+        }
+    }
+    for (std::size_t d = 0; d < p.data_count(); ++d)
+        if (live[d] && last[d] != nowhere && !p.is_initial(DataId{d}) && !p.is_final(DataId{d}))
+            after[last[d]].push_back(DataId{d});
+    Schedule out;
+    out.reserve(s.size());
+    for (std::size_t i = 0; i < s.size(); ++i) {
+        if (!moved[i]) out.push_back(s[i]);
+        if (s[i].is_run())
+            for (const DataId d : after[i]) out.push_back(Step::free(d));
+    }
+    return out;
+}
+
+// A "keep instead of recompute" move: the run at `run` and the frees that threw away what it
+// writes (at `frees`), `bytes` kept live longer, `saving` the run's time.
+struct Move {
+    std::size_t run = 0;
+    std::vector<std::size_t> frees;
+    Bytes bytes = 0;
+    double saving = 0.0;
+};
+
+// The runs that only recompute data freed earlier (each write either live, or freed before).
+[[nodiscard]] inline std::vector<Move> recompute_moves(const Problem& p, const Schedule& s) {
+    std::vector<char> live(p.data_count(), 0);
+    for (const DataId d : p.initial()) live[d.index] = 1;
+    std::vector<std::size_t> freed_at(p.data_count(), nowhere);
+    std::vector<Move> moves;
+    for (std::size_t i = 0; i < s.size(); ++i) {
+        if (s[i].is_free()) {
+            live[s[i].data().index] = 0;
+            freed_at[s[i].data().index] = i;
+            continue;
+        }
+        const Op& op = p.op(s[i].op());
+        if (!op.exactly_once) {
+            Move m{i, {}, 0, op.time};
+            bool recompute = true;
+            for (const DataId w : op.writes) {
+                if (live[w.index]) continue;
+                recompute = recompute && freed_at[w.index] != nowhere;
+                if (!recompute) break;
+                m.frees.push_back(freed_at[w.index]);
+                m.bytes += p.data(w).bytes;
+            }
+            if (recompute && !m.frees.empty()) moves.push_back(std::move(m));
+        }
+        for (const DataId w : op.writes) live[w.index] = 1;
+    }
+    std::stable_sort(moves.begin(), moves.end(), [](const Move& a, const Move& b) { return a.saving > b.saving; });
+    return moves;
+}
+
+// Whether the move can fit at all: the memory between the earliest free and the run, plus
+// what it keeps, within the budget (tidying afterwards only lowers it).
+[[nodiscard]] inline bool may_fit(const Move& m, const SimulationReport& current, Bytes budget) {
+    const std::size_t from = *std::min_element(m.frees.begin(), m.frees.end());
+    Bytes most = 0;
+    for (std::size_t i = from; i < m.run && i < current.timeline.size(); ++i) most = std::max(most, current.timeline[i].during);
+    return most + m.bytes <= budget;
+}
+
+[[nodiscard]] inline Schedule without(const Schedule& s, const Move& m) {
+    Schedule out;
+    out.reserve(s.size());
+    for (std::size_t i = 0; i < s.size(); ++i)
+        if (i != m.run && std::find(m.frees.begin(), m.frees.end(), i) == m.frees.end()) out.push_back(s[i]);
+    return out;
+}
+
+}  // namespace detail::improve
+
+/// The schedule without dead or idle runs, with every free as early as it can be (see the
+/// top of this header). Valid input gives valid output of no larger peak and time.
+[[nodiscard]] inline Schedule tidy_schedule(const Problem& problem, Schedule schedule) {
+    using namespace detail::improve;
+    for (std::size_t round = 0; round < 8; ++round) {
+        ForwardPass f = forward_pass(problem, schedule);
+        drop_dead_runs(problem, schedule, f);
+        if (!f.changed) break;
+        Schedule kept;
+        kept.reserve(schedule.size());
+        for (std::size_t i = 0; i < schedule.size(); ++i)
+            if (f.keep[i]) kept.push_back(schedule[i]);
+        schedule = std::move(kept);
+    }
+    return free_early(problem, schedule);
+}
+
+/// A schedule at least as fast as `schedule`, still within `budget` (see the top of this
+/// header). When the input does not fit the budget it is returned tidied, unimproved.
+[[nodiscard]] inline Schedule improve_schedule(const Problem& problem, Schedule schedule, Bytes budget,
+                                               const ImproveOptions& options = {}) {
+    using namespace detail::improve;
+    const Stopwatch clock;
+    schedule = tidy_schedule(problem, std::move(schedule));
+    SimulationReport current = simulate(problem, schedule);
+    if (!current.fits(budget)) return schedule;
+    for (bool progress = true; progress && clock.seconds() < options.time_limit_seconds;) {
+        progress = false;
+        const std::vector<Move> moves = recompute_moves(problem, schedule);
+        for (std::size_t c = 0; c < moves.size() && c < options.max_candidates; ++c) {
+            if (clock.seconds() > options.time_limit_seconds) break;
+            if (!may_fit(moves[c], current, budget)) continue;
+            Schedule candidate = tidy_schedule(problem, without(schedule, moves[c]));
+            SimulationReport r = simulate(problem, candidate);
+            if (!r.fits(budget) || !(r.time < current.time)) continue;
+            schedule = std::move(candidate);
+            current = std::move(r);
+            progress = true;
+            break;
+        }
+    }
+    return schedule;
+}
+
+}  // namespace remat
+// ---- end remat/solvers/improve.hpp ----
+
+namespace remat {
+
+/// Which live data the greedy frees when memory runs short.
+enum class GreedyEviction {
+    dtr,                ///< least recompute cost / (bytes × steps since last use), as in DTR
+    farthest_next_use,  ///< the data read farthest ahead in the order (Belady's rule)
+    both,               ///< plan with each and keep the faster plan that fits
+};
+
+[[nodiscard]] constexpr std::string_view to_string(GreedyEviction eviction) noexcept {
+    switch (eviction) {
+        case GreedyEviction::dtr: return "dtr";
+        case GreedyEviction::farthest_next_use: return "farthest-next-use";
+        case GreedyEviction::both: return "both";
+    }
+    return "unknown";
+}
+
+struct GreedyOptions {
+    /// The eviction rule; `both` costs two replays per budget and is never slower in plan time.
+    GreedyEviction eviction = GreedyEviction::both;
+    /// How many writers deep the recompute cost of a data counts evicted inputs (DTR's evicted
+    /// neighbourhood), for the dtr rule and for choosing among alternative writers. 0 counts
+    /// the writer alone; deeper is more precise on long evicted chains and slower.
+    std::size_t neighbourhood_depth = 4;
+    /// Seconds spent on the portfolio of further replays described above; 0 turns it off.
+    double portfolio_seconds = 0.0;
+    /// Seed of the portfolio's random noise (a solve is deterministic for a given seed and
+    /// number of replays; the time limit decides how many run).
+    std::uint64_t seed = 0x5eedULL;
+    /// Locally improve the fastest plans (solvers/improve.hpp) within this many seconds; 0: off.
+    double improve_seconds = 0.0;
+};
+
+/// One eviction score of the dtr rule: cost / (bytes^bytes_power × staleness^staleness_power),
+/// times exp(noise × a standard normal draw) when noise > 0.
+struct GreedyScore {
+    double bytes_power = 1.0;
+    double staleness_power = 1.0;
+    double noise = 0.0;
+    std::uint64_t seed = 0;
+    std::size_t depth = 4;
+};
+
+namespace detail::greedy {
+
+inline constexpr std::size_t nowhere = std::numeric_limits<std::size_t>::max();
+
+// What does not depend on the budget.
+struct Analysis {
+    std::vector<OpId> order;                       // store-all's order
+    std::vector<std::vector<std::size_t>> reads_at;  // per data: positions of the order that read it
+    graph::ProductionLevels levels;                // without exactly-once ops, from the initial data
+    Reference reference;                           // T_ref, P_ref
+    MemoryLowerBound lower_bound;
+};
+
+[[nodiscard]] inline Analysis analyse(const Problem& problem) {
+    Analysis a;
+    a.order = store_all_order(problem);
+    a.reads_at.assign(problem.data_count(), {});
+    for (std::size_t pos = 0; pos < a.order.size(); ++pos)
+        for (const DataId d : problem.op(a.order[pos]).reads) a.reads_at[d.index].push_back(pos);
+    a.levels = graph::production_levels(problem, [](const Op& op) { return !op.exactly_once; });
+    a.reference = store_all_reference(problem);
+    a.lower_bound = memory_lower_bound(problem);
+    return a;
+}
+
+// A plan that fits (the simulator has the last word on its peak), with its time.
+struct Outcome {
+    Schedule schedule;
+    double time = 0.0;
+    GreedyEviction rule = GreedyEviction::dtr;
+    std::string variant;  // the portfolio's score, when not the plain rule
+};
+
+// One replay of the order at one budget with one eviction rule.
+class Replay {
+public:
+    Replay(const Problem& problem, const Analysis& analysis, Bytes budget, GreedyEviction rule, const GreedyScore& score)
+        : p_(problem), a_(analysis), budget_(budget), rule_(rule), depth_(score.depth), score_(score), rng_(score.seed),
+          live_(problem.data_count(), 0),
+          live_at_(problem.data_count(), nowhere), pins_(problem.data_count(), 0),
+          last_use_(problem.data_count(), 0), next_read_(problem.data_count(), 0),
+          memo_(problem.data_count(), 0.0), memo_stamp_(problem.data_count(), 0) {
+        for (const DataId d : p_.initial()) {
+            live_[d.index] = 1;
+            memory_ += p_.data(d).bytes;
+        }
+    }
+
+    // The plan, or nullopt when this replay cannot keep within the budget.
+    [[nodiscard]] std::optional<Outcome> run() {
+        if (memory_ > budget_) return std::nullopt;
+        for (pos_ = 0; pos_ < a_.order.size(); ++pos_) {
+            const OpId k = a_.order[pos_];
+            if (!p_.op(k).exactly_once && !useful(k)) continue;
+            if (!run_op(k)) return std::nullopt;
+        }
+        for (const DataId d : p_.final_data())
+            if (!make_live(d)) return std::nullopt;
+        for (std::size_t d = 0; d < live_.size(); ++d)
+            if (live_[d] && !p_.is_initial(DataId{d}) && !p_.is_final(DataId{d})) drop(DataId{d});
+        return Outcome{std::move(schedule_), time_, rule_, {}};
+    }
+
+private:
+    // The next position after the current one where the order reads d; nowhere if none.
+    [[nodiscard]] std::size_t next_read(DataId d) {
+        const std::vector<std::size_t>& at = a_.reads_at[d.index];
+        std::size_t& i = next_read_[d.index];
+        while (i < at.size() && at[i] <= pos_) ++i;
+        return i < at.size() ? at[i] : nowhere;
+    }
+
+    [[nodiscard]] bool needed_later(DataId d) { return p_.is_final(d) || next_read(d) != nowhere; }
+
+    // An op of the order that is not exactly once runs only if it makes live something needed.
+    [[nodiscard]] bool useful(OpId k) {
+        const auto& writes = p_.op(k).writes;
+        return std::any_of(writes.begin(), writes.end(), [&](DataId d) { return !live_[d.index] && needed_later(d); });
+    }
+
+    // Runs op k after making its reads live and room for it; then frees what is dead.
+    [[nodiscard]] bool run_op(OpId k) {
+        const Op& op = p_.op(k);
+        for (const DataId r : op.reads) ++pins_[r.index];
+        for (const DataId r : op.reads)
+            if (!make_live(r)) return false;
+        if (!make_room(k)) return false;
+        emit_run(k);
+        for (const DataId r : op.reads) --pins_[r.index];
+        free_dead(op);
+        return true;
+    }
+
+    // Recomputes d, if it is not live, with its cheapest eligible writer.
+    [[nodiscard]] bool make_live(DataId d) {
+        if (live_[d.index]) return true;
+        const std::optional<OpId> writer = cheapest_writer(d);
+        return writer && run_op(*writer);
+    }
+
+    // A writer that may recompute d now: not exactly once, and every read it lacks can itself
+    // be recomputed from strictly lower production levels (so the recursion ends).
+    [[nodiscard]] bool eligible(OpId w, DataId d) const {
+        const Op& op = p_.op(w);
+        if (op.exactly_once) return false;
+        return std::all_of(op.reads.begin(), op.reads.end(), [&](DataId r) {
+            return live_[r.index] || a_.levels.data[r.index] < a_.levels.data[d.index];
+        });
+    }
+
+    // Estimated time to make d live from the current state, counting evicted inputs up to
+    // `depth` writers deep (memoised for one decision: see next_decision()).
+    [[nodiscard]] double estimate(DataId d, std::size_t depth) {
+        if (live_[d.index]) return 0.0;
+        if (memo_stamp_[d.index] == stamp_) return memo_[d.index];
+        double best = std::numeric_limits<double>::infinity();
+        for (const OpId w : p_.writers(d))
+            if (eligible(w, d)) best = std::min(best, writer_cost(w, depth));
+        memo_stamp_[d.index] = stamp_;
+        memo_[d.index] = best;
+        return best;
+    }
+
+    [[nodiscard]] double writer_cost(OpId w, std::size_t depth) {
+        double cost = p_.op(w).time;
+        if (depth == 0) return cost;
+        for (const DataId r : p_.op(w).reads)
+            if (!live_[r.index]) cost += estimate(r, depth - 1);
+        return cost;
+    }
+
+    void next_decision() { ++stamp_; }
+
+    // Bytes op k would add by writing data that are not live.
+    [[nodiscard]] Bytes new_bytes(OpId k) const {
+        Bytes total = 0;
+        for (const DataId d : p_.op(k).writes)
+            if (!live_[d.index]) total += p_.data(d).bytes;
+        return total;
+    }
+
+    // The eligible writer of least estimated cost; ties: fewer new bytes, then lower id.
+    [[nodiscard]] std::optional<OpId> cheapest_writer(DataId d) {
+        next_decision();
+        std::optional<OpId> best;
+        double best_cost = 0.0;
+        for (const OpId w : p_.writers(d)) {
+            if (!eligible(w, d)) continue;
+            const double cost = writer_cost(w, depth_);
+            if (!best || cost < best_cost || (cost == best_cost && new_bytes(w) < new_bytes(*best))) {
+                best = w;
+                best_cost = cost;
+            }
+        }
+        return best;
+    }
+
+    // Evicts until op k fits; false when nothing more may go.
+    [[nodiscard]] bool make_room(OpId k) {
+        const Bytes extra = new_bytes(k) + p_.op(k).overhead;
+        while (memory_ + extra > budget_) {
+            const std::optional<DataId> victim = pick_victim(k);
+            if (!victim) return false;
+            drop(*victim);
+        }
+        return true;
+    }
+
+    // Whether d may be evicted before op k runs.
+    [[nodiscard]] bool evictable(DataId d, OpId k) const {
+        if (pins_[d.index] != 0 || p_.is_final(d) || p_.data(d).bytes == 0) return false;
+        if (a_.levels.data[d.index] == graph::never) return false;  // could never come back
+        const auto& writes = p_.op(k).writes;
+        return std::find(writes.begin(), writes.end(), d) == writes.end();
+    }
+
+    // What evicting d would cost to undo: its cheapest writer that does not read it, with the
+    // evicted inputs that writer lacks.
+    [[nodiscard]] double eviction_cost(DataId d) {
+        double best = std::numeric_limits<double>::infinity();
+        for (const OpId w : p_.writers(d)) {
+            const auto& reads = p_.op(w).reads;
+            if (std::find(reads.begin(), reads.end(), d) != reads.end() || !eligible(w, d)) continue;
+            best = std::min(best, writer_cost(w, depth_));
+        }
+        return best;
+    }
+
+    [[nodiscard]] std::optional<DataId> pick_victim(OpId k) {
+        next_decision();
+        std::optional<DataId> best;
+        double best_score = 0.0;
+        for (const DataId d : live_list_) {
+            if (!evictable(d, k)) continue;
+            const Bytes bytes = p_.data(d).bytes;
+            double score = 0.0;  // smaller is evicted first
+            if (rule_ == GreedyEviction::farthest_next_use) {
+                const std::size_t next = next_read(d);
+                score = next == nowhere ? -std::numeric_limits<double>::infinity() : -static_cast<double>(next);
+            } else {
+                score = dtr_score(d, bytes);
+            }
+            if (!best || score < best_score || (score == best_score && bytes > p_.data(*best).bytes) ||
+                (score == best_score && bytes == p_.data(*best).bytes && d < *best)) {
+                best = d;
+                best_score = score;
+            }
+        }
+        return best;
+    }
+
+    // DTR's h, or the variant the score asks for.
+    [[nodiscard]] double dtr_score(DataId d, Bytes bytes) {
+        const auto staleness = static_cast<double>(step_ - last_use_[d.index] + 1);
+        const auto size = static_cast<double>(bytes);
+        double score = score_.bytes_power == 1.0 && score_.staleness_power == 1.0
+                           ? eviction_cost(d) / (size * staleness)
+                           : eviction_cost(d) / (std::pow(size, score_.bytes_power) * std::pow(staleness, score_.staleness_power));
+        if (score_.noise > 0) score *= std::exp(score_.noise * normal_(rng_));
+        return score;
+    }
+
+    void emit_run(OpId k) {
+        const Op& op = p_.op(k);
+        schedule_.push_back(Step::run(k));
+        time_ += op.time;
+        for (const DataId d : op.writes)
+            if (!live_[d.index]) {
+                live_[d.index] = 1;
+                memory_ += p_.data(d).bytes;
+                if (!p_.is_initial(d)) {
+                    live_at_[d.index] = live_list_.size();
+                    live_list_.push_back(d);
+                }
+            }
+        for (const DataId d : op.reads) last_use_[d.index] = step_;
+        for (const DataId d : op.writes) last_use_[d.index] = step_;
+        ++step_;
+    }
+
+    // Frees a live data that is not initial (a free step).
+    void drop(DataId d) {
+        schedule_.push_back(Step::free(d));
+        live_[d.index] = 0;
+        memory_ -= p_.data(d).bytes;
+        const std::size_t at = live_at_[d.index];
+        live_list_[at] = live_list_.back();
+        live_at_[live_list_[at].index] = at;
+        live_list_.pop_back();
+        live_at_[d.index] = nowhere;
+    }
+
+    // After op ran: frees what it touched that is never read again (as store-all does).
+    void free_dead(const Op& op) {
+        touched_.assign(op.reads.begin(), op.reads.end());
+        touched_.insert(touched_.end(), op.writes.begin(), op.writes.end());
+        std::sort(touched_.begin(), touched_.end());
+        touched_.erase(std::unique(touched_.begin(), touched_.end()), touched_.end());
+        for (const DataId d : touched_)
+            if (live_[d.index] && pins_[d.index] == 0 && !p_.is_initial(d) && !needed_later(d)) drop(d);
+    }
+
+    const Problem& p_;
+    const Analysis& a_;
+    Bytes budget_;
+    GreedyEviction rule_;
+    std::size_t depth_;
+    GreedyScore score_;
+    std::mt19937_64 rng_;
+    std::normal_distribution<double> normal_{0.0, 1.0};
+    std::vector<char> live_;
+    std::vector<DataId> live_list_;      // live data that are not initial
+    std::vector<std::size_t> live_at_;   // per data: index in live_list_, or nowhere
+    std::vector<int> pins_;              // per data: reads of ops waiting on a recomputation
+    std::vector<std::size_t> last_use_;  // per data: the last run step that read or wrote it
+    std::vector<std::size_t> next_read_;  // per data: index into reads_at, advanced lazily
+    std::vector<double> memo_;
+    std::vector<std::size_t> memo_stamp_;
+    std::vector<DataId> touched_;
+    std::size_t stamp_ = 0;
+    std::size_t pos_ = 0;   // position in the order
+    std::size_t step_ = 0;  // run steps so far
+    Bytes memory_ = 0;
+    double time_ = 0.0;
+    Schedule schedule_;
+};
+
+}  // namespace detail::greedy
+
+/// The greedy planner described above; models remat::Solver.
+class Greedy {
+public:
+    explicit Greedy(GreedyOptions options = {}) : options_(options) {
+        if (!(options_.portfolio_seconds >= 0) || !(options_.improve_seconds >= 0))
+            throw InvalidInput("greedy: portfolio_seconds and improve_seconds must be non-negative numbers of seconds");
+    }
+
+    [[nodiscard]] static constexpr std::string_view name() noexcept { return "greedy"; }
+    [[nodiscard]] const GreedyOptions& options() const noexcept { return options_; }
+
+    /// A plan within `budget`; Infeasible (with the smallest budget the greedy fits) otherwise.
+    [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
+        const Stopwatch clock;
+        const detail::greedy::Analysis a = detail::greedy::analyse(problem);
+        std::optional<detail::greedy::Outcome> best;
+        if (budget >= a.lower_bound.bytes) best = plan(problem, a, budget);
+        std::string note;
+        if (!best) {
+            const Bytes smallest = smallest_budget(problem, a);
+            if (smallest > budget) throw_infeasible(problem, a, budget, smallest);
+            // Not monotone: the greedy fits a smaller budget than this one.
+            best = plan(problem, a, smallest);
+            note = " (planned at " + std::to_string(smallest) + " bytes)";
+        }
+        SolverStats stats{std::string(name()), 0.0, SolveStatus::heuristic, std::nullopt,
+                          "eviction=" + std::string(to_string(best->rule)) +
+                              " depth=" + std::to_string(options_.neighbourhood_depth) + best->variant + note};
+        stats.solve_seconds = clock.seconds();
+        return make_checked_plan(problem, std::move(best->schedule), budget, std::move(stats));
+    }
+
+    /// The smallest budget this greedy fits `problem` in (bisection between the proven lower
+    /// bound of core/bounds.hpp and P_ref, about log2(P_ref − bound) replays).
+    [[nodiscard]] Bytes smallest_budget(const Problem& problem) const {
+        return smallest_budget(problem, detail::greedy::analyse(problem));
+    }
+
+private:
+    [[nodiscard]] std::vector<GreedyEviction> rules() const {
+        if (options_.eviction == GreedyEviction::both) return {GreedyEviction::farthest_next_use, GreedyEviction::dtr};
+        return {options_.eviction};
+    }
+
+    [[nodiscard]] GreedyScore plain_score() const {
+        GreedyScore score;
+        score.depth = options_.neighbourhood_depth;
+        return score;
+    }
+
+    // The fastest plan of the rules that fits the budget (ties: the first rule), then of the
+    // portfolio's replays, improved when asked.
+    [[nodiscard]] std::optional<detail::greedy::Outcome> plan(const Problem& problem, const detail::greedy::Analysis& a,
+                                                              Bytes budget) const {
+        const Stopwatch clock;
+        std::vector<detail::greedy::Outcome> found;
+        for (const GreedyEviction rule : rules())
+            if (auto outcome = detail::greedy::Replay(problem, a, budget, rule, plain_score()).run())
+                keep_fastest(found, std::move(*outcome));
+        if (options_.portfolio_seconds > 0) portfolio(problem, a, budget, clock, found);
+        if (found.empty()) return std::nullopt;
+        if (options_.improve_seconds > 0) improve(problem, budget, found);
+        return std::move(found.front());
+    }
+
+    // Replays with the scores of the portfolio (see the top of this header) until its time is
+    // spent: the grid of powers and depths first, then noisy replays of DTR's h.
+    void portfolio(const Problem& problem, const detail::greedy::Analysis& a, Bytes budget, const Stopwatch& clock,
+                   std::vector<detail::greedy::Outcome>& found) const {
+        std::vector<GreedyScore> grid;
+        for (const double bytes_power : {0.5, 1.0, 1.5, 2.0})
+            for (const double staleness_power : {0.0, 0.5, 1.0, 2.0})
+                for (const std::size_t depth : {std::size_t{0}, options_.neighbourhood_depth})
+                    if (bytes_power != 1.0 || staleness_power != 1.0 || depth != options_.neighbourhood_depth)
+                        grid.push_back({bytes_power, staleness_power, 0.0, 0, depth});
+        for (std::uint64_t i = 0; clock.seconds() < options_.portfolio_seconds; ++i) {
+            const std::uint64_t noisy = i - std::min<std::uint64_t>(i, grid.size());
+            const GreedyScore score = i < grid.size() ? grid[i]
+                                                      : GreedyScore{1.0, 1.0, noisy % 2 == 0 ? 0.3 : 1.0, options_.seed + noisy,
+                                                                    options_.neighbourhood_depth};
+            auto outcome = detail::greedy::Replay(problem, a, budget, GreedyEviction::dtr, score).run();
+            if (!outcome) continue;
+            outcome->variant = " bytes^" + std::to_string(score.bytes_power) + " staleness^" +
+                               std::to_string(score.staleness_power) + " depth " + std::to_string(score.depth) +
+                               (score.noise > 0 ? " noise " + std::to_string(score.noise) + " seed " + std::to_string(score.seed) : "");
+            keep_fastest(found, std::move(*outcome));
+        }
+    }
+
+    // Adds a plan to the three fastest kept so far (ties: the earlier stays first).
+    static void keep_fastest(std::vector<detail::greedy::Outcome>& found, detail::greedy::Outcome outcome) {
+        const auto at = std::upper_bound(found.begin(), found.end(), outcome.time,
+                                         [](double time, const auto& o) { return time < o.time; });
+        found.insert(at, std::move(outcome));
+        if (found.size() > 3) found.pop_back();
+    }
+
+    // The three fastest plans locally improved (solvers/improve.hpp); the fastest comes first.
+    void improve(const Problem& problem, Bytes budget, std::vector<detail::greedy::Outcome>& found) const {
+        const std::size_t count = std::min<std::size_t>(3, found.size());
+        ImproveOptions io;
+        io.time_limit_seconds = options_.improve_seconds / static_cast<double>(count);
+        for (std::size_t i = 0; i < count; ++i) {
+            found[i].schedule = improve_schedule(problem, std::move(found[i].schedule), budget, io);
+            found[i].time = simulate(problem, found[i].schedule).time;
+            found[i].variant += " improved";
+        }
+        std::stable_sort(found.begin(), found.begin() + static_cast<std::ptrdiff_t>(count),
+                         [](const auto& x, const auto& y) { return x.time < y.time; });
+    }
+
+    [[nodiscard]] bool fits(const Problem& problem, const detail::greedy::Analysis& a, Bytes budget) const {
+        for (const GreedyEviction rule : rules())
+            if (detail::greedy::Replay(problem, a, budget, rule, plain_score()).run()) return true;
+        return false;
+    }
+
+    [[nodiscard]] Bytes smallest_budget(const Problem& problem, const detail::greedy::Analysis& a) const {
+        Bytes lo = a.lower_bound.bytes - 1;  // no schedule at all fits lo
+        Bytes hi = a.reference.peak;         // store-all's own plan fits P_ref
+        if (!fits(problem, a, hi))
+            throw SolverError("greedy: no plan of '" + problem.name() + "' at P_ref = " + std::to_string(hi) +
+                              " bytes, where store-all's own schedule fits (this is a bug in the greedy; please "
+                              "report it with the problem file)");
+        while (hi - lo > 1) {
+            const Bytes mid = lo + (hi - lo) / 2;
+            (fits(problem, a, mid) ? hi : lo) = mid;
+        }
+        return hi;
+    }
+
+    [[noreturn]] static void throw_infeasible(const Problem& problem, const detail::greedy::Analysis& a, Bytes budget,
+                                              Bytes smallest) {
+        const std::string head = "greedy: no plan of '" + problem.name() + "' within " + std::to_string(budget) + " bytes";
+        const std::string tail = "; the smallest budget the greedy fits is " + std::to_string(smallest) + " bytes";
+        if (budget < a.lower_bound.bytes)
+            throw Infeasible(head + ": no schedule at all fits, every schedule needs at least " +
+                                 std::to_string(a.lower_bound.bytes) + " bytes (" + a.lower_bound.reason + ")" + tail,
+                             budget, smallest);
+        throw Infeasible(head + "; this is only beyond the greedy's reach (the proven lower bound is " +
+                             std::to_string(a.lower_bound.bytes) + " bytes, " + a.lower_bound.reason +
+                             "): an exact solver (checkmate, rockmate) may fit it" + tail,
+                         budget, smallest);
+    }
+
+    GreedyOptions options_;
+};
+
+}  // namespace remat
+// ---- end remat/solvers/greedy.hpp ----
 
 namespace remat {
 
@@ -4435,6 +5239,10 @@ public:
                                  " bytes for '" + model.problem.name() + "' (" + std::to_string(model.blocks.size()) +
                                  " blocks), above the budget of " + std::to_string(budget) + " bytes",
                              budget, least);
+        } catch (const Error& e) {
+            // The sequence solver stopped at one of its caps (Rotor's table memory, its time
+            // limit): the best plan known is the greedy's.
+            return stopped(model.problem, budget, e.what(), start);
         }
         // The sequence solver is a plug-in: its answer is checked in its own model before
         // its actions index the blocks' options.
@@ -4472,6 +5280,23 @@ public:
     }
 
 private:
+    // The greedy's plan when the sequence solver stopped at a cap, saying so; a clear error
+    // when the greedy has no plan either.
+    [[nodiscard]] Plan stopped(const Problem& problem, Bytes budget, const std::string& why,
+                               std::chrono::steady_clock::time_point start) const {
+        try {
+            Plan plan = Greedy{}.solve(problem, budget);
+            plan.stats.solver = std::string(name());
+            plan.stats.status = SolveStatus::heuristic;
+            plan.stats.options = "the sequence solver stopped (" + why + "); returned the greedy's plan";
+            plan.stats.solve_seconds = seconds_since(start);
+            return plan;
+        } catch (const Infeasible&) {
+            throw SolverError("rockmate on '" + problem.name() + "': the sequence solver stopped (" + why +
+                              ") and the greedy has no plan within " + std::to_string(budget) + " bytes either");
+        }
+    }
+
     // The same sub-schedules with the times of another block of the same structure and sizes.
     [[nodiscard]] static std::vector<RockmateBlockOption> retimed(const std::vector<RockmateBlockOption>& options,
                                                                   const Problem& q) {
@@ -4586,440 +5411,1974 @@ private:
 
 }  // namespace remat
 // ---- end remat/solvers/rockmate.hpp ----
-// ---- begin remat/solvers/greedy.hpp ----
-// remat/solvers/greedy.hpp — a fast greedy planner for any graph: a static, DTR-like replay of
-// the framework's order on the simulator's semantics (FORMATS.md §3).
+// ---- begin remat/partition/hierarchy.hpp ----
+// remat/partition/hierarchy.hpp — an op-level training problem as a hierarchy of clusters,
+// for graphs with or without a sequential block structure.
 //
-// Kirisame, Lyubomirsky, Haan, Brennan, He, Roesch, Chen, Tatlock, "Dynamic Tensor
-// Rematerialization", ICLR 2021: when memory runs short, evict the tensor with the smallest
-// h = recompute cost / (bytes × staleness), the recompute cost counting the evicted inputs it
-// would need too; recompute evicted tensors when they are read. Here that runs offline, once
-// per plan, on the problem's own numbers:
-//  - Follow the store-all order (the problem's `autograd` order, or the one store-all chooses;
-//    solvers/store_all.hpp). Exactly-once ops run there and nowhere else; other ops of the
-//    order are skipped when everything they write is live or never read again.
-//  - Before an op runs, its reads are made live: a missing read is recomputed, recursively,
-//    by its cheapest writer that is not exactly-once and whose missing reads can be produced
-//    at a lower production level (graph/production.hpp), which rules out going round in
-//    circles. A missing data that only exactly-once ops write is a failure at that budget.
-//  - While the op would take memory above the budget (live data + what it writes that is
-//    not live + its overhead), a live data is evicted (a free step): not initial, not final,
-//    not read or written by the op, not pinned by the recomputation in progress, and
-//    recomputable from the initial data without exactly-once ops (anything else could never
-//    come back). The victim has the least DTR h (GreedyEviction::dtr), or the farthest next
-//    read in the order (GreedyEviction::farthest_next_use, Belady's rule); by default both
-//    are tried and the faster plan that fits is kept.
-//  - Data never read again are freed at once, as store-all frees them; what is not final is
-//    freed at the end.
-// At a budget of at least P_ref nothing is evicted and the plan is store-all's. Below what it
-// can fit, Greedy throws Infeasible with the smallest budget it fits, found by bisection
-// between the proven lower bound of core/bounds.hpp and P_ref (a greedy is not monotone in the
-// budget: when it fails at a budget but fits a smaller one, that plan is returned). Every plan
-// is checked by the simulator. Thousands of ops plan in milliseconds (examples/bench_greedy).
-// Standard library only.
+// H-Rockmate (ICLR 2024 submission; HiRemate, Zhao et al., ICML 2025; docs/design.md):
+// the forward graph is clustered bottom-up into a tree of small sub-graphs, which the
+// hierarchical solver (solvers/hierarchical.hpp) plans bottom-up.
+//
+// Units. The problem is read as blocks.hpp reads it: the loss is the problem's `loss` op,
+// backward ops are the other exactly-once ops, forward ops the rest. Forward ops that write a
+// common data are alternatives of one *atom* (a no-grad F and a with-grad F+ of one layer);
+// each backward op joins the atom it differentiates, found by following the gradients it reads
+// back to the forward ops that consume that atom's outputs, and a backward op attached to no
+// atom stays at the top with the loss (see attach_backward for the rule when the backward reads no saved state).
+// The graph of atoms has an edge A → B when B's forward reads what A writes.
+//
+// Clustering. Each round looks at the current graph (atoms and the clusters already made) and
+// collects candidate groups:
+//   - sequences: maximal paths of nodes whose only user is the next node (cut to the cap);
+//   - flows: a node X, its immediate dominator Y (a virtual entry above the nodes that read
+//     only initial data), and every node on a path between them — a single-entry region such
+//     as a residual block, an attention block, or the span of a U-Net skip connection — with
+//     and without Y and X.
+// A group is scored by the bytes crossing its interface (fewer is better) per square root of
+// the ops it holds — the reference multiplies instead, which merges pairs first and builds
+// deep trees of two-child clusters; dividing lets a whole sequence or region with the same
+// interface win — ties going to the group whose smallest node comes first. The best groups that do not overlap are merged,
+// each into one cluster of at most `max_children` children; the round's clusters are one
+// level. Rounds go on until the top has at most `max_children` nodes or no group can merge.
+// Regions are convex (no path leaves one and comes back), so every merge keeps a DAG.
 
 #include <algorithm>
-#include <cstddef>
+#include <cmath>
+#include <iterator>
 #include <limits>
+#include <cstddef>
+#include <numeric>
 #include <optional>
+#include <set>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
 
 namespace remat {
 
-/// Which live data the greedy frees when memory runs short.
-enum class GreedyEviction {
-    dtr,                ///< least recompute cost / (bytes × steps since last use), as in DTR
-    farthest_next_use,  ///< the data read farthest ahead in the order (Belady's rule)
-    both,               ///< plan with each and keep the faster plan that fits
+struct HierarchyOptions {
+    /// Most children of one cluster (atoms or clusters). The solver plans each cluster
+    /// exactly, so this bounds the size of every search.
+    std::size_t max_children = 4;
+    /// Rounds of merging at most (each round is one level of the tree).
+    std::size_t max_rounds = 64;
 };
 
-[[nodiscard]] constexpr std::string_view to_string(GreedyEviction eviction) noexcept {
-    switch (eviction) {
-        case GreedyEviction::dtr: return "dtr";
-        case GreedyEviction::farthest_next_use: return "farthest-next-use";
-        case GreedyEviction::both: return "both";
+/// Forward ops that are alternatives of one computation, and the backward ops that
+/// differentiate it. Ids in the whole problem, sorted.
+struct Atom {
+    std::vector<OpId> forward_ops;
+    std::vector<OpId> backward_ops;
+    /// Forward data its forward ops write.
+    std::vector<DataId> writes;
+};
+
+/// A cluster: its children are node ids (an id below the atom count is an atom, any other
+/// is cluster id − atom count).
+struct Cluster {
+    std::vector<std::size_t> children;
+    std::size_t level = 1;  ///< 1 + the deepest child cluster's level
+};
+
+struct Hierarchy {
+    std::vector<Atom> atoms;
+    std::vector<Cluster> clusters;
+    /// The top: nodes not inside any cluster, in forward order.
+    std::vector<std::size_t> top;
+    /// The loss and the backward ops attached to no atom: planned at the top.
+    std::vector<OpId> top_ops;
+    OpId loss{};
+
+    [[nodiscard]] bool is_atom(std::size_t node) const noexcept { return node < atoms.size(); }
+    [[nodiscard]] const Cluster& cluster(std::size_t node) const { return clusters.at(node - atoms.size()); }
+    [[nodiscard]] std::size_t node_count() const noexcept { return atoms.size() + clusters.size(); }
+
+    /// The atoms under a node, in increasing order.
+    [[nodiscard]] std::vector<std::size_t> atoms_of(std::size_t node) const {
+        std::vector<std::size_t> out;
+        collect(node, out);
+        std::sort(out.begin(), out.end());
+        return out;
     }
-    return "unknown";
-}
-
-struct GreedyOptions {
-    /// The eviction rule; `both` costs two replays per budget and is never slower in plan time.
-    GreedyEviction eviction = GreedyEviction::both;
-    /// How many writers deep the recompute cost of a data counts evicted inputs (DTR's evicted
-    /// neighbourhood), for the dtr rule and for choosing among alternative writers. 0 counts
-    /// the writer alone; deeper is more precise on long evicted chains and slower.
-    std::size_t neighbourhood_depth = 4;
-};
-
-namespace detail::greedy {
-
-inline constexpr std::size_t nowhere = std::numeric_limits<std::size_t>::max();
-
-// What does not depend on the budget.
-struct Analysis {
-    std::vector<OpId> order;                       // store-all's order
-    std::vector<std::vector<std::size_t>> reads_at;  // per data: positions of the order that read it
-    graph::ProductionLevels levels;                // without exactly-once ops, from the initial data
-    Reference reference;                           // T_ref, P_ref
-    MemoryLowerBound lower_bound;
-};
-
-[[nodiscard]] inline Analysis analyse(const Problem& problem) {
-    Analysis a;
-    a.order = store_all_order(problem);
-    a.reads_at.assign(problem.data_count(), {});
-    for (std::size_t pos = 0; pos < a.order.size(); ++pos)
-        for (const DataId d : problem.op(a.order[pos]).reads) a.reads_at[d.index].push_back(pos);
-    a.levels = graph::production_levels(problem, [](const Op& op) { return !op.exactly_once; });
-    a.reference = store_all_reference(problem);
-    a.lower_bound = memory_lower_bound(problem);
-    return a;
-}
-
-// A plan that fits (the simulator has the last word on its peak), with its time.
-struct Outcome {
-    Schedule schedule;
-    double time = 0.0;
-    GreedyEviction rule = GreedyEviction::dtr;
-};
-
-// One replay of the order at one budget with one eviction rule.
-class Replay {
-public:
-    Replay(const Problem& problem, const Analysis& analysis, Bytes budget, GreedyEviction rule, std::size_t depth)
-        : p_(problem), a_(analysis), budget_(budget), rule_(rule), depth_(depth), live_(problem.data_count(), 0),
-          live_at_(problem.data_count(), nowhere), pins_(problem.data_count(), 0),
-          last_use_(problem.data_count(), 0), next_read_(problem.data_count(), 0),
-          memo_(problem.data_count(), 0.0), memo_stamp_(problem.data_count(), 0) {
-        for (const DataId d : p_.initial()) {
-            live_[d.index] = 1;
-            memory_ += p_.data(d).bytes;
+    /// Every op under a node (forward and backward), sorted.
+    [[nodiscard]] std::vector<OpId> ops_of(std::size_t node) const {
+        std::vector<OpId> ops;
+        for (const std::size_t a : atoms_of(node)) {
+            ops.insert(ops.end(), atoms[a].forward_ops.begin(), atoms[a].forward_ops.end());
+            ops.insert(ops.end(), atoms[a].backward_ops.begin(), atoms[a].backward_ops.end());
         }
+        std::sort(ops.begin(), ops.end());
+        return ops;
     }
-
-    // The plan, or nullopt when this replay cannot keep within the budget.
-    [[nodiscard]] std::optional<Outcome> run() {
-        if (memory_ > budget_) return std::nullopt;
-        for (pos_ = 0; pos_ < a_.order.size(); ++pos_) {
-            const OpId k = a_.order[pos_];
-            if (!p_.op(k).exactly_once && !useful(k)) continue;
-            if (!run_op(k)) return std::nullopt;
-        }
-        for (const DataId d : p_.final_data())
-            if (!make_live(d)) return std::nullopt;
-        for (std::size_t d = 0; d < live_.size(); ++d)
-            if (live_[d] && !p_.is_initial(DataId{d}) && !p_.is_final(DataId{d})) drop(DataId{d});
-        return Outcome{std::move(schedule_), time_, rule_};
+    /// Depth of the tree: 0 with no cluster.
+    [[nodiscard]] std::size_t depth() const {
+        std::size_t d = 0;
+        for (const Cluster& c : clusters) d = std::max(d, c.level);
+        return d;
     }
 
 private:
-    // The next position after the current one where the order reads d; nowhere if none.
-    [[nodiscard]] std::size_t next_read(DataId d) {
-        const std::vector<std::size_t>& at = a_.reads_at[d.index];
-        std::size_t& i = next_read_[d.index];
-        while (i < at.size() && at[i] <= pos_) ++i;
-        return i < at.size() ? at[i] : nowhere;
+    void collect(std::size_t node, std::vector<std::size_t>& out) const {
+        if (is_atom(node)) {
+            out.push_back(node);
+            return;
+        }
+        for (const std::size_t child : cluster(node).children) collect(child, out);
+    }
+};
+
+namespace detail::hierarchy {
+
+// ---------------------------------------------------------------- atoms
+
+struct Atoms {
+    std::vector<Atom> atoms;
+    std::vector<std::size_t> atom_of_op;    // forward/backward op → atom, or none
+    std::vector<std::size_t> atom_of_data;  // forward data → writing atom, or none
+    std::vector<OpId> top_ops;
+};
+
+inline constexpr std::size_t none = graph::no_node;
+
+class AtomFinder {
+public:
+    explicit AtomFinder(const Problem& p) : p_(p), who_("hierarchy of '" + p.name() + "'") {
+        if (!p_.loss())
+            throw InvalidInput(who_ + ": the problem names no loss op; the forward graph ends at the loss, so give \"loss\"");
+        loss_ = *p_.loss();
     }
 
-    [[nodiscard]] bool needed_later(DataId d) { return p_.is_final(d) || next_read(d) != nowhere; }
-
-    // An op of the order that is not exactly once runs only if it makes live something needed.
-    [[nodiscard]] bool useful(OpId k) {
-        const auto& writes = p_.op(k).writes;
-        return std::any_of(writes.begin(), writes.end(), [&](DataId d) { return !live_[d.index] && needed_later(d); });
+    [[nodiscard]] Atoms run() {
+        find_forward();
+        group_alternatives();
+        order_atoms();
+        attach_backward();
+        return std::move(result_);
     }
 
-    // Runs op k after making its reads live and room for it; then frees what is dead.
-    [[nodiscard]] bool run_op(OpId k) {
-        const Op& op = p_.op(k);
-        for (const DataId r : op.reads) ++pins_[r.index];
-        for (const DataId r : op.reads)
-            if (!make_live(r)) return false;
-        if (!make_room(k)) return false;
-        emit_run(k);
-        for (const DataId r : op.reads) --pins_[r.index];
-        free_dead(op);
-        return true;
-    }
-
-    // Recomputes d, if it is not live, with its cheapest eligible writer.
-    [[nodiscard]] bool make_live(DataId d) {
-        if (live_[d.index]) return true;
-        const std::optional<OpId> writer = cheapest_writer(d);
-        return writer && run_op(*writer);
-    }
-
-    // A writer that may recompute d now: not exactly once, and every read it lacks can itself
-    // be recomputed from strictly lower production levels (so the recursion ends).
-    [[nodiscard]] bool eligible(OpId w, DataId d) const {
-        const Op& op = p_.op(w);
-        if (op.exactly_once) return false;
-        return std::all_of(op.reads.begin(), op.reads.end(), [&](DataId r) {
-            return live_[r.index] || a_.levels.data[r.index] < a_.levels.data[d.index];
-        });
-    }
-
-    // Estimated time to make d live from the current state, counting evicted inputs up to
-    // `depth` writers deep (memoised for one decision: see next_decision()).
-    [[nodiscard]] double estimate(DataId d, std::size_t depth) {
-        if (live_[d.index]) return 0.0;
-        if (memo_stamp_[d.index] == stamp_) return memo_[d.index];
-        double best = std::numeric_limits<double>::infinity();
-        for (const OpId w : p_.writers(d))
-            if (eligible(w, d)) best = std::min(best, writer_cost(w, depth));
-        memo_stamp_[d.index] = stamp_;
-        memo_[d.index] = best;
-        return best;
-    }
-
-    [[nodiscard]] double writer_cost(OpId w, std::size_t depth) {
-        double cost = p_.op(w).time;
-        if (depth == 0) return cost;
-        for (const DataId r : p_.op(w).reads)
-            if (!live_[r.index]) cost += estimate(r, depth - 1);
-        return cost;
-    }
-
-    void next_decision() { ++stamp_; }
-
-    // Bytes op k would add by writing data that are not live.
-    [[nodiscard]] Bytes new_bytes(OpId k) const {
-        Bytes total = 0;
-        for (const DataId d : p_.op(k).writes)
-            if (!live_[d.index]) total += p_.data(d).bytes;
-        return total;
-    }
-
-    // The eligible writer of least estimated cost; ties: fewer new bytes, then lower id.
-    [[nodiscard]] std::optional<OpId> cheapest_writer(DataId d) {
-        next_decision();
-        std::optional<OpId> best;
-        double best_cost = 0.0;
-        for (const OpId w : p_.writers(d)) {
-            if (!eligible(w, d)) continue;
-            const double cost = writer_cost(w, depth_);
-            if (!best || cost < best_cost || (cost == best_cost && new_bytes(w) < new_bytes(*best))) {
-                best = w;
-                best_cost = cost;
+private:
+    // Forward ops that can run at all, and the data they write.
+    void find_forward() {
+        const std::size_t n = p_.op_count();
+        forward_.assign(n, 0);
+        std::vector<char> available(p_.data_count(), 0);
+        for (const DataId d : p_.initial()) available[d.index] = 1;
+        for (bool changed = true; changed;) {
+            changed = false;
+            for (std::size_t k = 0; k < n; ++k) {
+                const Op& op = p_.op(OpId{k});
+                if (forward_[k] || op.exactly_once) continue;
+                if (!std::all_of(op.reads.begin(), op.reads.end(), [&](DataId d) { return available[d.index] != 0; }))
+                    continue;
+                forward_[k] = 1;
+                changed = true;
+                for (const DataId d : op.writes) available[d.index] = 1;
             }
         }
-        return best;
     }
 
-    // Evicts until op k fits; false when nothing more may go.
-    [[nodiscard]] bool make_room(OpId k) {
-        const Bytes extra = new_bytes(k) + p_.op(k).overhead;
-        while (memory_ + extra > budget_) {
-            const std::optional<DataId> victim = pick_victim(k);
-            if (!victim) return false;
-            drop(*victim);
+    // Union-find over forward ops sharing a written data.
+    void group_alternatives() {
+        const std::size_t n = p_.op_count();
+        std::vector<std::size_t> parent(n);
+        std::iota(parent.begin(), parent.end(), std::size_t{0});
+        const auto find = [&](std::size_t x) {
+            while (parent[x] != x) x = parent[x] = parent[parent[x]];
+            return x;
+        };
+        std::vector<std::size_t> writer(p_.data_count(), none);
+        for (std::size_t k = 0; k < n; ++k) {
+            if (!forward_[k]) continue;
+            for (const DataId d : p_.op(OpId{k}).writes) {
+                if (writer[d.index] == none)
+                    writer[d.index] = k;
+                else
+                    parent[find(k)] = find(writer[d.index]);
+            }
         }
+        std::vector<std::size_t> atom_of_root(n, none);
+        result_.atom_of_op.assign(n, none);
+        result_.atom_of_data.assign(p_.data_count(), none);
+        for (std::size_t k = 0; k < n; ++k) {
+            if (!forward_[k]) continue;
+            const std::size_t r = find(k);
+            if (atom_of_root[r] == none) {
+                atom_of_root[r] = result_.atoms.size();
+                result_.atoms.emplace_back();
+            }
+            const std::size_t a = atom_of_root[r];
+            result_.atom_of_op[k] = a;
+            result_.atoms[a].forward_ops.push_back(OpId{k});
+            for (const DataId d : p_.op(OpId{k}).writes) {
+                result_.atom_of_data[d.index] = a;
+                result_.atoms[a].writes.push_back(d);
+            }
+        }
+        for (Atom& atom : result_.atoms) {
+            std::sort(atom.writes.begin(), atom.writes.end());
+            atom.writes.erase(std::unique(atom.writes.begin(), atom.writes.end()), atom.writes.end());
+        }
+    }
+
+    // Atoms renumbered in a topological order of the forward graph (smallest op first).
+    void order_atoms() {
+        const std::size_t n = result_.atoms.size();
+        graph::Adjacency successors(n);
+        for (std::size_t a = 0; a < n; ++a) {
+            std::set<std::size_t> from;
+            for (const OpId k : result_.atoms[a].forward_ops)
+                for (const DataId d : p_.op(k).reads)
+                    if (const std::size_t w = result_.atom_of_data[d.index]; w != none && w != a) from.insert(w);
+            for (const std::size_t w : from) successors[w].push_back(a);
+        }
+        const auto order = graph::topological_order(successors);
+        if (!order) throw InvalidInput(who_ + ": its forward ops read each other's results in a cycle");
+        std::vector<std::size_t> rank(n);
+        for (std::size_t r = 0; r < n; ++r) rank[(*order)[r]] = r;
+        std::vector<Atom> sorted(n);
+        for (std::size_t a = 0; a < n; ++a) sorted[rank[a]] = std::move(result_.atoms[a]);
+        result_.atoms = std::move(sorted);
+        for (auto& a : result_.atom_of_op)
+            if (a != none) a = rank[a];
+        for (auto& a : result_.atom_of_data)
+            if (a != none) a = rank[a];
+    }
+
+    // A backward op belongs to the atom it differentiates: one whose outputs are read by the
+    // forward ops of the atom owning the backward op that wrote a gradient it reads (the loss
+    // stands for the atoms it reads), preferring an atom whose forward data it also reads
+    // (its saved state), the latest in the forward order; without gradients to follow, the
+    // latest atom whose forward data it reads. Resolved from the loss backwards.
+    void attach_backward() {
+        const std::size_t n_ops = p_.op_count();
+        position_.assign(n_ops, none);
+        const auto order = p_.autograd_order();
+        for (std::size_t i = 0; i < order.size(); ++i)
+            if (position_[order[i].index] == none) position_[order[i].index] = i;
+        std::vector<std::size_t> writer_of_gradient(p_.data_count(), none);
+        for (std::size_t k = 0; k < n_ops; ++k)
+            if (p_.op(OpId{k}).exactly_once)
+                for (const DataId d : p_.op(OpId{k}).writes) writer_of_gradient[d.index] = k;
+        std::vector<std::size_t> owner(n_ops, none);  // backward op → atom; the loss: "top"
+        std::vector<char> resolved(n_ops, 0);
+        resolved[loss_.index] = 1;
+        result_.top_ops.push_back(loss_);
+        for (bool progress = true; progress;) {
+            progress = false;
+            for (std::size_t k = 0; k < n_ops; ++k) {
+                const Op& op = p_.op(OpId{k});
+                if (!op.exactly_once || resolved[k]) continue;
+                if (!ready(op, writer_of_gradient, resolved)) continue;
+                owner[k] = owner_of(OpId{k}, writer_of_gradient, owner);
+                resolved[k] = 1;
+                progress = true;
+            }
+        }
+        for (std::size_t k = 0; k < n_ops; ++k) {
+            if (!p_.op(OpId{k}).exactly_once || OpId{k} == loss_) continue;
+            if (!resolved[k]) owner[k] = latest_read(p_.op(OpId{k}));
+            if (owner[k] == none) {
+                result_.top_ops.push_back(OpId{k});
+                continue;
+            }
+            result_.atom_of_op[k] = owner[k];
+            result_.atoms[owner[k]].backward_ops.push_back(OpId{k});
+        }
+    }
+
+    // Every gradient it reads comes from the loss or a backward op already placed.
+    [[nodiscard]] static bool ready(const Op& op, const std::vector<std::size_t>& writer_of_gradient,
+                                    const std::vector<char>& resolved) {
+        for (const DataId d : op.reads)
+            if (const std::size_t w = writer_of_gradient[d.index]; w != none && !resolved[w]) return false;
         return true;
     }
 
-    // Whether d may be evicted before op k runs.
-    [[nodiscard]] bool evictable(DataId d, OpId k) const {
-        if (pins_[d.index] != 0 || p_.is_final(d) || p_.data(d).bytes == 0) return false;
-        if (a_.levels.data[d.index] == graph::never) return false;  // could never come back
-        const auto& writes = p_.op(k).writes;
-        return std::find(writes.begin(), writes.end(), d) == writes.end();
+    [[nodiscard]] std::size_t latest_read(const Op& op) const {
+        std::size_t latest = none;
+        for (const DataId d : op.reads)
+            if (const std::size_t a = result_.atom_of_data[d.index]; a != none && (latest == none || a > latest)) latest = a;
+        return latest;
     }
 
-    // What evicting d would cost to undo: its cheapest writer that does not read it, with the
-    // evicted inputs that writer lacks.
-    [[nodiscard]] double eviction_cost(DataId d) {
-        double best = std::numeric_limits<double>::infinity();
-        for (const OpId w : p_.writers(d)) {
-            const auto& reads = p_.op(w).reads;
-            if (std::find(reads.begin(), reads.end(), d) != reads.end() || !eligible(w, d)) continue;
-            best = std::min(best, writer_cost(w, depth_));
-        }
-        return best;
-    }
-
-    [[nodiscard]] std::optional<DataId> pick_victim(OpId k) {
-        next_decision();
-        std::optional<DataId> best;
-        double best_score = 0.0;
-        for (const DataId d : live_list_) {
-            if (!evictable(d, k)) continue;
-            const Bytes bytes = p_.data(d).bytes;
-            double score = 0.0;  // smaller is evicted first
-            if (rule_ == GreedyEviction::farthest_next_use) {
-                const std::size_t next = next_read(d);
-                score = next == nowhere ? -std::numeric_limits<double>::infinity() : -static_cast<double>(next);
+    // The atoms the consumers of every gradient the op reads have in common as inputs (each
+    // gradient is that of an output of the atom differentiated); among them, one whose data
+    // the op reads, then one with an output of the gradients' size, then the one whose forward
+    // comes closest to the op's mirror position in the autograd order.
+    [[nodiscard]] std::size_t owner_of(OpId k, const std::vector<std::size_t>& writer_of_gradient,
+                                       const std::vector<std::size_t>& owner) const {
+        const Op& op = p_.op(k);
+        std::set<std::size_t> reads_from;  // atoms whose forward data it reads
+        for (const DataId d : op.reads)
+            if (const std::size_t a = result_.atom_of_data[d.index]; a != none) reads_from.insert(a);
+        std::optional<std::set<std::size_t>> common;
+        std::set<Bytes> gradient_sizes;
+        for (const DataId d : op.reads) {
+            const std::size_t w = writer_of_gradient[d.index];
+            if (w == none) continue;
+            gradient_sizes.insert(p_.data(d).bytes);
+            const std::vector<OpId> consumers = w == loss_.index ? std::vector<OpId>{loss_} : forward_ops_of(owner[w]);
+            std::set<std::size_t> feeding;
+            for (const OpId c : consumers)
+                for (const DataId x : p_.op(c).reads)
+                    if (const std::size_t a = result_.atom_of_data[x.index]; a != none && a != owner[w]) feeding.insert(a);
+            if (!common) {
+                common = std::move(feeding);
             } else {
-                const auto staleness = static_cast<double>(step_ - last_use_[d.index] + 1);
-                score = eviction_cost(d) / (static_cast<double>(bytes) * staleness);
+                std::set<std::size_t> both;
+                std::set_intersection(common->begin(), common->end(), feeding.begin(), feeding.end(),
+                                      std::inserter(both, both.begin()));
+                if (!both.empty()) common = std::move(both);
             }
-            if (!best || score < best_score || (score == best_score && bytes > p_.data(*best).bytes) ||
-                (score == best_score && bytes == p_.data(*best).bytes && d < *best)) {
-                best = d;
-                best_score = score;
+        }
+        std::vector<std::size_t> candidates(common ? common->begin() : reads_from.begin(),
+                                            common ? common->end() : reads_from.end());
+        if (candidates.empty()) candidates.assign(reads_from.begin(), reads_from.end());
+        const auto narrow = [&](auto keep) {
+            std::vector<std::size_t> kept;
+            for (const std::size_t a : candidates)
+                if (keep(a)) kept.push_back(a);
+            if (!kept.empty()) candidates = std::move(kept);
+        };
+        narrow([&](std::size_t a) { return reads_from.contains(a); });
+        narrow([&](std::size_t a) {
+            for (const DataId d : result_.atoms[a].writes)
+                if (gradient_sizes.contains(p_.data(d).bytes)) return true;
+            return false;
+        });
+        if (candidates.empty()) return none;
+        return closest_to_mirror(k, candidates);
+    }
+
+    // The candidate whose first forward op is nearest to where the autograd order mirrors the
+    // op around the loss (store-all runs the backward in reverse); the latest without an order.
+    [[nodiscard]] std::size_t closest_to_mirror(OpId k, const std::vector<std::size_t>& candidates) const {
+        if (candidates.size() == 1 || position_.empty() || position_[k.index] == none) return candidates.back();
+        const auto mirror = static_cast<double>(2 * position_[loss_.index]) - static_cast<double>(position_[k.index]);
+        std::size_t best = candidates.back();
+        double best_distance = std::numeric_limits<double>::infinity();
+        for (const std::size_t a : candidates) {
+            double distance = std::numeric_limits<double>::infinity();
+            for (const OpId f : result_.atoms[a].forward_ops)
+                if (position_[f.index] != none)
+                    distance = std::min(distance, std::abs(static_cast<double>(position_[f.index]) - mirror));
+            if (distance < best_distance) {
+                best_distance = distance;
+                best = a;
             }
         }
         return best;
     }
 
-    void emit_run(OpId k) {
-        const Op& op = p_.op(k);
-        schedule_.push_back(Step::run(k));
-        time_ += op.time;
-        for (const DataId d : op.writes)
-            if (!live_[d.index]) {
-                live_[d.index] = 1;
-                memory_ += p_.data(d).bytes;
-                if (!p_.is_initial(d)) {
-                    live_at_[d.index] = live_list_.size();
-                    live_list_.push_back(d);
-                }
-            }
-        for (const DataId d : op.reads) last_use_[d.index] = step_;
-        for (const DataId d : op.writes) last_use_[d.index] = step_;
-        ++step_;
-    }
-
-    // Frees a live data that is not initial (a free step).
-    void drop(DataId d) {
-        schedule_.push_back(Step::free(d));
-        live_[d.index] = 0;
-        memory_ -= p_.data(d).bytes;
-        const std::size_t at = live_at_[d.index];
-        live_list_[at] = live_list_.back();
-        live_at_[live_list_[at].index] = at;
-        live_list_.pop_back();
-        live_at_[d.index] = nowhere;
-    }
-
-    // After op ran: frees what it touched that is never read again (as store-all does).
-    void free_dead(const Op& op) {
-        touched_.assign(op.reads.begin(), op.reads.end());
-        touched_.insert(touched_.end(), op.writes.begin(), op.writes.end());
-        std::sort(touched_.begin(), touched_.end());
-        touched_.erase(std::unique(touched_.begin(), touched_.end()), touched_.end());
-        for (const DataId d : touched_)
-            if (live_[d.index] && pins_[d.index] == 0 && !p_.is_initial(d) && !needed_later(d)) drop(d);
+    [[nodiscard]] std::vector<OpId> forward_ops_of(std::size_t atom) const {
+        return atom == none ? std::vector<OpId>{} : result_.atoms[atom].forward_ops;
     }
 
     const Problem& p_;
-    const Analysis& a_;
-    Bytes budget_;
-    GreedyEviction rule_;
-    std::size_t depth_;
-    std::vector<char> live_;
-    std::vector<DataId> live_list_;      // live data that are not initial
-    std::vector<std::size_t> live_at_;   // per data: index in live_list_, or nowhere
-    std::vector<int> pins_;              // per data: reads of ops waiting on a recomputation
-    std::vector<std::size_t> last_use_;  // per data: the last run step that read or wrote it
-    std::vector<std::size_t> next_read_;  // per data: index into reads_at, advanced lazily
-    std::vector<double> memo_;
-    std::vector<std::size_t> memo_stamp_;
-    std::vector<DataId> touched_;
-    std::size_t stamp_ = 0;
-    std::size_t pos_ = 0;   // position in the order
-    std::size_t step_ = 0;  // run steps so far
-    Bytes memory_ = 0;
-    double time_ = 0.0;
-    Schedule schedule_;
+    std::string who_;
+    OpId loss_{};
+    std::vector<char> forward_;
+    std::vector<std::size_t> position_;  // op → first position in the autograd order, or none
+    Atoms result_;
 };
 
-}  // namespace detail::greedy
+// ---------------------------------------------------------------- the evolving graph
 
-/// The greedy planner described above; models remat::Solver.
-class Greedy {
+// The current graph of a round: nodes (atoms and clusters), forward edges between them,
+// and per node the data it writes and reads.
+struct Level {
+    std::vector<std::size_t> nodes;                 // node ids, in forward order
+    std::vector<std::set<std::size_t>> successors;  // by position
+    std::vector<std::set<std::size_t>> predecessors;
+    std::vector<char> read_by_loss;                  // a node's data feeds the loss (or the top)
+};
+
+struct Candidate {
+    std::vector<std::size_t> members;  // positions in the level, sorted
+    double score = 0.0;
+};
+
+class Clusterer {
 public:
-    explicit Greedy(GreedyOptions options = {}) : options_(options) {}
-
-    [[nodiscard]] static constexpr std::string_view name() noexcept { return "greedy"; }
-    [[nodiscard]] const GreedyOptions& options() const noexcept { return options_; }
-
-    /// A plan within `budget`; Infeasible (with the smallest budget the greedy fits) otherwise.
-    [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
-        const Stopwatch clock;
-        const detail::greedy::Analysis a = detail::greedy::analyse(problem);
-        std::optional<detail::greedy::Outcome> best;
-        if (budget >= a.lower_bound.bytes) best = plan(problem, a, budget);
-        std::string note;
-        if (!best) {
-            const Bytes smallest = smallest_budget(problem, a);
-            if (smallest > budget) throw_infeasible(problem, a, budget, smallest);
-            // Not monotone: the greedy fits a smaller budget than this one.
-            best = plan(problem, a, smallest);
-            note = " (planned at " + std::to_string(smallest) + " bytes)";
+    Clusterer(const Problem& p, Atoms atoms, const HierarchyOptions& options)
+        : p_(p), atoms_(std::move(atoms)), options_(options) {
+        if (options_.max_children < 2) throw InvalidInput("hierarchy: max_children must be at least 2");
+        hierarchy_.atoms = atoms_.atoms;
+        hierarchy_.top_ops = atoms_.top_ops;
+        hierarchy_.loss = *p_.loss();
+        for (std::size_t a = 0; a < atoms_.atoms.size(); ++a) {
+            leaf_ops_.push_back(atoms_.atoms[a].forward_ops.size() + atoms_.atoms[a].backward_ops.size());
+            atoms_under_.push_back({a});
         }
-        SolverStats stats{std::string(name()), 0.0, SolveStatus::heuristic, std::nullopt,
-                          "eviction=" + std::string(to_string(best->rule)) +
-                              " depth=" + std::to_string(options_.neighbourhood_depth) + note};
-        stats.solve_seconds = clock.seconds();
-        return make_checked_plan(problem, std::move(best->schedule), budget, std::move(stats));
     }
 
-    /// The smallest budget this greedy fits `problem` in (bisection between the proven lower
-    /// bound of core/bounds.hpp and P_ref, about log2(P_ref − bound) replays).
-    [[nodiscard]] Bytes smallest_budget(const Problem& problem) const {
-        return smallest_budget(problem, detail::greedy::analyse(problem));
+    [[nodiscard]] Hierarchy run() {
+        std::vector<std::size_t> current(atoms_.atoms.size());
+        std::iota(current.begin(), current.end(), std::size_t{0});
+        for (std::size_t round = 0; round < options_.max_rounds && current.size() > options_.max_children; ++round) {
+            const Level level = make_level(current);
+            std::vector<Candidate> candidates = sequences(level);
+            const std::vector<Candidate> regions = flows(level);
+            candidates.insert(candidates.end(), regions.begin(), regions.end());
+            std::vector<std::size_t> next = merge(level, std::move(candidates));
+            if (next.size() == current.size()) break;  // nothing merged
+            current = std::move(next);
+        }
+        hierarchy_.top = current;
+        return std::move(hierarchy_);
     }
 
 private:
-    [[nodiscard]] std::vector<GreedyEviction> rules() const {
-        if (options_.eviction == GreedyEviction::both) return {GreedyEviction::farthest_next_use, GreedyEviction::dtr};
-        return {options_.eviction};
+    // The atoms under a node (kept for every node made so far).
+    [[nodiscard]] const std::vector<std::size_t>& atoms_under(std::size_t node) const { return atoms_under_.at(node); }
+
+    // Which node each atom belongs to now, and the node's data.
+    Level make_level(const std::vector<std::size_t>& nodes) {
+        Level level;
+        level.nodes = nodes;
+        const std::size_t n = nodes.size();
+        std::vector<std::size_t> position_of_atom(atoms_.atoms.size(), none);
+        for (std::size_t i = 0; i < n; ++i)
+            for (const std::size_t a : atoms_under(nodes[i])) position_of_atom[a] = i;
+        level.successors.assign(n, {});
+        level.predecessors.assign(n, {});
+        level.read_by_loss.assign(n, 0);
+        for (std::size_t i = 0; i < n; ++i)
+            for (const std::size_t a : atoms_under(nodes[i]))
+                for (const OpId k : atoms_.atoms[a].forward_ops)
+                    for (const DataId d : p_.op(k).reads) {
+                        const std::size_t w = atoms_.atom_of_data[d.index];
+                        if (w == none || position_of_atom[w] == i) continue;
+                        level.successors[position_of_atom[w]].insert(i);
+                        level.predecessors[i].insert(position_of_atom[w]);
+                    }
+        for (const OpId k : atoms_.top_ops)
+            for (const DataId d : p_.op(k).reads)
+                if (const std::size_t w = atoms_.atom_of_data[d.index]; w != none) level.read_by_loss[position_of_atom[w]] = 1;
+        position_of_atom_ = std::move(position_of_atom);
+        return level;
     }
 
-    // The fastest plan of the rules that fits the budget (ties: the first rule).
-    [[nodiscard]] std::optional<detail::greedy::Outcome> plan(const Problem& problem, const detail::greedy::Analysis& a,
-                                                              Bytes budget) const {
-        std::optional<detail::greedy::Outcome> best;
-        for (const GreedyEviction rule : rules()) {
-            auto outcome = detail::greedy::Replay(problem, a, budget, rule, options_.neighbourhood_depth).run();
-            if (outcome && (!best || outcome->time < best->time)) best = std::move(outcome);
+    // Bytes of the forward data crossing the boundary of a set of positions.
+    [[nodiscard]] Bytes interface_bytes(const Level& level, const std::vector<std::size_t>& members) const {
+        std::vector<char> inside(level.nodes.size(), 0);
+        for (const std::size_t m : members) inside[m] = 1;
+        std::set<std::size_t> crossing;
+        for (const std::size_t m : members)
+            for (const std::size_t a : atoms_under(level.nodes[m])) {
+                for (const OpId k : atoms_.atoms[a].forward_ops)
+                    for (const DataId d : p_.op(k).reads) {
+                        const std::size_t w = atoms_.atom_of_data[d.index];
+                        if (w != none && !inside[position_of_atom_[w]]) crossing.insert(d.index);
+                    }
+                for (const DataId d : atoms_.atoms[a].writes) {
+                    bool outside = false;
+                    for (const OpId r : p_.readers(d)) {
+                        const std::size_t ra = atoms_.atom_of_op[r.index];
+                        outside = outside || ra == none || !inside[position_of_atom_[ra]];
+                    }
+                    if (outside) crossing.insert(d.index);
+                }
+            }
+        Bytes total = 0;
+        for (const std::size_t d : crossing) total += p_.data(DataId{d}).bytes;
+        return total;
+    }
+
+    [[nodiscard]] std::size_t leaf_ops(const Level& level, const std::vector<std::size_t>& members) const {
+        std::size_t total = 0;
+        for (const std::size_t m : members)
+            for (const std::size_t a : atoms_under(level.nodes[m])) total += leaf_ops_[a];
+        return total;
+    }
+
+    [[nodiscard]] Candidate candidate(const Level& level, std::vector<std::size_t> members) const {
+        std::sort(members.begin(), members.end());
+        members.erase(std::unique(members.begin(), members.end()), members.end());
+        Candidate c;
+        c.score = -static_cast<double>(interface_bytes(level, members)) /
+                  std::sqrt(static_cast<double>(std::max<std::size_t>(1, leaf_ops(level, members))));
+        c.members = std::move(members);
+        return c;
+    }
+
+    // Maximal paths of single-user nodes, cut into pieces of at most max_children.
+    [[nodiscard]] std::vector<Candidate> sequences(const Level& level) const {
+        const std::size_t n = level.nodes.size();
+        const auto link = [&](std::size_t u) -> std::size_t {  // u's only user, if it has one
+            if (level.successors[u].size() != 1 || level.read_by_loss[u]) return none;
+            return *level.successors[u].begin();
+        };
+        std::vector<char> has_link_in(n, 0);
+        for (std::size_t u = 0; u < n; ++u)
+            if (const std::size_t v = link(u); v != none) has_link_in[v] = 1;
+        std::vector<Candidate> out;
+        for (std::size_t start = 0; start < n; ++start) {
+            if (has_link_in[start] || link(start) == none) continue;
+            std::vector<std::size_t> path{start};
+            for (std::size_t v = link(start); v != none; v = link(v)) path.push_back(v);
+            const std::size_t pieces = (path.size() + options_.max_children - 1) / options_.max_children;
+            const std::size_t size = (path.size() + pieces - 1) / pieces;
+            for (std::size_t from = 0; from < path.size(); from += size) {
+                std::vector<std::size_t> piece(path.begin() + static_cast<std::ptrdiff_t>(from),
+                                               path.begin() + static_cast<std::ptrdiff_t>(std::min(path.size(), from + size)));
+                if (piece.size() >= 2) out.push_back(candidate(level, std::move(piece)));
+            }
         }
-        return best;
+        return out;
     }
 
-    [[nodiscard]] bool fits(const Problem& problem, const detail::greedy::Analysis& a, Bytes budget) const {
-        for (const GreedyEviction rule : rules())
-            if (detail::greedy::Replay(problem, a, budget, rule, options_.neighbourhood_depth).run()) return true;
-        return false;
-    }
-
-    [[nodiscard]] Bytes smallest_budget(const Problem& problem, const detail::greedy::Analysis& a) const {
-        Bytes lo = a.lower_bound.bytes - 1;  // no schedule at all fits lo
-        Bytes hi = a.reference.peak;         // store-all's own plan fits P_ref
-        if (!fits(problem, a, hi))
-            throw SolverError("greedy: no plan of '" + problem.name() + "' at P_ref = " + std::to_string(hi) +
-                              " bytes, where store-all's own schedule fits (this is a bug in the greedy; please "
-                              "report it with the problem file)");
-        while (hi - lo > 1) {
-            const Bytes mid = lo + (hi - lo) / 2;
-            (fits(problem, a, mid) ? hi : lo) = mid;
+    // Single-entry regions: each node with its immediate dominator and what lies between.
+    [[nodiscard]] std::vector<Candidate> flows(const Level& level) const {
+        const std::size_t n = level.nodes.size();
+        graph::Adjacency successors(n);
+        std::vector<std::size_t> roots;
+        for (std::size_t u = 0; u < n; ++u) {
+            successors[u].assign(level.successors[u].begin(), level.successors[u].end());
+            if (level.predecessors[u].empty()) roots.push_back(u);
         }
-        return hi;
+        const graph::Adjacency with_entry = graph::with_virtual_entry(successors, roots);
+        const graph::DominatorTree tree = graph::dominators(with_entry, n);
+        std::vector<Candidate> out;
+        for (std::size_t x = 0; x < n; ++x) {
+            if (!tree.reachable(x)) continue;
+            const std::size_t y = tree.idom[x];
+            std::vector<std::size_t> region = graph::region_to_idom(with_entry, tree, x);
+            region.erase(std::remove(region.begin(), region.end(), n), region.end());  // the virtual entry
+            if (region.size() < 2) continue;
+            const bool has_y = y != n;
+            for (const bool keep_y : {true, false}) {
+                if (!keep_y && !has_y) continue;
+                for (const bool keep_x : {true, false}) {
+                    std::vector<std::size_t> members;
+                    for (const std::size_t v : region)
+                        if ((keep_y || v != y) && (keep_x || v != x)) members.push_back(v);
+                    if (members.size() >= 2 && members.size() <= options_.max_children && convex(level, members))
+                        out.push_back(candidate(level, std::move(members)));
+                }
+            }
+        }
+        return out;
     }
 
-    [[noreturn]] static void throw_infeasible(const Problem& problem, const detail::greedy::Analysis& a, Bytes budget,
-                                              Bytes smallest) {
-        const std::string head = "greedy: no plan of '" + problem.name() + "' within " + std::to_string(budget) + " bytes";
-        const std::string tail = "; the smallest budget the greedy fits is " + std::to_string(smallest) + " bytes";
-        if (budget < a.lower_bound.bytes)
-            throw Infeasible(head + ": no schedule at all fits, every schedule needs at least " +
-                                 std::to_string(a.lower_bound.bytes) + " bytes (" + a.lower_bound.reason + ")" + tail,
-                             budget, smallest);
-        throw Infeasible(head + "; this is only beyond the greedy's reach (the proven lower bound is " +
-                             std::to_string(a.lower_bound.bytes) + " bytes, " + a.lower_bound.reason +
-                             "): an exact solver (checkmate, rockmate) may fit it" + tail,
-                         budget, smallest);
+    // No path leaves the set and comes back into it.
+    [[nodiscard]] static bool convex(const Level& level, const std::vector<std::size_t>& members) {
+        std::vector<char> inside(level.nodes.size(), 0), seen(level.nodes.size(), 0);
+        for (const std::size_t m : members) inside[m] = 1;
+        std::vector<std::size_t> work;
+        for (const std::size_t m : members)
+            for (const std::size_t s : level.successors[m])
+                if (!inside[s] && !seen[s]) {
+                    seen[s] = 1;
+                    work.push_back(s);
+                }
+        while (!work.empty()) {
+            const std::size_t u = work.back();
+            work.pop_back();
+            for (const std::size_t s : level.successors[u]) {
+                if (inside[s]) return false;
+                if (!seen[s]) {
+                    seen[s] = 1;
+                    work.push_back(s);
+                }
+            }
+        }
+        return true;
     }
 
-    GreedyOptions options_;
+    // The best groups that do not overlap become clusters; returns the next level's nodes.
+    std::vector<std::size_t> merge(const Level& level, std::vector<Candidate> candidates) {
+        std::stable_sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+            if (a.score != b.score) return a.score > b.score;
+            if (a.members.front() != b.members.front()) return a.members.front() < b.members.front();
+            return a.members.size() > b.members.size();
+        });
+        const std::size_t n = level.nodes.size();
+        std::vector<std::size_t> cluster_at(n, none);
+        std::size_t remaining = n;
+        for (const Candidate& c : candidates) {
+            if (c.members.size() > options_.max_children) continue;
+            if (std::any_of(c.members.begin(), c.members.end(), [&](std::size_t m) { return cluster_at[m] != none; }))
+                continue;
+            Cluster cluster;
+            for (const std::size_t m : c.members) {
+                cluster.children.push_back(level.nodes[m]);
+                if (!hierarchy_.is_atom(level.nodes[m]))
+                    cluster.level = std::max(cluster.level, hierarchy_.cluster(level.nodes[m]).level + 1);
+            }
+            const std::size_t id = hierarchy_.node_count();
+            std::vector<std::size_t> under;
+            for (const std::size_t child : cluster.children) under.insert(under.end(), atoms_under(child).begin(), atoms_under(child).end());
+            std::sort(under.begin(), under.end());
+            atoms_under_.push_back(std::move(under));
+            hierarchy_.clusters.push_back(std::move(cluster));
+            for (const std::size_t m : c.members) cluster_at[m] = id;
+            remaining -= c.members.size() - 1;
+            if (remaining <= options_.max_children) break;
+        }
+        // The next level: a cluster takes the place of its first member (a deterministic order;
+        // the next round rebuilds the edges).
+        std::vector<std::size_t> next;
+        std::set<std::size_t> placed;
+        for (std::size_t i = 0; i < n; ++i) {
+            if (cluster_at[i] == none)
+                next.push_back(level.nodes[i]);
+            else if (placed.insert(cluster_at[i]).second)
+                next.push_back(cluster_at[i]);
+        }
+        return next;
+    }
+
+    const Problem& p_;
+    Atoms atoms_;
+    HierarchyOptions options_;
+    Hierarchy hierarchy_;
+    std::vector<std::size_t> leaf_ops_;
+    std::vector<std::vector<std::size_t>> atoms_under_;  // by node id
+    std::vector<std::size_t> position_of_atom_;
+};
+
+}  // namespace detail::hierarchy
+
+/// The hierarchy of clusters of an op-level training problem (see the top of this header).
+[[nodiscard]] inline Hierarchy partition_hierarchy(const Problem& problem, const HierarchyOptions& options = {}) {
+    detail::hierarchy::Atoms atoms = detail::hierarchy::AtomFinder(problem).run();
+    if (atoms.atoms.empty())
+        throw InvalidInput("hierarchy of '" + problem.name() + "': the problem has no forward op that can run");
+    return detail::hierarchy::Clusterer(problem, std::move(atoms), options).run();
+}
+
+}  // namespace remat
+// ---- end remat/partition/hierarchy.hpp ----
+// ---- begin remat/solvers/hierarchical.hpp ----
+// remat/solvers/hierarchical.hpp — H-Rockmate: plans any graph through a hierarchy of small
+// exact searches.
+//
+// H-Rockmate (ICLR 2024 submission) / HiRemate (Zhao et al., ICML 2025); docs/design.md.
+// Rockmate (rockmate.hpp) needs a sequence of blocks; U-Nets, encoder-decoders and DenseNets
+// have almost none, and their middle becomes one block no exact solver finishes. H-Rockmate
+// clusters the forward graph into a tree of small clusters (partition/hierarchy.hpp) and
+// plans it bottom-up:
+//   1. each cluster is planned on its abstract problem (hierarchical/cluster.hpp): its atom
+//      children with their real ops, each cluster child as a unit with a fast forward and
+//      its options; the exact best-first search of exhaustive.hpp, with the backwards of one
+//      child as a choice group, solves it at a grid of (peak, saved) budgets — the saved
+//      budget imposed through the boundary's overhead, as Rockmate does — and every solution,
+//      flattened and measured by the simulator on the cluster's real sub-problem, becomes an
+//      option of the cluster (Pareto-distinct ones kept, at most `max_options` spread over
+//      the saved bytes offered to the parent);
+//   2. structurally equal clusters (same ops, sizes and edges) are planned once;
+//   3. the top is planned at the user's budget, flattened, and checked by the simulator.
+// Where the reference solves every cluster with an integer program (up to 24 MILPs of 60 s
+// per cluster with Gurobi, hours for a 2,500-node transformer), remat's clusters are small
+// enough for an exact search that settles each grid point in milliseconds (DESIGN.md §4.3
+// measured such searches far ahead of CBC on problems of this size); a search that runs out
+// of its limits leaves the options found so far, and a cluster always has its store-all
+// option (each child's fastest option, in order).
+//
+// The plan is never worse than the greedy (greedy.hpp), which is also planned at the same
+// budget and returned when it is faster, and never over budget: the flattened schedule is
+// simulated on the whole problem, and a schedule that does not fit falls back to the greedy.
+// An infeasible budget says whether it is below a proven lower bound (core/bounds.hpp) or
+// only beyond what these solvers reach.
+
+#include <algorithm>
+#include <cstddef>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+// ---- begin remat/solvers/hierarchical/cluster.hpp ----
+// remat/solvers/hierarchical/cluster.hpp — one cluster of H-Rockmate's hierarchy as problems
+// the solver can plan, and its solutions as options its parent can use.
+//
+// For a node of the hierarchy (partition/hierarchy.hpp) this header builds:
+//   - its interface: the data it reads from outside (inputs), the forward data it hands out
+//     (outputs), the gradients it receives (output grads) and those it gives back (input grads);
+//   - its *real* sub-problem: every op under it, its inputs as initial data, its input grads
+//     as final data, and a boundary op standing for the rest of the network (it reads the
+//     outputs and writes the output grads), as Rockmate's blocks have (blocks.hpp);
+//   - its *abstract* problem, the one a search plans: its atom children keep their real ops,
+//     and each cluster child becomes a unit with a fast forward (no saved state), and per
+//     option a forward writing the child's outputs and a phantom of the option's saved bytes,
+//     and a backward reading that phantom, the output grads and the interface data the
+//     option's backward reads; the backwards of one child form a choice group (exactly one
+//     runs, exhaustive.hpp).
+// An abstract schedule is flattened into real steps (each unit replaced by its sub-schedule,
+// phantom frees dropped) and its costs are measured by the simulator on the real sub-problem
+// (FORMATS.md §3). An option's costs make its abstract ops an upper bound on what its real
+// steps use in any context: forward overhead = forward peak − the state at the boundary;
+// backward overhead = backward peak − (state at the boundary + output grads + input grads);
+// an option never frees the cluster's outputs or output grads (its parent decides when).
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+
+namespace remat::detail::hrockmate {
+
+inline constexpr std::size_t none = static_cast<std::size_t>(-1);
+
+/// What crosses a node's boundary. Lists are sorted by id.
+struct Interface {
+    std::vector<OpId> ops;             ///< every op under the node (or at the top)
+    std::vector<DataId> inputs;        ///< read inside, written outside or initial
+    std::vector<DataId> outputs;       ///< forward data written inside, read outside
+    std::vector<DataId> output_grads;  ///< gradients read inside, written outside
+    std::vector<DataId> input_grads;   ///< gradients written inside, read outside or final
+};
+
+/// Which data are gradients: written by exactly-once ops (the loss and the backward ops).
+[[nodiscard]] inline std::vector<char> gradient_data(const Problem& p) {
+    std::vector<char> backward(p.data_count(), 0);
+    for (const Op& op : p.all_ops())
+        if (op.exactly_once)
+            for (const DataId d : op.writes) backward[d.index] = 1;
+    return backward;
+}
+
+[[nodiscard]] inline Interface interface_of(const Problem& p, std::vector<OpId> ops, const std::vector<char>& gradient) {
+    std::sort(ops.begin(), ops.end());
+    std::vector<char> inside(p.op_count(), 0), written(p.data_count(), 0), read(p.data_count(), 0);
+    for (const OpId k : ops) inside[k.index] = 1;
+    for (const OpId k : ops) {
+        for (const DataId d : p.op(k).writes) written[d.index] = 1;
+        for (const DataId d : p.op(k).reads) read[d.index] = 1;
+    }
+    Interface f;
+    f.ops = std::move(ops);
+    for (std::size_t d = 0; d < p.data_count(); ++d) {
+        const DataId id{d};
+        if (read[d] && !written[d]) (gradient[d] ? f.output_grads : f.inputs).push_back(id);
+        if (!written[d]) continue;
+        bool outside = p.is_final(id);
+        for (const OpId r : p.readers(id)) outside = outside || !inside[r.index];
+        if (outside) (gradient[d] ? f.input_grads : f.outputs).push_back(id);
+    }
+    return f;
+}
+
+[[nodiscard]] inline Bytes bytes_of(const Problem& p, const std::vector<DataId>& data) {
+    Bytes sum = 0;
+    for (const DataId d : data) sum += p.data(d).bytes;
+    return sum;
+}
+
+// ---------------------------------------------------------------- the real sub-problem
+
+/// A node's real sub-problem. Local ids are assigned in a canonical order (ops as listed,
+/// data by first use), so that structurally equal nodes get equal sub-problems.
+struct SubProblem {
+    Problem problem = ProblemBuilder("unbuilt").build();
+    std::vector<std::optional<DataId>> global_data;  ///< none for the boundary's token
+    std::vector<std::optional<OpId>> global_op;      ///< none for the boundary
+    std::optional<OpId> boundary;                    ///< none at the top
+    std::unordered_map<std::size_t, DataId> local_data;  ///< global index → local id
+    std::unordered_map<std::size_t, OpId> local_op;
+
+    [[nodiscard]] std::optional<DataId> local(DataId global) const {
+        const auto it = local_data.find(global.index);
+        return it == local_data.end() ? std::nullopt : std::optional<DataId>(it->second);
+    }
+};
+
+/// `top`: the whole problem's top (no boundary; its own initial and final data).
+[[nodiscard]] inline SubProblem sub_problem(const Problem& p, const Interface& f, bool top, Bytes boundary_overhead,
+                                            const std::string& name) {
+    SubProblem s;
+    ProblemBuilder b(name);
+    const auto map = [&](DataId d) {
+        if (const auto it = s.local_data.find(d.index); it != s.local_data.end()) return it->second;
+        const DataId local = b.add_data(p.data(d).name, p.data(d).bytes);
+        s.local_data.emplace(d.index, local);
+        s.global_data.push_back(d);
+        return local;
+    };
+    const auto map_all = [&](const std::vector<DataId>& v) {
+        std::vector<DataId> r;
+        for (const DataId d : v) r.push_back(map(d));
+        return r;
+    };
+    for (const DataId d : f.inputs) map(d);
+    if (top)
+        for (const DataId d : p.initial()) map(d);  // unread initial data still take memory
+    const auto add = [&](OpId k) {
+        const Op& op = p.op(k);
+        const OpId local = b.add_op({op.name, op.time, op.overhead, map_all(op.reads), map_all(op.writes), op.exactly_once});
+        s.local_op.emplace(k.index, local);
+        s.global_op.push_back(k);
+    };
+    for (const OpId k : f.ops)
+        if (!p.op(k).exactly_once) add(k);
+    if (!top) {
+        std::vector<DataId> writes = map_all(f.output_grads);
+        if (writes.empty()) {
+            writes.push_back(b.add_data("(gradient of " + name + ")", 0));
+            s.global_data.push_back(std::nullopt);
+        }
+        s.boundary = b.add_op({"(rest after " + name + ")", 0.0, boundary_overhead, map_all(f.outputs), std::move(writes), true});
+        s.global_op.push_back(std::nullopt);
+    }
+    for (const OpId k : f.ops)
+        if (p.op(k).exactly_once) add(k);
+    if (top) {
+        for (const DataId d : p.initial()) b.add_initial(*s.local(d));
+        for (const DataId d : p.final_data()) b.add_final(map(d));
+        b.set_loss(s.local_op.at(p.loss()->index));
+    } else {
+        for (const DataId d : f.inputs) b.add_initial(map(d));
+        for (const DataId d : f.input_grads) b.add_final(map(d));
+        b.set_loss(*s.boundary);
+    }
+    s.problem = b.build();
+    return s;
+}
+
+/// A node's structure as numbers, for "equal up to renaming" (sizes included, times not).
+[[nodiscard]] inline std::vector<std::int64_t> structure_key(const Problem& q) {
+    std::vector<std::int64_t> key{static_cast<std::int64_t>(q.data_count())};
+    for (std::size_t d = 0; d < q.data_count(); ++d) {
+        key.push_back(q.data(DataId{d}).bytes);
+        key.push_back((q.is_initial(DataId{d}) ? 1 : 0) + (q.is_final(DataId{d}) ? 2 : 0));
+    }
+    key.push_back(static_cast<std::int64_t>(q.op_count()));
+    for (const Op& op : q.all_ops()) {
+        key.push_back(op.overhead);
+        key.push_back(op.exactly_once ? 1 : 0);
+        key.push_back(static_cast<std::int64_t>(op.reads.size()));
+        for (const DataId d : op.reads) key.push_back(static_cast<std::int64_t>(d.index));
+        key.push_back(static_cast<std::int64_t>(op.writes.size()));
+        for (const DataId d : op.writes) key.push_back(static_cast<std::int64_t>(d.index));
+    }
+    return key;
+}
+
+// ---------------------------------------------------------------- options
+
+/// One way to run a cluster: a forward and a backward sub-schedule in the whole problem's
+/// ids, with the costs its abstract unit charges (see the top of this header).
+struct Option {
+    Schedule forward, backward;
+    double forward_time = 0.0, backward_time = 0.0;
+    Bytes saved = 0;             ///< kept from the end of the forward to the backward, interface excluded
+    Bytes forward_overhead = 0;
+    Bytes backward_overhead = 0;
+    /// When the backward's peak is below its start state plus the input grads (it frees its
+    /// saved data while it writes them), the unit's backward is two ops: the first charges the
+    /// peak and lets go of all but `gradient_reserve` of the saved bytes, the second writes the
+    /// input grads in that reserve (see abstract_problem). 0: one op.
+    Bytes gradient_reserve = 0;
+    std::vector<DataId> forward_reads;   ///< inputs the forward reads
+    std::vector<DataId> backward_reads;  ///< inputs and outputs the backward reads
+    std::vector<DataId> held;            ///< the internal data the forward leaves live (its saved bytes)
+};
+
+/// Everything a parent needs of a cluster child.
+struct NodeOptions {
+    Interface interface;
+    Schedule fast;  ///< the outputs without autograd, nothing else left
+    double fast_time = 0.0;
+    Bytes fast_overhead = 0;
+    std::vector<DataId> fast_reads;
+    std::vector<Option> options;
+};
+
+[[nodiscard]] inline double time_of(const Problem& p, const Schedule& s) {
+    double t = 0.0;
+    for (const Step& step : s)
+        if (step.is_run()) t += p.op(step.op()).time;
+    return t;
+}
+
+// The interface data among `candidates` that the runs of `steps` read.
+[[nodiscard]] inline std::vector<DataId> read_among(const Problem& p, const Schedule& steps, const std::vector<DataId>& candidates) {
+    std::set<std::size_t> wanted;
+    for (const DataId d : candidates) wanted.insert(d.index);
+    std::set<std::size_t> found;
+    for (const Step& s : steps)
+        if (s.is_run())
+            for (const DataId d : p.op(s.op()).reads)
+                if (wanted.contains(d.index)) found.insert(d.index);
+    std::vector<DataId> out;
+    for (const std::size_t d : found) out.push_back(DataId{d});
+    return out;
+}
+
+/// The option of a complete real schedule of a node's sub-problem (local ids, the boundary
+/// run once): split at the boundary, interface frees dropped, costs from the simulator.
+/// nullopt when the schedule is not valid or runs a backward op before the boundary.
+[[nodiscard]] inline std::optional<Option> option_from(const Problem& p, const SubProblem& s, const Interface& f,
+                                                       const Schedule& local) {
+    std::set<std::size_t> kept;  // interface data an option never frees
+    for (const DataId d : f.outputs) kept.insert(s.local(d)->index);
+    for (const DataId d : f.output_grads) kept.insert(s.local(d)->index);
+    Schedule steps;
+    for (const Step& st : local)
+        if (!(st.is_free() && kept.contains(st.data().index))) steps.push_back(st);
+    const SimulationReport r = simulate(s.problem, steps);
+    if (!r.valid) return std::nullopt;
+    std::size_t k = 0;
+    while (k < steps.size() && !(steps[k].is_run() && steps[k].op() == *s.boundary)) ++k;
+    if (k == steps.size()) return std::nullopt;
+    Option o;
+    const auto global = [&](const Step& st) {
+        return st.is_run() ? Step::run(*s.global_op[st.op().index]) : Step::free(*s.global_data[st.data().index]);
+    };
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+        if (i == k) continue;
+        const Step& st = steps[i];
+        if (st.is_free() && !s.global_data[st.data().index]) continue;
+        if (i < k && st.is_run() && s.problem.op(st.op()).exactly_once) return std::nullopt;
+        (i < k ? o.forward : o.backward).push_back(global(st));
+    }
+    const Bytes at_boundary = k == 0 ? r.initial : r.timeline[k - 1].after;
+    Bytes forward_peak = r.initial;
+    for (std::size_t i = 0; i < k; ++i) forward_peak = std::max({forward_peak, r.timeline[i].during, r.timeline[i].after});
+    const Bytes grads_out = bytes_of(s.problem, s.problem.op(*s.boundary).writes);
+    Bytes backward_peak = at_boundary + grads_out;
+    for (std::size_t i = k + 1; i < steps.size(); ++i)
+        backward_peak = std::max({backward_peak, r.timeline[i].during, r.timeline[i].after});
+    o.forward_time = time_of(p, o.forward);
+    o.backward_time = time_of(p, o.backward);
+    o.saved = at_boundary - r.initial - bytes_of(p, f.outputs);
+    o.forward_overhead = forward_peak - at_boundary;
+    const Bytes grads_in = bytes_of(p, f.input_grads);
+    const Bytes whole = backward_peak - (at_boundary + grads_out + grads_in);
+    if (whole < 0) {
+        o.backward_overhead = backward_peak - (at_boundary + grads_out);
+        o.gradient_reserve = grads_in;
+    } else {
+        o.backward_overhead = std::max<Bytes>(0, whole);
+    }
+    if (o.saved < 0 || o.forward_overhead < 0) return std::nullopt;
+    o.forward_reads = read_among(p, o.forward, f.inputs);
+    {
+        std::vector<char> live(s.problem.data_count(), 0);
+        for (const DataId d : s.problem.initial()) live[d.index] = 1;
+        for (std::size_t i = 0; i < k; ++i) {
+            if (steps[i].is_run())
+                for (const DataId d : s.problem.op(steps[i].op()).writes) live[d.index] = 1;
+            else
+                live[steps[i].data().index] = 0;
+        }
+        std::set<std::size_t> interface_data;
+        for (const DataId d : f.inputs) interface_data.insert(d.index);
+        for (const DataId d : f.outputs) interface_data.insert(d.index);
+        for (std::size_t d = 0; d < live.size(); ++d)
+            if (live[d] && s.global_data[d] && !interface_data.contains(s.global_data[d]->index))
+                o.held.push_back(*s.global_data[d]);
+    }
+    std::vector<DataId> interface_data = f.inputs;
+    interface_data.insert(interface_data.end(), f.outputs.begin(), f.outputs.end());
+    o.backward_reads = read_among(p, o.backward, interface_data);
+    return o;
+}
+
+/// The node's outputs computed without autograd: for every data needed, the non-exactly-once
+/// writer that writes the fewest bytes (then the fastest), in an order the reads allow, each
+/// data freed after its last read (outputs kept). Local ids of the sub-problem.
+[[nodiscard]] inline Schedule fast_forward(const SubProblem& s, const Interface& f) {
+    const Problem& q = s.problem;
+    const auto written_bytes = [&](OpId k) { return bytes_of(q, q.op(k).writes); };
+    std::vector<char> chosen(q.op_count(), 0), needed(q.data_count(), 0), produced(q.data_count(), 0), target(q.data_count(), 0);
+    std::vector<DataId> pending;
+    for (const DataId d : f.outputs) {
+        const DataId local = *s.local(d);
+        target[local.index] = needed[local.index] = 1;
+        pending.push_back(local);
+    }
+    while (!pending.empty()) {
+        const DataId d = pending.back();
+        pending.pop_back();
+        if (q.is_initial(d) || produced[d.index]) continue;
+        std::optional<OpId> best;
+        for (const OpId w : q.writers(d)) {
+            if (q.op(w).exactly_once) continue;
+            if (!best || written_bytes(w) < written_bytes(*best) ||
+                (written_bytes(w) == written_bytes(*best) && q.op(w).time < q.op(*best).time))
+                best = w;
+        }
+        if (!best) throw SolverError("hrockmate: no forward op of '" + q.name() + "' writes '" + q.data(d).name + "'");
+        chosen[best->index] = 1;
+        for (const DataId w : q.op(*best).writes) produced[w.index] = 1;
+        for (const DataId r : q.op(*best).reads)
+            if (!needed[r.index]) {
+                needed[r.index] = 1;
+                pending.push_back(r);
+            }
+    }
+    std::vector<OpId> order;
+    std::vector<char> available(q.data_count(), 0), done(q.op_count(), 0);
+    for (const DataId d : q.initial()) available[d.index] = 1;
+    for (bool progress = true; progress;) {
+        progress = false;
+        for (std::size_t k = 0; k < q.op_count(); ++k) {
+            if (!chosen[k] || done[k]) continue;
+            const Op& op = q.op(OpId{k});
+            if (!std::all_of(op.reads.begin(), op.reads.end(), [&](DataId d) { return available[d.index] != 0; })) continue;
+            done[k] = 1;
+            order.push_back(OpId{k});
+            for (const DataId d : op.writes) available[d.index] = 1;
+            progress = true;
+        }
+    }
+    std::vector<std::size_t> last_read(q.data_count(), 0);
+    for (std::size_t i = 0; i < order.size(); ++i)
+        for (const DataId d : q.op(order[i]).reads) last_read[d.index] = i;
+    std::vector<char> live(q.data_count(), 0);
+    Schedule out;
+    for (std::size_t i = 0; i < order.size(); ++i) {
+        const Op& op = q.op(order[i]);
+        out.push_back(Step::run(order[i]));
+        for (const DataId d : op.writes) live[d.index] = 1;
+        std::vector<DataId> touched(op.reads);
+        touched.insert(touched.end(), op.writes.begin(), op.writes.end());
+        std::sort(touched.begin(), touched.end());
+        touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+        for (const DataId d : touched)
+            if (live[d.index] && !q.is_initial(d) && !target[d.index] && last_read[d.index] <= i) {
+                out.push_back(Step::free(d));
+                live[d.index] = 0;
+            }
+    }
+    return out;
+}
+
+/// The fast forward's costs in a node's options, from its local schedule.
+inline void set_fast(NodeOptions& node, const Problem& p, const SubProblem& s, const Schedule& local) {
+    const SimulationReport r = simulate(s.problem, local);  // exactly-once ops never run: ends "invalid"
+    if (r.timeline.size() != local.size())
+        throw SolverError("hrockmate: the fast forward of '" + s.problem.name() + "' is not runnable: " + r.error +
+                          " (this is a bug in the solver; please report it)");
+    Bytes peak = r.initial;
+    for (const TimelinePoint& t : r.timeline) peak = std::max({peak, t.during, t.after});
+    node.fast.clear();
+    for (const Step& st : local)
+        node.fast.push_back(st.is_run() ? Step::run(*s.global_op[st.op().index]) : Step::free(*s.global_data[st.data().index]));
+    node.fast_time = time_of(p, node.fast);
+    node.fast_overhead = std::max<Bytes>(0, peak - (r.initial + bytes_of(p, node.interface.outputs)));
+    node.fast_reads = read_among(p, node.fast, node.interface.inputs);
+}
+
+// ---------------------------------------------------------------- the abstract problem
+
+enum class UnitKind : unsigned char { real, fast, forward, backward, backward_end, boundary };
+
+/// What an op of the abstract problem stands for.
+struct AbstractOp {
+    UnitKind kind = UnitKind::real;
+    OpId real{};              ///< kind real: the op itself
+    std::size_t child = 0;    ///< fast, forward, backward: index into the children
+    std::size_t option = 0;   ///< forward, backward
+};
+
+struct AbstractProblem {
+    Problem problem = ProblemBuilder("unbuilt").build();
+    std::vector<AbstractOp> ops;
+    std::vector<std::optional<DataId>> global_data;  ///< none for phantoms and tokens
+    std::vector<std::vector<OpId>> choice_groups;
+    std::optional<OpId> boundary;
+};
+
+/// A child of the node being planned: an atom keeps its real ops; a cluster comes with the
+/// options it exported (at most `max_options` of them are offered).
+struct Child {
+    std::optional<std::vector<OpId>> real_ops;
+    const NodeOptions* options = nullptr;
+};
+
+[[nodiscard]] inline AbstractProblem abstract_problem(const Problem& p, const Interface& f, const std::vector<Child>& children,
+                                                      const std::vector<OpId>& top_ops, bool top, Bytes boundary_overhead,
+                                                      const std::string& name) {
+    AbstractProblem a;
+    ProblemBuilder b(name);
+    std::unordered_map<std::size_t, DataId> local;
+    const auto map = [&](DataId d) {
+        if (const auto it = local.find(d.index); it != local.end()) return it->second;
+        const DataId id = b.add_data(p.data(d).name, p.data(d).bytes);
+        local.emplace(d.index, id);
+        a.global_data.push_back(d);
+        return id;
+    };
+    const auto map_all = [&](const std::vector<DataId>& v) {
+        std::vector<DataId> r;
+        for (const DataId d : v) r.push_back(map(d));
+        return r;
+    };
+    const auto token = [&](const std::string& what, Bytes bytes) {
+        a.global_data.push_back(std::nullopt);
+        return b.add_data(what, bytes);
+    };
+    for (const DataId d : f.inputs) map(d);
+    if (top)
+        for (const DataId d : p.initial()) map(d);  // unread initial data still take memory
+    const auto add_real = [&](OpId k) {
+        const Op& op = p.op(k);
+        b.add_op({op.name, op.time, op.overhead, map_all(op.reads), map_all(op.writes), op.exactly_once});
+        a.ops.push_back({UnitKind::real, k, 0, 0});
+    };
+    // Forward units first, the boundary, then backward units: ids in a natural order.
+    std::vector<std::vector<DataId>> phantom_of(children.size());
+    std::map<std::pair<std::size_t, std::size_t>, DataId> reserve_of;
+    for (std::size_t c = 0; c < children.size(); ++c) {
+        const Child& child = children[c];
+        if (child.real_ops) {
+            for (const OpId k : *child.real_ops)
+                if (!p.op(k).exactly_once) add_real(k);
+            continue;
+        }
+        const NodeOptions& n = *child.options;
+        const std::string cname = name + "/" + std::to_string(c);
+        b.add_op({cname + ":fast", n.fast_time, n.fast_overhead, map_all(n.fast_reads), map_all(n.interface.outputs), false});
+        a.ops.push_back({UnitKind::fast, {}, c, 0});
+        for (std::size_t o = 0; o < n.options.size(); ++o) {
+            const Option& opt = n.options[o];
+            // A split backward (see Option::gradient_reserve) has its saved bytes in two parts:
+            // the first is released by the first backward op, the second (the reserve, at most
+            // the saved bytes, topped up by a token of the first op) is where the input grads go.
+            const Bytes reserve = std::min(opt.saved, opt.gradient_reserve);
+            const DataId phantom = token(cname + ":saved" + std::to_string(o), opt.saved - reserve);
+            phantom_of[c].push_back(phantom);
+            std::vector<DataId> writes = map_all(n.interface.outputs);
+            writes.push_back(phantom);
+            if (opt.gradient_reserve > 0) {
+                reserve_of[{c, o}] = token(cname + ":reserve" + std::to_string(o), reserve);
+                writes.push_back(reserve_of[{c, o}]);
+            }
+            b.add_op({cname + ":F" + std::to_string(o), opt.forward_time, opt.forward_overhead, map_all(opt.forward_reads),
+                      std::move(writes), false});
+            a.ops.push_back({UnitKind::forward, {}, c, o});
+        }
+    }
+    if (!top) {
+        std::vector<DataId> writes = map_all(f.output_grads);
+        if (writes.empty()) writes.push_back(token("(gradient of " + name + ")", 0));
+        a.boundary = b.add_op({"(rest after " + name + ")", 0.0, boundary_overhead, map_all(f.outputs), std::move(writes), true});
+        a.ops.push_back({UnitKind::boundary, {}, 0, 0});
+    } else {
+        for (const OpId k : top_ops) add_real(k);
+    }
+    std::vector<DataId> done_tokens;
+    for (std::size_t c = 0; c < children.size(); ++c) {
+        const Child& child = children[c];
+        if (child.real_ops) {
+            for (const OpId k : *child.real_ops)
+                if (p.op(k).exactly_once) add_real(k);
+            continue;
+        }
+        const NodeOptions& n = *child.options;
+        const std::string cname = name + "/" + std::to_string(c);
+        std::vector<DataId> writes = map_all(n.interface.input_grads);
+        if (writes.empty()) {
+            writes.push_back(token(cname + ":done", 0));
+            done_tokens.push_back(writes.back());
+        }
+        std::vector<OpId> group, second;
+        for (std::size_t o = 0; o < n.options.size(); ++o) {
+            const Option& opt = n.options[o];
+            std::vector<DataId> reads = map_all(n.interface.output_grads);
+            const std::vector<DataId> extra = map_all(opt.backward_reads);
+            reads.insert(reads.end(), extra.begin(), extra.end());
+            reads.push_back(phantom_of[c][o]);
+            const auto reserve = reserve_of.find({c, o});
+            if (reserve != reserve_of.end()) reads.push_back(reserve->second);
+            std::sort(reads.begin(), reads.end());
+            reads.erase(std::unique(reads.begin(), reads.end()), reads.end());
+            if (reserve == reserve_of.end()) {
+                group.push_back(b.add_op({cname + ":B" + std::to_string(o), opt.backward_time, opt.backward_overhead,
+                                          std::move(reads), writes, true}));
+                a.ops.push_back({UnitKind::backward, {}, c, o});
+                continue;
+            }
+            const Bytes topping = opt.gradient_reserve - std::min(opt.saved, opt.gradient_reserve);
+            const DataId handed = token(cname + ":handed" + std::to_string(o), topping);
+            group.push_back(b.add_op({cname + ":B" + std::to_string(o), opt.backward_time, opt.backward_overhead,
+                                      std::move(reads), {handed}, true}));
+            a.ops.push_back({UnitKind::backward, {}, c, o});
+            second.push_back(b.add_op({cname + ":B" + std::to_string(o) + "'", 0.0, 0, {reserve->second, handed}, writes, true}));
+            a.ops.push_back({UnitKind::backward_end, {}, c, o});
+        }
+        a.choice_groups.push_back(std::move(group));
+        if (!second.empty()) a.choice_groups.push_back(std::move(second));
+    }
+    if (top) {
+        for (const DataId d : p.initial()) b.add_initial(local.at(d.index));
+        for (const DataId d : p.final_data()) b.add_final(map(d));
+        b.set_loss(OpId{static_cast<std::size_t>(std::find_if(a.ops.begin(), a.ops.end(), [&](const AbstractOp& o) {
+                                                         return o.kind == UnitKind::real && o.real == *p.loss();
+                                                     }) - a.ops.begin())});
+    } else {
+        for (const DataId d : f.inputs) b.add_initial(map(d));
+        for (const DataId d : f.input_grads) b.add_final(map(d));
+        b.set_loss(*a.boundary);
+    }
+    for (const DataId d : done_tokens) b.add_final(d);
+    a.problem = b.build();
+    return a;
+}
+
+/// The real steps of an abstract schedule, in the whole problem's ids; the boundary (when
+/// there is one) stays as the single step `boundary_at` points at.
+struct Flattened {
+    Schedule steps;
+    std::optional<std::size_t> boundary_at;
+};
+
+/// Replaces each unit by its sub-schedule, keeping track of the real live data: a unit may
+/// run while an option of the same child holds its saved data (a fast forward recomputing
+/// the outputs, say), so a run whose writes are all live is skipped, and the data an option
+/// holds are not freed by another unit's steps; they go with that option's backward, or when
+/// the parent frees its phantom. `initially_live`: the whole problem's initial data at the
+/// top, the node's inputs in a cluster.
+[[nodiscard]] inline Flattened flatten(const Problem& p, const AbstractProblem& a, const std::vector<Child>& children,
+                                       const Schedule& abstract, const std::vector<DataId>& initially_live) {
+    Flattened out;
+    std::vector<char> live(p.data_count(), 0);
+    std::vector<int> held(p.data_count(), 0);
+    for (const DataId d : initially_live) live[d.index] = 1;
+    std::map<std::pair<std::size_t, std::size_t>, bool> holding;  // (child, option) → holds its saved data
+    std::map<std::size_t, std::pair<std::size_t, std::size_t>> phantom;  // abstract data → (child, option)
+    for (std::size_t k = 0; k < a.ops.size(); ++k)
+        if (a.ops[k].kind == UnitKind::forward)
+            for (const DataId d : a.problem.op(OpId{k}).writes)
+                if (!a.global_data[d.index]) phantom[d.index] = {a.ops[k].child, a.ops[k].option};  // saved and reserve
+    const auto run = [&](OpId k) {
+        const Op& op = p.op(k);
+        if (!op.exactly_once && std::all_of(op.writes.begin(), op.writes.end(), [&](DataId d) { return live[d.index] != 0; }))
+            return;
+        out.steps.push_back(Step::run(k));
+        for (const DataId d : op.writes) live[d.index] = 1;
+    };
+    const auto free = [&](DataId d) {
+        if (!live[d.index] || held[d.index] > 0) return;
+        out.steps.push_back(Step::free(d));
+        live[d.index] = 0;
+    };
+    const auto emit = [&](const Schedule& s) {
+        for (const Step& st : s) st.is_run() ? run(st.op()) : free(st.data());
+    };
+    const auto release = [&](std::size_t child, std::size_t option, bool free_them) {
+        auto it = holding.find({child, option});
+        if (it == holding.end() || !it->second) return;
+        it->second = false;
+        for (const DataId d : children[child].options->options[option].held) {
+            --held[d.index];
+            if (free_them) free(d);
+        }
+    };
+    for (const Step& st : abstract) {
+        if (st.is_free()) {
+            if (const auto d = a.global_data.at(st.data().index)) {
+                free(*d);
+            } else if (const auto it = phantom.find(st.data().index); it != phantom.end()) {
+                release(it->second.first, it->second.second, true);
+            }
+            continue;
+        }
+        const AbstractOp& op = a.ops.at(st.op().index);
+        switch (op.kind) {
+            case UnitKind::real: run(op.real); break;
+            case UnitKind::boundary:
+                out.boundary_at = out.steps.size();
+                out.steps.push_back(st);  // a placeholder; to_local maps it to the sub-problem's boundary
+                break;
+            case UnitKind::fast: emit(children[op.child].options->fast); break;
+            case UnitKind::forward: {
+                const Option& o = children[op.child].options->options[op.option];
+                emit(o.forward);
+                bool& holds = holding[{op.child, op.option}];
+                if (!holds)
+                    for (const DataId d : o.held) ++held[d.index];
+                holds = true;
+                break;
+            }
+            case UnitKind::backward:
+                release(op.child, op.option, false);
+                emit(children[op.child].options->options[op.option].backward);
+                break;
+            case UnitKind::backward_end: break;  // its real steps ran with the first backward op
+        }
+    }
+    return out;
+}
+
+/// The flattened steps in the sub-problem's local ids (the boundary placeholder becomes its
+/// boundary op). Frees of data the sub-problem does not have cannot occur: every flattened
+/// step touches data under the node.
+[[nodiscard]] inline Schedule to_local(const SubProblem& s, const Flattened& f) {
+    Schedule local;
+    for (std::size_t i = 0; i < f.steps.size(); ++i) {
+        const Step& st = f.steps[i];
+        if (f.boundary_at && i == *f.boundary_at) {
+            local.push_back(Step::run(*s.boundary));
+        } else if (st.is_run()) {
+            local.push_back(Step::run(s.local_op.at(st.op().index)));
+        } else if (const auto d = s.local(st.data())) {
+            local.push_back(Step::free(*d));
+        }
+    }
+    return local;
+}
+
+/// Options that another beats on time and on every memory term, and duplicates, removed;
+/// the rest sorted by total time.
+inline void prune(std::vector<Option>& options) {
+    const auto time = [](const Option& o) { return o.forward_time + o.backward_time; };
+    const auto no_worse = [&](const Option& x, const Option& y) {
+        const auto covers = [](const std::vector<DataId>& big, const std::vector<DataId>& small) {
+            return std::includes(big.begin(), big.end(), small.begin(), small.end());
+        };
+        return time(x) <= time(y) && x.saved <= y.saved && x.saved + x.forward_overhead <= y.saved + y.forward_overhead &&
+               x.saved + x.backward_overhead <= y.saved + y.backward_overhead && covers(y.backward_reads, x.backward_reads) &&
+               covers(y.forward_reads, x.forward_reads);
+    };
+    std::vector<Option> kept;
+    for (std::size_t i = 0; i < options.size(); ++i) {
+        bool beaten = false;
+        for (std::size_t j = 0; j < options.size() && !beaten; ++j)
+            if (i != j && no_worse(options[j], options[i])) beaten = !no_worse(options[i], options[j]) || j < i;
+        if (!beaten) kept.push_back(std::move(options[i]));
+    }
+    std::sort(kept.begin(), kept.end(), [&](const Option& x, const Option& y) {
+        return time(x) < time(y) || (time(x) == time(y) && x.saved < y.saved);
+    });
+    options = std::move(kept);
+}
+
+/// At most `count` options: the fastest, and the others spread evenly over the saved bytes
+/// from the most to the least (the one that keeps the least included).
+[[nodiscard]] inline std::vector<Option> spread(std::vector<Option> options, std::size_t count) {
+    if (options.size() <= count) return options;
+    const auto time = [](const Option& o) { return o.forward_time + o.backward_time; };
+    const auto fastest = std::min_element(options.begin(), options.end(),
+                                          [&](const Option& x, const Option& y) { return time(x) < time(y); });
+    std::vector<Option> out{std::move(*fastest)};
+    options.erase(fastest);
+    std::sort(options.begin(), options.end(), [](const Option& x, const Option& y) { return x.saved > y.saved; });
+    const std::size_t more = count - 1;
+    for (std::size_t i = 0; i < more; ++i) {
+        const std::size_t at = more == 1 ? options.size() - 1 : i * (options.size() - 1) / (more - 1);
+        out.push_back(options[at]);
+    }
+    return out;
+}
+
+}  // namespace remat::detail::hrockmate
+// ---- end remat/solvers/hierarchical/cluster.hpp ----
+
+namespace remat {
+
+struct HRockmateOptions {
+    HierarchyOptions hierarchy{};
+    /// Peak budgets per cluster, evenly from the least peak of its abstract problem to the
+    /// peak of its fastest schedule.
+    std::size_t peak_budgets = 4;
+    /// Saved budgets per peak budget, from the least the boundary needs to what the fastest
+    /// schedule keeps.
+    std::size_t saved_budgets = 4;
+    /// Options of a cluster its parent sees (Pareto-distinct, spread over the saved bytes).
+    std::size_t max_options = 5;
+    /// Limits of one search (one grid point of one cluster, or the top at the budget).
+    std::size_t max_states = 100000;
+    double search_time_limit_seconds = 1.0;
+    /// Limit of the grid of one cluster; the options found by then are kept.
+    double cluster_time_limit_seconds = 3.0;
+    /// Limit of the whole analysis: clusters still to plan get their store-all option only.
+    double time_limit_seconds = 40.0;
+    /// The top is searched at the budget times each of these factors: the options' costs are
+    /// upper bounds of what their steps use, so a plan made for a larger abstract budget often
+    /// still fits the real one (the simulator decides); the fastest that fits is kept.
+    std::vector<double> top_budget_factors{1.0, 1.05, 1.1, 1.2, 1.35, 1.5};
+    /// Limit of the top's searches at one budget, all factors together.
+    double top_time_limit_seconds = 2.0;
+    /// When the exact search of a cluster or the top hits its limits, the weighted search
+    /// (a schedule at most this many times slower than the abstract optimum) is tried.
+    double fallback_weight = 3.0;
+    /// Local improvement of every candidate plan (solvers/improve.hpp), at most this long each.
+    bool improve_plans = true;
+    ImproveOptions improve{0.5, 4096};
+    /// Problems of at most this many data are not partitioned: the top is the whole problem,
+    /// searched exactly (as the reference solves graphs of 40 nodes or fewer with one ILP).
+    std::size_t flat_up_to_data = 64;
+    /// Limits of that exact search (also run on partitioned problems of at most 128 data):
+    /// the state limit bounds its memory; the time limit is generous, so that the answer does
+    /// not depend on how loaded the machine is.
+    std::size_t flat_max_states = 2'000'000;
+    double flat_time_limit_seconds = 30.0;
+    /// Also plan with the greedy at the same budget and keep the faster plan.
+    bool compare_with_greedy = true;
+    /// The greedy used then: a portfolio of eviction scores, improved (greedy.hpp).
+    GreedyOptions greedy = default_greedy();
+    /// Also plan with Rockmate (rockmate.hpp) when the problem is a sequence of at least two
+    /// blocks of at most `rockmate_max_block_ops` ops each, and keep the faster plan.
+    bool use_rockmate = true;
+    std::size_t rockmate_max_block_ops = 64;
+    RockmateOptions rockmate = default_rockmate();
+
+    [[nodiscard]] static GreedyOptions default_greedy() {
+        GreedyOptions g;
+        g.portfolio_seconds = 1.0;
+        g.improve_seconds = 0.5;
+        return g;
+    }
+    [[nodiscard]] static RockmateOptions default_rockmate() {
+        RockmateOptions r;
+        r.block_time_limit_seconds = 5.0;
+        return r;
+    }
+    /// Called with a line per planned cluster and per solve.
+    std::function<void(const std::string&)> progress;
+};
+
+/// What H-Rockmate derives from a problem before the budget comes in.
+struct HRockmateModel {
+    Problem problem;
+    Hierarchy hierarchy;
+    /// Per node id: a cluster's interface and options (atoms: none).
+    std::vector<std::optional<detail::hrockmate::NodeOptions>> nodes;
+    detail::hrockmate::Interface top;
+    /// Rockmate's blocks and options, when the problem has a sequence of small blocks.
+    std::optional<RockmateModel> rockmate;
+    std::size_t unique_clusters = 0;
+    std::size_t searches = 0;
+    std::size_t failed_searches = 0;
+    double seconds = 0.0;
+};
+
+namespace detail::hrockmate {
+
+struct SearchLimits {
+    std::size_t max_states = 0;
+    double seconds = 0.0;
+    double weight = 1.0;
+};
+
+// What a search on an abstract problem ended with: a schedule, none at all (proven), or a
+// limit that stopped it.
+struct SearchOutcome {
+    std::optional<ExhaustiveSearch::Result> result;
+    bool stopped = false;
+};
+
+[[nodiscard]] inline SearchOutcome search_outcome(const AbstractProblem& a, SearchGoal goal, Bytes budget, SearchLimits limits) {
+    try {
+        ExhaustiveOptions o;
+        o.max_states = limits.max_states;
+        o.time_limit_seconds = limits.seconds;
+        o.weight = limits.weight;
+        const ExhaustiveSearch s(a.problem, o, a.choice_groups);
+        ExhaustiveSearch::Result r = s.run(goal, budget);
+        if (!r.found) return {};
+        return {std::move(r), false};
+    } catch (const Error&) {
+        return {std::nullopt, true};
+    }
+}
+
+// The exact search on an abstract problem; nullopt when no schedule fits or a limit stopped it.
+[[nodiscard]] inline std::optional<ExhaustiveSearch::Result> search(const AbstractProblem& a, SearchGoal goal, Bytes budget,
+                                                                    SearchLimits limits) {
+    return search_outcome(a, goal, budget, limits).result;
+}
+
+// The exact search, and when its limits stop it, the weighted search (bounded suboptimal,
+// far fewer states) with the same limits.
+[[nodiscard]] inline std::optional<ExhaustiveSearch::Result> search_or_weighted(const AbstractProblem& a, Bytes budget,
+                                                                                SearchLimits limits, double weight) {
+    SearchOutcome exact = search_outcome(a, SearchGoal::least_time, budget, limits);
+    if (exact.result || !exact.stopped || weight <= 1.0) return std::move(exact.result);
+    limits.weight = weight;
+    return search_outcome(a, SearchGoal::least_time, budget, limits).result;
+}
+
+// An abstract problem with only each cluster child's fastest option: a plain problem (no
+// choice group has two members), which store-all and the greedy can plan.
+[[nodiscard]] inline std::vector<Child> fastest_only(const std::vector<Child>& children,
+                                                     std::vector<NodeOptions>& storage) {
+    storage.clear();
+    storage.reserve(children.size());
+    std::vector<Child> out;
+    for (const Child& c : children) {
+        if (c.real_ops) {
+            out.push_back(c);
+            continue;
+        }
+        NodeOptions n = *c.options;
+        n.options.resize(std::min<std::size_t>(1, n.options.size()));
+        storage.push_back(std::move(n));
+        out.push_back(Child{std::nullopt, &storage.back()});
+    }
+    return out;
+}
+
+}  // namespace detail::hrockmate
+
+/// The H-Rockmate solver (see the top of this header).
+class HRockmate {
+public:
+    explicit HRockmate(HRockmateOptions options = {}) : options_(std::move(options)) {
+        if (options_.peak_budgets == 0 || options_.saved_budgets == 0 || options_.max_options == 0)
+            throw InvalidInput("hrockmate: peak_budgets, saved_budgets and max_options must be at least 1");
+        if (!(options_.search_time_limit_seconds > 0) || !(options_.cluster_time_limit_seconds > 0) ||
+            !(options_.time_limit_seconds > 0) || !(options_.top_time_limit_seconds > 0))
+            throw InvalidInput("hrockmate: time limits must be positive numbers of seconds");
+    }
+
+    [[nodiscard]] static constexpr std::string_view name() noexcept { return "hrockmate"; }
+    [[nodiscard]] const HRockmateOptions& options() const noexcept { return options_; }
+
+    /// The hierarchy and every cluster's options: everything that does not depend on the budget.
+    [[nodiscard]] HRockmateModel analyse(const Problem& problem) const {
+        const Stopwatch clock;
+        HierarchyOptions shape = options_.hierarchy;
+        if (problem.data_count() <= options_.flat_up_to_data) shape.max_children = problem.op_count() + 2;
+        HRockmateModel model{problem, partition_hierarchy(problem, shape), {}, {}, std::nullopt, 0, 0, 0, 0.0};
+        const Hierarchy& h = model.hierarchy;
+        const std::vector<char> gradient = detail::hrockmate::gradient_data(problem);
+        model.nodes.resize(h.node_count());
+        std::map<std::vector<std::int64_t>, std::size_t> planned;  // structure → node planned
+        for (std::size_t c = 0; c < h.clusters.size(); ++c) {
+            const std::size_t node = h.atoms.size() + c;
+            plan_cluster(model, node, gradient, planned, clock);
+        }
+        std::vector<OpId> top_ops = h.top_ops;
+        for (const std::size_t n : h.top) {
+            const auto ops = h.ops_of(n);
+            top_ops.insert(top_ops.end(), ops.begin(), ops.end());
+        }
+        model.top = detail::hrockmate::interface_of(problem, std::move(top_ops), gradient);
+        model.rockmate = rockmate_model(problem);
+        model.seconds = clock.seconds();
+        report("hrockmate: analysed '" + problem.name() + "': " + std::to_string(h.atoms.size()) + " atoms, " +
+               std::to_string(h.clusters.size()) + " clusters (" + std::to_string(model.unique_clusters) +
+               " planned, depth " + std::to_string(h.depth()) + "), " + std::to_string(model.searches) + " searches in " +
+               std::to_string(model.seconds) + " s");
+        return model;
+    }
+
+    [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
+        const Stopwatch clock;
+        Plan plan = solve(analyse(problem), budget);
+        plan.stats.solve_seconds = clock.seconds();
+        return plan;
+    }
+
+    /// Plans at `budget` with a model from analyse(): the hierarchy's plan, and with
+    /// compare_with_greedy the greedy's, each locally improved; the faster is returned, and its
+    /// stats name the component that made it.
+    [[nodiscard]] Plan solve(const HRockmateModel& model, Bytes budget) const {
+        const Stopwatch clock;
+        std::optional<Plan> best = solve_top(model, budget);
+        const auto consider = [&](std::optional<Plan> plan) {
+            if (plan && (!best || plan->time < best->time)) best = std::move(plan);
+        };
+        if (!model.hierarchy.clusters.empty()) consider(exact_plan(model.problem, budget));
+        if (options_.compare_with_greedy) consider(greedy_plan(model.problem, budget));
+        if (model.rockmate) consider(rockmate_plan(*model.rockmate, budget));
+        if (!best) throw infeasible(model, budget);
+        best->stats.solve_seconds = clock.seconds();
+        return *std::move(best);
+    }
+
+    /// The smallest budget H-Rockmate (hierarchy or greedy) plans for.
+    [[nodiscard]] Bytes smallest_budget(const HRockmateModel& model) const {
+        Bytes least = std::numeric_limits<Bytes>::max();
+        if (const auto top = top_search(model, detail::SearchGoal::least_peak, std::numeric_limits<Bytes>::max()))
+            least = top->peak;
+        if (options_.compare_with_greedy) least = std::min(least, Greedy{options_.greedy}.smallest_budget(model.problem));
+        if (model.rockmate) {
+            try {
+                least = std::min(least, Rockmate<>(options_.rockmate).smallest_budget(*model.rockmate));
+            } catch (const Error&) {
+            }
+        }
+        return least;
+    }
+
+private:
+    void report(const std::string& line) const {
+        if (options_.progress) options_.progress(line);
+    }
+
+    [[nodiscard]] detail::hrockmate::SearchLimits limits() const {
+        return {options_.max_states, options_.search_time_limit_seconds};
+    }
+
+    // Limits of a search at the top: an unpartitioned problem gets the flat limits; otherwise
+    // at most half of the top's time left (`left`), so that the weighted fallback has time too.
+    [[nodiscard]] detail::hrockmate::SearchLimits top_limits(bool flat, double left) const {
+        if (flat) return {options_.flat_max_states, options_.flat_time_limit_seconds};
+        detail::hrockmate::SearchLimits l = limits();
+        l.seconds = std::min(l.seconds, left / 2);
+        return l;
+    }
+
+    // The children of a node as the abstract problem takes them.
+    [[nodiscard]] static std::vector<detail::hrockmate::Child> children_of(const HRockmateModel& model,
+                                                                          const std::vector<std::size_t>& nodes) {
+        std::vector<detail::hrockmate::Child> children;
+        for (const std::size_t n : nodes) {
+            if (model.hierarchy.is_atom(n)) {
+                const Atom& a = model.hierarchy.atoms[n];
+                std::vector<OpId> ops = a.forward_ops;
+                ops.insert(ops.end(), a.backward_ops.begin(), a.backward_ops.end());
+                children.push_back({std::move(ops), nullptr});
+            } else {
+                children.push_back({std::nullopt, &*model.nodes[n]});
+            }
+        }
+        return children;
+    }
+
+    // ---------------------------------------------------------------- clusters
+
+    void plan_cluster(HRockmateModel& model, std::size_t node, const std::vector<char>& gradient,
+                      std::map<std::vector<std::int64_t>, std::size_t>& planned, const Stopwatch& analysis) const {
+        using namespace detail::hrockmate;
+        const Problem& p = model.problem;
+        const Hierarchy& h = model.hierarchy;
+        const Stopwatch clock;
+        const std::string name = p.name() + "/c" + std::to_string(node - h.atoms.size());
+        NodeOptions n;
+        n.interface = interface_of(p, h.ops_of(node), gradient);
+        const SubProblem sub = sub_problem(p, n.interface, false, 0, name);
+        set_fast(n, p, sub, fast_forward(sub, n.interface));
+        const std::vector<std::int64_t> key = structure_key(sub.problem);
+        std::string how;
+        if (const auto it = planned.find(key); it != planned.end()) {
+            n.options = translated(model, it->second, sub);
+            how = "as cluster " + std::to_string(it->second - h.atoms.size());
+        } else {
+            const std::vector<Child> children = children_of(model, h.cluster(node).children);
+            const bool in_time = analysis.seconds() < options_.time_limit_seconds;
+            n.options = in_time ? grid_options(model, n.interface, sub, children, name, clock) : std::vector<Option>{};
+            if (n.options.empty()) n.options = store_all_options(p, n.interface, sub, children, name);
+            planned.emplace(key, node);
+            ++model.unique_clusters;
+            how = std::to_string(n.options.size()) + " options";
+        }
+        prune(n.options);
+        n.options = spread(std::move(n.options), options_.max_options);
+        report("hrockmate: cluster " + std::to_string(node - h.atoms.size()) + " (" +
+               std::to_string(h.cluster(node).children.size()) + " children, " + std::to_string(n.interface.ops.size()) +
+               " ops): " + how + " in " + std::to_string(clock.seconds()) + " s");
+        model.nodes[node] = std::move(n);
+    }
+
+    // The options of an equal cluster, in this cluster's ids (same local numbering).
+    [[nodiscard]] static std::vector<detail::hrockmate::Option> translated(const HRockmateModel& model, std::size_t source,
+                                                                          const detail::hrockmate::SubProblem& sub) {
+        using namespace detail::hrockmate;
+        const Problem& p = model.problem;
+        const NodeOptions& from = *model.nodes[source];
+        const SubProblem other = sub_problem(p, from.interface, false, 0, "source");
+        const auto move = [&](const Schedule& s) {
+            Schedule out;
+            for (const Step& st : s) {
+                if (st.is_run())
+                    out.push_back(Step::run(*sub.global_op.at(other.local_op.at(st.op().index).index)));
+                else
+                    out.push_back(Step::free(*sub.global_data.at(other.local(st.data())->index)));
+            }
+            return out;
+        };
+        const auto move_data = [&](const std::vector<DataId>& v) {
+            std::vector<DataId> out;
+            for (const DataId d : v) out.push_back(*sub.global_data.at(other.local(d)->index));
+            std::sort(out.begin(), out.end());
+            return out;
+        };
+        std::vector<Option> options;
+        for (const Option& o : from.options) {
+            Option t = o;
+            t.forward = move(o.forward);
+            t.backward = move(o.backward);
+            t.forward_time = time_of(p, t.forward);
+            t.backward_time = time_of(p, t.backward);
+            t.forward_reads = move_data(o.forward_reads);
+            t.backward_reads = move_data(o.backward_reads);
+            t.held = move_data(o.held);
+            options.push_back(std::move(t));
+        }
+        return options;
+    }
+
+    // The option of an abstract schedule (or nothing when it does not check out).
+    [[nodiscard]] static std::optional<detail::hrockmate::Option> option_of(const Problem& p,
+                                                                           const detail::hrockmate::Interface& f,
+                                                                           const detail::hrockmate::SubProblem& sub,
+                                                                           const detail::hrockmate::AbstractProblem& a,
+                                                                           const std::vector<detail::hrockmate::Child>& children,
+                                                                           const Schedule& abstract) {
+        using namespace detail::hrockmate;
+        const Flattened flat = flatten(p, a, children, abstract, f.inputs);
+        return option_from(p, sub, f, to_local(sub, flat));
+    }
+
+    // Every child with its fastest option, in the order store-all chooses: the option that
+    // always exists.
+    [[nodiscard]] static std::vector<detail::hrockmate::Option> store_all_options(
+        const Problem& p, const detail::hrockmate::Interface& f, const detail::hrockmate::SubProblem& sub,
+        const std::vector<detail::hrockmate::Child>& children, const std::string& name) {
+        using namespace detail::hrockmate;
+        std::vector<NodeOptions> storage;
+        const std::vector<Child> single = fastest_only(children, storage);
+        const AbstractProblem a = abstract_problem(p, f, single, {}, false, 0, name);
+        const Reference ref = store_all_reference(a.problem);
+        std::vector<Option> out;
+        if (auto o = option_of(p, f, sub, a, single, ref.schedule)) out.push_back(std::move(*o));
+        if (out.empty())
+            throw SolverError("hrockmate: the store-all option of '" + name + "' does not check out (this is a bug in "
+                              "the solver; please report it with the problem file)");
+        return out;
+    }
+
+    // Options at a grid of (peak, saved) budgets, from the largest down, skipping points below
+    // an infeasible one (the feasible schedules shrink with both budgets). The peaks run from
+    // the least the greedy reaches on the abstract problem (each child with its fastest
+    // option: proving the least peak exactly is a search over every state) to the peak of the
+    // fastest schedule; a grid point the exact search cannot settle within its limits gets the
+    // greedy's plan there.
+    [[nodiscard]] std::vector<detail::hrockmate::Option> grid_options(HRockmateModel& model,
+                                                                    const detail::hrockmate::Interface& f,
+                                                                    const detail::hrockmate::SubProblem& sub,
+                                                                    const std::vector<detail::hrockmate::Child>& children,
+                                                                    const std::string& name, const Stopwatch& clock) const {
+        using namespace detail::hrockmate;
+        const Problem& p = model.problem;
+        const AbstractProblem base = abstract_problem(p, f, children, {}, false, 0, name);
+        if (base.problem.data_count() > 128) return {};
+        const Bytes unlimited = std::numeric_limits<Bytes>::max() / 4;
+        ++model.searches;
+        const auto fastest = search(base, detail::SearchGoal::least_time, unlimited, limits());
+        if (!fastest) {
+            ++model.failed_searches;
+            return {};
+        }
+        std::vector<Option> options;
+        if (auto o = option_of(p, f, sub, base, children, fastest->schedule)) options.push_back(std::move(*o));
+        std::vector<NodeOptions> storage;
+        const std::vector<Child> single = fastest_only(children, storage);
+        const Bytes peak_hi = fastest->peak;
+        const Bytes peak_lo = std::min(peak_hi, greedy_option(p, f, sub, single, name, 0, std::nullopt, options));
+        const Bytes floor_saved = bytes_of(p, f.inputs) + bytes_of(p, f.outputs) + bytes_of(p, f.output_grads);
+        const Bytes saved_hi = boundary_memory(base, fastest->schedule);
+        const auto step = [](Bytes lo, Bytes hi, std::size_t i, std::size_t count) {
+            return count <= 1 ? hi : lo + (hi - lo) * static_cast<Bytes>(i) / static_cast<Bytes>(count - 1);
+        };
+        std::vector<std::pair<Bytes, Bytes>> infeasible;
+        for (std::size_t i = options_.peak_budgets; i-- > 0;) {
+            const Bytes peak = step(peak_lo, peak_hi, i, options_.peak_budgets);
+            const Bytes top = std::min(peak, saved_hi);
+            for (std::size_t j = options_.saved_budgets; j-- > 0;) {
+                if (clock.seconds() > options_.cluster_time_limit_seconds) return options;
+                const Bytes saved = step(floor_saved, top, j, options_.saved_budgets);
+                if (saved < floor_saved) continue;
+                if (std::any_of(infeasible.begin(), infeasible.end(),
+                                [&](const auto& x) { return peak <= x.first && saved <= x.second; }))
+                    continue;
+                const AbstractProblem a = abstract_problem(p, f, children, {}, false, peak - saved, name);
+                ++model.searches;
+                if (const auto r = search(a, detail::SearchGoal::least_time, peak, limits())) {
+                    if (auto o = option_of(p, f, sub, a, children, r->schedule)) options.push_back(std::move(*o));
+                    continue;
+                }
+                ++model.failed_searches;
+                if (greedy_option(p, f, sub, single, name, peak - saved, peak, options) > peak)
+                    infeasible.emplace_back(peak, saved);
+            }
+        }
+        return options;
+    }
+
+    // The greedy on the abstract problem with each child's fastest option (boundary overhead
+    // `boundary`): at `budget`, or at the smallest budget it reaches when none is given. Adds
+    // the option it plans; returns the peak of that plan (above `budget` when it found none).
+    [[nodiscard]] static Bytes greedy_option(const Problem& p, const detail::hrockmate::Interface& f,
+                                             const detail::hrockmate::SubProblem& sub,
+                                             const std::vector<detail::hrockmate::Child>& single, const std::string& name,
+                                             Bytes boundary, std::optional<Bytes> budget,
+                                             std::vector<detail::hrockmate::Option>& options) {
+        using namespace detail::hrockmate;
+        const AbstractProblem a = abstract_problem(p, f, single, {}, false, boundary, name);
+        try {
+            const Greedy greedy;
+            const Bytes at = budget ? *budget : greedy.smallest_budget(a.problem);
+            const Plan plan = greedy.solve(a.problem, at);
+            if (auto o = option_of(p, f, sub, a, single, plan.schedule)) options.push_back(std::move(*o));
+            return plan.peak;
+        } catch (const Error&) {
+            return std::numeric_limits<Bytes>::max();
+        }
+    }
+
+    // Memory at the boundary in a schedule of the abstract problem (live data + its writes).
+    [[nodiscard]] static Bytes boundary_memory(const detail::hrockmate::AbstractProblem& a, const Schedule& s) {
+        const SimulationReport r = simulate(a.problem, s);
+        for (std::size_t i = 0; i < s.size() && i < r.timeline.size(); ++i)
+            if (s[i].is_run() && s[i].op() == *a.boundary) return r.timeline[i].during;
+        return r.peak;
+    }
+
+    // ---------------------------------------------------------------- the top
+
+    [[nodiscard]] std::optional<detail::ExhaustiveSearch::Result> top_search(const HRockmateModel& model,
+                                                                            detail::SearchGoal goal, Bytes budget) const {
+        using namespace detail::hrockmate;
+        const std::vector<Child> children = children_of(model, model.hierarchy.top);
+        const AbstractProblem a =
+            abstract_problem(model.problem, model.top, children, model.hierarchy.top_ops, true, 0, model.problem.name());
+        if (a.problem.data_count() > 128) return std::nullopt;
+        return search(a, goal, budget, top_limits(model.hierarchy.clusters.empty(), options_.top_time_limit_seconds));
+    }
+
+    // The top searched at the budget and at the larger abstract budgets of
+    // top_budget_factors; each flattened schedule is tidied, and the fastest that fits the
+    // real budget is improved and returned. Two misses in a row (a plan over the budget) end
+    // the climb.
+    [[nodiscard]] std::optional<Plan> solve_top(const HRockmateModel& model, Bytes budget) const {
+        using namespace detail::hrockmate;
+        const Stopwatch clock;
+        const std::vector<Child> children = children_of(model, model.hierarchy.top);
+        const AbstractProblem a =
+            abstract_problem(model.problem, model.top, children, model.hierarchy.top_ops, true, 0, model.problem.name());
+        std::optional<Schedule> best;
+        double best_time = 0.0;
+        std::size_t misses = 0;
+        const std::vector<DataId> initial(model.problem.initial().begin(), model.problem.initial().end());
+        const bool flat = model.hierarchy.clusters.empty();  // the abstract problem is the real one
+        const std::size_t factors = flat ? 1 : options_.top_budget_factors.size();
+        for (std::size_t i = 0; i < factors && misses < 2 && a.problem.data_count() <= 128; ++i) {
+            const double left = options_.top_time_limit_seconds - clock.seconds();
+            if (left <= 0 && !flat) break;
+            const double factor = flat ? 1.0 : options_.top_budget_factors[i];
+            const auto abstract_budget = static_cast<Bytes>(static_cast<double>(budget) * factor);
+            const auto r = search_or_weighted(a, abstract_budget, top_limits(flat, left), options_.fallback_weight);
+            if (!r) continue;
+            Schedule steps = tidy_schedule(model.problem, flatten(model.problem, a, children, r->schedule, initial).steps);
+            const SimulationReport sim = simulate(model.problem, steps);
+            if (!sim.fits(budget)) {
+                ++misses;
+                continue;
+            }
+            misses = 0;
+            if (!best || sim.time < best_time) {
+                best = std::move(steps);
+                best_time = sim.time;
+            }
+        }
+        std::optional<Plan> plan;
+        if (best) plan = finished(model.problem, *std::move(best), budget, "hierarchy");
+        report("hrockmate: top of '" + model.problem.name() + "' at " + std::to_string(budget) + " bytes: " +
+               (plan ? "plan of time " + std::to_string(plan->time) : std::string("no plan")) + " in " +
+               std::to_string(clock.seconds()) + " s");
+        return plan;
+    }
+
+    // Rockmate's blocks and options when the problem is a sequence of at least two blocks,
+    // each small enough for the exact block solver (rockmate_max_block_ops).
+    [[nodiscard]] std::optional<RockmateModel> rockmate_model(const Problem& problem) const {
+        if (!options_.use_rockmate) return std::nullopt;
+        try {
+            const BlockPartition part = partition_blocks(problem, options_.rockmate.partition);
+            if (part.blocks.size() < 2) return std::nullopt;
+            for (const Block& b : part.blocks)
+                if (b.forward_ops.size() + b.backward_ops.size() > options_.rockmate_max_block_ops) return std::nullopt;
+            const Stopwatch clock;
+            RockmateModel model = Rockmate<>(options_.rockmate).analyse(problem);
+            report("hrockmate: rockmate on " + std::to_string(model.blocks.size()) + " blocks in " +
+                   std::to_string(clock.seconds()) + " s");
+            return model;
+        } catch (const Error&) {
+            return std::nullopt;
+        }
+    }
+
+    // The exact search on the whole problem when it is small enough for it (at most 128 data)
+    // but was partitioned: within the flat limits, else nothing.
+    [[nodiscard]] std::optional<Plan> exact_plan(const Problem& problem, Bytes budget) const {
+        if (problem.data_count() > 128) return std::nullopt;
+        try {
+            ExhaustiveOptions o;
+            o.max_states = options_.flat_max_states;
+            o.time_limit_seconds = options_.flat_time_limit_seconds;
+            const detail::ExhaustiveSearch s(problem, o);
+            detail::ExhaustiveSearch::Result r = s.run(detail::SearchGoal::least_time, budget);
+            if (!r.found) return std::nullopt;
+            return finished(problem, std::move(r.schedule), budget, "exact");
+        } catch (const Error&) {
+            return std::nullopt;
+        }
+    }
+
+    // Rockmate's plan, improved; nullopt when it has none.
+    [[nodiscard]] std::optional<Plan> rockmate_plan(const RockmateModel& model, Bytes budget) const {
+        try {
+            Plan r = Rockmate<>(options_.rockmate).solve(model, budget);
+            return finished(model.problem, std::move(r.schedule), budget, "rockmate");
+        } catch (const Error&) {
+            return std::nullopt;
+        }
+    }
+
+    // The greedy's plan (the portfolio of HRockmateOptions::greedy), improved; nullopt when it
+    // fits no plan at this budget.
+    [[nodiscard]] std::optional<Plan> greedy_plan(const Problem& problem, Bytes budget) const {
+        try {
+            Plan g = Greedy{options_.greedy}.solve(problem, budget);
+            return finished(problem, std::move(g.schedule), budget, "greedy (" + g.stats.options + ")");
+        } catch (const Infeasible&) {
+            return std::nullopt;
+        }
+    }
+
+    // A candidate schedule that fits, locally improved when asked, as a checked plan whose
+    // stats name the component that made it.
+    [[nodiscard]] Plan finished(const Problem& problem, Schedule schedule, Bytes budget, const std::string& component) const {
+        if (options_.improve_plans) schedule = improve_schedule(problem, std::move(schedule), budget, options_.improve);
+        SolverStats stats{std::string(name()), 0.0, SolveStatus::feasible, std::nullopt,
+                          "component=" + component + (options_.improve_plans ? ", improved" : "")};
+        return make_checked_plan(problem, std::move(schedule), budget, std::move(stats));
+    }
+
+    [[nodiscard]] Infeasible infeasible(const HRockmateModel& model, Bytes budget) const {
+        const MemoryLowerBound bound = memory_lower_bound(model.problem);
+        const Bytes least = smallest_budget(model);
+        std::ostringstream m;
+        m << "hrockmate cannot plan '" << model.problem.name() << "' within " << budget << " bytes: ";
+        if (budget < bound.bytes)
+            m << "the budget is below a proven lower bound: every schedule needs at least " << bound.bytes << " bytes ("
+              << bound.reason << ")";
+        else
+            m << "the budget is above the proven lower bound of " << bound.bytes << " bytes (" << bound.reason
+              << ") but beyond what the hierarchy, the greedy" << (model.rockmate ? " and Rockmate" : "")
+              << " reach; an exact solver (checkmate) may plan it";
+        if (least != std::numeric_limits<Bytes>::max()) m << "; hrockmate's smallest budget is " << least << " bytes";
+        return Infeasible(m.str(), budget,
+                          least != std::numeric_limits<Bytes>::max() ? std::optional<Bytes>(least) : std::nullopt);
+    }
+
+    HRockmateOptions options_;
 };
 
 }  // namespace remat
-// ---- end remat/solvers/greedy.hpp ----
+// ---- end remat/solvers/hierarchical.hpp ----
 // ---- begin remat/exec/report.hpp ----
 // remat/exec/report.hpp — what one executed step cost, measured, next to what its plan
 // predicted (exec/executor.hpp fills it; every framework's executor reports the same way).

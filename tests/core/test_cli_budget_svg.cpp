@@ -7,6 +7,7 @@
 #include <remat/io/svg.hpp>
 #include <remat/remat.hpp>
 
+#include "../support/op_level_problems.hpp"
 #include "../support/remat_plan_in_process.hpp"
 
 #include <filesystem>
@@ -188,12 +189,12 @@ TEST_CASE("remat-plan prints a summary of the plan", "[cli]") {
     CHECK(r.code == 0);
     CHECK(r.err.empty());
     CHECK_THAT(r.out, Catch::Contains("tiny-chain: chain of 1 stage, 5 data, 4 ops; T_ref 3, P_ref 25088 B (24.5 KiB)"));
-    CHECK_THAT(r.out, Catch::Contains("solver    rotor: optimal"));
+    CHECK_THAT(r.out, Catch::Contains("solver    auto: optimal, chose rotor"));
     CHECK_THAT(r.out, Catch::Contains("time      3, overhead +0.0 % vs T_ref"));
     CHECK_THAT(r.out, Catch::Contains("peak      25088 B (24.5 KiB), 100.0 % of budget"));
     CHECK_THAT(r.out, Catch::Contains("schedule  6 steps (3 runs, 3 frees)"));
-    // Non-chains get store-all by default.
-    CHECK_THAT(cli({diamond(), "--budget", "47MiB"}).out, Catch::Contains("solver    store-all: heuristic"));
+    // Other problems get auto's choice too.
+    CHECK_THAT(cli({diamond(), "--budget", "47MiB"}).out, Catch::Contains("solver    auto: ") && Catch::Contains("chose "));
 }
 
 TEST_CASE("remat-plan --json prints exactly one line with the agreed fields", "[cli]") {
@@ -225,7 +226,7 @@ TEST_CASE("remat-plan exits 3 on an infeasible budget and names the smallest fea
     CHECK(line.at("feasible") == false);
     CHECK(line.at("time").is_null());
     CHECK(line.at("smallest_feasible") == 25088);
-    CHECK_THAT(r.err, Catch::Contains("the smallest feasible budget for rotor is 25088 B"));
+    CHECK_THAT(r.err, Catch::Contains("the smallest feasible budget for auto is 25088 B"));
     r = cli({diamond(), "--budget", "40MiB", "--solver", "exhaustive"});
     CHECK(r.code == 0);
     r = cli({diamond(), "--budget", "30MiB", "--solver", "exhaustive"});
@@ -334,9 +335,88 @@ TEST_CASE("remat-plan --sweep plans budgets from the smallest feasible one to P_
     CHECK(line.at("sweep")[2].at("time") == 19.5);
 
     // A solver that does not say its smallest budget is bisected: store-all's is P_ref.
-    r = cli({diamond(), "--sweep", "2", "--budget", "100%", "--json"});
+    r = cli({diamond(), "--sweep", "2", "--budget", "100%", "--json", "--solver", "store-all"});
     CHECK(r.code == 0);
     CHECK(nlohmann::json::parse(r.out).at("smallest_feasible") == 49283072);
+}
+
+TEST_CASE("remat-plan --solver hrockmate plans any graph, with options", "[cli][hierarchical]") {
+    const auto problem = remat::io::load_problem(problems / "residual-block.problem.json");
+    const remat::Reference ref = remat::store_all_reference(problem);
+    const std::string file = (problems / "residual-block.problem.json").string();
+    auto r = cli({file, "--budget", "100%", "--json", "--solver", "hrockmate"});
+    CHECK(r.code == 0);
+    auto line = nlohmann::json::parse(r.out);
+    CHECK(line.at("solver") == "hrockmate");
+    CHECK(line.at("time") == Approx(ref.time));
+    r = cli({file, "--budget", "80%", "--solver", "hrockmate:children=3,grid=2,options=3", "--quiet"});
+    CHECK(r.code == 0);
+    CHECK_THAT(r.out, Catch::Contains("component="));
+    CHECK(r.err.empty());
+    r = cli({file, "--budget", "80%", "--solver", "hrockmate:frobnicate"});
+    CHECK(r.code == 2);
+    CHECK_THAT(r.err, Catch::Contains("unknown option 'frobnicate'") && Catch::Contains("children=N"));
+    r = cli({file, "--budget", "80%", "--solver", "hrockmate:grid=0"});
+    CHECK(r.code == 2);
+    r = cli({file, "--sweep", "3", "--solver", "hrockmate", "--json"});
+    CHECK(r.code == 0);
+    CHECK(nlohmann::json::parse(r.out).at("sweep").size() == 3);
+}
+
+TEST_CASE("remat-plan --solver auto: rotor for chains, a block or hierarchy solver otherwise", "[cli][hierarchical]") {
+    CHECK_THAT(cli({tiny_chain(), "--budget", "100%", "--solver", "auto"}).out, Catch::Contains("chose rotor"));
+    CHECK(remat::cli::auto_choice(remat::io::load_problem(tiny_chain())) == "rotor");
+    remat::testing::UNetShape u;
+    u.levels = 3;
+    u.convs = 2;
+    CHECK(remat::cli::auto_choice(remat::testing::unet_like(u)) == "hrockmate");
+    remat::testing::TransformerShape t;
+    t.layers = 3;
+    t.tokens = 16;
+    t.width = 32;
+    CHECK(remat::cli::auto_choice(remat::testing::transformer_like(t)) == "rockmate");
+    const auto r = cli({diamond(), "--budget", "80%"});
+    CHECK(r.code == 0);
+    CHECK_THAT(r.out, Catch::Contains("solver    auto: ") && Catch::Contains("chose "));
+    CHECK_THAT(cli({"--help"}).out, Catch::Contains("hrockmate:OPTIONS") && Catch::Contains("auto") &&
+                                        Catch::Contains("--quiet") && Catch::Contains("default: auto"));
+}
+
+TEST_CASE("remat-plan says whether an infeasible budget is below a proven bound or beyond reach", "[cli][hierarchical]") {
+    const auto problem = remat::io::load_problem(problems / "diamond.problem.json");
+    const remat::MemoryLowerBound bound = remat::memory_lower_bound(problem);
+    // Below the bound: no solver can.
+    auto r = cli({diamond(), "--budget", std::to_string(bound.bytes - 1)});
+    CHECK(r.code == 3);
+    CHECK_THAT(r.err, Catch::Contains("below a proven lower bound") && Catch::Contains(bound.reason));
+    // Above it, but below what the plain DTR rule reaches: only beyond that solver's reach;
+    // the greedy with both rules (or the exact search) may reach lower.
+    remat::GreedyOptions dtr;
+    dtr.eviction = remat::GreedyEviction::dtr;
+    const Bytes smallest = remat::Greedy(dtr).smallest_budget(problem);
+    if (smallest - 1 >= bound.bytes) {
+        r = cli({diamond(), "--budget", std::to_string(smallest - 1), "--solver", "greedy:dtr"});
+        CHECK(r.code == 3);
+        CHECK_THAT(r.err, Catch::Contains("above the proven lower bound") &&
+                              Catch::Contains("only beyond the reach of greedy:dtr"));
+    }
+    r = cli({diamond(), "--budget", "38797311", "--solver", "exhaustive"});  // one byte below the least peak
+    CHECK(r.code == 3);
+    CHECK_THAT(r.err, Catch::Contains("above the proven lower bound") || Catch::Contains("below a proven lower bound"));
+    // auto's own message names what it tried.
+    r = cli({diamond(), "--budget", std::to_string(bound.bytes - 1), "--solver", "auto", "--quiet"});
+    CHECK_THAT(r.err, Catch::Contains("auto: no plan of 'diamond'") && Catch::Contains("below a proven lower bound"));
+}
+
+TEST_CASE("remat-plan progress lines carry the elapsed time", "[cli][hierarchical]") {
+    std::ostringstream err;
+    const auto print = remat::cli::detail::progress_printer(err, 0.0);
+    print("hrockmate: cluster 3 planned");
+    CHECK_THAT(err.str(), Catch::Contains("remat-plan: [") && Catch::Contains(" s] hrockmate: cluster 3 planned"));
+    std::ostringstream quiet;
+    const auto rare = remat::cli::detail::progress_printer(quiet, 3600.0);
+    rare("not yet");
+    CHECK(quiet.str().empty());
 }
 
 // ------------------------------------------------------------------ the bundled examples

@@ -13,6 +13,7 @@
 #include <remat/milp/cbc.hpp>
 #endif
 
+#include "../support/op_level_problems.hpp"
 #include "../support/random_problems.hpp"
 
 using namespace remat;
@@ -196,7 +197,9 @@ TEST_CASE("the skip connection needs one pass without exactly-once op, which the
     CHECK(smallest == 330);
     CheckmateOptions one_sweep = exact_options();
     one_sweep.extra_passes = 0;
-    CHECK_THROWS_AS(Checkmate<milp::LpSolve>(one_sweep).solve(p, smallest), Infeasible);
+    // The one-sweep MILP has no schedule there: what comes back is the greedy baseline.
+    const Plan baseline = Checkmate<milp::LpSolve>(one_sweep).solve(p, smallest);
+    CHECK_THAT(baseline.stats.options, Catch::Contains("returned=greedy") && Catch::Contains("the MILP found no schedule"));
     const Plan plan = Checkmate<milp::LpSolve>(exact_options()).solve(p, smallest);
     CHECK(plan.time == 9.0);
     CHECK(plan.stats.status == SolveStatus::optimal);
@@ -284,6 +287,50 @@ TEST_CASE("Checkmate equals exhaustive search on DAGs of 7 and 8 forward ops", "
             const Plan plan = checkmate.solve(p, budget);
             CHECK(plan.time == Approx(exhaustive.solve(p, budget).time).epsilon(1e-9));
             CHECK(plan.stats.status == SolveStatus::optimal);
+        }
+    }
+}
+
+TEST_CASE("Checkmate honours its time limit on a 400-op graph and returns the best known schedule", "[checkmate][time-limit]") {
+    // CBC does not stop inside its root LP and cut loop: without the hard deadline of
+    // milp/cbc.hpp, a Checkmate model of this size ran several times past its limit.
+    testing::EncoderDecoderShape shape;
+    shape.encoder = 4;
+    shape.decoder = 3;  // about 400 ops
+    const Problem p = testing::encoder_decoder_like(shape, "encdec-400");
+    REQUIRE(p.op_count() >= 350);
+    const Reference ref = store_all_reference(p);
+    const Bytes budget = percent_of(ref.peak, 50);
+    CheckmateOptions o;
+    o.time_limit_seconds = 8.0;
+    const Stopwatch clock;
+    const Plan plan = Checkmate<Fast>(o).solve(p, budget);
+    const double seconds = clock.seconds();
+    INFO(plan.stats.options);
+    CHECK(seconds <= 1.2 * o.time_limit_seconds + 3.0);  // the greedy baseline and model building included
+    CHECK(simulate(p, plan.schedule).fits(budget));
+    CHECK(plan.time <= Greedy{}.solve(p, budget).time);  // never worse than the greedy it starts from
+}
+
+TEST_CASE("Checkmate's memory cap: a model beyond it is not built", "[checkmate][memory]") {
+    testing::EncoderDecoderShape shape;
+    shape.encoder = shape.decoder = 1;
+    const Problem p = testing::encoder_decoder_like(shape, "encdec-120");
+    const Reference ref = store_all_reference(p);
+    CheckmateOptions o;
+    o.max_run_variables = 1000;
+    const Bytes budget = percent_of(ref.peak, 60);
+    const Plan plan = Checkmate<Fast>(o).solve(p, budget);
+    CHECK_THAT(plan.stats.options, Catch::Contains("memory cap") && Catch::Contains("returned=greedy"));
+    CHECK(simulate(p, plan.schedule).fits(budget));
+    // Below what any baseline fits, the cap is a clear error.
+    const Bytes tight = memory_lower_bound(p).bytes;
+    if (tight < Greedy{}.smallest_budget(p)) {
+        try {
+            (void)Checkmate<Fast>(o).solve(p, tight);
+            FAIL("planned beyond the memory cap without a baseline");
+        } catch (const SolverError& e) {
+            CHECK_THAT(e.what(), Catch::Contains("max_run_variables"));
         }
     }
 }

@@ -74,6 +74,7 @@
 #include "../milp/backend.hpp"
 #include "../milp/model.hpp"
 #include "exhaustive.hpp"
+#include "greedy.hpp"
 #include "periodic.hpp"
 #include "rotor.hpp"
 #include "store_all.hpp"
@@ -104,6 +105,11 @@ struct CheckmateOptions {
     bool exhaustive_first = true;
     /// Print the model size and the MILP outcome on stderr.
     bool progress = false;
+    /// Memory cap: a model with more run variables R[t,k] than this is not built (its rows and
+    /// the backend's copy would take gigabytes); the best known schedule (the baselines and
+    /// the greedy's) is returned instead, and without one the solve fails with SolverError.
+    /// Two million run variables are about 1-2 GB in CBC.
+    std::size_t max_run_variables = 2'000'000;
 };
 
 /// Size of the integer program Checkmate builds for a problem and budget.
@@ -916,7 +922,10 @@ public:
         if (budget < a.lower_bound) throw_infeasible(problem, a, budget, start, a.lower_bound_reason);
 
         std::optional<Baseline> base = best_baseline(problem, a, budget);
-        Formulation f(problem, a, make_layout(problem, a, pre_passes(problem)), budget);
+        Layout layout = make_layout(problem, a, pre_passes(problem));
+        if (const std::size_t runs = run_variables(layout); runs > options_.max_run_variables)
+            return beyond_cap(problem, budget, base, runs, start);
+        Formulation f(problem, a, std::move(layout), budget);
         if (options_.lp_rounding) return solve_by_rounding(problem, a, f, budget, base, start);
         if (!base && options_.warm_start && !f.infeasible()) {
             // No baseline fits: a few roundings of the LP relaxation usually give a good
@@ -969,14 +978,18 @@ public:
                 time = check.time;
             }
         }
+        std::string returned;
         if (base && base->time < time) {
             schedule = base->schedule;
             time = base->time;
+            returned = " returned=" + base->from +
+                       (r.has_solution() ? "" : " (the MILP found no schedule within the time limit; this is the best known one)");
         }
         if (!schedule)
             throw SolverError("checkmate: the time limit of " + std::to_string(options_.time_limit_seconds) +
                               " s ran out before any schedule of '" + problem.name() + "' within " +
                               std::to_string(budget) + " bytes was found; raise the time limit or use lp_rounding");
+        stats.options += returned;
         const double bound = r.status == milp::Status::optimal ? r.objective : r.best_bound;
         if (r.status == milp::Status::optimal && time <= r.objective + 1e-9 * std::max(1.0, std::abs(time))) {
             stats.status = SolveStatus::optimal;
@@ -1011,6 +1024,25 @@ private:
         std::string from;
     };
 
+    [[nodiscard]] static std::size_t run_variables(const detail::checkmate::Layout& layout) {
+        return static_cast<std::size_t>(std::count(layout.allowed.begin(), layout.allowed.end(), char{1}));
+    }
+
+    // The model would pass the memory cap: the best known schedule, or a clear error.
+    [[nodiscard]] Plan beyond_cap(const Problem& problem, Bytes budget, const std::optional<Baseline>& base,
+                                  std::size_t runs, std::chrono::steady_clock::time_point start) const {
+        const std::string why = "the MILP would have " + std::to_string(runs) + " run variables, above max_run_variables = " +
+                                std::to_string(options_.max_run_variables) + " (the memory cap)";
+        if (!base)
+            throw SolverError("checkmate: " + why + " for '" + problem.name() + "' and no baseline fits " +
+                              std::to_string(budget) + " bytes; raise the cap or use hrockmate or greedy");
+        if (options_.progress) std::clog << "checkmate: " << why << "; returning the " << base->from << " schedule" << std::endl;
+        SolverStats stats{std::string(name()), 0.0, SolveStatus::feasible, std::nullopt,
+                          "backend=" + std::string(backend_.name()) + " " + why + "; returned=" + base->from};
+        stats.solve_seconds = seconds_since(start);
+        return make_checked_plan(problem, base->schedule, budget, std::move(stats));
+    }
+
     [[nodiscard]] std::size_t pre_passes(const Problem& problem) const {
         if (options_.extra_passes) return *options_.extra_passes;
         return as_chain(problem) ? 0 : 1;
@@ -1031,6 +1063,12 @@ private:
         };
         try {
             consider(store_all_reference(problem).schedule, "store-all");
+        } catch (const Error&) {
+        }
+        try {
+            GreedyOptions g;
+            g.improve_seconds = std::min(1.0, 0.02 * options_.time_limit_seconds);
+            consider(Greedy(g).solve(problem, budget).schedule, "greedy");
         } catch (const Error&) {
         }
         if (const auto chain = as_chain(problem)) {

@@ -22,6 +22,12 @@
 //    are tried and the faster plan that fits is kept.
 //  - Data never read again are freed at once, as store-all frees them; what is not final is
 //    freed at the end.
+// Portfolio (GreedyOptions::portfolio_seconds > 0): further replays with other eviction scores
+// — DTR's h with the bytes and the staleness raised to other powers (Kirisame et al. weigh
+// such variants of h), other neighbourhood depths, then random multiplicative noise on h
+// (randomised tie-breaking) — until the time is spent; with `improve`, the fastest plans are
+// locally improved (solvers/improve.hpp). The fastest plan that fits is kept. Off by
+// default: Greedy{} is the plain rule.
 // At a budget of at least P_ref nothing is evicted and the plan is store-all's. Below what it
 // can fit, Greedy throws Infeasible with the smallest budget it fits, found by bisection
 // between the proven lower bound of core/bounds.hpp and P_ref (a greedy is not monotone in the
@@ -34,6 +40,8 @@
 #include <cstddef>
 #include <limits>
 #include <optional>
+#include <random>
+#include <cmath>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -47,6 +55,7 @@
 #include "../core/solver.hpp"
 #include "../core/timing.hpp"
 #include "../graph/production.hpp"
+#include "improve.hpp"
 #include "store_all.hpp"
 
 namespace remat {
@@ -74,6 +83,23 @@ struct GreedyOptions {
     /// neighbourhood), for the dtr rule and for choosing among alternative writers. 0 counts
     /// the writer alone; deeper is more precise on long evicted chains and slower.
     std::size_t neighbourhood_depth = 4;
+    /// Seconds spent on the portfolio of further replays described above; 0 turns it off.
+    double portfolio_seconds = 0.0;
+    /// Seed of the portfolio's random noise (a solve is deterministic for a given seed and
+    /// number of replays; the time limit decides how many run).
+    std::uint64_t seed = 0x5eedULL;
+    /// Locally improve the fastest plans (solvers/improve.hpp) within this many seconds; 0: off.
+    double improve_seconds = 0.0;
+};
+
+/// One eviction score of the dtr rule: cost / (bytes^bytes_power × staleness^staleness_power),
+/// times exp(noise × a standard normal draw) when noise > 0.
+struct GreedyScore {
+    double bytes_power = 1.0;
+    double staleness_power = 1.0;
+    double noise = 0.0;
+    std::uint64_t seed = 0;
+    std::size_t depth = 4;
 };
 
 namespace detail::greedy {
@@ -106,13 +132,15 @@ struct Outcome {
     Schedule schedule;
     double time = 0.0;
     GreedyEviction rule = GreedyEviction::dtr;
+    std::string variant;  // the portfolio's score, when not the plain rule
 };
 
 // One replay of the order at one budget with one eviction rule.
 class Replay {
 public:
-    Replay(const Problem& problem, const Analysis& analysis, Bytes budget, GreedyEviction rule, std::size_t depth)
-        : p_(problem), a_(analysis), budget_(budget), rule_(rule), depth_(depth), live_(problem.data_count(), 0),
+    Replay(const Problem& problem, const Analysis& analysis, Bytes budget, GreedyEviction rule, const GreedyScore& score)
+        : p_(problem), a_(analysis), budget_(budget), rule_(rule), depth_(score.depth), score_(score), rng_(score.seed),
+          live_(problem.data_count(), 0),
           live_at_(problem.data_count(), nowhere), pins_(problem.data_count(), 0),
           last_use_(problem.data_count(), 0), next_read_(problem.data_count(), 0),
           memo_(problem.data_count(), 0.0), memo_stamp_(problem.data_count(), 0) {
@@ -134,7 +162,7 @@ public:
             if (!make_live(d)) return std::nullopt;
         for (std::size_t d = 0; d < live_.size(); ++d)
             if (live_[d] && !p_.is_initial(DataId{d}) && !p_.is_final(DataId{d})) drop(DataId{d});
-        return Outcome{std::move(schedule_), time_, rule_};
+        return Outcome{std::move(schedule_), time_, rule_, {}};
     }
 
 private:
@@ -274,8 +302,7 @@ private:
                 const std::size_t next = next_read(d);
                 score = next == nowhere ? -std::numeric_limits<double>::infinity() : -static_cast<double>(next);
             } else {
-                const auto staleness = static_cast<double>(step_ - last_use_[d.index] + 1);
-                score = eviction_cost(d) / (static_cast<double>(bytes) * staleness);
+                score = dtr_score(d, bytes);
             }
             if (!best || score < best_score || (score == best_score && bytes > p_.data(*best).bytes) ||
                 (score == best_score && bytes == p_.data(*best).bytes && d < *best)) {
@@ -284,6 +311,17 @@ private:
             }
         }
         return best;
+    }
+
+    // DTR's h, or the variant the score asks for.
+    [[nodiscard]] double dtr_score(DataId d, Bytes bytes) {
+        const auto staleness = static_cast<double>(step_ - last_use_[d.index] + 1);
+        const auto size = static_cast<double>(bytes);
+        double score = score_.bytes_power == 1.0 && score_.staleness_power == 1.0
+                           ? eviction_cost(d) / (size * staleness)
+                           : eviction_cost(d) / (std::pow(size, score_.bytes_power) * std::pow(staleness, score_.staleness_power));
+        if (score_.noise > 0) score *= std::exp(score_.noise * normal_(rng_));
+        return score;
     }
 
     void emit_run(OpId k) {
@@ -331,6 +369,9 @@ private:
     Bytes budget_;
     GreedyEviction rule_;
     std::size_t depth_;
+    GreedyScore score_;
+    std::mt19937_64 rng_;
+    std::normal_distribution<double> normal_{0.0, 1.0};
     std::vector<char> live_;
     std::vector<DataId> live_list_;      // live data that are not initial
     std::vector<std::size_t> live_at_;   // per data: index in live_list_, or nowhere
@@ -353,7 +394,10 @@ private:
 /// The greedy planner described above; models remat::Solver.
 class Greedy {
 public:
-    explicit Greedy(GreedyOptions options = {}) : options_(options) {}
+    explicit Greedy(GreedyOptions options = {}) : options_(options) {
+        if (!(options_.portfolio_seconds >= 0) || !(options_.improve_seconds >= 0))
+            throw InvalidInput("greedy: portfolio_seconds and improve_seconds must be non-negative numbers of seconds");
+    }
 
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "greedy"; }
     [[nodiscard]] const GreedyOptions& options() const noexcept { return options_; }
@@ -374,7 +418,7 @@ public:
         }
         SolverStats stats{std::string(name()), 0.0, SolveStatus::heuristic, std::nullopt,
                           "eviction=" + std::string(to_string(best->rule)) +
-                              " depth=" + std::to_string(options_.neighbourhood_depth) + note};
+                              " depth=" + std::to_string(options_.neighbourhood_depth) + best->variant + note};
         stats.solve_seconds = clock.seconds();
         return make_checked_plan(problem, std::move(best->schedule), budget, std::move(stats));
     }
@@ -391,20 +435,76 @@ private:
         return {options_.eviction};
     }
 
-    // The fastest plan of the rules that fits the budget (ties: the first rule).
+    [[nodiscard]] GreedyScore plain_score() const {
+        GreedyScore score;
+        score.depth = options_.neighbourhood_depth;
+        return score;
+    }
+
+    // The fastest plan of the rules that fits the budget (ties: the first rule), then of the
+    // portfolio's replays, improved when asked.
     [[nodiscard]] std::optional<detail::greedy::Outcome> plan(const Problem& problem, const detail::greedy::Analysis& a,
                                                               Bytes budget) const {
-        std::optional<detail::greedy::Outcome> best;
-        for (const GreedyEviction rule : rules()) {
-            auto outcome = detail::greedy::Replay(problem, a, budget, rule, options_.neighbourhood_depth).run();
-            if (outcome && (!best || outcome->time < best->time)) best = std::move(outcome);
+        const Stopwatch clock;
+        std::vector<detail::greedy::Outcome> found;
+        for (const GreedyEviction rule : rules())
+            if (auto outcome = detail::greedy::Replay(problem, a, budget, rule, plain_score()).run())
+                keep_fastest(found, std::move(*outcome));
+        if (options_.portfolio_seconds > 0) portfolio(problem, a, budget, clock, found);
+        if (found.empty()) return std::nullopt;
+        if (options_.improve_seconds > 0) improve(problem, budget, found);
+        return std::move(found.front());
+    }
+
+    // Replays with the scores of the portfolio (see the top of this header) until its time is
+    // spent: the grid of powers and depths first, then noisy replays of DTR's h.
+    void portfolio(const Problem& problem, const detail::greedy::Analysis& a, Bytes budget, const Stopwatch& clock,
+                   std::vector<detail::greedy::Outcome>& found) const {
+        std::vector<GreedyScore> grid;
+        for (const double bytes_power : {0.5, 1.0, 1.5, 2.0})
+            for (const double staleness_power : {0.0, 0.5, 1.0, 2.0})
+                for (const std::size_t depth : {std::size_t{0}, options_.neighbourhood_depth})
+                    if (bytes_power != 1.0 || staleness_power != 1.0 || depth != options_.neighbourhood_depth)
+                        grid.push_back({bytes_power, staleness_power, 0.0, 0, depth});
+        for (std::uint64_t i = 0; clock.seconds() < options_.portfolio_seconds; ++i) {
+            const std::uint64_t noisy = i - std::min<std::uint64_t>(i, grid.size());
+            const GreedyScore score = i < grid.size() ? grid[i]
+                                                      : GreedyScore{1.0, 1.0, noisy % 2 == 0 ? 0.3 : 1.0, options_.seed + noisy,
+                                                                    options_.neighbourhood_depth};
+            auto outcome = detail::greedy::Replay(problem, a, budget, GreedyEviction::dtr, score).run();
+            if (!outcome) continue;
+            outcome->variant = " bytes^" + std::to_string(score.bytes_power) + " staleness^" +
+                               std::to_string(score.staleness_power) + " depth " + std::to_string(score.depth) +
+                               (score.noise > 0 ? " noise " + std::to_string(score.noise) + " seed " + std::to_string(score.seed) : "");
+            keep_fastest(found, std::move(*outcome));
         }
-        return best;
+    }
+
+    // Adds a plan to the three fastest kept so far (ties: the earlier stays first).
+    static void keep_fastest(std::vector<detail::greedy::Outcome>& found, detail::greedy::Outcome outcome) {
+        const auto at = std::upper_bound(found.begin(), found.end(), outcome.time,
+                                         [](double time, const auto& o) { return time < o.time; });
+        found.insert(at, std::move(outcome));
+        if (found.size() > 3) found.pop_back();
+    }
+
+    // The three fastest plans locally improved (solvers/improve.hpp); the fastest comes first.
+    void improve(const Problem& problem, Bytes budget, std::vector<detail::greedy::Outcome>& found) const {
+        const std::size_t count = std::min<std::size_t>(3, found.size());
+        ImproveOptions io;
+        io.time_limit_seconds = options_.improve_seconds / static_cast<double>(count);
+        for (std::size_t i = 0; i < count; ++i) {
+            found[i].schedule = improve_schedule(problem, std::move(found[i].schedule), budget, io);
+            found[i].time = simulate(problem, found[i].schedule).time;
+            found[i].variant += " improved";
+        }
+        std::stable_sort(found.begin(), found.begin() + static_cast<std::ptrdiff_t>(count),
+                         [](const auto& x, const auto& y) { return x.time < y.time; });
     }
 
     [[nodiscard]] bool fits(const Problem& problem, const detail::greedy::Analysis& a, Bytes budget) const {
         for (const GreedyEviction rule : rules())
-            if (detail::greedy::Replay(problem, a, budget, rule, options_.neighbourhood_depth).run()) return true;
+            if (detail::greedy::Replay(problem, a, budget, rule, plain_score()).run()) return true;
         return false;
     }
 

@@ -54,6 +54,8 @@
 #include "exhaustive.hpp"
 #include "greedy.hpp"
 #include "hierarchical/cluster.hpp"
+#include "improve.hpp"
+#include "rockmate.hpp"
 #include "store_all.hpp"
 
 namespace remat {
@@ -69,14 +71,53 @@ struct HRockmateOptions {
     /// Options of a cluster its parent sees (Pareto-distinct, spread over the saved bytes).
     std::size_t max_options = 5;
     /// Limits of one search (one grid point of one cluster, or the top at the budget).
-    std::size_t max_states = 250000;
-    double search_time_limit_seconds = 5.0;
+    std::size_t max_states = 100000;
+    double search_time_limit_seconds = 1.0;
     /// Limit of the grid of one cluster; the options found by then are kept.
-    double cluster_time_limit_seconds = 20.0;
+    double cluster_time_limit_seconds = 3.0;
     /// Limit of the whole analysis: clusters still to plan get their store-all option only.
-    double time_limit_seconds = 600.0;
+    double time_limit_seconds = 40.0;
+    /// The top is searched at the budget times each of these factors: the options' costs are
+    /// upper bounds of what their steps use, so a plan made for a larger abstract budget often
+    /// still fits the real one (the simulator decides); the fastest that fits is kept.
+    std::vector<double> top_budget_factors{1.0, 1.05, 1.1, 1.2, 1.35, 1.5};
+    /// Limit of the top's searches at one budget, all factors together.
+    double top_time_limit_seconds = 2.0;
+    /// When the exact search of a cluster or the top hits its limits, the weighted search
+    /// (a schedule at most this many times slower than the abstract optimum) is tried.
+    double fallback_weight = 3.0;
+    /// Local improvement of every candidate plan (solvers/improve.hpp), at most this long each.
+    bool improve_plans = true;
+    ImproveOptions improve{0.5, 4096};
+    /// Problems of at most this many data are not partitioned: the top is the whole problem,
+    /// searched exactly (as the reference solves graphs of 40 nodes or fewer with one ILP).
+    std::size_t flat_up_to_data = 64;
+    /// Limits of that exact search (also run on partitioned problems of at most 128 data):
+    /// the state limit bounds its memory; the time limit is generous, so that the answer does
+    /// not depend on how loaded the machine is.
+    std::size_t flat_max_states = 2'000'000;
+    double flat_time_limit_seconds = 30.0;
     /// Also plan with the greedy at the same budget and keep the faster plan.
     bool compare_with_greedy = true;
+    /// The greedy used then: a portfolio of eviction scores, improved (greedy.hpp).
+    GreedyOptions greedy = default_greedy();
+    /// Also plan with Rockmate (rockmate.hpp) when the problem is a sequence of at least two
+    /// blocks of at most `rockmate_max_block_ops` ops each, and keep the faster plan.
+    bool use_rockmate = true;
+    std::size_t rockmate_max_block_ops = 64;
+    RockmateOptions rockmate = default_rockmate();
+
+    [[nodiscard]] static GreedyOptions default_greedy() {
+        GreedyOptions g;
+        g.portfolio_seconds = 1.0;
+        g.improve_seconds = 0.5;
+        return g;
+    }
+    [[nodiscard]] static RockmateOptions default_rockmate() {
+        RockmateOptions r;
+        r.block_time_limit_seconds = 5.0;
+        return r;
+    }
     /// Called with a line per planned cluster and per solve.
     std::function<void(const std::string&)> progress;
 };
@@ -88,6 +129,8 @@ struct HRockmateModel {
     /// Per node id: a cluster's interface and options (atoms: none).
     std::vector<std::optional<detail::hrockmate::NodeOptions>> nodes;
     detail::hrockmate::Interface top;
+    /// Rockmate's blocks and options, when the problem has a sequence of small blocks.
+    std::optional<RockmateModel> rockmate;
     std::size_t unique_clusters = 0;
     std::size_t searches = 0;
     std::size_t failed_searches = 0;
@@ -99,22 +142,45 @@ namespace detail::hrockmate {
 struct SearchLimits {
     std::size_t max_states = 0;
     double seconds = 0.0;
+    double weight = 1.0;
 };
 
-// The exact search on an abstract problem; nullopt when no schedule fits or a limit stopped it.
-[[nodiscard]] inline std::optional<ExhaustiveSearch::Result> search(const AbstractProblem& a, SearchGoal goal, Bytes budget,
-                                                                    SearchLimits limits) {
+// What a search on an abstract problem ended with: a schedule, none at all (proven), or a
+// limit that stopped it.
+struct SearchOutcome {
+    std::optional<ExhaustiveSearch::Result> result;
+    bool stopped = false;
+};
+
+[[nodiscard]] inline SearchOutcome search_outcome(const AbstractProblem& a, SearchGoal goal, Bytes budget, SearchLimits limits) {
     try {
         ExhaustiveOptions o;
         o.max_states = limits.max_states;
         o.time_limit_seconds = limits.seconds;
+        o.weight = limits.weight;
         const ExhaustiveSearch s(a.problem, o, a.choice_groups);
         ExhaustiveSearch::Result r = s.run(goal, budget);
-        if (!r.found) return std::nullopt;
-        return r;
+        if (!r.found) return {};
+        return {std::move(r), false};
     } catch (const Error&) {
-        return std::nullopt;
+        return {std::nullopt, true};
     }
+}
+
+// The exact search on an abstract problem; nullopt when no schedule fits or a limit stopped it.
+[[nodiscard]] inline std::optional<ExhaustiveSearch::Result> search(const AbstractProblem& a, SearchGoal goal, Bytes budget,
+                                                                    SearchLimits limits) {
+    return search_outcome(a, goal, budget, limits).result;
+}
+
+// The exact search, and when its limits stop it, the weighted search (bounded suboptimal,
+// far fewer states) with the same limits.
+[[nodiscard]] inline std::optional<ExhaustiveSearch::Result> search_or_weighted(const AbstractProblem& a, Bytes budget,
+                                                                                SearchLimits limits, double weight) {
+    SearchOutcome exact = search_outcome(a, SearchGoal::least_time, budget, limits);
+    if (exact.result || !exact.stopped || weight <= 1.0) return std::move(exact.result);
+    limits.weight = weight;
+    return search_outcome(a, SearchGoal::least_time, budget, limits).result;
 }
 
 // An abstract problem with only each cluster child's fastest option: a plain problem (no
@@ -146,7 +212,7 @@ public:
         if (options_.peak_budgets == 0 || options_.saved_budgets == 0 || options_.max_options == 0)
             throw InvalidInput("hrockmate: peak_budgets, saved_budgets and max_options must be at least 1");
         if (!(options_.search_time_limit_seconds > 0) || !(options_.cluster_time_limit_seconds > 0) ||
-            !(options_.time_limit_seconds > 0))
+            !(options_.time_limit_seconds > 0) || !(options_.top_time_limit_seconds > 0))
             throw InvalidInput("hrockmate: time limits must be positive numbers of seconds");
     }
 
@@ -156,7 +222,9 @@ public:
     /// The hierarchy and every cluster's options: everything that does not depend on the budget.
     [[nodiscard]] HRockmateModel analyse(const Problem& problem) const {
         const Stopwatch clock;
-        HRockmateModel model{problem, partition_hierarchy(problem, options_.hierarchy), {}, {}, 0, 0, 0, 0.0};
+        HierarchyOptions shape = options_.hierarchy;
+        if (problem.data_count() <= options_.flat_up_to_data) shape.max_children = problem.op_count() + 2;
+        HRockmateModel model{problem, partition_hierarchy(problem, shape), {}, {}, std::nullopt, 0, 0, 0, 0.0};
         const Hierarchy& h = model.hierarchy;
         const std::vector<char> gradient = detail::hrockmate::gradient_data(problem);
         model.nodes.resize(h.node_count());
@@ -171,6 +239,7 @@ public:
             top_ops.insert(top_ops.end(), ops.begin(), ops.end());
         }
         model.top = detail::hrockmate::interface_of(problem, std::move(top_ops), gradient);
+        model.rockmate = rockmate_model(problem);
         model.seconds = clock.seconds();
         report("hrockmate: analysed '" + problem.name() + "': " + std::to_string(h.atoms.size()) + " atoms, " +
                std::to_string(h.clusters.size()) + " clusters (" + std::to_string(model.unique_clusters) +
@@ -186,21 +255,18 @@ public:
         return plan;
     }
 
-    /// Plans at `budget` with a model from analyse().
+    /// Plans at `budget` with a model from analyse(): the hierarchy's plan, and with
+    /// compare_with_greedy the greedy's, each locally improved; the faster is returned, and its
+    /// stats name the component that made it.
     [[nodiscard]] Plan solve(const HRockmateModel& model, Bytes budget) const {
         const Stopwatch clock;
         std::optional<Plan> best = solve_top(model, budget);
-        if (options_.compare_with_greedy) {
-            try {
-                Plan g = Greedy{}.solve(model.problem, budget);
-                if (!best || g.time < best->time) {
-                    g.stats.solver = std::string(name());
-                    g.stats.options = "greedy plan (faster than the hierarchy's)";
-                    best = std::move(g);
-                }
-            } catch (const Infeasible&) {
-            }
-        }
+        const auto consider = [&](std::optional<Plan> plan) {
+            if (plan && (!best || plan->time < best->time)) best = std::move(plan);
+        };
+        if (!model.hierarchy.clusters.empty()) consider(exact_plan(model.problem, budget));
+        if (options_.compare_with_greedy) consider(greedy_plan(model.problem, budget));
+        if (model.rockmate) consider(rockmate_plan(*model.rockmate, budget));
         if (!best) throw infeasible(model, budget);
         best->stats.solve_seconds = clock.seconds();
         return *std::move(best);
@@ -211,7 +277,13 @@ public:
         Bytes least = std::numeric_limits<Bytes>::max();
         if (const auto top = top_search(model, detail::SearchGoal::least_peak, std::numeric_limits<Bytes>::max()))
             least = top->peak;
-        if (options_.compare_with_greedy) least = std::min(least, Greedy{}.smallest_budget(model.problem));
+        if (options_.compare_with_greedy) least = std::min(least, Greedy{options_.greedy}.smallest_budget(model.problem));
+        if (model.rockmate) {
+            try {
+                least = std::min(least, Rockmate<>(options_.rockmate).smallest_budget(*model.rockmate));
+            } catch (const Error&) {
+            }
+        }
         return least;
     }
 
@@ -222,6 +294,15 @@ private:
 
     [[nodiscard]] detail::hrockmate::SearchLimits limits() const {
         return {options_.max_states, options_.search_time_limit_seconds};
+    }
+
+    // Limits of a search at the top: an unpartitioned problem gets the flat limits; otherwise
+    // at most half of the top's time left (`left`), so that the weighted fallback has time too.
+    [[nodiscard]] detail::hrockmate::SearchLimits top_limits(bool flat, double left) const {
+        if (flat) return {options_.flat_max_states, options_.flat_time_limit_seconds};
+        detail::hrockmate::SearchLimits l = limits();
+        l.seconds = std::min(l.seconds, left / 2);
+        return l;
     }
 
     // The children of a node as the abstract problem takes them.
@@ -440,33 +521,116 @@ private:
         const AbstractProblem a =
             abstract_problem(model.problem, model.top, children, model.hierarchy.top_ops, true, 0, model.problem.name());
         if (a.problem.data_count() > 128) return std::nullopt;
-        return search(a, goal, budget, limits());
+        return search(a, goal, budget, top_limits(model.hierarchy.clusters.empty(), options_.top_time_limit_seconds));
     }
 
+    // The top searched at the budget and at the larger abstract budgets of
+    // top_budget_factors; each flattened schedule is tidied, and the fastest that fits the
+    // real budget is improved and returned. Two misses in a row (a plan over the budget) end
+    // the climb.
     [[nodiscard]] std::optional<Plan> solve_top(const HRockmateModel& model, Bytes budget) const {
         using namespace detail::hrockmate;
         const Stopwatch clock;
         const std::vector<Child> children = children_of(model, model.hierarchy.top);
         const AbstractProblem a =
             abstract_problem(model.problem, model.top, children, model.hierarchy.top_ops, true, 0, model.problem.name());
-        std::optional<Plan> plan;
-        if (a.problem.data_count() <= 128) {
-            if (const auto r = search(a, detail::SearchGoal::least_time, budget, limits())) {
-                const std::vector<DataId> initial(model.problem.initial().begin(), model.problem.initial().end());
-                const Flattened flat = flatten(model.problem, a, children, r->schedule, initial);
-                const SimulationReport sim = simulate(model.problem, flat.steps);
-                if (sim.fits(budget)) {
-                    SolverStats stats{std::string(name()), 0.0, SolveStatus::feasible, std::nullopt,
-                                      "clusters=" + std::to_string(model.hierarchy.clusters.size()) +
-                                          " depth=" + std::to_string(model.hierarchy.depth())};
-                    plan = make_checked_plan(model.problem, flat.steps, budget, std::move(stats));
-                }
+        std::optional<Schedule> best;
+        double best_time = 0.0;
+        std::size_t misses = 0;
+        const std::vector<DataId> initial(model.problem.initial().begin(), model.problem.initial().end());
+        const bool flat = model.hierarchy.clusters.empty();  // the abstract problem is the real one
+        const std::size_t factors = flat ? 1 : options_.top_budget_factors.size();
+        for (std::size_t i = 0; i < factors && misses < 2 && a.problem.data_count() <= 128; ++i) {
+            const double left = options_.top_time_limit_seconds - clock.seconds();
+            if (left <= 0 && !flat) break;
+            const double factor = flat ? 1.0 : options_.top_budget_factors[i];
+            const auto abstract_budget = static_cast<Bytes>(static_cast<double>(budget) * factor);
+            const auto r = search_or_weighted(a, abstract_budget, top_limits(flat, left), options_.fallback_weight);
+            if (!r) continue;
+            Schedule steps = tidy_schedule(model.problem, flatten(model.problem, a, children, r->schedule, initial).steps);
+            const SimulationReport sim = simulate(model.problem, steps);
+            if (!sim.fits(budget)) {
+                ++misses;
+                continue;
+            }
+            misses = 0;
+            if (!best || sim.time < best_time) {
+                best = std::move(steps);
+                best_time = sim.time;
             }
         }
+        std::optional<Plan> plan;
+        if (best) plan = finished(model.problem, *std::move(best), budget, "hierarchy");
         report("hrockmate: top of '" + model.problem.name() + "' at " + std::to_string(budget) + " bytes: " +
                (plan ? "plan of time " + std::to_string(plan->time) : std::string("no plan")) + " in " +
                std::to_string(clock.seconds()) + " s");
         return plan;
+    }
+
+    // Rockmate's blocks and options when the problem is a sequence of at least two blocks,
+    // each small enough for the exact block solver (rockmate_max_block_ops).
+    [[nodiscard]] std::optional<RockmateModel> rockmate_model(const Problem& problem) const {
+        if (!options_.use_rockmate) return std::nullopt;
+        try {
+            const BlockPartition part = partition_blocks(problem, options_.rockmate.partition);
+            if (part.blocks.size() < 2) return std::nullopt;
+            for (const Block& b : part.blocks)
+                if (b.forward_ops.size() + b.backward_ops.size() > options_.rockmate_max_block_ops) return std::nullopt;
+            const Stopwatch clock;
+            RockmateModel model = Rockmate<>(options_.rockmate).analyse(problem);
+            report("hrockmate: rockmate on " + std::to_string(model.blocks.size()) + " blocks in " +
+                   std::to_string(clock.seconds()) + " s");
+            return model;
+        } catch (const Error&) {
+            return std::nullopt;
+        }
+    }
+
+    // The exact search on the whole problem when it is small enough for it (at most 128 data)
+    // but was partitioned: within the flat limits, else nothing.
+    [[nodiscard]] std::optional<Plan> exact_plan(const Problem& problem, Bytes budget) const {
+        if (problem.data_count() > 128) return std::nullopt;
+        try {
+            ExhaustiveOptions o;
+            o.max_states = options_.flat_max_states;
+            o.time_limit_seconds = options_.flat_time_limit_seconds;
+            const detail::ExhaustiveSearch s(problem, o);
+            detail::ExhaustiveSearch::Result r = s.run(detail::SearchGoal::least_time, budget);
+            if (!r.found) return std::nullopt;
+            return finished(problem, std::move(r.schedule), budget, "exact");
+        } catch (const Error&) {
+            return std::nullopt;
+        }
+    }
+
+    // Rockmate's plan, improved; nullopt when it has none.
+    [[nodiscard]] std::optional<Plan> rockmate_plan(const RockmateModel& model, Bytes budget) const {
+        try {
+            Plan r = Rockmate<>(options_.rockmate).solve(model, budget);
+            return finished(model.problem, std::move(r.schedule), budget, "rockmate");
+        } catch (const Error&) {
+            return std::nullopt;
+        }
+    }
+
+    // The greedy's plan (the portfolio of HRockmateOptions::greedy), improved; nullopt when it
+    // fits no plan at this budget.
+    [[nodiscard]] std::optional<Plan> greedy_plan(const Problem& problem, Bytes budget) const {
+        try {
+            Plan g = Greedy{options_.greedy}.solve(problem, budget);
+            return finished(problem, std::move(g.schedule), budget, "greedy (" + g.stats.options + ")");
+        } catch (const Infeasible&) {
+            return std::nullopt;
+        }
+    }
+
+    // A candidate schedule that fits, locally improved when asked, as a checked plan whose
+    // stats name the component that made it.
+    [[nodiscard]] Plan finished(const Problem& problem, Schedule schedule, Bytes budget, const std::string& component) const {
+        if (options_.improve_plans) schedule = improve_schedule(problem, std::move(schedule), budget, options_.improve);
+        SolverStats stats{std::string(name()), 0.0, SolveStatus::feasible, std::nullopt,
+                          "component=" + component + (options_.improve_plans ? ", improved" : "")};
+        return make_checked_plan(problem, std::move(schedule), budget, std::move(stats));
     }
 
     [[nodiscard]] Infeasible infeasible(const HRockmateModel& model, Bytes budget) const {
@@ -475,10 +639,12 @@ private:
         std::ostringstream m;
         m << "hrockmate cannot plan '" << model.problem.name() << "' within " << budget << " bytes: ";
         if (budget < bound.bytes)
-            m << "no schedule can, since every schedule needs at least " << bound.bytes << " bytes (" << bound.reason << ")";
+            m << "the budget is below a proven lower bound: every schedule needs at least " << bound.bytes << " bytes ("
+              << bound.reason << ")";
         else
-            m << "the budget is above the proven lower bound of " << bound.bytes
-              << " bytes, but beyond what the hierarchy and the greedy reach; an exact solver (checkmate) may plan it";
+            m << "the budget is above the proven lower bound of " << bound.bytes << " bytes (" << bound.reason
+              << ") but beyond what the hierarchy, the greedy" << (model.rockmate ? " and Rockmate" : "")
+              << " reach; an exact solver (checkmate) may plan it";
         if (least != std::numeric_limits<Bytes>::max()) m << "; hrockmate's smallest budget is " << least << " bytes";
         return Infeasible(m.str(), budget,
                           least != std::numeric_limits<Bytes>::max() ? std::optional<Bytes>(least) : std::nullopt);

@@ -52,6 +52,7 @@
 #include "../core/timing.hpp"
 #include "../partition/blocks.hpp"
 #include "exhaustive.hpp"
+#include "greedy.hpp"
 #include "rotor.hpp"
 #include "sequence_solver.hpp"
 #include "store_all.hpp"
@@ -563,6 +564,10 @@ public:
                                  " bytes for '" + model.problem.name() + "' (" + std::to_string(model.blocks.size()) +
                                  " blocks), above the budget of " + std::to_string(budget) + " bytes",
                              budget, least);
+        } catch (const Error& e) {
+            // The sequence solver stopped at one of its caps (Rotor's table memory, its time
+            // limit): the best plan known is the greedy's.
+            return stopped(model.problem, budget, e.what(), start);
         }
         // The sequence solver is a plug-in: its answer is checked in its own model before
         // its actions index the blocks' options.
@@ -600,6 +605,23 @@ public:
     }
 
 private:
+    // The greedy's plan when the sequence solver stopped at a cap, saying so; a clear error
+    // when the greedy has no plan either.
+    [[nodiscard]] Plan stopped(const Problem& problem, Bytes budget, const std::string& why,
+                               std::chrono::steady_clock::time_point start) const {
+        try {
+            Plan plan = Greedy{}.solve(problem, budget);
+            plan.stats.solver = std::string(name());
+            plan.stats.status = SolveStatus::heuristic;
+            plan.stats.options = "the sequence solver stopped (" + why + "); returned the greedy's plan";
+            plan.stats.solve_seconds = seconds_since(start);
+            return plan;
+        } catch (const Infeasible&) {
+            throw SolverError("rockmate on '" + problem.name() + "': the sequence solver stopped (" + why +
+                              ") and the greedy has no plan within " + std::to_string(budget) + " bytes either");
+        }
+    }
+
     // The same sub-schedules with the times of another block of the same structure and sizes.
     [[nodiscard]] static std::vector<RockmateBlockOption> retimed(const std::vector<RockmateBlockOption>& options,
                                                                   const Problem& q) {

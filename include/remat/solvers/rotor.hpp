@@ -161,6 +161,9 @@ struct RotorOptions {
     std::optional<double> time_limit_seconds;
     /// Progress on stderr.
     bool verbose = false;
+    /// Memory cap of the DP's time table (L(L+1)/2 rows of slots + 1 floats): beyond it the
+    /// solve stops with an error saying how large the table would be, instead of allocating it.
+    std::size_t max_table_mib = 2048;
 };
 
 /// Throws InvalidInput naming the stage and option when a RotorChain breaks the rules above.
@@ -505,11 +508,12 @@ public:
     RotorTable(const RotorUnits& u, const RotorNeeds& needs, std::size_t M, const RotorOptions& options)
         : u_(u), needs_(needs), L_(u.L), M_(M), width_(M + 1) {
         const std::size_t pairs = L_ * (L_ + 1) / 2;
-        constexpr std::size_t max_cells = std::size_t{1} << 29;  // 2 GiB of floats
+        const std::size_t max_cells = options.max_table_mib * (std::size_t{1} << 20) / sizeof(float);
         if (width_ > max_cells / pairs)
             throw InvalidInput("rotor: " + std::to_string(L_) + " stages with " + std::to_string(width_) +
                                " memory slots need a table of " + std::to_string(pairs * width_ * 4 / (1 << 20)) +
-                               " MiB; use fewer slots or a larger slot_bytes");
+                               " MiB, above max_table_mib = " + std::to_string(options.max_table_mib) +
+                               "; use fewer slots or a larger slot_bytes");
         least_.assign(L_ + 1, 0.0);
         for (std::size_t l = 1; l <= L_; ++l) {
             double t = std::numeric_limits<double>::infinity();

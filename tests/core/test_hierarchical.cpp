@@ -1,0 +1,423 @@
+// H-Rockmate (solvers/hierarchical.hpp) and its hierarchy (partition/hierarchy.hpp): the
+// clusters of hand-built graphs (a diamond, residual layers, a U-Net skip, decoder layers with
+// cross-attention) are the expected regions within the size cap, and identical layers are
+// planned once; every plan of the greedy and H-Rockmate on random DAGs and op-level networks
+// is valid and fits; on small graphs H-Rockmate is within 10 % of the exact optimum every
+// time and 5 % on average; on sequential models it is never worse than Rockmate; infeasible
+// budgets say whether they are below a proven lower bound or only beyond reach; and the
+// local improvement of solvers/improve.hpp keeps plans valid and never slower.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <iostream>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <remat/remat.hpp>
+
+#include "../support/op_level_problems.hpp"
+#include "../support/random_problems.hpp"
+
+using namespace remat;
+using namespace remat::testing;
+
+static_assert(Solver<HRockmate>);
+
+namespace {
+
+using V = OpLevelBuilder::Value;
+
+OpLevelBuilder::OpDesc layer(const std::string& name, std::vector<V> inputs, Bytes bytes) {
+    OpLevelBuilder::OpDesc d;
+    d.name = name;
+    d.inputs = std::move(inputs);
+    d.outputs = {{name, bytes}};
+    d.saved = bytes;
+    return d;
+}
+
+// The names of the forward ops (their no-grad writer "F<name>") under each cluster.
+std::vector<std::set<std::string>> cluster_names(const Problem& p, const Hierarchy& h) {
+    std::vector<std::set<std::string>> out;
+    for (std::size_t c = 0; c < h.clusters.size(); ++c) {
+        std::set<std::string> names;
+        for (const std::size_t a : h.atoms_of(h.atoms.size() + c)) names.insert(p.op(h.atoms[a].forward_ops.front()).name);
+        out.push_back(std::move(names));
+    }
+    return out;
+}
+
+bool has_cluster(const std::vector<std::set<std::string>>& clusters, const std::set<std::string>& expected) {
+    return std::find(clusters.begin(), clusters.end(), expected) != clusters.end();
+}
+
+void check_cap(const Hierarchy& h, std::size_t cap) {
+    for (const Cluster& c : h.clusters) CHECK(c.children.size() <= cap);
+    // Every atom is in exactly one place: under one top node.
+    std::vector<int> seen(h.atoms.size(), 0);
+    for (const std::size_t n : h.top)
+        for (const std::size_t a : h.atoms_of(n)) ++seen[a];
+    CHECK(std::all_of(seen.begin(), seen.end(), [](int s) { return s == 1; }));
+}
+
+HRockmateOptions hierarchy_only() {
+    HRockmateOptions o;
+    o.compare_with_greedy = false;
+    o.use_rockmate = false;
+    o.flat_up_to_data = 0;
+    return o;
+}
+
+// A plan checked against the simulator at its budget.
+void check_plan(const Problem& p, const Plan& plan, Bytes budget) {
+    const SimulationReport r = simulate(p, plan.schedule);
+    INFO(p.name() << " budget " << budget << ": " << r.error);
+    REQUIRE(r.fits(budget));
+    CHECK(r.time == Approx(plan.time));
+    CHECK(r.peak == plan.peak);
+}
+
+}  // namespace
+
+TEST_CASE("hierarchy: the clusters of hand-built graphs are the expected regions", "[hierarchical]") {
+    SECTION("a diamond is one region") {
+        OpLevelBuilder g("diamond");
+        const V x = g.input("x", 64, true);
+        const V a = g.op1(layer("a", {x}, 64));
+        const V b = g.op1(layer("b", {a}, 64));
+        const V c = g.op1(layer("c", {a}, 64));
+        const V e = g.op1(layer("e", {b, c}, 64));
+        const Problem p = g.finish(g.op1(layer("f", {e}, 64)));
+        const Hierarchy h = partition_hierarchy(p);
+        check_cap(h, 4);
+        CHECK(has_cluster(cluster_names(p, h), {"Fa", "Fb", "Fc", "Fe"}));
+    }
+    SECTION("residual layers: one cluster each, identical layers planned once") {
+        OpLevelBuilder g("residual");
+        V h = g.op1(layer("in", {g.input("x", 64, true)}, 64));
+        for (int l = 0; l < 4; ++l) {
+            const std::string n = "l" + std::to_string(l) + ".";
+            const V r1 = g.op1(layer(n + "r1", {h}, 64));
+            const V r2 = g.op1(layer(n + "r2", {r1}, 64));
+            h = g.op1(layer(n + "add", {h, r2}, 64));
+        }
+        const Problem p = g.finish(h);
+        const Hierarchy hier = partition_hierarchy(p);
+        check_cap(hier, 4);
+        const auto clusters = cluster_names(p, hier);
+        for (int l = 1; l < 4; ++l) {
+            const std::string n = "Fl" + std::to_string(l) + ".";
+            CHECK(has_cluster(clusters, {n + "r1", n + "r2", n + "add"}));
+        }
+        const HRockmateModel model = HRockmate(hierarchy_only()).analyse(p);
+        CHECK(model.hierarchy.clusters.size() == 4);
+        // The first layer takes the input op along and the last one hands its output to the
+        // loss alone (one gradient instead of two): the two middle layers share one plan.
+        CHECK(model.unique_clusters == 3);
+    }
+    SECTION("a U-Net skip spans the region between the split and the concatenation") {
+        OpLevelBuilder g("unet-skip");
+        const V d0 = g.op1(layer("down0", {g.input("x", 64, true)}, 64));
+        const V d1 = g.op1(layer("down1", {d0}, 32));
+        const V m = g.op1(layer("mid", {d1}, 32));
+        const V u1 = g.op1(layer("up1", {m}, 64));
+        const V c = g.op1(layer("cat", {u1, d0}, 128));
+        const Problem p = g.finish(g.op1(layer("out", {c}, 64)));
+        const Hierarchy h = partition_hierarchy(p);
+        check_cap(h, 4);
+        CHECK(has_cluster(cluster_names(p, h), {"Fdown0", "Fdown1", "Fmid", "Fup1"}));
+    }
+    SECTION("encoder-decoder with cross-attention: the encoder and a decoder layer are regions") {
+        OpLevelBuilder g("cross");
+        const V e1 = g.op1(layer("enc1", {g.input("src", 64, false)}, 64));
+        const V e2 = g.op1(layer("enc2", {e1}, 64));
+        const V mem = g.op1(layer("mem", {e2}, 64));
+        V h = g.input("tgt", 64, false);
+        for (int l = 0; l < 3; ++l) {
+            const std::string n = "dec" + std::to_string(l) + ".";
+            const V sa = g.op1(layer(n + "self", {h}, 64));
+            const V ca = g.op1(layer(n + "cross", {sa, mem}, 64));
+            h = g.op1(layer(n + "mlp", {ca}, 64));
+        }
+        const Problem p = g.finish(h);
+        const Hierarchy hier = partition_hierarchy(p);
+        check_cap(hier, 4);
+        const auto clusters = cluster_names(p, hier);
+        CHECK(has_cluster(clusters, {"Fenc1", "Fenc2", "Fmem"}));
+        CHECK(has_cluster(clusters, {"Fdec0.self", "Fdec0.cross", "Fdec0.mlp"}));
+    }
+    SECTION("generated networks respect the cap; equal transformer layers are planned once") {
+        for (const std::size_t cap : {std::size_t{3}, std::size_t{4}, std::size_t{6}}) {
+            HierarchyOptions o;
+            o.max_children = cap;
+            UNetShape u;
+            u.levels = 3;
+            u.convs = 2;
+            check_cap(partition_hierarchy(unet_like(u), o), cap);
+            EncoderDecoderShape e;
+            e.encoder = e.decoder = 2;
+            check_cap(partition_hierarchy(encoder_decoder_like(e), o), cap);
+        }
+        TransformerShape t;
+        t.layers = 4;
+        t.tokens = 32;
+        t.width = 64;
+        const HRockmateModel model = HRockmate(hierarchy_only()).analyse(transformer_like(t));
+        CHECK(model.unique_clusters < model.hierarchy.clusters.size());
+    }
+}
+
+TEST_CASE("hrockmate: every plan of the greedy and H-Rockmate on random graphs is valid and fits", "[hierarchical]") {
+    std::mt19937 rng(20240601);
+    HRockmateOptions fast;
+    fast.greedy.portfolio_seconds = 0.02;
+    fast.greedy.improve_seconds = 0.02;
+    fast.improve.time_limit_seconds = 0.05;
+    fast.top_time_limit_seconds = 0.2;
+    fast.max_states = 20'000;
+    fast.flat_max_states = 50'000;
+    fast.search_time_limit_seconds = 0.5;
+    fast.cluster_time_limit_seconds = 1.0;
+    for (int i = 0; i < 12; ++i) {
+        Problem p = [&] {
+            if (i % 2 == 0) {
+                DagShape shape;
+                shape.forward_ops = 4 + static_cast<std::size_t>(i % 5);
+                return random_dag(rng, shape, "dag" + std::to_string(i));
+            }
+            OpLevelShape shape;
+            shape.blocks = 2 + static_cast<std::size_t>(i % 4);
+            shape.side_inputs = i % 3 == 0;
+            return random_op_level_problem(rng, shape, "net" + std::to_string(i));
+        }();
+        for (const bool flat : {true, false}) {
+            HRockmateOptions o = fast;
+            if (!flat) o.flat_up_to_data = 0;
+            const HRockmate solver(o);
+            const HRockmateModel model = solver.analyse(p);
+            const Reference ref = store_all_reference(p);
+            const Bytes smallest = solver.smallest_budget(model);
+            const Bytes greedy_smallest = Greedy{}.smallest_budget(p);
+            CHECK(smallest >= memory_lower_bound(p).bytes);
+            CHECK(smallest <= greedy_smallest);
+            for (int k = 0; k <= 3; ++k) {
+                const Bytes budget = smallest + (ref.peak - smallest) * k / 3;
+                check_plan(p, solver.solve(model, budget), budget);
+                if (budget >= greedy_smallest) check_plan(p, Greedy{}.solve(p, budget), budget);
+            }
+        }
+    }
+}
+
+TEST_CASE("hrockmate: within 10 % of the exact optimum on small graphs, 5 % on average", "[hierarchical]") {
+    std::mt19937 rng(7);
+    HRockmateOptions o;
+    o.greedy.portfolio_seconds = 0.05;
+    o.greedy.improve_seconds = 0.05;
+    o.flat_max_states = 500'000;
+    const HRockmate solver(o);
+    ExhaustiveOptions eo;
+    eo.max_states = 500'000;
+    const Exhaustive exact(eo);
+    std::size_t cases = 0, exact_hits = 0, skipped = 0;
+    double total_gap = 0.0, worst_gap = 0.0;
+    for (int i = 0; i < 16; ++i) {
+        Problem p = [&] {
+            if (i % 2 == 0) {
+                DagShape shape;
+                shape.forward_ops = 4 + static_cast<std::size_t>(i % 4);
+                return random_dag(rng, shape, "dag" + std::to_string(i));
+            }
+            OpLevelShape shape;
+            shape.blocks = 2 + static_cast<std::size_t>(i % 2);
+            return random_op_level_problem(rng, shape, "net" + std::to_string(i));
+        }();
+        if (p.op_count() > 40) continue;
+        const Reference ref = store_all_reference(p);
+        Bytes least = 0;
+        try {
+            least = exact.smallest_feasible_budget(p);
+        } catch (const SolverError&) {  // the reference itself is beyond its state limit
+            ++skipped;
+            continue;
+        }
+        const HRockmateModel model = solver.analyse(p);
+        for (int k = 0; k <= 2; ++k) {
+            const Bytes budget = least + (ref.peak - least) * k / 4;
+            const Plan best = exact.solve(p, budget);
+            const Plan plan = solver.solve(model, budget);
+            check_plan(p, plan, budget);
+            const double gap = plan.time / best.time - 1.0;
+            INFO(p.name() << " (" << p.op_count() << " ops) at " << budget << ": " << plan.time << " vs optimum " << best.time);
+            CHECK(gap <= 0.10);
+            CHECK(gap >= -1e-9);
+            ++cases;
+            exact_hits += gap <= 1e-9 ? 1 : 0;
+            total_gap += gap;
+            worst_gap = std::max(worst_gap, gap);
+        }
+    }
+    REQUIRE(cases >= 30);
+    std::cout << "hrockmate on " << cases << " small cases (" << skipped << " graphs beyond the exact reference): optimal in "
+              << exact_hits << ", mean gap " << 100.0 * total_gap / double(cases) << " %, worst " << 100.0 * worst_gap << " %\n";
+    CHECK(total_gap / double(cases) <= 0.05);
+}
+
+TEST_CASE("hrockmate: never worse than Rockmate on sequential models", "[hierarchical]") {
+    std::mt19937 rng(11);
+    std::vector<Problem> problems;
+    for (int i = 0; i < 3; ++i) problems.push_back(to_problem(random_chain(rng, 4 + static_cast<std::size_t>(i), "chain" + std::to_string(i))));
+    TransformerShape t;
+    t.layers = 3;
+    t.tokens = 32;
+    t.width = 64;
+    problems.push_back(transformer_like(t, "gpt3"));
+    HRockmateOptions o;
+    o.greedy.portfolio_seconds = 0.05;
+    o.greedy.improve_seconds = 0.05;
+    const HRockmate solver(o);
+    const Rockmate<> rockmate;
+    for (const Problem& p : problems) {
+        const RockmateModel rm = rockmate.analyse(p);
+        const HRockmateModel model = solver.analyse(p);
+        REQUIRE(model.rockmate.has_value());
+        const Reference ref = store_all_reference(p);
+        const Bytes least = rockmate.smallest_budget(rm);
+        CHECK(solver.smallest_budget(model) <= least);
+        for (int k = 0; k <= 4; ++k) {
+            const Bytes budget = least + (ref.peak - least) * k / 4;
+            const Plan r = rockmate.solve(rm, budget);
+            const Plan h = solver.solve(model, budget);
+            check_plan(p, h, budget);
+            INFO(p.name() << " at " << budget);
+            CHECK(h.time <= r.time * (1 + 1e-12));
+        }
+    }
+}
+
+TEST_CASE("hrockmate: a 4-layer GPT at P_ref is planned by the hierarchy alone without overhead", "[hierarchical]") {
+    // The exact search's bound once counted the F+ that writes the loss's input and a
+    // backward's saved state twice, and the top then recomputed a layer at P_ref.
+    TransformerShape t;
+    t.layers = 4;
+    t.tokens = 128;
+    t.width = 256;
+    const Problem p = transformer_like(t, "gpt4");
+    const Reference ref = store_all_reference(p);
+    const HRockmate solver(hierarchy_only());
+    const Plan plan = solver.solve(p, ref.peak);
+    check_plan(p, plan, ref.peak);
+    CHECK(plan.time <= ref.time * 1.001);  // was 7 % above
+    CHECK(plan.stats.options.find("component=hierarchy") != std::string::npos);
+}
+
+TEST_CASE("hrockmate: infeasible budgets say whether they are below a proven bound or beyond reach", "[hierarchical]") {
+    OpLevelShape shape;
+    shape.blocks = 3;
+    std::mt19937 rng(3);
+    const Problem p = random_op_level_problem(rng, shape, "net");
+    const MemoryLowerBound bound = memory_lower_bound(p);
+    HRockmateOptions o;
+    o.greedy.portfolio_seconds = 0.02;
+    const HRockmate solver(o);
+    const HRockmateModel model = solver.analyse(p);
+    try {
+        (void)solver.solve(model, bound.bytes - 1);
+        FAIL("a budget below the lower bound was planned");
+    } catch (const Infeasible& e) {
+        CHECK_THAT(e.what(), Catch::Contains("below a proven lower bound"));
+        CHECK_THAT(e.what(), Catch::Contains(bound.reason));
+        REQUIRE(e.smallest_feasible().has_value());
+    }
+    // A budget above the bound that neither the hierarchy nor the greedy reaches: plan a
+    // problem whose lower bound is loose (a chain whose layers all want their input).
+    const Problem chain = to_problem(Chain{"wide", 1000, {{"l1", 1, 1, 1000, 5000, 0, 0}, {"l2", 1, 1, 1000, 5000, 0, 0},
+                                                          {"l3", 1, 1, 1000, 5000, 0, 0}}});
+    const MemoryLowerBound cb = memory_lower_bound(chain);
+    const HRockmate chain_solver(o);
+    const HRockmateModel cm = chain_solver.analyse(chain);
+    const Bytes least = chain_solver.smallest_budget(cm);
+    if (least > cb.bytes) {
+        try {
+            (void)chain_solver.solve(cm, least - 1);
+            FAIL("a budget below H-Rockmate's smallest was planned");
+        } catch (const Infeasible& e) {
+            CHECK_THAT(e.what(), Catch::Contains("beyond what"));
+            CHECK_THAT(e.what(), Catch::Contains("above the proven lower bound"));
+        }
+    } else {
+        CHECK(least == cb.bytes);
+    }
+}
+
+TEST_CASE("improve: tidied and improved schedules stay valid, within budget and never slower", "[hierarchical]") {
+    std::mt19937 rng(5);
+    for (int i = 0; i < 40; ++i) {
+        OpLevelShape shape;
+        shape.blocks = 2 + static_cast<std::size_t>(i % 6);
+        const Problem p = random_op_level_problem(rng, shape, "net" + std::to_string(i));
+        const Reference ref = store_all_reference(p);
+        const Bytes smallest = Greedy{}.smallest_budget(p);
+        for (int k = 0; k <= 2; ++k) {
+            const Bytes budget = smallest + (ref.peak - smallest) * k / 2;
+            const Plan g = Greedy{}.solve(p, budget);
+            const Schedule tidy = tidy_schedule(p, g.schedule);
+            const SimulationReport t = simulate(p, tidy);
+            INFO(p.name() << " at " << budget << ": " << t.error);
+            REQUIRE(t.valid);
+            CHECK(t.peak <= g.peak);
+            CHECK(t.time <= g.time);
+            const SimulationReport r = simulate(p, improve_schedule(p, g.schedule, budget));
+            REQUIRE(r.fits(budget));
+            CHECK(r.time <= g.time);
+        }
+        // At P_ref the store-all schedule is already tidy and optimal.
+        const SimulationReport s = simulate(p, tidy_schedule(p, ref.schedule));
+        CHECK(s.peak <= ref.peak);
+        CHECK(s.time == Approx(ref.time));
+    }
+}
+
+TEST_CASE("greedy portfolio: never slower than the plain rules, and deterministic for a seed", "[hierarchical]") {
+    UNetShape u;
+    u.levels = 3;
+    u.convs = 2;
+    const Problem p = unet_like(u, "unet3");
+    const Reference ref = store_all_reference(p);
+    GreedyOptions portfolio;
+    portfolio.portfolio_seconds = 0.1;
+    portfolio.improve_seconds = 0.1;
+    for (const int percent : {30, 45, 60}) {
+        const Bytes budget = percent_of(ref.peak, percent);
+        const Plan plain = Greedy{}.solve(p, budget);
+        const Plan better = Greedy{portfolio}.solve(p, budget);
+        check_plan(p, better, budget);
+        CHECK(better.time <= plain.time);
+    }
+}
+
+TEST_CASE("rockmate's memory cap: the sequence DP stops with a clear note and the greedy's plan", "[hierarchical][memory]") {
+    TransformerShape t;
+    t.layers = 3;
+    t.tokens = 32;
+    t.width = 64;
+    const Problem p = transformer_like(t, "gpt3");
+    const Reference ref = store_all_reference(p);
+    RotorOptions capped;
+    capped.max_table_mib = 0;  // no table fits
+    const Rockmate<> rockmate(RockmateOptions{}, Exhaustive{}, Rotor(capped));
+    const RockmateModel model = rockmate.analyse(p);
+    const Bytes budget = ref.peak;
+    const Plan plan = rockmate.solve(model, budget);
+    check_plan(p, plan, budget);
+    CHECK_THAT(plan.stats.options, Catch::Contains("max_table_mib") && Catch::Contains("returned the greedy's plan"));
+    try {
+        (void)rockmate.solve(model, memory_lower_bound(p).bytes - 1);
+        FAIL("planned below the lower bound");
+    } catch (const Error& e) {
+        CHECK_THAT(e.what(), Catch::Contains("max_table_mib") || Catch::Contains("needs at least"));
+    }
+}
