@@ -39,10 +39,9 @@ namespace remat::cli {
 struct SolveOptions {
     std::string variant;               ///< the part after ':' in --solver NAME:VARIANT, or empty
     std::optional<double> time_limit;  ///< --time-limit S, for solvers that search
-    bool verbose = false;              ///< progress on stderr
-    /// Progress lines of long solvers (hrockmate, auto); remat-plan prints them with the
-    /// elapsed time unless --quiet.
-    std::function<void(const std::string&)> progress;
+    /// Progress lines of the solvers; remat-plan prints them with the elapsed time (every
+    /// line with --verbose, one every few seconds by default, none with --quiet).
+    ProgressCallback progress;
 };
 
 struct SolverEntry {
@@ -126,19 +125,6 @@ inline HRockmateOptions hrockmate_options(const SolveOptions& o) {
     return options;
 }
 
-// Rockmate applies when the problem is a sequence of at least two blocks of at most 64 ops.
-inline bool small_blocks(const Problem& problem) {
-    try {
-        const BlockPartition part = partition_blocks(problem);
-        if (part.blocks.size() < 2) return false;
-        for (const Block& b : part.blocks)
-            if (b.forward_ops.size() + b.backward_ops.size() > 64) return false;
-        return true;
-    } catch (const Error&) {
-        return false;
-    }
-}
-
 }  // namespace detail
 
 /// H-Rockmate bound to one problem: the hierarchy and every cluster's options are analysed
@@ -163,7 +149,7 @@ inline bool small_blocks(const Problem& problem) {
     RockmateOptions options;
     if (!o.variant.empty()) options.peak_budgets = options.saved_budgets = detail::positive_variant(name, help, o);
     if (o.time_limit) options.block_time_limit_seconds = *o.time_limit;
-    options.verbose = o.verbose;
+    options.progress = o.progress;
 #ifdef REMAT_WITH_LPSOLVE
     using Planner = RockmateMilp<>;
 #else
@@ -179,76 +165,41 @@ inline bool small_blocks(const Problem& problem) {
     };
 }
 
-/// What --solver auto picks for a problem: rotor for chains, rockmate when the problem is a
-/// sequence of at least two blocks of at most 64 ops, hrockmate otherwise.
-[[nodiscard]] inline std::string auto_choice(const Problem& problem) {
-    if (as_chain(problem)) return "rotor";
-    if (detail::small_blocks(problem)) return "rockmate";
-    return "hrockmate";
-}
+/// What --solver auto picks for a problem (remat::auto_choice, solvers/auto.hpp).
+[[nodiscard]] inline std::string auto_choice(const Problem& problem) { return std::string(to_string(remat::auto_choice(problem))); }
 
-namespace detail {
-
-// Why --solver auto has no plan: below the proven lower bound, or only beyond the reach of the
-// solvers it tried, naming the one that reaches lower.
-[[nodiscard]] inline Infeasible auto_infeasible(const Problem& problem, Bytes budget, const std::string& choice,
-                                                const std::optional<Bytes>& chosen_least, const std::optional<Bytes>& greedy_least) {
-    const MemoryLowerBound bound = memory_lower_bound(problem);
-    const auto show = [](const std::optional<Bytes>& b) { return b ? std::to_string(*b) + " bytes" : std::string("unknown"); };
-    std::string m = "auto: no plan of '" + problem.name() + "' within " + std::to_string(budget) + " bytes: ";
-    if (budget < bound.bytes) {
-        m += "the budget is below a proven lower bound: every schedule needs at least " + std::to_string(bound.bytes) +
-             " bytes (" + bound.reason + ")";
-    } else {
-        m += "the budget is above the proven lower bound of " + std::to_string(bound.bytes) + " bytes (" + bound.reason +
-             ") but beyond the reach of " + choice + " (smallest budget " + show(chosen_least) + ") and greedy (" +
-             show(greedy_least) + ")";
-        if (chosen_least && greedy_least && *chosen_least != *greedy_least)
-            m += "; " + std::string(*greedy_least < *chosen_least ? "greedy" : choice) + " reaches lower";
-        m += "; an exact solver (checkmate) may reach further";
-    }
-    std::optional<Bytes> least = chosen_least;
-    if (greedy_least && (!least || *greedy_least < *least)) least = greedy_least;
-    return Infeasible(m, budget, least);
-}
-
-}  // namespace detail
-
-/// --solver auto bound to one problem: the solver auto_choice() picks, and the greedy (with its
-/// portfolio of eviction scores) as the last resort when that one has no plan. The plan's
-/// options say which solver made it.
+/// --solver auto bound to one problem: what remat::Auto does (solvers/auto.hpp), with the
+/// chosen solver's analysis done once for all the budgets of a sweep, and Rockmate's blocks
+/// solved by the MILP when lp_solve is built in.
 [[nodiscard]] inline std::function<Plan(Bytes)> auto_planner(const Problem& problem, const SolveOptions& o) {
-    const std::string choice = auto_choice(problem);
-    if (o.progress) o.progress("auto: " + choice + " for '" + problem.name() + "'");
+    const AutoChoice choice = remat::auto_choice(problem);
+    if (o.progress) o.progress("auto: " + std::string(to_string(choice)) + " for '" + problem.name() + "'");
     SolveOptions inner = o;
     inner.variant.clear();
     std::function<Plan(Bytes)> first;
-    if (choice == "rotor") {
+    if (choice == AutoChoice::rotor) {
         RotorOptions r;
         r.time_limit_seconds = o.time_limit;
-        r.verbose = o.verbose;
+        r.progress = o.progress;
         first = [r, p = std::make_shared<const Problem>(problem)](Bytes budget) { return Rotor(r).solve(*p, budget); };
     } else {
-        first = choice == "rockmate" ? rockmate_planner(problem, inner) : hrockmate_planner(problem, inner);
+        first = choice == AutoChoice::rockmate ? rockmate_planner(problem, inner) : hrockmate_planner(problem, inner);
     }
     return [first, choice, p = std::make_shared<const Problem>(problem)](Bytes budget) -> Plan {
-        const auto tagged = [](Plan plan, const std::string& who) {
-            plan.stats.options = "chose " + who + (plan.stats.options.empty() ? "" : ", " + plan.stats.options);
-            return plan;
-        };
         std::optional<Bytes> chosen_least, greedy_least;
         try {
-            return tagged(first(budget), choice);
+            return remat::detail::auto_solver::tagged(first(budget), to_string(choice));
         } catch (const Infeasible& e) {
-            chosen_least = e.smallest_feasible();
+            chosen_least = e.smallest_budget();
         } catch (const SolverError&) {
         }
         try {
-            return tagged(Greedy(HRockmateOptions::default_greedy()).solve(*p, budget), "greedy (last resort)");
+            return remat::detail::auto_solver::tagged(Greedy(HRockmateOptions::default_greedy()).solve(*p, budget),
+                                                      "greedy (last resort)");
         } catch (const Infeasible& e) {
-            greedy_least = e.smallest_feasible();
+            greedy_least = e.smallest_budget();
         }
-        throw detail::auto_infeasible(*p, budget, choice, chosen_least, greedy_least);
+        throw remat::detail::auto_solver::infeasible(*p, budget, to_string(choice), chosen_least, greedy_least);
     };
 }
 
@@ -265,7 +216,7 @@ namespace detail {
                 RotorOptions options;
                 if (!o.variant.empty()) options.slots = detail::positive_variant(name, help, o);
                 options.time_limit_seconds = o.time_limit;
-                options.verbose = o.verbose;
+                options.progress = o.progress;
                 return Rotor(options).solve(p, budget);
             };
             t.push_back(std::move(e));
@@ -296,7 +247,7 @@ namespace detail {
             e.solve = [name = e.name](const Problem& p, Bytes budget, const SolveOptions& o) -> Plan {
                 CheckmateOptions options;
                 if (o.time_limit) options.time_limit_seconds = *o.time_limit;
-                options.progress = o.verbose;
+                options.progress = o.progress;
 #ifdef REMAT_WITH_CBC
                 if (o.variant.empty() || o.variant == "cbc") return Checkmate<milp::Cbc>(options).solve(p, budget);
 #endif
@@ -418,12 +369,12 @@ namespace detail {
 /// The smallest budget at which the entry has a plan: asked at budget 0, the solver answers
 /// with Infeasible carrying it. A solver that does not know it is searched by bisection
 /// between 0 and `upper` (a budget known to work, e.g. P_ref), assuming monotonicity.
-[[nodiscard]] inline std::optional<Bytes> smallest_feasible(const SolverEntry& entry, const Problem& problem,
+[[nodiscard]] inline std::optional<Bytes> smallest_budget(const SolverEntry& entry, const Problem& problem,
                                                             const SolveOptions& options, Bytes upper) {
     try {
         return solve_with(entry, problem, 0, options).peak;
     } catch (const Infeasible& e) {
-        if (e.smallest_feasible()) return e.smallest_feasible();
+        if (e.smallest_budget()) return e.smallest_budget();
     }
     const auto feasible = [&](Bytes b) {
         try {

@@ -6,15 +6,15 @@
 //   - the store-all peak P_ref, a proven lower bound on any plan's peak (core/bounds.hpp, with
 //     what forces it: when it is close to P_ref, the model — what capture counts, such as
 //     convolution workspaces that scale with the weights — not the planner sets the floor),
-//     and the smallest budget Rockmate and the greedy reach;
-//   - a plan at each budget (default 50 % and 30 % of P_ref) with the best solver available
-//     (the faster of Rockmate and the greedy);
+//     and the smallest budget remat::Auto (solvers/auto.hpp: Rockmate or H-Rockmate here, by
+//     the graph's shape) and the greedy alone reach;
+//   - a plan at each budget (default 50 % and 30 % of P_ref) with Auto;
 //   - `--steps` SGD steps through the plan against the same steps of plain autograd (the
 //     module run eagerly, graph-executor optimizations off) from the same parameters,
 //     buffers and seed: whether every gradient, buffer and parameter is equal bit for bit
 //     (else the largest difference), and the predicted against the measured peak.
 //
-//   bench_zoo --manifest FILE [--only NAME[,NAME...]] [--budgets 50,30] [--steps 2] [--repeats 1]
+//   bench_zoo --manifest FILE [--only NAME[,NAME...]] [--budgets 50,30] [--steps 2] [--repeats 1] [--time-limit 20]
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
@@ -35,8 +35,8 @@
 #include <remat/core/bounds.hpp>
 #include <remat/io/budget.hpp>
 #include <remat/partition/blocks.hpp>
+#include <remat/solvers/auto.hpp>
 #include <remat/solvers/greedy.hpp>
-#include <remat/solvers/rockmate.hpp>
 #include <remat/solvers/store_all.hpp>
 #include <remat/torch/graph_executor.hpp>
 #include <remat/torch/script.hpp>
@@ -54,6 +54,7 @@ struct Options {
     std::vector<double> budgets{50, 30};
     int steps = 2;
     std::size_t repeats = 1;
+    double time_limit = 20.0;  // of Auto's analysis of one model
 };
 
 struct Entry {
@@ -88,10 +89,12 @@ Options parse(int argc, char** argv) {
             o.steps = std::stoi(next());
         } else if (a == "--repeats") {
             o.repeats = static_cast<std::size_t>(std::stoul(next()));
+        } else if (a == "--time-limit") {
+            o.time_limit = std::stod(next());
         } else {
             throw remat::InvalidInput("unknown option '" + a +
                                       "'\nusage: bench_zoo --manifest FILE [--only NAMES] [--budgets 50,30] [--steps N] "
-                                      "[--repeats N]");
+                                      "[--repeats N] [--time-limit S]");
         }
     }
     if (o.manifest.empty()) throw remat::InvalidInput("--manifest FILE is required (scripts/zoo writes it)");
@@ -227,38 +230,28 @@ std::string compare(const Trajectory& a, const Trajectory& b) {
 // ---------------------------------------------------------------- planning
 
 struct Planner {
-    const remat::Problem& problem;
-    remat::Rockmate<> rockmate;
-    remat::RockmateModel model;
-    Bytes rockmate_smallest = 0;
+    remat::Auto solver;
+    remat::AutoModel model;
+    Bytes auto_smallest = 0;
     Bytes greedy_smallest = 0;
 };
 
-Planner analyse(const remat::Problem& problem) {
-    remat::RockmateOptions options;  // a coarser grid than the default: models with hundreds of blocks
-    options.peak_budgets = 4;
-    options.saved_budgets = 4;
-    options.block_time_limit_seconds = 2.0;
-    const remat::Rockmate<> rockmate(options);
-    Planner p{problem, rockmate, rockmate.analyse(problem), 0, 0};
-    p.rockmate_smallest = p.rockmate.smallest_budget(p.model);
+Planner analyse(const remat::Problem& problem, double time_limit) {
+    remat::AutoOptions options;
+    options.time_limit_seconds = time_limit;
+    const remat::Auto solver(options);
+    Planner p{solver, solver.analyse(problem), 0, 0};
+    p.auto_smallest = p.solver.smallest_budget(p.model);
     p.greedy_smallest = remat::Greedy{}.smallest_budget(problem);
     return p;
 }
 
-// The faster plan of Rockmate and the greedy at `budget`, with the name of its solver.
 std::optional<remat::Plan> plan_at(const Planner& planner, Bytes budget) {
-    std::optional<remat::Plan> best;
     try {
-        best = planner.rockmate.solve(planner.model, budget);
+        return planner.solver.solve(planner.model, budget);
     } catch (const remat::Infeasible&) {
+        return std::nullopt;
     }
-    try {
-        remat::Plan g = remat::Greedy{}.solve(planner.problem, budget);
-        if (!best || g.time < best->time) best = std::move(g);
-    } catch (const remat::Infeasible&) {
-    }
-    return best;
 }
 
 std::string percent(Bytes part, Bytes whole) {
@@ -287,13 +280,14 @@ void run_entry(const Entry& e, const Options& o) {
     const remat::Problem& problem = cap.problem();
     const auto reference = remat::store_all_reference(problem);
     const auto t0 = Clock::now();
-    const Planner planner = analyse(problem);
+    const Planner planner = analyse(problem, o.time_limit);
     const double analysis = seconds_since(t0);
     const remat::MemoryLowerBound bound = remat::memory_lower_bound(problem);
-    std::printf("%-34s  %5zu ops %4zu blocks  capture %6.1f s  P_ref %9s  smallest: rockmate %4s greedy %4s, "
+    std::printf("%-34s  %5zu ops %4zu blocks  capture %6.1f s  P_ref %9s  smallest: auto (%s) %4s greedy %4s, "
                 "lower bound %4s (%s) (analysis %.1f s)\n",
                 title.c_str(), problem.op_count(), remat::partition_blocks(problem).blocks.size(), cap.seconds(),
-                remat::format_bytes(reference.peak).c_str(), percent(planner.rockmate_smallest, reference.peak).c_str(),
+                remat::format_bytes(reference.peak).c_str(), std::string(remat::to_string(planner.model.choice)).c_str(),
+                percent(planner.auto_smallest, reference.peak).c_str(),
                 percent(planner.greedy_smallest, reference.peak).c_str(), percent(bound.bytes, reference.peak).c_str(),
                 bound.reason.c_str(), analysis);
     std::vector<at::Tensor> buffers;
@@ -305,7 +299,7 @@ void run_entry(const Entry& e, const Options& o) {
         const Bytes budget = remat::percent_of(reference.peak, b);
         const auto plan = plan_at(planner, budget);
         if (!plan) {
-            std::printf("    budget %3.0f%%: infeasible for rockmate and the greedy\n", b);
+            std::printf("    budget %3.0f%%: infeasible (below what auto and the greedy reach)\n", b);
             continue;
         }
         restore(start, cap.parameters(), buffers);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "core/bytes.hpp"
+#include "version.hpp"
 #include "core/errors.hpp"
 #include "core/problem.hpp"
 #include "core/chain.hpp"
@@ -31,9 +32,11 @@
 #include "solvers/greedy.hpp"
 #include "partition/hierarchy.hpp"
 #include "solvers/hierarchical.hpp"
+#include "solvers/auto.hpp"
 #include "exec/report.hpp"
 #include "exec/plan.hpp"
 #include "exec/backend.hpp"
 #include "exec/executor.hpp"
 #include "io/budget.hpp"
 #include "io/svg.hpp"
+#include "io/sweep.hpp"

@@ -239,7 +239,7 @@ TEST_CASE("hrockmate: within 10 % of the exact optimum on small graphs, 5 % on a
         const Reference ref = store_all_reference(p);
         Bytes least = 0;
         try {
-            least = exact.smallest_feasible_budget(p);
+            least = exact.smallest_budget(p);
         } catch (const SolverError&) {  // the reference itself is beyond its state limit
             ++skipped;
             continue;
@@ -330,7 +330,7 @@ TEST_CASE("hrockmate: infeasible budgets say whether they are below a proven bou
     } catch (const Infeasible& e) {
         CHECK_THAT(e.what(), Catch::Contains("below a proven lower bound"));
         CHECK_THAT(e.what(), Catch::Contains(bound.reason));
-        REQUIRE(e.smallest_feasible().has_value());
+        REQUIRE(e.smallest_budget().has_value());
     }
     // A budget above the bound that neither the hierarchy nor the greedy reaches: plan a
     // problem whose lower bound is loose (a chain whose layers all want their input).
@@ -420,4 +420,49 @@ TEST_CASE("rockmate's memory cap: the sequence DP stops with a clear note and th
     } catch (const Error& e) {
         CHECK_THAT(e.what(), Catch::Contains("max_table_mib") || Catch::Contains("needs at least"));
     }
+}
+
+TEST_CASE("remat::Auto picks the solver by the graph's shape and never reports a false infeasible", "[hierarchical][auto]") {
+    remat::testing::UNetShape u;
+    u.levels = 3;
+    u.convs = 2;
+    const Problem unet = remat::testing::unet_like(u);
+    remat::testing::TransformerShape t;
+    t.layers = 3;
+    t.tokens = 16;
+    t.width = 32;
+    const Problem transformer = remat::testing::transformer_like(t);
+    CHECK(remat::auto_choice(unet) == remat::AutoChoice::hrockmate);
+    CHECK(remat::auto_choice(transformer) == remat::AutoChoice::rockmate);
+    CHECK(remat::to_string(remat::AutoChoice::rotor) == "rotor");
+
+    std::vector<std::string> lines;
+    remat::AutoOptions options;
+    options.progress = [&lines](const std::string& line) { lines.push_back(line); };
+    const remat::Auto solver(options);
+    for (const Problem* p : {&unet, &transformer}) {
+        const Reference ref = store_all_reference(*p);
+        const Bytes least = solver.smallest_budget(*p);
+        // Auto is never worse than the greedy alone at its smallest budget.
+        CHECK(least <= Greedy(HRockmateOptions::default_greedy()).smallest_budget(*p));
+        CHECK(least >= memory_lower_bound(*p).bytes);
+        for (const Bytes budget : {least, (least + ref.peak) / 2, ref.peak}) {
+            const Plan plan = solver.solve(*p, budget);
+            const SimulationReport report = simulate(*p, plan.schedule);
+            REQUIRE(report.valid);
+            CHECK(report.peak <= budget);
+            CHECK_THAT(plan.stats.options, Catch::StartsWith("chose "));
+        }
+        // Below the proven lower bound: the message says so and carries the smallest budget.
+        try {
+            (void)solver.solve(*p, memory_lower_bound(*p).bytes - 1);
+            FAIL("a budget below the proven lower bound was planned");
+        } catch (const Infeasible& e) {
+            CHECK_THAT(std::string(e.what()), Catch::Contains("below a proven lower bound"));
+            REQUIRE(e.smallest_budget());
+            CHECK(*e.smallest_budget() >= memory_lower_bound(*p).bytes);
+        }
+    }
+    CHECK(std::any_of(lines.begin(), lines.end(), [](const std::string& l) { return l.rfind("auto: hrockmate for", 0) == 0; }));
+    CHECK(std::any_of(lines.begin(), lines.end(), [](const std::string& l) { return l.rfind("auto: rockmate for", 0) == 0; }));
 }

@@ -7,9 +7,10 @@
 //     optimizer.step();     // on m->parameters(): the jit module's own tensors
 //
 // checkpoint() captures the module on the sample arguments (script.hpp: any scripted or
-// traced module, tuples, lists and dicts in and out), plans with the solver (the greedy by
-// default: it plans any graph in milliseconds; H-Rockmate or Checkmate plan closer to the
-// optimum) under a budget policy (io/budget.hpp: bytes, % of the store-all peak, or the
+// traced module, tuples, lists and dicts in and out), plans with the solver (remat::Auto by
+// default, solvers/auto.hpp: Rotor, Rockmate or H-Rockmate by the graph's shape, the greedy
+// as the last resort; pass remat::Greedy{} to plan large graphs in milliseconds) under a
+// budget policy (io/budget.hpp: bytes, % of the store-all peak, or the
 // smallest budget plus a margin, optionally falling back to the smallest), and runs the plan
 // through ScriptExecutor::forward inside a custom autograd Function (graph_executor.hpp).
 // Gradients are bitwise those of plain autograd. The capture is specialised to the sample's
@@ -36,7 +37,7 @@
 #include "../core/progress.hpp"
 #include "../core/solver.hpp"
 #include "../io/budget.hpp"
-#include "../solvers/greedy.hpp"
+#include "../solvers/auto.hpp"
 #include "../solvers/store_all.hpp"
 #include "graph_executor.hpp"
 #include "memory.hpp"
@@ -50,13 +51,17 @@ struct ScriptCheckpointOptions {
     ShapePolicy on_new_shape = ShapePolicy::replan;
     /// Captures kept for distinct argument shapes (the oldest is dropped beyond it).
     std::size_t max_cached_shapes = 4;
-    /// A summary line per capture and plan (to `progress`, else stderr).
-    bool verbose = false;
+    /// With a total budget (budget_total, BudgetSpec::Counts::total): the optimizer's state in
+    /// bytes per byte of trainable parameters (0 for plain SGD, 1 with momentum, 2 for Adam).
+    double optimizer_state_per_parameter = 0.0;
+    /// Receives one line per phase (capture phases, planning with its summary) and the
+    /// warnings; empty: silence, except warnings (a fallback to the smallest budget), which go
+    /// to stderr.
     ProgressCallback progress;
 };
 
 /// The module; use it through ScriptCheckpointed<S, Probe> or checkpoint().
-template <Solver S = Greedy, MemoryProbe Probe = CpuMemoryProbe>
+template <Solver S = Auto, MemoryProbe Probe = CpuMemoryProbe>
 class ScriptCheckpointedImpl : public ::torch::nn::Module {
 public:
     ScriptCheckpointedImpl(::torch::jit::Module module, const std::vector<c10::IValue>& sample, BudgetSpec budget,
@@ -116,6 +121,11 @@ private:
         ScriptPlan plan;
     };
 
+    [[nodiscard]] std::vector<at::Tensor> jit_buffers() const {
+        std::vector<at::Tensor> out;
+        for (const at::Tensor& b : jit_.buffers(true)) out.push_back(b);
+        return out;
+    }
     void say(const std::string& line) const {
         if (options_.progress)
             options_.progress(line);
@@ -124,17 +134,23 @@ private:
     }
 
     [[nodiscard]] std::shared_ptr<Compiled> compile(const std::vector<c10::IValue>& arguments) const {
-        ScriptCapture captured = capture_script<Probe>(jit_, arguments, options_.capture, probe_);
+        CaptureOptions capture_options = options_.capture;
+        if (!capture_options.progress) capture_options.progress = options_.progress;
+        ScriptCapture captured = capture_script<Probe>(jit_, arguments, capture_options, probe_);
         return std::make_shared<Compiled>(plan(captured));
     }
 
     [[nodiscard]] Compiled plan(const ScriptCapture& captured) const {
         const ScriptExecutor<Probe> executor(captured, probe_);
         Reference reference = store_all_reference(captured.problem());
+        const BudgetSpec spec = budget_.counts == BudgetSpec::Counts::total
+                                    ? budget_.with_resident(resident_training_bytes(
+                                          this->parameters(), jit_buffers(), options_.optimizer_state_per_parameter))
+                                    : budget_;
         BudgetedPlan planned =
-            plan_within(solver_, captured.problem(), budget_, reference.peak, [this](const std::string& l) { say(l); });
+            plan_within(solver_, captured.problem(), spec, reference.peak, [this](const std::string& l) { say(l); });
         ScriptPlan prepared = executor.prepare(std::move(planned.plan));
-        if (options_.verbose) {
+        if (options_.progress) {
             std::ostringstream line;
             line << "remat: '" << captured.problem().name() << "' captured (" << captured.ops().size() << " ops in "
                  << captured.seconds() << " s): store-all peak " << format_bytes(reference.peak) << ", budget "
@@ -180,7 +196,7 @@ private:
     std::vector<std::shared_ptr<Compiled>> cache_;
 };
 
-template <Solver S = Greedy, MemoryProbe Probe = CpuMemoryProbe>
+template <Solver S = Auto, MemoryProbe Probe = CpuMemoryProbe>
 class ScriptCheckpointed : public ::torch::nn::ModuleHolder<ScriptCheckpointedImpl<S, Probe>> {
 public:
     using ::torch::nn::ModuleHolder<ScriptCheckpointedImpl<S, Probe>>::ModuleHolder;
@@ -189,7 +205,7 @@ public:
 /// Captures `module` on `sample` (one value per forward argument), plans at `budget` with
 /// `solver`, and returns a module whose forward() and `loss.backward()` work like the
 /// original's, within the budget.
-template <Solver S = Greedy, MemoryProbe Probe = CpuMemoryProbe>
+template <Solver S = Auto, MemoryProbe Probe = CpuMemoryProbe>
 [[nodiscard]] ScriptCheckpointed<S, Probe> checkpoint(const ::torch::jit::Module& module, const std::vector<c10::IValue>& sample,
                                                       BudgetSpec budget, S solver = S{}, ScriptCheckpointOptions options = {},
                                                       Probe probe = Probe{}) {

@@ -1,0 +1,232 @@
+// remat/solvers/auto.hpp — remat::Auto, the solver to use when you do not want to choose one.
+//
+// It looks at the problem's shape and hands it to the solver made for that shape:
+//   - a chain (as_chain, core/chain.hpp)                → Rotor (Beaumont et al. 2019), optimal;
+//   - a sequence of at least two blocks of at most
+//     AutoOptions::max_block_ops ops each              → Rockmate (Zhao et al. 2023);
+//   - any other graph                                  → H-Rockmate (solvers/hierarchical.hpp).
+// When the chosen solver has no plan at the budget (or fails), the greedy with its portfolio
+// of eviction scores (solvers/greedy.hpp, after DTR, Kirisame et al. 2021) is tried last, so
+// that a budget another method reaches is never reported infeasible. An infeasible answer
+// says whether the budget is below the proven lower bound of core/bounds.hpp (no solver can
+// do it) or only beyond the reach of the solvers tried, and carries the smallest budget they
+// know to work. See docs/guide.md, "Choosing a solver".
+#pragma once
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "../core/bounds.hpp"
+#include "../core/chain.hpp"
+#include "../core/errors.hpp"
+#include "../core/problem.hpp"
+#include "../core/progress.hpp"
+#include "../core/solver.hpp"
+#include "../core/timing.hpp"
+#include "../partition/blocks.hpp"
+#include "greedy.hpp"
+#include "hierarchical.hpp"
+#include "rockmate.hpp"
+#include "rotor.hpp"
+
+namespace remat {
+
+/// Which solver Auto hands a problem to.
+enum class AutoChoice { rotor, rockmate, hrockmate };
+
+[[nodiscard]] constexpr std::string_view to_string(AutoChoice choice) noexcept {
+    switch (choice) {
+        case AutoChoice::rotor: return "rotor";
+        case AutoChoice::rockmate: return "rockmate";
+        case AutoChoice::hrockmate: return "hrockmate";
+    }
+    return "unknown";
+}
+
+struct AutoOptions {
+    /// Passed to the chosen solver (Rotor's DP, Rockmate's per-block grid, H-Rockmate's
+    /// whole analysis); the greedy's fallback is fast and not limited.
+    std::optional<double> time_limit_seconds;
+    /// Receives the choice and the chosen solver's progress lines.
+    ProgressCallback progress;
+    /// Rockmate is chosen only when every block has at most this many ops (forward and
+    /// backward): larger blocks make its per-block exact searches slow.
+    std::size_t max_block_ops = 64;
+    /// Try the greedy when the chosen solver has no plan.
+    bool greedy_fallback = true;
+};
+
+/// True when the problem is a sequence of at least two blocks of at most `max_block_ops` ops.
+[[nodiscard]] inline bool is_sequence_of_small_blocks(const Problem& problem, std::size_t max_block_ops = 64) {
+    try {
+        const BlockPartition partition = partition_blocks(problem);
+        if (partition.blocks.size() < 2) return false;
+        for (const Block& block : partition.blocks)
+            if (block.forward_ops.size() + block.backward_ops.size() > max_block_ops) return false;
+        return true;
+    } catch (const Error&) {
+        return false;  // no block structure that Rockmate can use
+    }
+}
+
+/// The solver Auto uses for `problem`.
+[[nodiscard]] inline AutoChoice auto_choice(const Problem& problem, std::size_t max_block_ops = 64) {
+    if (as_chain(problem)) return AutoChoice::rotor;
+    if (is_sequence_of_small_blocks(problem, max_block_ops)) return AutoChoice::rockmate;
+    return AutoChoice::hrockmate;
+}
+
+namespace detail::auto_solver {
+
+// Why no solver Auto tried has a plan: below the proven lower bound, or only beyond their
+// reach, naming the one that reaches lower.
+[[nodiscard]] inline Infeasible infeasible(const Problem& problem, Bytes budget, std::string_view chosen,
+                                           const std::optional<Bytes>& chosen_least,
+                                           const std::optional<Bytes>& greedy_least) {
+    const MemoryLowerBound bound = memory_lower_bound(problem);
+    const auto show = [](const std::optional<Bytes>& b) { return b ? std::to_string(*b) + " bytes" : std::string("unknown"); };
+    std::string message = "auto: no plan of '" + problem.name() + "' within " + std::to_string(budget) + " bytes: ";
+    if (budget < bound.bytes) {
+        message += "the budget is below a proven lower bound: every schedule needs at least " +
+                   std::to_string(bound.bytes) + " bytes (" + bound.reason + ")";
+    } else {
+        message += "the budget is above the proven lower bound of " + std::to_string(bound.bytes) + " bytes (" +
+                   bound.reason + ") but beyond the reach of " + std::string(chosen) + " (smallest budget " +
+                   show(chosen_least) + ") and greedy (" + show(greedy_least) + ")";
+        if (chosen_least && greedy_least && *chosen_least != *greedy_least)
+            message += "; " + std::string(*greedy_least < *chosen_least ? "greedy" : chosen) + " reaches lower";
+        message += "; an exact solver (checkmate, or exhaustive on small problems) may reach further";
+    }
+    std::optional<Bytes> least = chosen_least;
+    if (greedy_least && (!least || *greedy_least < *least)) least = greedy_least;
+    return Infeasible(message, budget, least);
+}
+
+// Says in the plan's options that auto chose the solver that made it (stats.solver names it).
+[[nodiscard]] inline Plan tagged(Plan plan, std::string_view who) {
+    plan.stats.options = "chose " + std::string(who) + (plan.stats.options.empty() ? "" : ", " + plan.stats.options);
+    return plan;
+}
+
+}  // namespace detail::auto_solver
+
+/// What Auto derives from a problem before the budget comes in: its choice and the chosen
+/// solver's analysis (Rockmate's blocks or H-Rockmate's clusters), reusable at any budget —
+/// a sweep over budgets analyses once (Auto::analyse, Auto::solve(model, budget)).
+struct AutoModel {
+    Problem problem;
+    AutoChoice choice = AutoChoice::hrockmate;
+    std::optional<RockmateModel> rockmate;    ///< when choice == rockmate
+    std::optional<HRockmateModel> hrockmate;  ///< when choice == hrockmate
+    double seconds = 0.0;
+};
+
+/// Picks the solver for the problem's shape (see the top of this file) and falls back to
+/// the greedy. Models remat::Solver.
+class Auto {
+public:
+    explicit Auto(AutoOptions options = {}) : options_(std::move(options)) {}
+
+    [[nodiscard]] static constexpr std::string_view name() noexcept { return "auto"; }
+    [[nodiscard]] const AutoOptions& options() const noexcept { return options_; }
+
+    [[nodiscard]] AutoModel analyse(const Problem& problem) const {
+        const Stopwatch clock;
+        AutoModel model{problem, auto_choice(problem, options_.max_block_ops), std::nullopt, std::nullopt, 0.0};
+        report_progress(options_.progress,
+                        "auto: " + std::string(to_string(model.choice)) + " for '" + problem.name() + "'");
+        try {
+            if (model.choice == AutoChoice::rockmate) model.rockmate = Rockmate<>(rockmate_options()).analyse(problem);
+            if (model.choice == AutoChoice::hrockmate) model.hrockmate = HRockmate(hrockmate_options()).analyse(problem);
+        } catch (const SolverError& e) {
+            // the greedy still plans; solve() says why the chosen solver is missing
+            report_progress(options_.progress, "auto: the analysis of " + std::string(to_string(model.choice)) +
+                                                   " failed (" + e.what() + "); the greedy plans alone");
+        }
+        model.seconds = clock.seconds();
+        return model;
+    }
+
+    [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
+        AutoModel model = analyse(problem);
+        Plan plan = solve(model, budget);
+        plan.stats.solve_seconds += model.seconds;
+        return plan;
+    }
+
+    /// Plans at `budget` with a model from analyse().
+    [[nodiscard]] Plan solve(const AutoModel& model, Bytes budget) const {
+        std::optional<Bytes> chosen_least, greedy_least;
+        try {
+            return detail::auto_solver::tagged(solve_chosen(model, budget), to_string(model.choice));
+        } catch (const Infeasible& e) {
+            chosen_least = e.smallest_budget();
+            if (!options_.greedy_fallback) throw;
+        } catch (const SolverError& e) {
+            if (!options_.greedy_fallback) throw;
+            report_progress(options_.progress, "auto: " + std::string(to_string(model.choice)) + " failed (" +
+                                                   e.what() + "); trying the greedy");
+        }
+        try {
+            return detail::auto_solver::tagged(Greedy(HRockmateOptions::default_greedy()).solve(model.problem, budget),
+                                               "greedy (last resort)");
+        } catch (const Infeasible& e) {
+            greedy_least = e.smallest_budget();
+        }
+        throw detail::auto_solver::infeasible(model.problem, budget, to_string(model.choice), chosen_least,
+                                              greedy_least);
+    }
+
+    /// The smallest budget the chosen solver or the greedy plans (the lower of the two).
+    [[nodiscard]] Bytes smallest_budget(const Problem& problem) const { return smallest_budget(analyse(problem)); }
+    [[nodiscard]] Bytes smallest_budget(const AutoModel& model) const {
+        Bytes least = Greedy(HRockmateOptions::default_greedy()).smallest_budget(model.problem);
+        try {
+            if (model.choice == AutoChoice::rotor)
+                least = std::min(least, Rotor(rotor_options()).smallest_budget(*as_chain(model.problem)));
+            else if (model.rockmate)
+                least = std::min(least, Rockmate<>(rockmate_options()).smallest_budget(*model.rockmate));
+            else if (model.hrockmate)
+                least = std::min(least, HRockmate(hrockmate_options()).smallest_budget(*model.hrockmate));
+        } catch (const Error&) {
+            // the greedy's answer stands
+        }
+        return least;
+    }
+
+private:
+    [[nodiscard]] RotorOptions rotor_options() const {
+        RotorOptions o;
+        o.time_limit_seconds = options_.time_limit_seconds;
+        o.progress = options_.progress;
+        return o;
+    }
+    [[nodiscard]] RockmateOptions rockmate_options() const {
+        RockmateOptions o;
+        if (options_.time_limit_seconds) o.block_time_limit_seconds = *options_.time_limit_seconds;
+        o.progress = options_.progress;
+        return o;
+    }
+    [[nodiscard]] HRockmateOptions hrockmate_options() const {
+        HRockmateOptions o;
+        if (options_.time_limit_seconds) o.time_limit_seconds = *options_.time_limit_seconds;
+        o.progress = options_.progress;
+        return o;
+    }
+    [[nodiscard]] Plan solve_chosen(const AutoModel& model, Bytes budget) const {
+        if (model.choice == AutoChoice::rotor) return Rotor(rotor_options()).solve(model.problem, budget);
+        if (model.rockmate) return Rockmate<>(rockmate_options()).solve(*model.rockmate, budget);
+        if (model.hrockmate) return HRockmate(hrockmate_options()).solve(*model.hrockmate, budget);
+        throw SolverError("auto: " + std::string(to_string(model.choice)) + " has no analysis of '" +
+                          model.problem.name() + "'");
+    }
+
+    AutoOptions options_;
+};
+
+static_assert(Solver<Auto>);
+
+}  // namespace remat
