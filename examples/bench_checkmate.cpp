@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <iostream>
 #include <cstdlib>
 #include <functional>
 #include <optional>
@@ -111,7 +112,7 @@ Outcome solve_with(const Problem& problem, Bytes budget, const CheckmateOptions&
     } catch (const Infeasible& e) {
         out.seconds = seconds_since(start);
         out.kind = Outcome::Kind::infeasible;
-        out.smallest = e.smallest_feasible();
+        out.smallest = e.smallest_budget();
         // Checkmate's message says whether its search for the smallest budget finished.
         out.smallest_proven = std::string_view(e.what()).find("the smallest feasible budget is ") != std::string_view::npos;
         out.message = e.what();
@@ -232,7 +233,7 @@ int main(int argc, char** argv) {
 
     CheckmateOptions options;
     options.time_limit_seconds = time_limit;
-    options.progress = verbose;
+    if (verbose) options.progress = [](const std::string& line) { std::clog << line << "\n"; };
     options.extra_passes = extra_passes;
 
     std::vector<Backend> backends;

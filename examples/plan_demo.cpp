@@ -89,7 +89,7 @@ void sweep(const Loaded& item) {
     for (const SolverEntry* s : solvers) {
         std::optional<Bytes> b;
         try {
-            b = remat::cli::smallest_feasible(*s, problem, {}, ref.peak);
+            b = remat::cli::smallest_budget(*s, problem, {}, ref.peak);
         } catch (const remat::Error&) {
         }
         smallest_line += (smallest_line.empty() ? "" : ", ") + std::string(s->name) + " " +
@@ -183,7 +183,7 @@ int main(int argc, char** argv) {
             try {
                 plan = remat::cli::solve_with(solver, pick->problem, budget, options);
             } catch (const remat::Infeasible& e) {
-                budget = e.smallest_feasible().value_or(pick->reference.peak);
+                budget = e.smallest_budget().value_or(pick->reference.peak);
                 plan = remat::cli::solve_with(solver, pick->problem, budget, options);
             }
             if (svg_path.has_parent_path()) fs::create_directories(svg_path.parent_path());

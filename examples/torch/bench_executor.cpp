@@ -150,7 +150,7 @@ int main(int argc, char** argv) {
             executor_row("rotor" + tag, remat::Rotor{}.solve(problem, budget));
         } catch (const remat::Infeasible& e) {
             std::printf("rotor%s: infeasible (smallest %s)\n", tag.c_str(),
-                        remat::format_bytes(e.smallest_feasible().value_or(0)).c_str());
+                        remat::format_bytes(e.smallest_budget().value_or(0)).c_str());
         }
     }
 

@@ -178,7 +178,7 @@ int run_demo(const Options& o, S solver) {
         } catch (const remat::Infeasible& e) {
             std::printf("%-15s %10s  infeasible: needs at least %s\n", name.c_str(),
                         remat::format_bytes(remat::percent_of(m->store_all_peak(), budget_percent)).c_str(),
-                        remat::format_bytes(e.smallest_feasible().value_or(0)).c_str());
+                        remat::format_bytes(e.smallest_budget().value_or(0)).c_str());
             continue;
         }
         torch::optim::SGD plain_optimizer(plain->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));

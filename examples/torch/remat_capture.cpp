@@ -43,6 +43,7 @@ struct Options {
     std::optional<double> time_limit;
     bool eval = false;
     bool verbose = false;
+    bool quiet = false;
     int threads = 1;
     std::uint64_t seed = 0;
     std::int64_t layers = 12;
@@ -52,10 +53,11 @@ struct Options {
 constexpr const char* usage_text =
     "usage: remat-capture MODEL.pt --input-shape DxDx... [--input-shape ...] [--input-dtype float|double|long|int]\n"
     "                     [--int-high N] --out FILE [--name NAME] [--repeats N] [--time-limit S] [--eval]\n"
-    "                     [--threads N] [--seed N] [--verbose]\n"
+    "                     [--threads N] [--seed N] [--verbose|--quiet]\n"
     "       remat-capture --example gpt|resnet [--layers N] [--batch N] --out FILE [same options]\n"
     "Captures the model's forward on random inputs of the given shapes into a remat.problem/1 problem,\n"
-    "profiled on this machine (times in seconds, sizes in bytes), and writes it to FILE.\n";
+    "profiled on this machine (times in seconds, sizes in bytes), and writes it to FILE. It prints one line\n"
+    "per phase on stderr (--quiet: none; --verbose: also one per op, and the table of ops).\n";
 
 [[noreturn]] void bad(const std::string& why) { throw remat::InvalidInput(why + "\n" + usage_text); }
 
@@ -111,6 +113,8 @@ Options parse(int argc, char** argv) {
             o.eval = true;
         } else if (a == "--verbose") {
             o.verbose = true;
+        } else if (a == "--quiet") {
+            o.quiet = true;
         } else if (a == "--threads") {
             o.threads = parse_number<int>(a, value(i));
         } else if (a == "--seed") {
@@ -200,7 +204,9 @@ int main(int argc, char** argv) {
         options.name = name;
         options.repeats = o.repeats;
         options.time_limit_seconds = o.time_limit;
-        options.verbose = o.verbose;
+        const auto to_stderr = [](const std::string& line) { std::cerr << line << '\n'; };
+        if (!o.quiet) options.progress = to_stderr;
+        if (o.verbose) options.op_progress = to_stderr;
         const remat::torch::ScriptCapture capture = remat::torch::capture_script(module, inputs, options);
         std::ofstream out(o.out);
         if (!out) throw remat::InvalidInput("cannot write '" + o.out + "'");

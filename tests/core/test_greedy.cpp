@@ -77,7 +77,7 @@ TEST_CASE("memory lower bound: what forces it, and never above the exact smalles
     // B1 reads a0 (initial), g1, s1 (8192), a1 and writes g0, with 512 of overhead.
     CHECK(b.bytes == 4096 + 4096 + 8192 + 4096 + 4096 + 512);
     CHECK(b.reason == "exactly-once op 'B1'");
-    CHECK(b.bytes <= smallest_feasible_budget(tiny));
+    CHECK(b.bytes <= exact_smallest_budget(tiny));
 
     ProblemBuilder only("only-initial");
     const DataId x = only.add_data("x", 100);
@@ -98,7 +98,7 @@ TEST_CASE("memory lower bound: what forces it, and never above the exact smalles
         for (const Problem& q : {dag, chain}) {
             const MemoryLowerBound bound = memory_lower_bound(q);
             INFO(q.name() << ": " << bound.reason);
-            CHECK(bound.bytes <= smallest_feasible_budget(q));
+            CHECK(bound.bytes <= exact_smallest_budget(q));
             CHECK(bound.bytes <= store_all_reference(q).peak);
         }
     }
@@ -185,7 +185,7 @@ TEST_CASE("greedy is never faster than the exact optimum, nor below its smallest
         const Problem dag = testing::random_dag(rng, shape);
         const Problem chain = to_problem(testing::random_chain(rng, 1 + static_cast<std::size_t>(trial % 3)));
         for (const Problem& p : {dag, chain}) {
-            const Bytes exact_smallest = smallest_feasible_budget(p);
+            const Bytes exact_smallest = exact_smallest_budget(p);
             const Bytes greedy_smallest = Greedy{}.smallest_budget(p);
             CHECK(memory_lower_bound(p).bytes <= exact_smallest);
             CHECK(greedy_smallest >= exact_smallest);
@@ -210,7 +210,7 @@ TEST_CASE("greedy Infeasible: below the proven bound, and only beyond the greedy
         FAIL("expected Infeasible");
     } catch (const Infeasible& e) {
         CHECK(e.budget() == bound.bytes - 1);
-        CHECK(e.smallest_feasible() == smallest);
+        CHECK(e.smallest_budget() == smallest);
         CHECK_THAT(e.what(), Catch::Contains("no schedule at all fits") && Catch::Contains("exactly-once op 'B1'") &&
                                  Catch::Contains(std::to_string(bound.bytes)) && Catch::Contains(std::to_string(smallest)));
     }
@@ -228,7 +228,7 @@ TEST_CASE("greedy Infeasible: below the proven bound, and only beyond the greedy
             (void)Greedy{}.solve(q, greedy_smallest - 1);
             FAIL("expected Infeasible");
         } catch (const Infeasible& e) {
-            CHECK(e.smallest_feasible() == greedy_smallest);
+            CHECK(e.smallest_budget() == greedy_smallest);
             CHECK_THAT(e.what(), Catch::Contains("only beyond the greedy's reach") && Catch::Contains("checkmate"));
         }
         CHECK(Greedy{}.solve(q, greedy_smallest).peak <= greedy_smallest);

@@ -99,8 +99,8 @@ TEST_CASE("periodic plans are valid, and its smallest budget is exactly its peak
                 (void)periodic.solve(p, report.peak - 1);
                 FAIL("periodic accepted a budget below its peak");
             } catch (const Infeasible& e) {
-                REQUIRE(e.smallest_feasible());
-                CHECK(*e.smallest_feasible() == report.peak);
+                REQUIRE(e.smallest_budget());
+                CHECK(*e.smallest_budget() == report.peak);
                 CHECK(e.budget() == report.peak - 1);
             }
         }

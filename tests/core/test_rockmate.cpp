@@ -546,7 +546,7 @@ TEST_CASE("rockmate plans are valid and fit on generated op-level networks") {
             (void)rockmate.solve(model, least - 1);
             FAIL("no Infeasible below the smallest budget");
         } catch (const Infeasible& e) {
-            CHECK(e.smallest_feasible() == least);
+            CHECK(e.smallest_budget() == least);
         }
     }
     CHECK(plans == 30 * 7);
@@ -595,7 +595,7 @@ TEST_CASE("rockmate on small op-level graphs stays close to the exact optimum") 
         const Reference ref = store_all_reference(p);
         const RockmateModel model = rockmate.analyse(p);
         const Bytes least = rockmate.smallest_budget(model);
-        CHECK(least >= exact.smallest_feasible_budget(p));
+        CHECK(least >= exact.smallest_budget(p));
         for (const Bytes budget : sweep(least, ref.peak, 4)) {
             const double t = rockmate.solve(model, budget).time;
             const double opt = exact.solve(p, budget).time;
@@ -644,7 +644,7 @@ TEST_CASE("rockmate's sequence solver is a parameter: an exact search over rotor
             (void)by_search.solve(model, least_search - 1);
             FAIL("no Infeasible below the search's smallest budget");
         } catch (const Infeasible& e) {
-            CHECK(e.smallest_feasible() == least_search);
+            CHECK(e.smallest_budget() == least_search);
         }
         const Reference ref = store_all_reference(p);
         for (const Bytes budget : sweep(least_rotor, std::max(ref.peak, least_rotor), 5)) {
@@ -694,7 +694,7 @@ TEST_CASE("rockmate's analysis is reusable: the same plans as fresh solves, in t
     const nlohmann::json line = nlohmann::json::parse(out.str());
     const Problem p = example("residual-block.problem.json");
     const Rockmate<> defaults;
-    CHECK(line.at("smallest_feasible") == defaults.smallest_budget(p));
+    CHECK(line.at("smallest_budget") == defaults.smallest_budget(p));
     REQUIRE(line.at("sweep").size() == 5);
     for (const auto& row : line.at("sweep")) {
         REQUIRE(row.at("feasible") == true);
@@ -759,7 +759,7 @@ TEST_CASE("rockmate on the bundled op-level examples") {
         const RockmateModel model = rockmate.analyse(p);
         const Reference ref = store_all_reference(p);
         const Bytes least = rockmate.smallest_budget(model);
-        CHECK(least >= Exhaustive().smallest_feasible_budget(p));
+        CHECK(least >= Exhaustive().smallest_budget(p));
         for (const Bytes budget : sweep(least, ref.peak, 5)) {
             const Plan plan = rockmate.solve(p, budget);
             CHECK(simulate(p, plan.schedule).fits(budget));

@@ -146,7 +146,7 @@ std::optional<Bytes> infeasible_smallest(const auto& solver, const Problem& p, B
         (void)solver.solve(p, budget);
     } catch (const Infeasible& e) {
         CHECK(e.budget() == budget);
-        return e.smallest_feasible();
+        return e.smallest_budget();
     }
     return std::nullopt;
 }
@@ -159,7 +159,7 @@ TEST_CASE("rotor on tiny-chain: smallest feasible budget 25088, optimum 3.0") {
     const Chain chain{"tiny-chain", 4096, {Stage{"l1", 1.0, 2.0, 4096, 12288, 0, 512}}};
     const Problem p = to_problem(chain);
     CHECK(rotor_smallest_budget(to_rotor_chain(chain)) == 25088);
-    CHECK(smallest_feasible_budget(p) == 25088);
+    CHECK(exact_smallest_budget(p) == 25088);
     for (const Rotor& rotor : {Rotor{}, exact_rotor()}) {
         const Plan plan = rotor.solve(p, 25088);
         CHECK(plan.time == 3.0);
@@ -182,7 +182,7 @@ TEST_CASE("rotor is exact within its model and never below the optimum over all 
         const Chain chain = tiny_chain(rng, length);
         const Problem p = to_problem(chain);
         const Enumerated persistent = enumerate_persistent(chain);
-        const Bytes all_least = smallest_feasible_budget(p);
+        const Bytes all_least = exact_smallest_budget(p);
         const Bytes p_ref = store_all_reference(p).peak;
         INFO("trial " << trial << ", L = " << length);
         ++chains;
@@ -203,7 +203,7 @@ TEST_CASE("rotor is exact within its model and never below the optimum over all 
             try {
                 best_any = exhaustive.solve(p, budget).time;
             } catch (const Infeasible& e) {
-                CHECK(e.smallest_feasible() == all_least);
+                CHECK(e.smallest_budget() == all_least);
             }
             CHECK(best_any.has_value() == (budget >= all_least));
             for (const Rotor& rotor : {exact_rotor(), Rotor{}}) {
@@ -419,7 +419,7 @@ TEST_CASE("property: every solver's plans fit, rotor beats periodic and is monot
                     check_plan(p, plan, budget);
                     if (!periodic || plan.time < periodic->time) periodic = std::move(plan);
                 } catch (const Infeasible& e) {
-                    CHECK(*e.smallest_feasible() > budget);
+                    CHECK(*e.smallest_budget() > budget);
                 }
             }
             const Plan plan = fixed.solve(p, budget);

@@ -194,14 +194,14 @@ TEST_CASE("StoreAll solver: plan at P_ref, Infeasible below with P_ref as smalle
         (void)StoreAll{}.solve(p, ref.peak - 1);
         FAIL("expected Infeasible");
     } catch (const Infeasible& e) {
-        CHECK(e.smallest_feasible() == ref.peak);
+        CHECK(e.smallest_budget() == ref.peak);
         CHECK(e.budget() == ref.peak - 1);
     }
 }
 
 TEST_CASE("Exhaustive: tiny-chain optimum and smallest budget match the reference table") {
     const Problem p = to_problem(Chain{"tiny-chain", 4096, {{"l1", 1.0, 2.0, 4096, 12288, 0, 512}}});
-    CHECK(smallest_feasible_budget(p) == 25088);
+    CHECK(exact_smallest_budget(p) == 25088);
     const Plan plan = Exhaustive{}.solve(p, 25088);
     CHECK(plan.time == 3.0);
     CHECK(plan.stats.status == SolveStatus::optimal);
@@ -212,7 +212,7 @@ TEST_CASE("Exhaustive: recomputation trades time for memory on a chain") {
     const Problem p = to_problem(Chain{"three", 10, {{"1", 1, 1, 100, 300, 0, 0}, {"2", 1, 1, 100, 300, 0, 0},
                                                    {"3", 1, 1, 10, 10, 0, 0}}});
     const Reference ref = store_all_reference(p);
-    const Bytes smallest = smallest_feasible_budget(p);
+    const Bytes smallest = exact_smallest_budget(p);
     CHECK(smallest < ref.peak);
     const Plan at_ref = Exhaustive{}.solve(p, ref.peak);
     CHECK(at_ref.time == ref.time);
@@ -223,7 +223,7 @@ TEST_CASE("Exhaustive: recomputation trades time for memory on a chain") {
         (void)Exhaustive{}.solve(p, smallest - 1);
         FAIL("expected Infeasible");
     } catch (const Infeasible& e) {
-        CHECK(e.smallest_feasible() == smallest);
+        CHECK(e.smallest_budget() == smallest);
         CHECK_THAT(e.what(), Catch::Contains("three") && Catch::Contains(std::to_string(smallest)));
     }
 }
@@ -233,7 +233,7 @@ TEST_CASE("Exhaustive on random chains: valid, within budget, never worse than s
     for (int trial = 0; trial < 40; ++trial) {
         const Problem p = to_problem(random_chain(rng, 1 + trial % 4));
         const Reference ref = store_all_reference(p);
-        const Bytes smallest = smallest_feasible_budget(p);
+        const Bytes smallest = exact_smallest_budget(p);
         REQUIRE(smallest <= ref.peak);
         double previous = std::numeric_limits<double>::infinity();
         for (int k = 0; k <= 4; ++k) {

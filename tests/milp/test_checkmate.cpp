@@ -89,15 +89,15 @@ TEST_CASE("Checkmate equals exhaustive search on 105 tiny problems at several bu
     for (const Case& c : tiny_problems()) {
         INFO(c.what);
         const Problem& p = c.problem;
-        const Bytes smallest = exhaustive.smallest_feasible_budget(p);
+        const Bytes smallest = exhaustive.smallest_budget(p);
         const Bytes reference = store_all_reference(p).peak;
         // Below the smallest budget: both say infeasible, with the same smallest budget.
         try {
             (void)checkmate.solve(p, smallest - 1);
             FAIL("checkmate found a schedule below the smallest feasible budget " << smallest);
         } catch (const Infeasible& e) {
-            REQUIRE(e.smallest_feasible().has_value());
-            CHECK(*e.smallest_feasible() == smallest);
+            REQUIRE(e.smallest_budget().has_value());
+            CHECK(*e.smallest_budget() == smallest);
             ++infeasible;
         }
         for (const double fraction : {0.0, 0.35, 0.7, 1.0}) {
@@ -131,7 +131,7 @@ TEST_CASE("both backends give the same optimum; the min-peak MILP gives the smal
         const Problem p = seed % 2 == 0 ? to_problem(testing::random_chain(rng, 2 + seed % 3))
                                         : testing::random_dag(rng, testing::DagShape{2 + seed % 3});
         INFO("seed " << seed);
-        const Bytes smallest = exhaustive.smallest_feasible_budget(p);
+        const Bytes smallest = exhaustive.smallest_budget(p);
         const Bytes reference = store_all_reference(p).peak;
         for (const Bytes budget : {smallest, (smallest + reference) / 2}) {
             const Plan a = lpsolve.solve(p, budget);
@@ -140,7 +140,7 @@ TEST_CASE("both backends give the same optimum; the min-peak MILP gives the smal
             CHECK(a.stats.status == SolveStatus::optimal);
             CHECK(simulate(p, a.schedule).fits(budget));
         }
-        CHECK(min_peak.smallest_feasible_budget(p) == smallest);
+        CHECK(min_peak.smallest_budget(p) == smallest);
     }
 }
 
@@ -193,7 +193,7 @@ TEST_CASE("a time limit that stops the search still returns a schedule that fits
 
 TEST_CASE("the skip connection needs one pass without exactly-once op, which the default allows") {
     const Problem p = skip_connection();
-    const Bytes smallest = Exhaustive().smallest_feasible_budget(p);
+    const Bytes smallest = Exhaustive().smallest_budget(p);
     CHECK(smallest == 330);
     CheckmateOptions one_sweep = exact_options();
     one_sweep.extra_passes = 0;
@@ -218,7 +218,7 @@ TEST_CASE("LP rounding: always valid and within budget, never below the optimum"
         std::mt19937 rng(300 + seed);
         const Problem p = seed % 2 == 0 ? to_problem(testing::random_chain(rng, 2 + seed % 4))
                                         : testing::random_dag(rng, testing::DagShape{2 + seed % 4});
-        const Bytes smallest = exhaustive.smallest_feasible_budget(p);
+        const Bytes smallest = exhaustive.smallest_budget(p);
         const Bytes reference = store_all_reference(p).peak;
         for (const Bytes budget : {(2 * smallest + reference) / 3, (smallest + 2 * reference) / 3, reference}) {
             INFO("seed " << seed << " budget " << budget);
@@ -261,8 +261,8 @@ TEST_CASE("Checkmate reports its status, model size and rejects bad options") {
         (void)checkmate.solve(p, 1);
         FAIL("a budget of 1 byte cannot fit");
     } catch (const Infeasible& e) {
-        REQUIRE(e.smallest_feasible().has_value());
-        CHECK(*e.smallest_feasible() == Exhaustive().smallest_feasible_budget(p));
+        REQUIRE(e.smallest_budget().has_value());
+        CHECK(*e.smallest_budget() == Exhaustive().smallest_budget(p));
     }
 }
 
@@ -279,7 +279,7 @@ TEST_CASE("Checkmate equals exhaustive search on DAGs of 7 and 8 forward ops", "
         testing::DagShape shape;
         shape.forward_ops = 7 + seed % 2;
         const Problem p = testing::random_dag(rng, shape, "dag" + std::to_string(seed));
-        const Bytes smallest = exhaustive.smallest_feasible_budget(p);
+        const Bytes smallest = exhaustive.smallest_budget(p);
         const Bytes reference = store_all_reference(p).peak;
         for (const double fraction : {0.0, 0.3, 0.6}) {
             const Bytes budget = smallest + static_cast<Bytes>(static_cast<double>(reference - smallest) * fraction);

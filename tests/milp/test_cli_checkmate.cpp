@@ -42,7 +42,7 @@ TEST_CASE("remat-plan --solver checkmate gives the diamond's optimum with status
 TEST_CASE("remat-plan --solver checkmate: infeasible budgets exit 3, unknown backends exit 2", "[cli]") {
     CliResult r = remat_plan({diamond, "--budget", "38797311", "--solver", "checkmate", "--json"});
     CHECK(r.code == 3);
-    CHECK(nlohmann::json::parse(r.out).at("smallest_feasible") == 38797312);
+    CHECK(nlohmann::json::parse(r.out).at("smallest_budget") == 38797312);
     r = remat_plan({diamond, "--budget", "50%", "--solver", "checkmate:gurobi"});
     CHECK(r.code == 2);
     CHECK_THAT(r.err, Catch::Contains("checkmate:gurobi") && Catch::Contains("checkmate:lpsolve"));

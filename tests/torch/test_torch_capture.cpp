@@ -527,15 +527,21 @@ TEST_CASE("capture: the problem is valid JSON and its store-all reference matche
     // Rockmate's partition finds the residual blocks.
     const auto partition = remat::partition_blocks(p);
     CHECK(partition.blocks.size() >= 3);
-    // Progress: one line per op; past the time limit every op is timed once.
+    // Progress: one line per phase, and one per op for those who ask; past the time limit
+    // every op is timed once.
     CaptureOptions o = quick("progress");
     o.repeats = 1000;
     o.time_limit_seconds = 0.0;
-    std::vector<std::string> lines;
+    std::vector<std::string> lines, op_lines;
     o.progress = [&lines](const std::string& line) { lines.push_back(line); };
+    o.op_progress = [&op_lines](const std::string& line) { op_lines.push_back(line); };
     const ScriptCapture again = capture_script(m, {at::randn({2, 3, 8, 8})}, o);
-    REQUIRE(lines.size() == again.ops().size());
-    CHECK(lines.front().find("capture op " + again.ops().front().name) != std::string::npos);
+    REQUIRE(op_lines.size() == again.ops().size());
+    CHECK(op_lines.front().find("capture op " + again.ops().front().name) != std::string::npos);
+    REQUIRE(lines.size() == 4);
+    CHECK(lines[0].find("interpreted the graph") != std::string::npos);
+    CHECK(lines[2].find("profiled the ops") != std::string::npos);
+    CHECK(lines[3].find("built the problem") != std::string::npos);
     CHECK(again.problem().op_count() == p.op_count());
 }
 

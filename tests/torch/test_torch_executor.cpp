@@ -85,13 +85,17 @@ TEST_CASE("profiler measures sizes with the executor's primitives and leaves the
     for (const auto& b : model->buffers()) buffers_before.push_back(b.clone());
     const at::Tensor rng_before = at::detail::getDefaultCPUGenerator().get_state();
 
-    std::vector<std::string> lines;
+    std::vector<std::string> lines, phases;
     rt::ProfileOptions options = quick_profile();
     options.name = "mlp";
-    options.progress = [&](const std::string& line) { lines.push_back(line); };
+    options.stage_progress = [&](const std::string& line) { lines.push_back(line); };
+    options.progress = [&](const std::string& line) { phases.push_back(line); };
     const rt::ChainProfile profile = rt::profile_chain(stages, sample, options);
 
     CHECK(lines.size() == stages.size());
+    REQUIRE(phases.size() == 2);  // one line when profiling starts, one when it ends
+    CHECK(phases[0].find("profiling 'mlp'") != std::string::npos);
+    CHECK(phases[1].find("profiled 'mlp'") != std::string::npos);
     const remat::Chain& chain = profile.chain;
     CHECK(chain.name == "mlp");
     CHECK(chain.input_bytes == 8 * 16 * 4);
@@ -144,7 +148,7 @@ TEST_CASE("profiler honours its time limit", "[torch][profile]") {
     options.repeats = 50;
     options.time_limit_seconds = 0.0;
     std::vector<std::string> lines;
-    options.progress = [&](const std::string& line) { lines.push_back(line); };
+    options.stage_progress = [&](const std::string& line) { lines.push_back(line); };
     const rt::ChainProfile profile = rt::profile_chain(remat_test::blocks_of(model), torch::randn({4, 8}), options);
     REQUIRE(lines.size() == 4);
     for (const std::string& line : lines) CHECK_THAT(line, Catch::Contains("timed once"));

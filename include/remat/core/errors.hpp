@@ -27,30 +27,31 @@ public:
 };
 
 /// The budget is below what any schedule (that this solver can produce) needs.
-/// `smallest_feasible()` is the smallest budget the solver knows to work, when it knows one.
+/// `smallest_budget()` is the smallest budget the solver knows to work, when it knows one.
 class Infeasible : public Error {
 public:
     /// `store_all_peak`: P_ref, when the thrower knows it (front ends add it), so that the
     /// smallest budget can also be read as a percentage of it.
-    Infeasible(std::string message, Bytes budget, std::optional<Bytes> smallest_feasible,
+    Infeasible(std::string message, Bytes budget, std::optional<Bytes> smallest_budget,
                std::optional<Bytes> store_all_peak = std::nullopt)
-        : Error(std::move(message)), budget_(budget), smallest_feasible_(smallest_feasible), store_all_peak_(store_all_peak) {}
+        : Error(std::move(message)), budget_(budget), smallest_budget_(smallest_budget), store_all_peak_(store_all_peak) {}
 
     [[nodiscard]] Bytes budget() const noexcept { return budget_; }
     /// The smallest budget the solver knows to work, when it knows one.
-    [[nodiscard]] std::optional<Bytes> smallest_budget() const noexcept { return smallest_feasible_; }
-    /// The same (the name of earlier versions).
-    [[nodiscard]] std::optional<Bytes> smallest_feasible() const noexcept { return smallest_feasible_; }
+    [[nodiscard]] std::optional<Bytes> smallest_budget() const noexcept { return smallest_budget_; }
+    [[deprecated("use smallest_budget()")]] [[nodiscard]] std::optional<Bytes> smallest_feasible() const noexcept {
+        return smallest_budget_;
+    }
     [[nodiscard]] std::optional<Bytes> store_all_peak() const noexcept { return store_all_peak_; }
     /// The smallest budget as a percentage of the store-all peak, when both are known.
     [[nodiscard]] std::optional<double> smallest_percent() const noexcept {
-        if (!smallest_feasible_ || !store_all_peak_ || *store_all_peak_ <= 0) return std::nullopt;
-        return 100.0 * static_cast<double>(*smallest_feasible_) / static_cast<double>(*store_all_peak_);
+        if (!smallest_budget_ || !store_all_peak_ || *store_all_peak_ <= 0) return std::nullopt;
+        return 100.0 * static_cast<double>(*smallest_budget_) / static_cast<double>(*store_all_peak_);
     }
 
 private:
     Bytes budget_;
-    std::optional<Bytes> smallest_feasible_;
+    std::optional<Bytes> smallest_budget_;
     std::optional<Bytes> store_all_peak_;
 };
 

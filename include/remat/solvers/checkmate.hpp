@@ -51,7 +51,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <iostream>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -66,6 +65,7 @@
 #include "../core/chain.hpp"
 #include "../core/errors.hpp"
 #include "../core/problem.hpp"
+#include "../core/progress.hpp"
 #include "../core/schedule.hpp"
 #include "../core/simulate.hpp"
 #include "../core/solver.hpp"
@@ -103,8 +103,8 @@ struct CheckmateOptions {
     /// solvers/exhaustive.hpp first on problems of at most 64 data (a few seconds at most),
     /// then the min-peak MILP.
     bool exhaustive_first = true;
-    /// Print the model size and the MILP outcome on stderr.
-    bool progress = false;
+    /// Receives the model size and the MILP outcomes, one line each; empty means silence.
+    ProgressCallback progress;
     /// Memory cap: a model with more run variables R[t,k] than this is not built (its rows and
     /// the backend's copy would take gigabytes); the best known schedule (the baselines and
     /// the greedy's) is returned instead, and without one the solve fails with SolverError.
@@ -1003,7 +1003,10 @@ public:
 
     /// The smallest peak of any schedule this solver's model holds (exact when the search
     /// finishes within the time limit; otherwise the best peak found).
-    [[nodiscard]] Bytes smallest_feasible_budget(const Problem& problem) const {
+    [[deprecated("use smallest_budget()")]] [[nodiscard]] Bytes smallest_feasible_budget(const Problem& problem) const {
+        return smallest_budget(problem);
+    }
+    [[nodiscard]] Bytes smallest_budget(const Problem& problem) const {
         const auto start = std::chrono::steady_clock::now();
         const detail::checkmate::Analysis a = detail::checkmate::analyse(problem);
         return smallest_peak(problem, a, start).first;
@@ -1036,7 +1039,7 @@ private:
         if (!base)
             throw SolverError("checkmate: " + why + " for '" + problem.name() + "' and no baseline fits " +
                               std::to_string(budget) + " bytes; raise the cap or use hrockmate or greedy");
-        if (options_.progress) std::clog << "checkmate: " << why << "; returning the " << base->from << " schedule" << std::endl;
+        say("checkmate: ", why, "; returning the ", base->from, " schedule");
         SolverStats stats{std::string(name()), 0.0, SolveStatus::feasible, std::nullopt,
                           "backend=" + std::string(backend_.name()) + " " + why + "; returned=" + base->from};
         stats.solve_seconds = seconds_since(start);
@@ -1101,7 +1104,7 @@ private:
             model.set_time_limit(left);
             return backend_.solve(model);
         }
-        if (options_.progress) std::clog << "checkmate: " << left << " s left; the MILP is not started" << std::endl;
+        say("checkmate: ", left, " s left; the MILP is not started");
         milp::Result skipped;
         if (model.start() && model.is_feasible(*model.start())) {
             skipped.status = milp::Status::feasible;
@@ -1130,15 +1133,23 @@ private:
                 const std::optional<Baseline>& base) const {
         if (!options_.progress) return;
         const CheckmateModelSize s = f.size();
-        std::clog << "checkmate[" << backend_.name() << "] '" << problem.name() << "' budget " << budget << ": "
-                  << s.passes << " passes, " << s.variables << " variables (" << s.integers << " binary), " << s.rows
-                  << " rows, " << s.nonzeros << " nonzeros";
-        if (base) std::clog << "; start " << base->from << " time " << base->time;
-        std::clog << std::endl;
+        std::ostringstream start;
+        if (base) start << "; start " << base->from << " time " << base->time;
+        say("checkmate[", backend_.name(), "] '", problem.name(), "' budget ", budget, ": ", s.passes, " passes, ",
+            s.variables, " variables (", s.integers, " binary), ", s.rows, " rows, ", s.nonzeros, " nonzeros",
+            start.str());
     }
     void print_result(const milp::Result& r) const {
-        std::clog << "checkmate[" << backend_.name() << "] " << milp::to_string(r.status) << " objective " << r.objective
-                  << " bound " << r.best_bound << " in " << r.seconds << " s" << std::endl;
+        say("checkmate[", backend_.name(), "] ", milp::to_string(r.status), " objective ", r.objective, " bound ",
+            r.best_bound, " in ", r.seconds, " s");
+    }
+    // One progress line from its parts, built only when someone listens.
+    template <class... Parts>
+    void say(const Parts&... parts) const {
+        if (!options_.progress) return;
+        std::ostringstream line;
+        (line << ... << parts);
+        options_.progress(line.str());
     }
 
     // Smallest peak over schedules of the model's passes: (peak, proven).
@@ -1192,7 +1203,7 @@ private:
             limits.max_states = 200'000;
             limits.time_limit_seconds = std::min(2.0, std::max(0.05, left / 4));
             try {
-                return {Exhaustive(limits).smallest_feasible_budget(problem), true};
+                return {Exhaustive(limits).smallest_budget(problem), true};
             } catch (const SolverError&) {
                 // Too many states: the MILP copes with larger problems.
             }
@@ -1270,7 +1281,7 @@ private:
         SolverStats stats{std::string(name()), 0.0, SolveStatus::feasible, std::nullopt, describe_options(f)};
         if (!best) {
             // No rounding fits: the exact search is the only way left.
-            if (options_.progress) std::clog << "checkmate: no rounding fits; solving the MILP" << std::endl;
+            say("checkmate: no rounding fits; solving the MILP");
             const milp::Result r = run(f.model(), start);
             if (r.status == milp::Status::infeasible) throw_infeasible(problem, a, budget, start, "the MILP has no solution");
             if (!r.has_solution())

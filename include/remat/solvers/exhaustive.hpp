@@ -389,7 +389,10 @@ public:
     }
 
     /// The least peak of any valid schedule: the smallest budget any solver can meet.
-    [[nodiscard]] Bytes smallest_feasible_budget(const Problem& problem) const {
+    [[deprecated("use smallest_budget()")]] [[nodiscard]] Bytes smallest_feasible_budget(const Problem& problem) const {
+        return smallest_budget(problem);
+    }
+    [[nodiscard]] Bytes smallest_budget(const Problem& problem) const {
         const detail::ExhaustiveSearch search(problem, options_);
         const auto result = search.run(detail::SearchGoal::least_peak, std::numeric_limits<Bytes>::max());
         if (!result.found) throw InvalidInput("problem '" + problem.name() + "' has no valid schedule at all");
@@ -401,8 +404,12 @@ private:
 };
 
 /// The least peak of any valid schedule of a small problem (see Exhaustive).
-[[nodiscard]] inline Bytes smallest_feasible_budget(const Problem& problem, ExhaustiveOptions options = {}) {
-    return Exhaustive(options).smallest_feasible_budget(problem);
+[[nodiscard]] inline Bytes exact_smallest_budget(const Problem& problem, ExhaustiveOptions options = {}) {
+    return Exhaustive(options).smallest_budget(problem);
+}
+[[deprecated("use exact_smallest_budget()")]] [[nodiscard]] inline Bytes smallest_feasible_budget(
+    const Problem& problem, ExhaustiveOptions options = {}) {
+    return exact_smallest_budget(problem, options);
 }
 
 }  // namespace remat

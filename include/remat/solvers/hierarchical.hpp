@@ -119,7 +119,7 @@ struct HRockmateOptions {
         return r;
     }
     /// Called with a line per planned cluster and per solve.
-    std::function<void(const std::string&)> progress;
+    ProgressCallback progress;
 };
 
 /// What H-Rockmate derives from a problem before the budget comes in.

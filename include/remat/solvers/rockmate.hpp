@@ -36,7 +36,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <iostream>
 #include <optional>
 #include <set>
 #include <string>
@@ -46,6 +45,7 @@
 
 #include "../core/errors.hpp"
 #include "../core/problem.hpp"
+#include "../core/progress.hpp"
 #include "../core/schedule.hpp"
 #include "../core/simulate.hpp"
 #include "../core/solver.hpp"
@@ -83,8 +83,8 @@ struct RockmateOptions {
     BlockSharing sharing = BlockSharing::same_sizes;
     /// Where blocks are cut (partition_blocks).
     PartitionOptions partition{};
-    /// Progress on stderr.
-    bool verbose = false;
+    /// Receives one line per analysed block (and time limits hit); empty means silence.
+    ProgressCallback progress;
 };
 
 /// One way to run a block: a forward and a backward sub-schedule in the block problem's ids.
@@ -453,13 +453,13 @@ struct NogradForward {
 template <class S>
 [[nodiscard]] std::optional<Bytes> least_peak(const S& solver, const Problem& q) {
     try {
-        if constexpr (requires { { solver.smallest_feasible_budget(q) } -> std::convertible_to<Bytes>; }) {
-            return solver.smallest_feasible_budget(q);
+        if constexpr (requires { { solver.smallest_budget(q) } -> std::convertible_to<Bytes>; }) {
+            return solver.smallest_budget(q);
         } else {
             (void)solver.solve(q, q.initial_bytes() - 1);
         }
     } catch (const Infeasible& e) {
-        return e.smallest_feasible();
+        return e.smallest_budget();
     } catch (const Error&) {
     }
     return std::nullopt;
@@ -523,12 +523,14 @@ public:
                 solve_block(problem, part, l, rb, freeable);
             }
             rb.seconds = seconds_since(block_start);
-            if (options_.verbose)
-                std::cerr << "rockmate: block " << l + 1 << "/" << n << " (" << block.forward_ops.size() << " forward, "
-                          << block.backward_ops.size() << " backward ops): " << rb.options.size() << " options"
-                          << (same_as ? std::string(" (as block ") + std::to_string(*same_as + 1) + ")"
-                                      : std::string(" from ") + std::to_string(rb.solves) + " solves")
-                          << " in " << rb.seconds << " s\n";
+            if (options_.progress)
+                options_.progress("rockmate: block " + std::to_string(l + 1) + "/" + std::to_string(n) + " (" +
+                                  std::to_string(block.forward_ops.size()) + " forward, " +
+                                  std::to_string(block.backward_ops.size()) + " backward ops): " +
+                                  std::to_string(rb.options.size()) + " options" +
+                                  (same_as ? " (as block " + std::to_string(*same_as + 1) + ")"
+                                           : " from " + std::to_string(rb.solves) + " solves") +
+                                  " in " + std::to_string(rb.seconds) + " s");
             model.blocks.push_back(std::move(rb));
         }
         model.seconds = seconds_since(start);
@@ -559,7 +561,7 @@ public:
             seq = sequence_plan(sequence_solver_, chain, budget);
         } catch (const Infeasible& e) {
             const std::optional<Bytes> least =
-                e.smallest_feasible() ? std::optional<Bytes>(*e.smallest_feasible()) : std::nullopt;
+                e.smallest_budget() ? std::optional<Bytes>(*e.smallest_budget()) : std::nullopt;
             throw Infeasible("rockmate needs at least " + (least ? std::to_string(*least) : std::string("more")) +
                                  " bytes for '" + model.problem.name() + "' (" + std::to_string(model.blocks.size()) +
                                  " blocks), above the budget of " + std::to_string(budget) + " bytes",
@@ -691,10 +693,11 @@ private:
                         continue;
                     if (seconds_since(start) > options_.block_time_limit_seconds) {
                         out_of_time = true;
-                        if (options_.verbose)
-                            std::cerr << "rockmate: block " << l + 1 << ": time limit of "
-                                      << options_.block_time_limit_seconds << " s reached, " << tried.size() - 1
-                                      << " grid points tried\n";
+                        report_progress(options_.progress, "rockmate: block " + std::to_string(l + 1) +
+                                                               ": time limit of " +
+                                                               std::to_string(options_.block_time_limit_seconds) +
+                                                               " s reached, " + std::to_string(tried.size() - 1) +
+                                                               " grid points tried");
                         break;
                     }
                     const BlockProblem constrained = block_problem(problem, part, l, peak - saved);
@@ -720,7 +723,7 @@ private:
                         ++rb.failed_solves;
                         if (rb.failure.empty()) {
                             rb.failure = e.what();
-                            if (options_.verbose) std::cerr << "rockmate: block " << l + 1 << ": " << e.what() << "\n";
+                            report_progress(options_.progress, "rockmate: block " + std::to_string(l + 1) + ": " + e.what());
                         }
                     }
                 }

@@ -52,14 +52,17 @@ public:
         return checkmate_.solve(problem, budget);
     }
 
-    [[nodiscard]] Bytes smallest_feasible_budget(const Problem& problem) const {
+    [[deprecated("use smallest_budget()")]] [[nodiscard]] Bytes smallest_feasible_budget(const Problem& problem) const {
+        return smallest_budget(problem);
+    }
+    [[nodiscard]] Bytes smallest_budget(const Problem& problem) const {
         if (small(problem)) {
             try {
-                return exhaustive_.smallest_feasible_budget(problem);
+                return exhaustive_.smallest_budget(problem);
             } catch (const SolverError&) {
             }
         }
-        return checkmate_.smallest_feasible_budget(problem);
+        return checkmate_.smallest_budget(problem);
     }
 
 private:

@@ -48,7 +48,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <iostream>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -60,6 +59,7 @@
 #include "../core/chain.hpp"
 #include "../core/errors.hpp"
 #include "../core/problem.hpp"
+#include "../core/progress.hpp"
 #include "../core/schedule.hpp"
 #include "../core/simulate.hpp"
 #include "../core/solver.hpp"
@@ -159,8 +159,8 @@ struct RotorOptions {
     std::optional<Bytes> slot_bytes;
     /// Give up (SolverError) when the DP runs longer than this.
     std::optional<double> time_limit_seconds;
-    /// Progress on stderr.
-    bool verbose = false;
+    /// Receives progress lines (the table's size, columns filled); empty means silence.
+    ProgressCallback progress;
     /// Memory cap of the DP's time table (L(L+1)/2 rows of slots + 1 floats): beyond it the
     /// solve stops with an error saying how large the table would be, instead of allocating it.
     std::size_t max_table_mib = 2048;
@@ -599,7 +599,8 @@ private:
                 throw SolverError("rotor: time limit of " + std::to_string(*options.time_limit_seconds) +
                                   " s reached after " + std::to_string(b0 - 1) + " of " + std::to_string(L_) +
                                   " table columns; use fewer slots or raise the limit");
-            if (options.verbose) std::cerr << "rotor: columns " << b0 << ".." << L_ << " after " << elapsed() << " s\n";
+            report_progress(options.progress, "rotor: columns " + std::to_string(b0) + ".." + std::to_string(L_) + " after " +
+                                                   std::to_string(elapsed()) + " s");
             const std::size_t b1 = std::min(L_, b0 + block - 1);
             for (std::size_t a = b1; a >= 1; --a)
                 for (std::size_t b = std::max(a, b0); b <= b1; ++b) fill_row(a, b, M);
@@ -829,10 +830,10 @@ template <class Choose>
         seq.actions = from_needs(exact_units, exact_needs, 0);
         seq.optimal = false;
         seq.slots = 0;
-        if (options.verbose) std::cerr << stats_line(unit, 0) << ": slot rounding left no plan, least-memory schedule\n";
+        report_progress(options.progress, stats_line(unit, 0) + ": slot rounding left no plan, least-memory schedule");
     } else {
         const auto width = static_cast<std::size_t>(M);
-        if (options.verbose) std::cerr << stats_line(unit, width) << "\n";
+        report_progress(options.progress, stats_line(unit, width));
         const detail::RotorTable table(units, needs, width, options);
         seq.actions = detail::expand_rotor(units, M, [&](std::size_t a, std::size_t b, Bytes m) {
             return table.choose(a, b, static_cast<std::size_t>(m));

@@ -63,14 +63,39 @@ struct CheckpointOptions {
     std::size_t max_cached_shapes = 8;
     /// Fuse stages that return views of their input into a neighbour (see fuse_aliasing_stages).
     bool fuse_aliasing = true;
-    /// A summary line per plan on stderr (or to `progress`).
-    bool verbose = false;
-    /// Receives the summary lines and warnings (a fallback to the smallest budget) instead of stderr.
+    /// With a total budget (budget_total, BudgetSpec::Counts::total): the optimizer's state in
+    /// bytes per byte of trainable parameters (0 for plain SGD, 1 with momentum, 2 for Adam).
+    double optimizer_state_per_parameter = 0.0;
+    /// Receives one line per phase (profiling, planning with its summary) and the warnings;
+    /// empty: silence, except warnings (a fallback to the smallest budget), which go to stderr.
     ProgressCallback progress;
 };
 
 // Budgets (io/budget.hpp): budget_bytes(n), budget_percent(p), budget_above_smallest(p), each
-// with .or_smallest() to fall back to the solver's smallest budget instead of throwing.
+// with .or_smallest() to fall back to the solver's smallest budget instead of throwing, and
+// budget_total(n) (or .counting_everything()) for a budget of everything the step holds.
+using remat::budget_total;
+
+/// What a training step holds besides the plan's activations, for total budgets
+/// (BudgetSpec::Counts::total): the parameters and buffers, a gradient per trainable
+/// parameter, and the optimizer's state (`optimizer_state_per_parameter` bytes per byte of
+/// trainable parameter).
+[[nodiscard]] inline Bytes resident_training_bytes(const std::vector<at::Tensor>& parameters,
+                                                   const std::vector<at::Tensor>& buffers,
+                                                   double optimizer_state_per_parameter) {
+    if (!(optimizer_state_per_parameter >= 0.0) || optimizer_state_per_parameter > 1e6)
+        throw InvalidInput("optimizer_state_per_parameter must be between 0 and 1e6, not " +
+                           std::to_string(optimizer_state_per_parameter));
+    Bytes held = 0, trainable = 0;
+    for (const at::Tensor& t : buffers)
+        if (t.defined()) held += static_cast<Bytes>(t.nbytes());
+    for (const at::Tensor& t : parameters) {
+        if (!t.defined()) continue;
+        held += static_cast<Bytes>(t.nbytes());
+        if (t.requires_grad()) trainable += static_cast<Bytes>(t.nbytes());
+    }
+    return held + trainable + static_cast<Bytes>(optimizer_state_per_parameter * static_cast<double>(trainable));
+}
 using remat::budget_above_smallest;
 using remat::budget_bytes;
 using remat::budget_percent;
@@ -221,7 +246,7 @@ private:
 
     [[nodiscard]] std::shared_ptr<Compiled> compile(const at::Tensor& sample, const BudgetSpec& budget) const {
         ProfileOptions profile_options = options_.profile;
-        profile_options.verbose = profile_options.verbose || options_.verbose;
+        if (!profile_options.progress) profile_options.progress = options_.progress;
         ChainProfile profile = profile_chain(stages_, sample, profile_options, probe_);
         return plan_again(ChainExecutor<Probe>(stages_, std::move(profile), probe_), budget);
     }
@@ -235,10 +260,14 @@ private:
             else
                 std::cerr << line << '\n';
         };
-        BudgetedPlan planned = plan_within(solver_, problem, budget, reference.peak, warn);
+        const BudgetSpec spec = budget.counts == BudgetSpec::Counts::total
+                                    ? budget.with_resident(resident_training_bytes(
+                                          this->parameters(), this->buffers(), options_.optimizer_state_per_parameter))
+                                    : budget;
+        BudgetedPlan planned = plan_within(solver_, problem, spec, reference.peak, warn);
         const Bytes bytes = planned.budget;
         ExecutablePlan executable = executor.prepare(std::move(planned.plan));
-        if (options_.verbose) {
+        if (options_.progress) {
             std::ostringstream line;
             const double overhead = reference.time > 0 ? executable.predicted_time() / reference.time - 1 : 0.0;
             line << "remat: chain '" << executor.chain().name << "' (" << executor.chain().length()

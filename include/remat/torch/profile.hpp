@@ -15,7 +15,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <iostream>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -27,6 +26,7 @@
 #include "../core/chain.hpp"
 #include "../core/problem.hpp"
 #include "../core/errors.hpp"
+#include "../core/progress.hpp"
 #include "../core/timing.hpp"
 #include "../io/budget.hpp"
 #include "detail/runtime.hpp"
@@ -44,10 +44,10 @@ struct ProfileOptions {
     std::size_t warmup = 2;
     /// When profiling has run this long, the remaining stages are timed once, without warm-up.
     std::optional<double> time_limit_seconds;
-    /// One line per stage on stderr.
-    bool verbose = false;
-    /// Called with each progress line (instead of stderr when set).
-    std::function<void(const std::string&)> progress;
+    /// Receives one line when profiling starts and one when it ends (core/progress.hpp).
+    ProgressCallback progress;
+    /// Receives one line per stage with what was measured (remat-capture --verbose).
+    ProgressCallback stage_progress;
 };
 
 /// What profiling found, beyond the chain itself.
@@ -119,12 +119,6 @@ private:
     std::vector<BufferSnapshot> buffers_;
 };
 
-inline void report(const ProfileOptions& options, const std::string& line) {
-    if (options.progress)
-        options.progress(line);
-    else if (options.verbose)
-        std::cerr << line << '\n';
-}
 
 }  // namespace detail
 
@@ -206,6 +200,9 @@ template <MemoryProbe Probe = CpuMemoryProbe>
                            std::string(probe.name()) + "') measures " + c10::DeviceTypeName(probe.device_type()) +
                            " memory; use a probe for the model's device (CudaMemoryProbe for CUDA)");
     const auto start = detail::Clock::now();
+    report_progress(options.progress, "remat: profiling '" + options.name + "' (" + std::to_string(stages.size()) +
+                                          " stages, " + std::to_string(options.warmup) + " + " +
+                                          std::to_string(options.repeats) + " runs each)");
     const c10::Device device = sample.device();
     const detail::ModelStateGuard guard(stages, device);
     const detail::ParameterTable table(stages);
@@ -308,13 +305,14 @@ template <MemoryProbe Probe = CpuMemoryProbe>
         if (result.unreleased_bytes.back() > 0)
             line << "; warning: " << format_bytes(result.unreleased_bytes.back())
                  << " allocated by its forward are held elsewhere (a stage should keep no tensors between calls)";
-        detail::report(options, line.str());
+        report_progress(options.stage_progress, line.str());
 
         result.chain.stages.push_back(std::move(measured));
         x = std::move(y);
     }
     validate(result.chain);
     result.seconds = detail::seconds_since(start);
+    report_progress(options.progress, "remat: profiled '" + options.name + "' in " + std::to_string(result.seconds) + " s");
     return result;
 }
 

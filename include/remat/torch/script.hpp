@@ -127,14 +127,24 @@ template <MemoryProbe Probe = CpuMemoryProbe>
     for (const at::Tensor& b : core->module.buffers(true))
         if (b.defined()) buffers.push_back(b);
     const StateGuard guard(buffers, core->device);
+    auto phase_start = detail::Clock::now();
+    const auto phase_done = [&](const std::string& what) {
+        report_progress(options.progress, "remat: " + who + ": " + what + " in " +
+                                              std::to_string(detail::seconds_since(phase_start)) + " s");
+        phase_start = detail::Clock::now();
+    };
     const Trace trace = Interpreter(core->module, core->graph, inputs, options, who).run();
     guard.restore_buffers();
     keep_trace(*core, trace);
+    phase_done("interpreted the graph");
     Grouping grouping = Grouper(trace, who).run();
     core->groups = std::move(grouping.groups);
     core->output_tree = grouping.output_tree;
+    phase_done("grouped " + std::to_string(core->groups.size()) + " ops");
     Profile profile = Profiler<Probe>(*core, trace, grouping, inputs, options, probe, who).run();
+    phase_done("profiled the ops");
     ProblemWriter(*core, trace, grouping, profile, who).run();
+    phase_done("built the problem");
     core->seconds = detail::seconds_since(start);
     return ScriptCapture(core);
 }

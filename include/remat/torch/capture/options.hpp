@@ -6,6 +6,8 @@
 #include <optional>
 #include <string>
 
+#include "../../core/progress.hpp"
+
 namespace remat::torch {
 
 struct CaptureOptions {
@@ -25,10 +27,11 @@ struct CaptureOptions {
     /// Loops are unrolled at capture; a capture whose loops run more iterations than this in
     /// total is refused (it would plan a graph that large).
     std::size_t max_loop_iterations = 100000;
-    /// One line per op on stderr.
-    bool verbose = false;
-    /// Called with each progress line (instead of stderr when set).
-    std::function<void(const std::string&)> progress;
+    /// Receives one line per phase of capture (interpretation, grouping, profiling, problem)
+    /// with its time (core/progress.hpp).
+    ProgressCallback progress;
+    /// Receives one line per op with what profiling measured (remat-capture --verbose).
+    ProgressCallback op_progress;
 };
 
 }  // namespace remat::torch

@@ -380,10 +380,7 @@ private:
              << " ms, fwd+ " << info.forward_grad_time * 1e3 << " ms, bwd " << info.backward_time * 1e3 << " ms, out "
              << format_bytes(info.output_bytes) << ", saved " << format_bytes(info.saved_bytes)
              << (g.random ? ", random" : "") << (g.buffers.empty() ? "" : ", updates buffers");
-        if (options_.progress)
-            options_.progress(line.str());
-        else if (options_.verbose)
-            std::cerr << line.str() << '\n';
+        report_progress(options_.op_progress, line.str());
     }
 
     // A buffer one op updates and another op reads would see its update in the order the
