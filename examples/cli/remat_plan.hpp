@@ -35,6 +35,7 @@ inline constexpr int exit_infeasible = 3;
     std::string u =
         "usage: remat-plan FILE.json --budget B [--solver NAME[:VARIANT]] [--out SCHEDULE.json] [--json]\n"
         "                  [--svg TIMELINE.svg] [--sweep N] [--time-limit S] [--verbose] [--quiet]\n"
+        "       remat-plan --help | --version\n"
         "\n"
         "Plans the training step of FILE.json (remat.problem/1 or remat.chain/1) within a memory budget.\n"
         "\n"
@@ -54,7 +55,7 @@ inline constexpr int exit_infeasible = 3;
         "  --svg FILE        write a picture of memory over the steps of the plan, with the budget line\n"
         "  --sweep N         also plan N budgets from the smallest feasible one to P_ref (--budget optional)\n"
         "  --time-limit S    give up after S seconds (solvers that search)\n"
-        "  --verbose         solver progress on stderr\n"
+        "  --verbose         every progress line of the solver on stderr\n"
         "  --quiet           no progress lines (long solves print one every few seconds on stderr, with the\n"
         "                    elapsed time)\n"
         "\n"
@@ -77,6 +78,7 @@ struct PlanArgs {
     bool verbose = false;
     bool quiet = false;
     bool help = false;
+    bool version = false;
 };
 
 // Thrown for a malformed command line: the usage follows the message.
@@ -131,6 +133,9 @@ inline PlanArgs parse_plan_args(const std::vector<std::string>& args) {
         if (flag == "-h" || flag == "--help") {
             no_value();
             a.help = true;
+        } else if (flag == "--version") {
+            no_value();
+            a.version = true;
         } else if (flag == "--budget" || flag == "-b") once(a.budget, value());
         else if (flag == "--solver" || flag == "-s") once(a.solver, value());
         else if (flag == "--out" || flag == "-o") once(a.out, value());
@@ -154,7 +159,7 @@ inline PlanArgs parse_plan_args(const std::vector<std::string>& args) {
             throw UsageError{"one problem file only; got '" + a.file + "' and '" + flag + "'"};
         }
     }
-    if (a.help) return a;
+    if (a.help || a.version) return a;
     if (a.file.empty()) throw UsageError{"no problem file given"};
     if (!a.budget && !a.sweep) throw UsageError{"--budget is required (or --sweep N)"};
     if (!a.budget && (a.out || a.svg)) throw UsageError{"--out and --svg need --budget"};
@@ -186,7 +191,7 @@ inline std::string pad(std::string s, std::size_t width, bool right = true) {
 
 // Progress lines on `err` with the elapsed time, at most one every `every` seconds (the first
 // after `every` seconds, so that quick solves print nothing).
-[[nodiscard]] inline std::function<void(const std::string&)> progress_printer(std::ostream& err, double every) {
+[[nodiscard]] inline ProgressCallback progress_printer(std::ostream& err, double every) {
     struct State {
         Stopwatch clock;
         double last = 0.0;
@@ -242,13 +247,16 @@ inline int run_remat_plan(const std::vector<std::string>& args, std::ostream& ou
         out << remat_plan_usage();
         return exit_ok;
     }
+    if (a.version) {
+        out << "remat-plan " << REMAT_VERSION_STRING << "\n";
+        return exit_ok;
+    }
     try {
         const Problem problem = io::load_problem(a.file);
         const Reference ref = store_all_reference(problem);
         SolveOptions options;
         options.time_limit = a.time_limit;
-        options.verbose = a.verbose;
-        if (!a.quiet) options.progress = detail::progress_printer(err, 2.0);
+        if (!a.quiet) options.progress = detail::progress_printer(err, a.verbose ? 0.0 : 2.0);
         const SolverEntry& solver = a.solver ? find_solver(*a.solver, options) : default_solver(problem);
         if (!solver.applies(problem))
             throw InvalidInput("solver '" + std::string(solver.name) + "' does not apply to problem '" + problem.name() +
@@ -281,17 +289,17 @@ inline int run_remat_plan(const std::vector<std::string>& args, std::ostream& ou
         std::optional<Bytes> smallest;
         std::vector<detail::SweepRow> rows;
         if (a.sweep) {
-            if (infeasible && infeasible->smallest_feasible()) {
-                smallest = infeasible->smallest_feasible();
+            if (infeasible && infeasible->smallest_budget()) {
+                smallest = infeasible->smallest_budget();
             } else if (bound) {
                 // Asked at budget 0, these answer with their smallest budget.
                 try {
                     smallest = plan_at(0).peak;
                 } catch (const Infeasible& e) {
-                    smallest = e.smallest_feasible();
+                    smallest = e.smallest_budget();
                 }
             }
-            if (!smallest) smallest = smallest_feasible(solver, problem, options, ref.peak);
+            if (!smallest) smallest = smallest_budget(solver, problem, options, ref.peak);
             if (smallest) {
                 const Bytes lo = *smallest;
                 const Bytes hi = std::max(ref.peak, lo);
@@ -304,13 +312,13 @@ inline int run_remat_plan(const std::vector<std::string>& args, std::ostream& ou
                     try {
                         row.plan = plan_at(b);
                     } catch (const Infeasible& e) {
-                        row.needs = e.smallest_feasible();
+                        row.needs = e.smallest_budget();
                     }
                     rows.push_back(std::move(row));
                 }
             }
         } else if (infeasible) {
-            smallest = infeasible->smallest_feasible();
+            smallest = infeasible->smallest_budget();
         }
 
         if (plan && a.out) io::write_file(*a.out, io::to_json(problem, *plan));
@@ -332,7 +340,7 @@ inline int run_remat_plan(const std::vector<std::string>& args, std::ostream& ou
                 line["status"] = plan ? std::string(to_string(plan->stats.status)) : std::string("infeasible");
                 line["gap"] = plan && plan->stats.gap ? ordered_json(*plan->stats.gap) : ordered_json(nullptr);
             }
-            if (infeasible || a.sweep) line["smallest_feasible"] = smallest ? ordered_json(*smallest) : ordered_json(nullptr);
+            if (infeasible || a.sweep) line["smallest_budget"] = smallest ? ordered_json(*smallest) : ordered_json(nullptr);
             if (a.sweep) {
                 ordered_json sweep = ordered_json::array();
                 for (const auto& row : rows) {
