@@ -53,6 +53,24 @@ using Bytes = std::int64_t;
 
 }  // namespace remat
 // ---- end remat/core/bytes.hpp ----
+// ---- begin remat/version.hpp ----
+// remat/version.hpp — the library's version, for code that must check it at compile time.
+// CMake reads its project version from this file, so there is one place to change it.
+
+#define REMAT_VERSION_MAJOR 0
+#define REMAT_VERSION_MINOR 2
+#define REMAT_VERSION_PATCH 0
+#define REMAT_VERSION_STRING "0.2.0"
+/// One number that grows with every release: major * 10000 + minor * 100 + patch.
+#define REMAT_VERSION (REMAT_VERSION_MAJOR * 10000 + REMAT_VERSION_MINOR * 100 + REMAT_VERSION_PATCH)
+
+namespace remat {
+
+/// The version as "major.minor.patch".
+inline constexpr const char* version_string = REMAT_VERSION_STRING;
+
+}  // namespace remat
+// ---- end remat/version.hpp ----
 // ---- begin remat/core/errors.hpp ----
 // remat/core/errors.hpp — the one small exception hierarchy of remat.
 //
@@ -81,30 +99,31 @@ public:
 };
 
 /// The budget is below what any schedule (that this solver can produce) needs.
-/// `smallest_feasible()` is the smallest budget the solver knows to work, when it knows one.
+/// `smallest_budget()` is the smallest budget the solver knows to work, when it knows one.
 class Infeasible : public Error {
 public:
     /// `store_all_peak`: P_ref, when the thrower knows it (front ends add it), so that the
     /// smallest budget can also be read as a percentage of it.
-    Infeasible(std::string message, Bytes budget, std::optional<Bytes> smallest_feasible,
+    Infeasible(std::string message, Bytes budget, std::optional<Bytes> smallest_budget,
                std::optional<Bytes> store_all_peak = std::nullopt)
-        : Error(std::move(message)), budget_(budget), smallest_feasible_(smallest_feasible), store_all_peak_(store_all_peak) {}
+        : Error(std::move(message)), budget_(budget), smallest_budget_(smallest_budget), store_all_peak_(store_all_peak) {}
 
     [[nodiscard]] Bytes budget() const noexcept { return budget_; }
     /// The smallest budget the solver knows to work, when it knows one.
-    [[nodiscard]] std::optional<Bytes> smallest_budget() const noexcept { return smallest_feasible_; }
-    /// The same (the name of earlier versions).
-    [[nodiscard]] std::optional<Bytes> smallest_feasible() const noexcept { return smallest_feasible_; }
+    [[nodiscard]] std::optional<Bytes> smallest_budget() const noexcept { return smallest_budget_; }
+    [[deprecated("use smallest_budget()")]] [[nodiscard]] std::optional<Bytes> smallest_feasible() const noexcept {
+        return smallest_budget_;
+    }
     [[nodiscard]] std::optional<Bytes> store_all_peak() const noexcept { return store_all_peak_; }
     /// The smallest budget as a percentage of the store-all peak, when both are known.
     [[nodiscard]] std::optional<double> smallest_percent() const noexcept {
-        if (!smallest_feasible_ || !store_all_peak_ || *store_all_peak_ <= 0) return std::nullopt;
-        return 100.0 * static_cast<double>(*smallest_feasible_) / static_cast<double>(*store_all_peak_);
+        if (!smallest_budget_ || !store_all_peak_ || *store_all_peak_ <= 0) return std::nullopt;
+        return 100.0 * static_cast<double>(*smallest_budget_) / static_cast<double>(*store_all_peak_);
     }
 
 private:
     Bytes budget_;
-    std::optional<Bytes> smallest_feasible_;
+    std::optional<Bytes> smallest_budget_;
     std::optional<Bytes> store_all_peak_;
 };
 
@@ -954,9 +973,8 @@ inline std::string what_happens(const UnitSummary& u) {
         std::string name = label == options.labels.end() ? u.unit : label->second;
         if (name.size() > 34) name = name.substr(0, 31) + "...";
         char line[256];
-        std::string cost = "+";
-        cost.append(detail::explain::seconds(u.recompute_time()));
-        std::snprintf(line, sizeof line, "%-34s %8zu  %4zu (%-12s)  %8zu  ", name.c_str(), u.forwards, u.recomputations(),
+        const std::string cost = "(+" + detail::explain::seconds(u.recompute_time()) + ")";
+        std::snprintf(line, sizeof line, "%-34s %8zu  %4zu %-14s  %8zu  ", name.c_str(), u.forwards, u.recomputations(),
                       cost.c_str(), u.backwards);
         out << line << detail::explain::what_happens(u) << "\n";
     }
@@ -2212,7 +2230,10 @@ public:
     }
 
     /// The least peak of any valid schedule: the smallest budget any solver can meet.
-    [[nodiscard]] Bytes smallest_feasible_budget(const Problem& problem) const {
+    [[deprecated("use smallest_budget()")]] [[nodiscard]] Bytes smallest_feasible_budget(const Problem& problem) const {
+        return smallest_budget(problem);
+    }
+    [[nodiscard]] Bytes smallest_budget(const Problem& problem) const {
         const detail::ExhaustiveSearch search(problem, options_);
         const auto result = search.run(detail::SearchGoal::least_peak, std::numeric_limits<Bytes>::max());
         if (!result.found) throw InvalidInput("problem '" + problem.name() + "' has no valid schedule at all");
@@ -2224,8 +2245,12 @@ private:
 };
 
 /// The least peak of any valid schedule of a small problem (see Exhaustive).
-[[nodiscard]] inline Bytes smallest_feasible_budget(const Problem& problem, ExhaustiveOptions options = {}) {
-    return Exhaustive(options).smallest_feasible_budget(problem);
+[[nodiscard]] inline Bytes exact_smallest_budget(const Problem& problem, ExhaustiveOptions options = {}) {
+    return Exhaustive(options).smallest_budget(problem);
+}
+[[deprecated("use exact_smallest_budget()")]] [[nodiscard]] inline Bytes smallest_feasible_budget(
+    const Problem& problem, ExhaustiveOptions options = {}) {
+    return exact_smallest_budget(problem, options);
 }
 
 }  // namespace remat
@@ -2392,7 +2417,6 @@ private:
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <iostream>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -2496,8 +2520,8 @@ struct RotorOptions {
     std::optional<Bytes> slot_bytes;
     /// Give up (SolverError) when the DP runs longer than this.
     std::optional<double> time_limit_seconds;
-    /// Progress on stderr.
-    bool verbose = false;
+    /// Receives progress lines (the table's size, columns filled); empty means silence.
+    ProgressCallback progress;
     /// Memory cap of the DP's time table (L(L+1)/2 rows of slots + 1 floats): beyond it the
     /// solve stops with an error saying how large the table would be, instead of allocating it.
     std::size_t max_table_mib = 2048;
@@ -2936,7 +2960,8 @@ private:
                 throw SolverError("rotor: time limit of " + std::to_string(*options.time_limit_seconds) +
                                   " s reached after " + std::to_string(b0 - 1) + " of " + std::to_string(L_) +
                                   " table columns; use fewer slots or raise the limit");
-            if (options.verbose) std::cerr << "rotor: columns " << b0 << ".." << L_ << " after " << elapsed() << " s\n";
+            report_progress(options.progress, "rotor: columns " + std::to_string(b0) + ".." + std::to_string(L_) + " after " +
+                                                   std::to_string(elapsed()) + " s");
             const std::size_t b1 = std::min(L_, b0 + block - 1);
             for (std::size_t a = b1; a >= 1; --a)
                 for (std::size_t b = std::max(a, b0); b <= b1; ++b) fill_row(a, b, M);
@@ -3166,10 +3191,10 @@ template <class Choose>
         seq.actions = from_needs(exact_units, exact_needs, 0);
         seq.optimal = false;
         seq.slots = 0;
-        if (options.verbose) std::cerr << stats_line(unit, 0) << ": slot rounding left no plan, least-memory schedule\n";
+        report_progress(options.progress, stats_line(unit, 0) + ": slot rounding left no plan, least-memory schedule");
     } else {
         const auto width = static_cast<std::size_t>(M);
-        if (options.verbose) std::cerr << stats_line(unit, width) << "\n";
+        report_progress(options.progress, stats_line(unit, width));
         const detail::RotorTable table(units, needs, width, options);
         seq.actions = detail::expand_rotor(units, M, [&](std::size_t a, std::size_t b, Bytes m) {
             return table.choose(a, b, static_cast<std::size_t>(m));
@@ -3947,7 +3972,6 @@ struct BlockProblem {
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <iostream>
 #include <optional>
 #include <set>
 #include <string>
@@ -4758,8 +4782,8 @@ struct RockmateOptions {
     BlockSharing sharing = BlockSharing::same_sizes;
     /// Where blocks are cut (partition_blocks).
     PartitionOptions partition{};
-    /// Progress on stderr.
-    bool verbose = false;
+    /// Receives one line per analysed block (and time limits hit); empty means silence.
+    ProgressCallback progress;
 };
 
 /// One way to run a block: a forward and a backward sub-schedule in the block problem's ids.
@@ -5128,13 +5152,13 @@ struct NogradForward {
 template <class S>
 [[nodiscard]] std::optional<Bytes> least_peak(const S& solver, const Problem& q) {
     try {
-        if constexpr (requires { { solver.smallest_feasible_budget(q) } -> std::convertible_to<Bytes>; }) {
-            return solver.smallest_feasible_budget(q);
+        if constexpr (requires { { solver.smallest_budget(q) } -> std::convertible_to<Bytes>; }) {
+            return solver.smallest_budget(q);
         } else {
             (void)solver.solve(q, q.initial_bytes() - 1);
         }
     } catch (const Infeasible& e) {
-        return e.smallest_feasible();
+        return e.smallest_budget();
     } catch (const Error&) {
     }
     return std::nullopt;
@@ -5198,12 +5222,14 @@ public:
                 solve_block(problem, part, l, rb, freeable);
             }
             rb.seconds = seconds_since(block_start);
-            if (options_.verbose)
-                std::cerr << "rockmate: block " << l + 1 << "/" << n << " (" << block.forward_ops.size() << " forward, "
-                          << block.backward_ops.size() << " backward ops): " << rb.options.size() << " options"
-                          << (same_as ? std::string(" (as block ") + std::to_string(*same_as + 1) + ")"
-                                      : std::string(" from ") + std::to_string(rb.solves) + " solves")
-                          << " in " << rb.seconds << " s\n";
+            if (options_.progress)
+                options_.progress("rockmate: block " + std::to_string(l + 1) + "/" + std::to_string(n) + " (" +
+                                  std::to_string(block.forward_ops.size()) + " forward, " +
+                                  std::to_string(block.backward_ops.size()) + " backward ops): " +
+                                  std::to_string(rb.options.size()) + " options" +
+                                  (same_as ? " (as block " + std::to_string(*same_as + 1) + ")"
+                                           : " from " + std::to_string(rb.solves) + " solves") +
+                                  " in " + std::to_string(rb.seconds) + " s");
             model.blocks.push_back(std::move(rb));
         }
         model.seconds = seconds_since(start);
@@ -5234,7 +5260,7 @@ public:
             seq = sequence_plan(sequence_solver_, chain, budget);
         } catch (const Infeasible& e) {
             const std::optional<Bytes> least =
-                e.smallest_feasible() ? std::optional<Bytes>(*e.smallest_feasible()) : std::nullopt;
+                e.smallest_budget() ? std::optional<Bytes>(*e.smallest_budget()) : std::nullopt;
             throw Infeasible("rockmate needs at least " + (least ? std::to_string(*least) : std::string("more")) +
                                  " bytes for '" + model.problem.name() + "' (" + std::to_string(model.blocks.size()) +
                                  " blocks), above the budget of " + std::to_string(budget) + " bytes",
@@ -5366,10 +5392,11 @@ private:
                         continue;
                     if (seconds_since(start) > options_.block_time_limit_seconds) {
                         out_of_time = true;
-                        if (options_.verbose)
-                            std::cerr << "rockmate: block " << l + 1 << ": time limit of "
-                                      << options_.block_time_limit_seconds << " s reached, " << tried.size() - 1
-                                      << " grid points tried\n";
+                        report_progress(options_.progress, "rockmate: block " + std::to_string(l + 1) +
+                                                               ": time limit of " +
+                                                               std::to_string(options_.block_time_limit_seconds) +
+                                                               " s reached, " + std::to_string(tried.size() - 1) +
+                                                               " grid points tried");
                         break;
                     }
                     const BlockProblem constrained = block_problem(problem, part, l, peak - saved);
@@ -5395,7 +5422,7 @@ private:
                         ++rb.failed_solves;
                         if (rb.failure.empty()) {
                             rb.failure = e.what();
-                            if (options_.verbose) std::cerr << "rockmate: block " << l + 1 << ": " << e.what() << "\n";
+                            report_progress(options_.progress, "rockmate: block " + std::to_string(l + 1) + ": " + e.what());
                         }
                     }
                 }
@@ -6843,7 +6870,7 @@ struct HRockmateOptions {
         return r;
     }
     /// Called with a line per planned cluster and per solve.
-    std::function<void(const std::string&)> progress;
+    ProgressCallback progress;
 };
 
 /// What H-Rockmate derives from a problem before the budget comes in.
@@ -7379,6 +7406,227 @@ private:
 
 }  // namespace remat
 // ---- end remat/solvers/hierarchical.hpp ----
+// ---- begin remat/solvers/auto.hpp ----
+// remat/solvers/auto.hpp — remat::Auto, the solver to use when you do not want to choose one.
+//
+// It looks at the problem's shape and hands it to the solver made for that shape:
+//   - a chain (as_chain, core/chain.hpp)                → Rotor (Beaumont et al. 2019), optimal;
+//   - a sequence of at least two blocks of at most
+//     AutoOptions::max_block_ops ops each              → Rockmate (Zhao et al. 2023);
+//   - any other graph                                  → H-Rockmate (solvers/hierarchical.hpp).
+// When the chosen solver has no plan at the budget (or fails), the greedy with its portfolio
+// of eviction scores (solvers/greedy.hpp, after DTR, Kirisame et al. 2021) is tried last, so
+// that a budget another method reaches is never reported infeasible. An infeasible answer
+// says whether the budget is below the proven lower bound of core/bounds.hpp (no solver can
+// do it) or only beyond the reach of the solvers tried, and carries the smallest budget they
+// know to work. See docs/guide.md, "Choosing a solver".
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+
+namespace remat {
+
+/// Which solver Auto hands a problem to.
+enum class AutoChoice { rotor, rockmate, hrockmate };
+
+[[nodiscard]] constexpr std::string_view to_string(AutoChoice choice) noexcept {
+    switch (choice) {
+        case AutoChoice::rotor: return "rotor";
+        case AutoChoice::rockmate: return "rockmate";
+        case AutoChoice::hrockmate: return "hrockmate";
+    }
+    return "unknown";
+}
+
+struct AutoOptions {
+    /// Passed to the chosen solver (Rotor's DP, Rockmate's per-block grid, H-Rockmate's
+    /// whole analysis); the greedy's fallback is fast and not limited.
+    std::optional<double> time_limit_seconds;
+    /// Receives the choice and the chosen solver's progress lines.
+    ProgressCallback progress;
+    /// Rockmate is chosen only when every block has at most this many ops (forward and
+    /// backward): larger blocks make its per-block exact searches slow.
+    std::size_t max_block_ops = 64;
+    /// Try the greedy when the chosen solver has no plan.
+    bool greedy_fallback = true;
+};
+
+/// True when the problem is a sequence of at least two blocks of at most `max_block_ops` ops.
+[[nodiscard]] inline bool is_sequence_of_small_blocks(const Problem& problem, std::size_t max_block_ops = 64) {
+    try {
+        const BlockPartition partition = partition_blocks(problem);
+        if (partition.blocks.size() < 2) return false;
+        for (const Block& block : partition.blocks)
+            if (block.forward_ops.size() + block.backward_ops.size() > max_block_ops) return false;
+        return true;
+    } catch (const Error&) {
+        return false;  // no block structure that Rockmate can use
+    }
+}
+
+/// The solver Auto uses for `problem`.
+[[nodiscard]] inline AutoChoice auto_choice(const Problem& problem, std::size_t max_block_ops = 64) {
+    if (as_chain(problem)) return AutoChoice::rotor;
+    if (is_sequence_of_small_blocks(problem, max_block_ops)) return AutoChoice::rockmate;
+    return AutoChoice::hrockmate;
+}
+
+namespace detail::auto_solver {
+
+// Why no solver Auto tried has a plan: below the proven lower bound, or only beyond their
+// reach, naming the one that reaches lower.
+[[nodiscard]] inline Infeasible infeasible(const Problem& problem, Bytes budget, std::string_view chosen,
+                                           const std::optional<Bytes>& chosen_least,
+                                           const std::optional<Bytes>& greedy_least) {
+    const MemoryLowerBound bound = memory_lower_bound(problem);
+    const auto show = [](const std::optional<Bytes>& b) { return b ? std::to_string(*b) + " bytes" : std::string("unknown"); };
+    std::string message = "auto: no plan of '" + problem.name() + "' within " + std::to_string(budget) + " bytes: ";
+    if (budget < bound.bytes) {
+        message += "the budget is below a proven lower bound: every schedule needs at least " +
+                   std::to_string(bound.bytes) + " bytes (" + bound.reason + ")";
+    } else {
+        message += "the budget is above the proven lower bound of " + std::to_string(bound.bytes) + " bytes (" +
+                   bound.reason + ") but beyond the reach of " + std::string(chosen) + " (smallest budget " +
+                   show(chosen_least) + ") and greedy (" + show(greedy_least) + ")";
+        if (chosen_least && greedy_least && *chosen_least != *greedy_least)
+            message += "; " + std::string(*greedy_least < *chosen_least ? "greedy" : chosen) + " reaches lower";
+        message += "; an exact solver (checkmate, or exhaustive on small problems) may reach further";
+    }
+    std::optional<Bytes> least = chosen_least;
+    if (greedy_least && (!least || *greedy_least < *least)) least = greedy_least;
+    return Infeasible(message, budget, least);
+}
+
+// Says in the plan's options that auto chose the solver that made it (stats.solver names it).
+[[nodiscard]] inline Plan tagged(Plan plan, std::string_view who) {
+    plan.stats.options = "chose " + std::string(who) + (plan.stats.options.empty() ? "" : ", " + plan.stats.options);
+    return plan;
+}
+
+}  // namespace detail::auto_solver
+
+/// What Auto derives from a problem before the budget comes in: its choice and the chosen
+/// solver's analysis (Rockmate's blocks or H-Rockmate's clusters), reusable at any budget —
+/// a sweep over budgets analyses once (Auto::analyse, Auto::solve(model, budget)).
+struct AutoModel {
+    Problem problem;
+    AutoChoice choice = AutoChoice::hrockmate;
+    std::optional<RockmateModel> rockmate;    ///< when choice == rockmate
+    std::optional<HRockmateModel> hrockmate;  ///< when choice == hrockmate
+    double seconds = 0.0;
+};
+
+/// Picks the solver for the problem's shape (see the top of this file) and falls back to
+/// the greedy. Models remat::Solver.
+class Auto {
+public:
+    explicit Auto(AutoOptions options = {}) : options_(std::move(options)) {}
+
+    [[nodiscard]] static constexpr std::string_view name() noexcept { return "auto"; }
+    [[nodiscard]] const AutoOptions& options() const noexcept { return options_; }
+
+    [[nodiscard]] AutoModel analyse(const Problem& problem) const {
+        const Stopwatch clock;
+        AutoModel model{problem, auto_choice(problem, options_.max_block_ops), std::nullopt, std::nullopt, 0.0};
+        report_progress(options_.progress,
+                        "auto: " + std::string(to_string(model.choice)) + " for '" + problem.name() + "'");
+        try {
+            if (model.choice == AutoChoice::rockmate) model.rockmate = Rockmate<>(rockmate_options()).analyse(problem);
+            if (model.choice == AutoChoice::hrockmate) model.hrockmate = HRockmate(hrockmate_options()).analyse(problem);
+        } catch (const SolverError& e) {
+            // the greedy still plans; solve() says why the chosen solver is missing
+            report_progress(options_.progress, "auto: the analysis of " + std::string(to_string(model.choice)) +
+                                                   " failed (" + e.what() + "); the greedy plans alone");
+        }
+        model.seconds = clock.seconds();
+        return model;
+    }
+
+    [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
+        AutoModel model = analyse(problem);
+        Plan plan = solve(model, budget);
+        plan.stats.solve_seconds += model.seconds;
+        return plan;
+    }
+
+    /// Plans at `budget` with a model from analyse().
+    [[nodiscard]] Plan solve(const AutoModel& model, Bytes budget) const {
+        std::optional<Bytes> chosen_least, greedy_least;
+        try {
+            return detail::auto_solver::tagged(solve_chosen(model, budget), to_string(model.choice));
+        } catch (const Infeasible& e) {
+            chosen_least = e.smallest_budget();
+            if (!options_.greedy_fallback) throw;
+        } catch (const SolverError& e) {
+            if (!options_.greedy_fallback) throw;
+            report_progress(options_.progress, "auto: " + std::string(to_string(model.choice)) + " failed (" +
+                                                   e.what() + "); trying the greedy");
+        }
+        try {
+            return detail::auto_solver::tagged(Greedy(HRockmateOptions::default_greedy()).solve(model.problem, budget),
+                                               "greedy (last resort)");
+        } catch (const Infeasible& e) {
+            greedy_least = e.smallest_budget();
+        }
+        throw detail::auto_solver::infeasible(model.problem, budget, to_string(model.choice), chosen_least,
+                                              greedy_least);
+    }
+
+    /// The smallest budget the chosen solver or the greedy plans (the lower of the two).
+    [[nodiscard]] Bytes smallest_budget(const Problem& problem) const { return smallest_budget(analyse(problem)); }
+    [[nodiscard]] Bytes smallest_budget(const AutoModel& model) const {
+        Bytes least = Greedy(HRockmateOptions::default_greedy()).smallest_budget(model.problem);
+        try {
+            if (model.choice == AutoChoice::rotor)
+                least = std::min(least, Rotor(rotor_options()).smallest_budget(*as_chain(model.problem)));
+            else if (model.rockmate)
+                least = std::min(least, Rockmate<>(rockmate_options()).smallest_budget(*model.rockmate));
+            else if (model.hrockmate)
+                least = std::min(least, HRockmate(hrockmate_options()).smallest_budget(*model.hrockmate));
+        } catch (const Error&) {
+            // the greedy's answer stands
+        }
+        return least;
+    }
+
+private:
+    [[nodiscard]] RotorOptions rotor_options() const {
+        RotorOptions o;
+        o.time_limit_seconds = options_.time_limit_seconds;
+        o.progress = options_.progress;
+        return o;
+    }
+    [[nodiscard]] RockmateOptions rockmate_options() const {
+        RockmateOptions o;
+        if (options_.time_limit_seconds) o.block_time_limit_seconds = *options_.time_limit_seconds;
+        o.progress = options_.progress;
+        return o;
+    }
+    [[nodiscard]] HRockmateOptions hrockmate_options() const {
+        HRockmateOptions o;
+        if (options_.time_limit_seconds) o.time_limit_seconds = *options_.time_limit_seconds;
+        o.progress = options_.progress;
+        return o;
+    }
+    [[nodiscard]] Plan solve_chosen(const AutoModel& model, Bytes budget) const {
+        if (model.choice == AutoChoice::rotor) return Rotor(rotor_options()).solve(model.problem, budget);
+        if (model.rockmate) return Rockmate<>(rockmate_options()).solve(*model.rockmate, budget);
+        if (model.hrockmate) return HRockmate(hrockmate_options()).solve(*model.hrockmate, budget);
+        throw SolverError("auto: " + std::string(to_string(model.choice)) + " has no analysis of '" +
+                          model.problem.name() + "'");
+    }
+
+    AutoOptions options_;
+};
+
+static_assert(Solver<Auto>);
+
+}  // namespace remat
+// ---- end remat/solvers/auto.hpp ----
 // ---- begin remat/exec/report.hpp ----
 // remat/exec/report.hpp — what one executed step cost, measured, next to what its plan
 // predicted (exec/executor.hpp fills it; every framework's executor reports the same way).
@@ -8044,23 +8292,58 @@ namespace remat {
 /// within it.
 struct BudgetSpec {
     enum class Kind { bytes, percent, above_smallest };
+    /// What the budget counts.
+    ///  - activations: what the plan holds (activations, their gradients, workspaces): the
+    ///    store-all peak P_ref is 100 %. The default, and what solvers see.
+    ///  - total: everything the step holds on the device: also the parameters, their gradients
+    ///    and the optimizer's state (`resident`, which the front end fills in: LibTorch's
+    ///    checkpoint() counts them). The plan gets what is left after the resident bytes.
+    enum class Counts { activations, total };
     Kind kind = Kind::bytes;
     Bytes bytes = 0;      ///< when kind == bytes
-    double percent = 0;   ///< kind percent: of P_ref; kind above_smallest: the margin, in %
+    double percent = 0;   ///< kind percent: of P_ref (+ resident for total); above_smallest: the margin, in %
     /// When no plan fits: plan at the smallest budget the solver reaches (with a warning)
     /// instead of throwing Infeasible.
     bool fall_back_to_smallest = false;
+    Counts counts = Counts::activations;
+    /// With Counts::total: the bytes the step holds besides the plan's (parameters, gradients,
+    /// optimizer state).
+    Bytes resident = 0;
 
     [[nodiscard]] bool is_percent() const noexcept { return kind == Kind::percent; }
-    /// The budget in bytes, given the store-all peak P_ref and (for above_smallest) the
-    /// smallest budget of the solver.
+    /// The budget the plan gets, in bytes, given the store-all peak P_ref and (for
+    /// above_smallest) the smallest budget of the solver. A total budget that the resident
+    /// bytes alone exceed throws Infeasible saying by how much.
     [[nodiscard]] Bytes resolve(Bytes reference_peak, Bytes smallest = 0) const {
+        Bytes plan_budget = bytes;
         switch (kind) {
-            case Kind::percent: return percent_of(reference_peak, percent);
+            case Kind::percent:
+                plan_budget = counts == Counts::total ? percent_of(reference_peak + resident, percent) - resident
+                                                      : percent_of(reference_peak, percent);
+                break;
             case Kind::above_smallest: return smallest + percent_of(smallest, percent);
-            case Kind::bytes: break;
+            case Kind::bytes:
+                if (counts == Counts::total) plan_budget = bytes - resident;
+                break;
         }
-        return bytes;
+        if (plan_budget < 0)
+            throw Infeasible("a total budget of " + format_bytes(plan_budget + resident) + " is below the " +
+                                 format_bytes(resident) +
+                                 " that parameters, gradients and optimizer state take alone; raise it above that",
+                             plan_budget + resident, std::nullopt);
+        return plan_budget;
+    }
+    /// The same budget, counting everything the step holds (see Counts::total).
+    [[nodiscard]] BudgetSpec counting_everything() const {
+        BudgetSpec copy = *this;
+        copy.counts = Counts::total;
+        return copy;
+    }
+    /// The same budget with the resident bytes the front end measured.
+    [[nodiscard]] BudgetSpec with_resident(Bytes resident_bytes) const {
+        BudgetSpec copy = *this;
+        copy.resident = resident_bytes;
+        return copy;
     }
     /// The same budget, falling back to the smallest one when it cannot be met.
     [[nodiscard]] BudgetSpec or_smallest() const {
@@ -8074,17 +8357,20 @@ struct BudgetSpec {
 /// A budget in bytes of what the plan counts (by default activations; see docs/guide.md).
 [[nodiscard]] inline BudgetSpec budget_bytes(Bytes bytes) {
     if (bytes < 0) throw InvalidInput("a budget must be non-negative, not " + std::to_string(bytes) + " bytes");
-    return BudgetSpec{BudgetSpec::Kind::bytes, bytes, 0.0, false};
+    return BudgetSpec{BudgetSpec::Kind::bytes, bytes, 0.0, false, BudgetSpec::Counts::activations, 0};
 }
+/// A budget in bytes of everything the training step holds on the device: parameters, their
+/// gradients, the optimizer's state and the plan's activations (BudgetSpec::Counts::total).
+[[nodiscard]] inline BudgetSpec budget_total(Bytes bytes) { return budget_bytes(bytes).counting_everything(); }
 /// A budget as a percentage of the store-all peak (FORMATS.md §4).
 [[nodiscard]] inline BudgetSpec budget_percent(double percent) {
     (void)percent_of(0, percent);  // validates
-    return BudgetSpec{BudgetSpec::Kind::percent, 0, percent, false};
+    return BudgetSpec{BudgetSpec::Kind::percent, 0, percent, false, BudgetSpec::Counts::activations, 0};
 }
 /// The smallest budget the solver reaches, plus `percent` % of it: a plan that always exists.
 [[nodiscard]] inline BudgetSpec budget_above_smallest(double percent = 0.0) {
     (void)percent_of(0, percent);  // validates
-    return BudgetSpec{BudgetSpec::Kind::above_smallest, 0, percent, false};
+    return BudgetSpec{BudgetSpec::Kind::above_smallest, 0, percent, false, BudgetSpec::Counts::activations, 0};
 }
 
 namespace detail::budget_impl {
@@ -8169,7 +8455,7 @@ inline std::string_view trim(std::string_view text) {
         double scale = 1;
         for (std::size_t i = 0; i < n.fraction_digits; ++i) scale *= 10;
         const double percent = static_cast<double>(n.whole) + static_cast<double>(n.fraction) / scale;
-        return BudgetSpec{BudgetSpec::Kind::percent, 0, percent, false};
+        return BudgetSpec{BudgetSpec::Kind::percent, 0, percent, false, BudgetSpec::Counts::activations, 0};
     }
     Bytes multiplier = 0;
     if (unit.empty()) multiplier = 1;
@@ -8186,7 +8472,7 @@ inline std::string_view trim(std::string_view text) {
     // fraction < 10^6 and m <= 2^40, so the product stays below 2^63.
     const std::uint64_t part = n.fraction * m / pow10;
     if (n.whole * m > max - part) detail::budget_impl::bad_budget(text, "the size is too large");
-    return BudgetSpec{BudgetSpec::Kind::bytes, static_cast<Bytes>(n.whole * m + part), 0, false};
+    return BudgetSpec{BudgetSpec::Kind::bytes, static_cast<Bytes>(n.whole * m + part), 0, false, BudgetSpec::Counts::activations, 0};
 }
 
 /// A budget in bytes; a percentage is taken of `reference_peak` (P_ref).
@@ -8590,4 +8876,159 @@ inline std::string format_number(double value, const char* format = "%.4g") {
 
 }  // namespace remat
 // ---- end remat/io/svg.hpp ----
+// ---- begin remat/io/sweep.hpp ----
+// remat/io/sweep.hpp — the budget-versus-overhead curve: plans at a range of budgets, as a
+// table (CSV) and as a chart (SVG). It is the curve a user reads to choose a budget: how much
+// time each byte saved costs, and where the overhead starts to climb (the Rotor and Checkmate
+// papers plot the same trade-off). remat-plan --sweep N --sweep-csv FILE --sweep-svg FILE
+// writes both. Standard library only.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdio>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+
+namespace remat {
+
+/// One budget of a sweep: the plan made for it, or what the solver said it needs instead.
+struct SweepPoint {
+    Bytes budget = 0;
+    std::optional<Plan> plan;
+    std::optional<Bytes> needs;  ///< when infeasible: the smallest budget the solver knows
+};
+
+/// `count` budgets evenly from `lowest` to `highest` (both included; one budget: `lowest`).
+[[nodiscard]] inline std::vector<Bytes> sweep_budgets(Bytes lowest, Bytes highest, std::size_t count) {
+    if (count == 0) return {};
+    highest = std::max(highest, lowest);
+    std::vector<Bytes> budgets;
+    for (std::size_t i = 0; i < count; ++i) {
+        const double f = count == 1 ? 0.0 : static_cast<double>(i) / static_cast<double>(count - 1);
+        budgets.push_back(lowest + static_cast<Bytes>(static_cast<double>(highest - lowest) * f));
+    }
+    return budgets;
+}
+
+/// Plans at each budget with `plan_at` (a solver bound to one problem); Infeasible answers
+/// become points without a plan.
+[[nodiscard]] inline std::vector<SweepPoint> sweep(const std::vector<Bytes>& budgets,
+                                                   const std::function<Plan(Bytes)>& plan_at) {
+    std::vector<SweepPoint> points;
+    for (const Bytes b : budgets) {
+        SweepPoint point{b, std::nullopt, std::nullopt};
+        try {
+            point.plan = plan_at(b);
+        } catch (const Infeasible& e) {
+            point.needs = e.smallest_budget();
+        }
+        points.push_back(std::move(point));
+    }
+    return points;
+}
+
+/// The sweep as CSV: budget_bytes, budget_percent (of P_ref), feasible, time, overhead_percent
+/// (over T_ref), peak_bytes, solve_seconds; empty fields where a budget has no plan.
+[[nodiscard]] inline std::string sweep_csv(const std::vector<SweepPoint>& points, const Reference& reference) {
+    std::string csv = "budget_bytes,budget_percent,feasible,time,overhead_percent,peak_bytes,solve_seconds\n";
+    char number[64];
+    const auto add = [&](const char* format, double v) {
+        std::snprintf(number, sizeof number, format, v);
+        csv += number;
+    };
+    for (const SweepPoint& p : points) {
+        csv += std::to_string(p.budget) + ",";
+        add("%.4f", 100.0 * static_cast<double>(p.budget) / static_cast<double>(std::max<Bytes>(reference.peak, 1)));
+        if (!p.plan) {
+            csv += ",false,,,,\n";
+            continue;
+        }
+        csv += ",true,";
+        add("%.9g", p.plan->time);
+        csv += ",";
+        add("%.4f", reference.time > 0 ? 100.0 * (p.plan->time / reference.time - 1.0) : 0.0);
+        csv += "," + std::to_string(p.plan->peak) + ",";
+        add("%.6g", p.plan->stats.solve_seconds);
+        csv += "\n";
+    }
+    return csv;
+}
+
+/// The sweep as a chart: overhead over T_ref (y) against the budget in % of P_ref (x), a point
+/// per plan, infeasible budgets marked on the axis.
+[[nodiscard]] inline std::string sweep_svg(const std::vector<SweepPoint>& points, const Reference& reference,
+                                           const std::string& title) {
+    using detail::svg_impl::coord;
+    const double width = 720, height = 420, x0 = 80, x1 = width - 24, y0 = 64, y1 = height - 64;
+    const auto percent_of_ref = [&](Bytes b) {
+        return 100.0 * static_cast<double>(b) / static_cast<double>(std::max<Bytes>(reference.peak, 1));
+    };
+    const auto overhead = [&](const Plan& p) { return reference.time > 0 ? 100.0 * (p.time / reference.time - 1.0) : 0.0; };
+    double x_low = 100.0, x_high = 100.0, y_high = 1.0;
+    for (const SweepPoint& p : points) {
+        x_low = std::min(x_low, percent_of_ref(p.budget));
+        x_high = std::max(x_high, percent_of_ref(p.budget));
+        if (p.plan) y_high = std::max(y_high, overhead(*p.plan));
+    }
+    x_low = std::max(0.0, std::floor(x_low / 10.0) * 10.0);
+    x_high = std::ceil(x_high / 10.0) * 10.0;
+    if (x_high <= x_low) x_high = x_low + 10.0;
+    const double y_tick = detail::svg_impl::time_tick(y_high * 1.1);
+    const double y_top = std::ceil(y_high * 1.1 / y_tick) * y_tick;
+    const auto x = [&](double percent) { return x0 + (x1 - x0) * (percent - x_low) / (x_high - x_low); };
+    const auto y = [&](double over) { return y1 - (y1 - y0) * over / y_top; };
+
+    std::string svg = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + coord(width) + "\" height=\"" +
+                      coord(height) + "\" viewBox=\"0 0 " + coord(width) + " " + coord(height) +
+                      "\" font-family=\"Helvetica, Arial, sans-serif\" font-size=\"12\">\n";
+    svg += "<title>" + detail::svg_impl::xml_escape(title) + "</title>\n";
+    svg += "<rect x=\"0\" y=\"0\" width=\"" + coord(width) + "\" height=\"" + coord(height) + "\" fill=\"white\"/>\n";
+    svg += "<text x=\"" + coord(x0) + "\" y=\"24\" font-size=\"16\" font-weight=\"bold\">" +
+           detail::svg_impl::xml_escape(title) + "</text>\n";
+    svg += "<text x=\"" + coord(x0) + "\" y=\"44\" fill=\"#444\">overhead over store-all time against the budget</text>\n";
+    svg += "<g class=\"y-axis\" fill=\"#444\" text-anchor=\"end\">\n";
+    for (double v = 0.0; v <= y_top * (1 + 1e-9); v += y_tick) {
+        svg += "<line x1=\"" + coord(x0) + "\" y1=\"" + coord(y(v)) + "\" x2=\"" + coord(x1) + "\" y2=\"" + coord(y(v)) +
+               "\" stroke=\"#e4e4e4\"/>\n";
+        svg += "<text x=\"" + coord(x0 - 6) + "\" y=\"" + coord(y(v) + 4) + "\">+" + detail::svg_impl::format_number(v) +
+               " %</text>\n";
+    }
+    svg += "<text transform=\"translate(18 " + coord((y0 + y1) / 2) +
+           ") rotate(-90)\" text-anchor=\"middle\">overhead (% of store-all time)</text>\n</g>\n";
+    svg += "<g class=\"x-axis\" fill=\"#444\" text-anchor=\"middle\">\n";
+    for (double v = x_low; v <= x_high + 1e-9; v += 10.0)
+        svg += "<text x=\"" + coord(x(v)) + "\" y=\"" + coord(y1 + 18) + "\">" + detail::svg_impl::format_number(v) +
+               " %</text>\n";
+    svg += "<text x=\"" + coord((x0 + x1) / 2) + "\" y=\"" + coord(y1 + 38) +
+           "\">budget (% of the store-all peak)</text>\n</g>\n";
+    svg += "<line x1=\"" + coord(x0) + "\" y1=\"" + coord(y1) + "\" x2=\"" + coord(x1) + "\" y2=\"" + coord(y1) +
+           "\" stroke=\"#444\"/>\n";
+    std::string path;
+    svg += "<g class=\"plans\" fill=\"#1f77b4\">\n";
+    for (const SweepPoint& p : points) {
+        if (!p.plan) continue;
+        const std::string px = coord(x(percent_of_ref(p.budget))), py = coord(y(overhead(*p.plan)));
+        path += (path.empty() ? "M" : " L") + px + " " + py;
+        svg += "<circle cx=\"" + px + "\" cy=\"" + py + "\" r=\"3.5\"><title>budget " + format_bytes(p.budget) +
+               ": overhead +" + detail::svg_impl::format_number(overhead(*p.plan)) + " %, peak " +
+               format_bytes(p.plan->peak) + "</title></circle>\n";
+    }
+    svg += "</g>\n";
+    if (!path.empty()) svg += "<path class=\"curve\" d=\"" + path + "\" fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\"/>\n";
+    svg += "<g class=\"infeasible\" fill=\"#d62728\">\n";
+    for (const SweepPoint& p : points)
+        if (!p.plan)
+            svg += "<text x=\"" + coord(x(percent_of_ref(p.budget))) + "\" y=\"" + coord(y1 - 4) +
+                   "\" text-anchor=\"middle\">&#215;<title>budget " + format_bytes(p.budget) +
+                   ": no plan</title></text>\n";
+    svg += "</g>\n</svg>\n";
+    return svg;
+}
+
+}  // namespace remat
+// ---- end remat/io/sweep.hpp ----
 // ---- end remat/remat.hpp ----

@@ -225,7 +225,7 @@ TEST_CASE("remat-plan exits 3 on an infeasible budget and names the smallest fea
     const auto line = nlohmann::json::parse(r.out);
     CHECK(line.at("feasible") == false);
     CHECK(line.at("time").is_null());
-    CHECK(line.at("smallest_feasible") == 25088);
+    CHECK(line.at("smallest_budget") == 25088);
     CHECK_THAT(r.err, Catch::Contains("the smallest feasible budget for auto is 25088 B"));
     r = cli({diamond(), "--budget", "40MiB", "--solver", "exhaustive"});
     CHECK(r.code == 0);
@@ -250,7 +250,7 @@ TEST_CASE("remat-plan --solver greedy plans any graph and names the smallest bud
     CHECK(r.code == 3);
     line = nlohmann::json::parse(r.out);
     CHECK(line.at("solver") == "greedy:dtr");
-    CHECK(line.at("smallest_feasible") == smallest);
+    CHECK(line.at("smallest_budget") == smallest);
     r = cli({diamond(), "--budget", "1", "--solver", "greedy:clairvoyant"});
     CHECK(r.code == 2);
     CHECK_THAT(r.err, Catch::Contains("greedy:dtr or greedy:belady"));
@@ -327,7 +327,7 @@ TEST_CASE("remat-plan --sweep plans budgets from the smallest feasible one to P_
     CHECK(r.code == 0);
     REQUIRE(std::count(r.out.begin(), r.out.end(), '\n') == 1);
     const auto line = nlohmann::json::parse(r.out);
-    CHECK(line.at("smallest_feasible") == 38797312);
+    CHECK(line.at("smallest_budget") == 38797312);
     REQUIRE(line.at("sweep").size() == 3);
     CHECK(line.at("sweep")[0].at("budget") == 38797312);
     CHECK(line.at("sweep")[0].at("time") == 23.5);
@@ -337,7 +337,7 @@ TEST_CASE("remat-plan --sweep plans budgets from the smallest feasible one to P_
     // A solver that does not say its smallest budget is bisected: store-all's is P_ref.
     r = cli({diamond(), "--sweep", "2", "--budget", "100%", "--json", "--solver", "store-all"});
     CHECK(r.code == 0);
-    CHECK(nlohmann::json::parse(r.out).at("smallest_feasible") == 49283072);
+    CHECK(nlohmann::json::parse(r.out).at("smallest_budget") == 49283072);
 }
 
 TEST_CASE("remat-plan --solver hrockmate plans any graph, with options", "[cli][hierarchical]") {
@@ -440,4 +440,54 @@ TEST_CASE("every bundled example problem loads and matches the figures of its RE
     for (const auto& entry : fs::directory_iterator(problems)) files += entry.path().extension() == ".json" ? 1 : 0;
     CHECK(checked == files);
     CHECK(files >= 7);
+}
+
+TEST_CASE("remat-plan --version prints the library's version", "[cli]") {
+    const auto r = cli({"--version"});
+    CHECK(r.code == 0);
+    CHECK(r.out == std::string("remat-plan ") + REMAT_VERSION_STRING + "\n");
+    CHECK(std::string(remat::version_string) == REMAT_VERSION_STRING);
+    CHECK(REMAT_VERSION == REMAT_VERSION_MAJOR * 10000 + REMAT_VERSION_MINOR * 100 + REMAT_VERSION_PATCH);
+    CHECK(cli({"--version", "x"}).code == 0);  // a file given alongside is not read
+}
+
+TEST_CASE("total budgets leave the plan what parameters, gradients and optimizer state do not take", "[budget]") {
+    CHECK(remat::budget_total(1000).with_resident(300).resolve(5000) == 700);
+    CHECK(remat::budget_total(1000).resolve(5000) == 1000);  // nothing resident measured: all for the plan
+    // A percentage of a total budget is of the total store-all memory, P_ref + resident.
+    CHECK(remat::budget_percent(50).counting_everything().with_resident(100).resolve(900) == 400);
+    CHECK(remat::budget_percent(50).with_resident(100).resolve(900) == 450);  // activations only: resident ignored
+    CHECK(remat::budget_total(1000).counts == remat::BudgetSpec::Counts::total);
+    try {
+        (void)remat::budget_total(1000).with_resident(1200).resolve(5000);
+        FAIL("a total budget below the resident bytes was accepted");
+    } catch (const remat::Infeasible& e) {
+        CHECK_THAT(std::string(e.what()), Catch::Contains("parameters, gradients and optimizer state take alone"));
+        CHECK(e.budget() == 1000);
+    }
+}
+
+TEST_CASE("a sweep is a CSV table and an SVG curve of overhead against budget", "[svg][sweep]") {
+    remat::Chain chain{"sweep", 1 << 20, {}};
+    for (int l = 0; l < 8; ++l) chain.stages.push_back({"l" + std::to_string(l), 1.0, 2.0, 1 << 20, 1 << 21, 0, 0});
+    const remat::Problem p = remat::to_problem(chain);
+    const remat::Reference ref = remat::store_all_reference(p);
+    const std::vector<remat::Bytes> budgets = remat::sweep_budgets(ref.peak / 5, ref.peak, 6);
+    REQUIRE(budgets.size() == 6);
+    CHECK(budgets.front() == ref.peak / 5);
+    CHECK(budgets.back() == ref.peak);
+    const auto points = remat::sweep(budgets, [&](remat::Bytes b) { return remat::Rotor{}.solve(p, b); });
+    const std::string csv = remat::sweep_csv(points, ref);
+    // 20 % of P_ref is below what a chain of 8 needs; 100 % is store-all's time.
+    CHECK_THAT(csv, Catch::StartsWith("budget_bytes,budget_percent,feasible,time,overhead_percent,peak_bytes,solve_seconds\n"));
+    CHECK_THAT(csv, Catch::Contains(std::to_string(ref.peak / 5) + ",20.0000,false,,,,\n"));
+    CHECK_THAT(csv, Catch::Contains(std::to_string(ref.peak) + ",100.0000,true,24,0.0000," + std::to_string(ref.peak) + ","));
+    CHECK(std::count(csv.begin(), csv.end(), '\n') == 7);
+    const std::string svg = remat::sweep_svg(points, ref, "sweep <8>");
+    CHECK_THAT(svg, Catch::StartsWith("<svg xmlns=\"http://www.w3.org/2000/svg\"") && Catch::EndsWith("</svg>\n"));
+    CHECK_THAT(svg, Catch::Contains("sweep &lt;8&gt;") && Catch::Contains("class=\"curve\"") &&
+                        Catch::Contains("class=\"infeasible\"") && Catch::Contains("budget (% of the store-all peak)"));
+    std::size_t circles = 0;
+    for (std::size_t at = svg.find("<circle "); at != std::string::npos; at = svg.find("<circle ", at + 1)) ++circles;
+    CHECK(circles == 5);
 }

@@ -218,8 +218,8 @@ TEST_CASE("module: an infeasible budget names the smallest feasible one", "[torc
         (void)rt::checkpoint(stages, sample, rt::budget_bytes(1024), remat::Rotor{}, quick());
         FAIL("a 1 KiB budget was accepted");
     } catch (const remat::Infeasible& e) {
-        REQUIRE(e.smallest_feasible().has_value());
-        const remat::Bytes smallest = *e.smallest_feasible();
+        REQUIRE(e.smallest_budget().has_value());
+        const remat::Bytes smallest = *e.smallest_budget();
         CHECK(smallest > 1024);
         auto m = rt::checkpoint(stages, sample, rt::budget_bytes(smallest), remat::Rotor{}, quick());
         CHECK(m->plan().peak <= smallest);
@@ -232,7 +232,7 @@ TEST_CASE("module: an infeasible budget names the smallest feasible one", "[torc
         FAIL("store-all accepted half of its own peak");
     } catch (const remat::Infeasible& e) {
         auto m = rt::checkpoint(stages, sample, rt::budget_percent(100), remat::StoreAll{}, quick());
-        CHECK(e.smallest_feasible() == m->store_all_peak());
+        CHECK(e.smallest_budget() == m->store_all_peak());
     }
 }
 
@@ -258,8 +258,11 @@ TEST_CASE("module: budget policies never dead-end", "[torch][module][budget]") {
     rt::CheckpointOptions options = quick();
     options.progress = [&lines](const std::string& line) { lines.push_back(line); };
     auto fallen = rt::checkpoint(stages, sample, rt::budget_percent(1).or_smallest(), remat::Rotor{}, options);
-    REQUIRE(lines.size() == 1);
-    CHECK(lines[0].find("planned at its smallest budget") != std::string::npos);
+    // Profiling's two phase lines, the warning, the plan's summary.
+    REQUIRE(lines.size() == 4);
+    CHECK(lines[0].find("profiling") != std::string::npos);
+    CHECK(lines[2].find("planned at its smallest budget") != std::string::npos);
+    CHECK(lines[3].find("plan peak") != std::string::npos);
     CHECK(fallen->budget() > remat::percent_of(fallen->store_all_peak(), 1));
     // The smallest budget plus a margin always plans.
     auto margin = rt::checkpoint(stages, sample, rt::budget_above_smallest(10), remat::Rotor{}, quick());
@@ -491,3 +494,30 @@ TEST_CASE("cuda: probe, gradients and measured peak on a GPU", "[torch][cuda]") 
     CHECK(std::abs(r.measured_peak - r.predicted_peak) <= std::max<remat::Bytes>(r.predicted_peak / 20, 64 * 1024));
 }
 #endif
+
+TEST_CASE("module: a total budget counts parameters, gradients and optimizer state", "[torch][module][budget]") {
+    auto model = remat_test::make_mlp(16, 32, 5, 4, 0.2);
+    const at::Tensor sample = torch::randn({16, 16});
+    const rt::StageList stages = remat_test::blocks_of(model);
+    remat::Bytes weights = 0, buffers = 0;
+    for (const at::Tensor& p : model->parameters()) weights += static_cast<remat::Bytes>(p.nbytes());
+    for (const at::Tensor& b : model->buffers()) buffers += static_cast<remat::Bytes>(b.nbytes());
+    auto activations_only = rt::checkpoint(stages, sample, rt::budget_percent(100), remat::Rotor{}, quick());
+    const remat::Bytes p_ref = activations_only->store_all_peak();
+    // Everything the step holds: weights (and buffers), their gradients, Adam's two moments, and P_ref.
+    rt::CheckpointOptions adam = quick();
+    adam.optimizer_state_per_parameter = 2.0;
+    auto total = rt::checkpoint(stages, sample, rt::budget_total(4 * weights + buffers + p_ref), remat::Rotor{}, adam);
+    CHECK(total->budget() == p_ref);
+    CHECK(total->plan().peak <= p_ref);
+    // Plain SGD leaves the optimizer's share to the plan.
+    auto sgd = rt::checkpoint(stages, sample, rt::budget_total(4 * weights + buffers + p_ref), remat::Rotor{}, quick());
+    CHECK(sgd->budget() == p_ref + 2 * weights);
+    // Below what the weights alone take: Infeasible, saying so.
+    try {
+        (void)rt::checkpoint(stages, sample, rt::budget_total(weights), remat::Rotor{}, adam);
+        FAIL("a total budget below the weights was accepted");
+    } catch (const remat::Infeasible& e) {
+        CHECK_THAT(std::string(e.what()), Catch::Contains("optimizer state take alone"));
+    }
+}

@@ -182,9 +182,8 @@ inline std::string what_happens(const UnitSummary& u) {
         std::string name = label == options.labels.end() ? u.unit : label->second;
         if (name.size() > 34) name = name.substr(0, 31) + "...";
         char line[256];
-        std::string cost = "+";
-        cost.append(detail::explain::seconds(u.recompute_time()));
-        std::snprintf(line, sizeof line, "%-34s %8zu  %4zu (%-12s)  %8zu  ", name.c_str(), u.forwards, u.recomputations(),
+        const std::string cost = "(+" + detail::explain::seconds(u.recompute_time()) + ")";
+        std::snprintf(line, sizeof line, "%-34s %8zu  %4zu %-14s  %8zu  ", name.c_str(), u.forwards, u.recomputations(),
                       cost.c_str(), u.backwards);
         out << line << detail::explain::what_happens(u) << "\n";
     }

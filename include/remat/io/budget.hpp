@@ -27,23 +27,58 @@ namespace remat {
 /// within it.
 struct BudgetSpec {
     enum class Kind { bytes, percent, above_smallest };
+    /// What the budget counts.
+    ///  - activations: what the plan holds (activations, their gradients, workspaces): the
+    ///    store-all peak P_ref is 100 %. The default, and what solvers see.
+    ///  - total: everything the step holds on the device: also the parameters, their gradients
+    ///    and the optimizer's state (`resident`, which the front end fills in: LibTorch's
+    ///    checkpoint() counts them). The plan gets what is left after the resident bytes.
+    enum class Counts { activations, total };
     Kind kind = Kind::bytes;
     Bytes bytes = 0;      ///< when kind == bytes
-    double percent = 0;   ///< kind percent: of P_ref; kind above_smallest: the margin, in %
+    double percent = 0;   ///< kind percent: of P_ref (+ resident for total); above_smallest: the margin, in %
     /// When no plan fits: plan at the smallest budget the solver reaches (with a warning)
     /// instead of throwing Infeasible.
     bool fall_back_to_smallest = false;
+    Counts counts = Counts::activations;
+    /// With Counts::total: the bytes the step holds besides the plan's (parameters, gradients,
+    /// optimizer state).
+    Bytes resident = 0;
 
     [[nodiscard]] bool is_percent() const noexcept { return kind == Kind::percent; }
-    /// The budget in bytes, given the store-all peak P_ref and (for above_smallest) the
-    /// smallest budget of the solver.
+    /// The budget the plan gets, in bytes, given the store-all peak P_ref and (for
+    /// above_smallest) the smallest budget of the solver. A total budget that the resident
+    /// bytes alone exceed throws Infeasible saying by how much.
     [[nodiscard]] Bytes resolve(Bytes reference_peak, Bytes smallest = 0) const {
+        Bytes plan_budget = bytes;
         switch (kind) {
-            case Kind::percent: return percent_of(reference_peak, percent);
+            case Kind::percent:
+                plan_budget = counts == Counts::total ? percent_of(reference_peak + resident, percent) - resident
+                                                      : percent_of(reference_peak, percent);
+                break;
             case Kind::above_smallest: return smallest + percent_of(smallest, percent);
-            case Kind::bytes: break;
+            case Kind::bytes:
+                if (counts == Counts::total) plan_budget = bytes - resident;
+                break;
         }
-        return bytes;
+        if (plan_budget < 0)
+            throw Infeasible("a total budget of " + format_bytes(plan_budget + resident) + " is below the " +
+                                 format_bytes(resident) +
+                                 " that parameters, gradients and optimizer state take alone; raise it above that",
+                             plan_budget + resident, std::nullopt);
+        return plan_budget;
+    }
+    /// The same budget, counting everything the step holds (see Counts::total).
+    [[nodiscard]] BudgetSpec counting_everything() const {
+        BudgetSpec copy = *this;
+        copy.counts = Counts::total;
+        return copy;
+    }
+    /// The same budget with the resident bytes the front end measured.
+    [[nodiscard]] BudgetSpec with_resident(Bytes resident_bytes) const {
+        BudgetSpec copy = *this;
+        copy.resident = resident_bytes;
+        return copy;
     }
     /// The same budget, falling back to the smallest one when it cannot be met.
     [[nodiscard]] BudgetSpec or_smallest() const {
@@ -57,17 +92,20 @@ struct BudgetSpec {
 /// A budget in bytes of what the plan counts (by default activations; see docs/guide.md).
 [[nodiscard]] inline BudgetSpec budget_bytes(Bytes bytes) {
     if (bytes < 0) throw InvalidInput("a budget must be non-negative, not " + std::to_string(bytes) + " bytes");
-    return BudgetSpec{BudgetSpec::Kind::bytes, bytes, 0.0, false};
+    return BudgetSpec{BudgetSpec::Kind::bytes, bytes, 0.0, false, BudgetSpec::Counts::activations, 0};
 }
+/// A budget in bytes of everything the training step holds on the device: parameters, their
+/// gradients, the optimizer's state and the plan's activations (BudgetSpec::Counts::total).
+[[nodiscard]] inline BudgetSpec budget_total(Bytes bytes) { return budget_bytes(bytes).counting_everything(); }
 /// A budget as a percentage of the store-all peak (FORMATS.md §4).
 [[nodiscard]] inline BudgetSpec budget_percent(double percent) {
     (void)percent_of(0, percent);  // validates
-    return BudgetSpec{BudgetSpec::Kind::percent, 0, percent, false};
+    return BudgetSpec{BudgetSpec::Kind::percent, 0, percent, false, BudgetSpec::Counts::activations, 0};
 }
 /// The smallest budget the solver reaches, plus `percent` % of it: a plan that always exists.
 [[nodiscard]] inline BudgetSpec budget_above_smallest(double percent = 0.0) {
     (void)percent_of(0, percent);  // validates
-    return BudgetSpec{BudgetSpec::Kind::above_smallest, 0, percent, false};
+    return BudgetSpec{BudgetSpec::Kind::above_smallest, 0, percent, false, BudgetSpec::Counts::activations, 0};
 }
 
 namespace detail::budget_impl {
@@ -152,7 +190,7 @@ inline std::string_view trim(std::string_view text) {
         double scale = 1;
         for (std::size_t i = 0; i < n.fraction_digits; ++i) scale *= 10;
         const double percent = static_cast<double>(n.whole) + static_cast<double>(n.fraction) / scale;
-        return BudgetSpec{BudgetSpec::Kind::percent, 0, percent, false};
+        return BudgetSpec{BudgetSpec::Kind::percent, 0, percent, false, BudgetSpec::Counts::activations, 0};
     }
     Bytes multiplier = 0;
     if (unit.empty()) multiplier = 1;
@@ -169,7 +207,7 @@ inline std::string_view trim(std::string_view text) {
     // fraction < 10^6 and m <= 2^40, so the product stays below 2^63.
     const std::uint64_t part = n.fraction * m / pow10;
     if (n.whole * m > max - part) detail::budget_impl::bad_budget(text, "the size is too large");
-    return BudgetSpec{BudgetSpec::Kind::bytes, static_cast<Bytes>(n.whole * m + part), 0, false};
+    return BudgetSpec{BudgetSpec::Kind::bytes, static_cast<Bytes>(n.whole * m + part), 0, false, BudgetSpec::Counts::activations, 0};
 }
 
 /// A budget in bytes; a percentage is taken of `reference_peak` (P_ref).
