@@ -48,7 +48,7 @@ struct SolverEntry {
     std::string_view name;
     std::string_view summary;       ///< one line for --help
     std::string_view variant_help;  ///< what NAME:VARIANT accepts; empty when no variant
-    /// Chains only (FORMATS.md §5 expansions): other problems get a clear error.
+    /// Chains only (docs/formats.md §5 (chains) expansions): other problems get a clear error.
     bool chains_only = false;
     /// Chosen when --solver is not given: the first applicable entry with this flag.
     bool default_choice = false;
@@ -362,7 +362,7 @@ inline HRockmateOptions hrockmate_options(const SolveOptions& o) {
                                      const SolveOptions& options) {
     if (!entry.applies(problem))
         throw InvalidInput("solver '" + std::string(entry.name) + "' does not apply to problem '" + problem.name() + "'" +
-                           (entry.chains_only ? ": it is not a chain (FORMATS.md §5); use a general solver" : ""));
+                           (entry.chains_only ? ": it is not a chain (docs/formats.md §5 (chains)); use a general solver" : ""));
     return entry.solve(problem, budget, options);
 }
 

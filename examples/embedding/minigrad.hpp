@@ -5,7 +5,7 @@
 // explicit forward (with or without the state a backward needs) and backward, and a model
 // that is a chain of such layers (Linear, ReLU, Dropout, a residual block). The integration:
 //   - profile(): each layer measured with the framework's own allocator and clock into a
-//     remat.chain/1 Chain (FORMATS.md §5) and the exact problem predictions use;
+//     remat.chain/1 Chain (docs/formats.md §5 (chains)) and the exact problem predictions use;
 //   - Backend: the ExecutionBackend the engine drives (exec/backend.hpp): activations,
 //     saved states and gradients per layer, the parameter gradients collected until the step
 //     completes, the random generator read and restored for dropout's replay;
@@ -407,7 +407,7 @@ struct AllocatorProbe {
 };
 
 /// One step's state for the engine: activations a_l, saved states s_l, gradients g_l of a
-/// chain of layers (data ids as FORMATS.md §5 numbers them), parameter gradients collected.
+/// chain of layers (data ids as docs/formats.md §5 (chains) numbers them), parameter gradients collected.
 class Backend {
 public:
     using RngState = std::mt19937;

@@ -145,7 +145,7 @@ public:
 // ---- begin remat/core/problem.hpp ----
 // remat/core/problem.hpp — the rematerialization problem: a bipartite graph of data and ops.
 //
-// This is the `remat.problem/1` model of FORMATS.md §1 (after Checkmate, Jain et al.,
+// This is the `remat.problem/1` model of docs/formats.md §1 (problems) (after Checkmate, Jain et al.,
 // MLSys 2020, and Rockmate, Zhao et al., ICML 2023, whose graphs of data and computations
 // it generalises): data have sizes, ops read and write data, take time and transient
 // memory, and some must run exactly once. A Problem is immutable; ProblemBuilder makes
@@ -217,7 +217,7 @@ public:
 
     /// The op that ends the forward phase, when the problem names one.
     [[nodiscard]] std::optional<OpId> loss() const noexcept { return loss_; }
-    /// The framework's own order of the step (FORMATS.md §4); empty when not given.
+    /// The framework's own order of the step (docs/formats.md §4 (store-all reference)); empty when not given.
     [[nodiscard]] std::span<const OpId> autograd_order() const noexcept { return autograd_; }
 
     [[nodiscard]] std::optional<DataId> find_data(std::string_view name) const {
@@ -445,7 +445,7 @@ private:
 }  // namespace remat
 // ---- end remat/core/problem.hpp ----
 // ---- begin remat/core/chain.hpp ----
-// remat/core/chain.hpp — the sequential special case: Rotor's stage table (FORMATS.md §5).
+// remat/core/chain.hpp — the sequential special case: Rotor's stage table (docs/formats.md §5 (chains)).
 //
 // Beaumont, Eyraud-Dubois, Herrmann, Joly, Shilova, "Optimal checkpointing for
 // heterogeneous chains: how to train deep neural networks with limited memory" (2019).
@@ -489,7 +489,7 @@ struct Chain {
     friend bool operator==(const Chain&, const Chain&) = default;
 };
 
-/// Throws InvalidInput naming the stage when a chain breaks the rules of FORMATS.md §5.
+/// Throws InvalidInput naming the stage when a chain breaks the rules of docs/formats.md §5 (chains).
 inline void validate(const Chain& chain) {
     if (chain.name.empty()) throw InvalidInput("a chain needs a non-empty name");
     if (chain.stages.empty()) throw InvalidInput("chain '" + chain.name + "' has no stages");
@@ -557,7 +557,7 @@ namespace detail {
 }
 }  // namespace detail
 
-/// The exact expansion of FORMATS.md §5.
+/// The exact expansion of docs/formats.md §5 (chains).
 [[nodiscard]] inline Problem to_problem(const Chain& chain) {
     validate(chain);
     const std::size_t L = chain.length();
@@ -622,7 +622,7 @@ namespace detail {
 }  // namespace remat
 // ---- end remat/core/chain.hpp ----
 // ---- begin remat/core/schedule.hpp ----
-// remat/core/schedule.hpp — a plan: the ordered list of run/free steps of FORMATS.md §2.
+// remat/core/schedule.hpp — a plan: the ordered list of run/free steps of docs/formats.md §2 (schedules).
 //
 // A Schedule is a plain value. It means nothing without its Problem (ids index into it);
 // simulate() (simulate.hpp) decides whether it is valid and what it costs.
@@ -669,7 +669,7 @@ using Schedule = std::vector<Step>;
 }  // namespace remat
 // ---- end remat/core/schedule.hpp ----
 // ---- begin remat/core/simulate.hpp ----
-// remat/core/simulate.hpp — the simulator of FORMATS.md §3, the single source of truth
+// remat/core/simulate.hpp — the simulator of docs/formats.md §3 (simulation semantics), the single source of truth
 // for the memory and time of a schedule.
 //
 // Every solver's schedule is checked against it; every predicted peak the library prints
@@ -709,7 +709,7 @@ struct SimulationReport {
     [[nodiscard]] bool fits(Bytes budget) const noexcept { return valid && peak <= budget; }
 };
 
-/// Simulates `schedule` on `problem` exactly as FORMATS.md §3 says. Stops at the first
+/// Simulates `schedule` on `problem` exactly as docs/formats.md §3 (simulation semantics) says. Stops at the first
 /// invalid step (the report then covers the steps before it).
 [[nodiscard]] inline SimulationReport simulate(const Problem& problem, const Schedule& schedule) {
     SimulationReport report;
@@ -799,7 +799,7 @@ struct SimulationReport {
 // what is kept for its backward and what is freed. What `remat-plan --explain` and
 // Plan::explain print (docs/guide.md, "Reading a plan").
 //
-// Units come from op names (FORMATS.md §1, §5): `F3`, `F3+`, `B3` are stage 3 of a chain;
+// Units come from op names (docs/formats.md §1 (problems), §5): `F3`, `F3+`, `B3` are stage 3 of a chain;
 // `F:linear.7`, `F+:linear.7`, `B:linear.7` are the captured op `linear.7`; any other op is a
 // unit of its own. Labels (stage names, a node's source line) are the caller's to give.
 // Standard library only.
@@ -1095,7 +1095,7 @@ private:
 // ---- begin remat/core/bounds.hpp ----
 // remat/core/bounds.hpp — a proven lower bound on the peak memory of any valid schedule.
 //
-// Under the simulator of FORMATS.md §3, every valid schedule has a peak at least:
+// Under the simulator of docs/formats.md §3 (simulation semantics), every valid schedule has a peak at least:
 //  - the initial data (the first state);
 //  - the initial and final data together (the last state);
 //  - for every exactly-once op (it must run): the initial data, plus its reads and writes
@@ -1241,7 +1241,7 @@ inline void report_progress(const ProgressCallback& progress, const std::string&
 // never be placed (those on a cycle or behind one) are reported; a variant breaks cycles
 // instead, for callers that need some order of every node.
 //
-// Also the op-level graph of a Problem (FORMATS.md §1) that Checkmate (Jain et al., MLSys
+// Also the op-level graph of a Problem (docs/formats.md §1 (problems)) that Checkmate (Jain et al., MLSys
 // 2020) orders its ops by: an edge from every writer of a data to every other op reading it.
 // Standard library only.
 
@@ -1589,7 +1589,7 @@ inline void check_node(const Adjacency& successors, std::size_t v, const char* w
 // remat/graph/production.hpp — when each data of a Problem can first be produced.
 //
 // The fixpoint ProblemBuilder::build() runs to decide which data can ever become live
-// (FORMATS.md §1), with the round at which each data first becomes producible: initial data
+// (docs/formats.md §1 (problems)), with the round at which each data first becomes producible: initial data
 // are at level 0, an op is at 1 + the largest level of its reads, and a data at the least
 // level of its writers. Choosing, for every data, a writer of the data's own level makes a
 // set of ops whose "writes what the other reads" graph is acyclic (every read comes from a
@@ -1664,7 +1664,7 @@ template <class Usable>
 // ---- begin remat/solvers/store_all.hpp ----
 // remat/solvers/store_all.hpp — the framework's own order with no rematerialization.
 //
-// FORMATS.md §4: run each op of the problem's `autograd` order once and free every data
+// docs/formats.md §4 (store-all reference): run each op of the problem's `autograd` order once and free every data
 // right after its last read (or right after it is written when nothing reads it later).
 // This is the store-all reference (T_ref, P_ref) that every overhead is measured against,
 // and the StoreAll baseline solver.
@@ -1777,7 +1777,7 @@ inline std::vector<OpId> choose_store_all_order(const Problem& p) {
 }
 
 /// Runs `order` once and frees each data right after its last read (or right after it is
-/// written when nothing reads it later), never an initial or final data — FORMATS.md §4.
+/// written when nothing reads it later), never an initial or final data — docs/formats.md §4 (store-all reference).
 [[nodiscard]] inline Schedule schedule_with_eager_frees(const Problem& problem, const std::vector<OpId>& order) {
     std::vector<std::size_t> last_read(problem.data_count(), 0);
     std::vector<char> read_at_all(problem.data_count(), 0);
@@ -1810,7 +1810,7 @@ inline std::vector<OpId> choose_store_all_order(const Problem& p) {
     return schedule;
 }
 
-/// T_ref and P_ref of FORMATS.md §4, with the schedule that realises them.
+/// T_ref and P_ref of docs/formats.md §4 (store-all reference), with the schedule that realises them.
 struct Reference {
     double time = 0.0;  ///< T_ref
     Bytes peak = 0;     ///< P_ref
@@ -1849,9 +1849,9 @@ public:
 // remat/solvers/exhaustive.hpp — exact search over all schedules of a small problem.
 //
 // A best-first (A*) search over states (live data, exactly-once ops done), the exact
-// combinatorial alternative to an integer program that DESIGN.md §4.3 mentions. Because
+// combinatorial alternative to an integer program that docs/design.md §4.4 (exhaustive search) mentions. Because
 // validity and memory of a step depend only on the current live set, the cheapest path to
-// a goal state is the optimal schedule under FORMATS.md §3 — over every schedule, not only
+// a goal state is the optimal schedule under docs/formats.md §3 (simulation semantics) — over every schedule, not only
 // persistent ones. The admissible bound is the time of the exactly-once ops still to run.
 // It is the reference the tests compare every other solver with, and a practical solver
 // for problems of up to a few dozen data (at most 128). The same search with "largest memory
@@ -2338,7 +2338,7 @@ public:
         const std::optional<Chain> chain = as_chain(problem);
         if (!chain)
             throw InvalidInput("periodic: problem '" + problem.name() +
-                               "' is not a chain (the FORMATS.md §5 expansion); use the checkmate or rockmate "
+                               "' is not a chain (the docs/formats.md §5 (chains) expansion); use the checkmate or rockmate "
                                "solver for general graphs");
         return solve(problem, *chain, budget);
     }
@@ -2381,9 +2381,9 @@ private:
 // stage has one cheap no-grad forward and K alternative (forward with grad, backward)
 // pairs, and the F_all branch picks the best. A plain chain is the case K = 1. The core
 // works on a RotorChain and returns an abstract RotorSequence of actions; the Rotor solver
-// translates it into the FORMATS.md §5 expansion of a Chain.
+// translates it into the docs/formats.md §5 (chains) expansion of a Chain.
 //
-// Memory model (the FORMATS.md §3 simulator, stage l has input a_{l-1} of x_{l-1} bytes,
+// Memory model (the docs/formats.md §3 (simulation semantics) simulator, stage l has input a_{l-1} of x_{l-1} bytes,
 // output a_l of x_l bytes and gradients g_l, g_{l-1} of y_l, y_{l-1} bytes; "S" is whatever
 // else is live):
 //   forward_nograd(l)  S+{a_{l-1}}           → S+{a_{l-1},a_l}       peak S + x_{l-1} + x_l + nograd_overhead
@@ -3220,7 +3220,7 @@ template <class Choose>
     return seq;
 }
 
-/// The Rotor solver on chains (FORMATS.md §5): the optimal persistent schedule within the
+/// The Rotor solver on chains (docs/formats.md §5 (chains)): the optimal persistent schedule within the
 /// budget, checked by the simulator.
 class Rotor {
 public:
@@ -3233,7 +3233,7 @@ public:
         const std::optional<Chain> chain = as_chain(problem);
         if (!chain)
             throw InvalidInput("rotor: problem '" + problem.name() +
-                               "' is not a chain (the FORMATS.md §5 expansion); use the checkmate or rockmate "
+                               "' is not a chain (the docs/formats.md §5 (chains) expansion); use the checkmate or rockmate "
                                "solver for general graphs");
         return solve(problem, *chain, budget);
     }
@@ -3329,7 +3329,7 @@ static_assert(SequenceSolver<Rotor>);
 // a sequence of blocks; each block with the backward ops that differentiate it is a small
 // problem of its own, which block_problem() builds.
 //
-// Recognition rules (the shape capture produces, FORMATS.md §1):
+// Recognition rules (the shape capture produces, docs/formats.md §1 (problems)):
 //  - the loss is the problem's `loss` op (required);
 //  - backward ops are the other exactly-once ops; forward ops are the ops that are not
 //    exactly once (alternative writers of one activation: a no-grad F, a with-grad F+ that
@@ -3981,7 +3981,7 @@ struct BlockProblem {
 
 // ---- begin remat/solvers/greedy.hpp ----
 // remat/solvers/greedy.hpp — a fast greedy planner for any graph: a static, DTR-like replay of
-// the framework's order on the simulator's semantics (FORMATS.md §3).
+// the framework's order on the simulator's semantics (docs/formats.md §3 (simulation semantics)).
 //
 // Kirisame, Lyubomirsky, Haan, Brennan, He, Roesch, Chen, Tatlock, "Dynamic Tensor
 // Rematerialization", ICLR 2021: when memory runs short, evict the tensor with the smallest
@@ -4032,7 +4032,7 @@ struct BlockProblem {
 // remat/solvers/improve.hpp — local improvement of a schedule that fits a budget.
 //
 // Any planner's schedule (the greedy's, H-Rockmate's flattened one) can carry steps that the
-// simulator of FORMATS.md §3 does not need, and frees that come later than they could:
+// simulator of docs/formats.md §3 (simulation semantics) does not need, and frees that come later than they could:
 //   - tidy_schedule(): drops runs that write nothing new or nothing read before it is freed
 //     again (a liveness analysis backwards from the final data and the exactly-once ops, as
 //     a compiler removes dead code), drops the frees that then free nothing, and moves every
@@ -6099,7 +6099,7 @@ private:
 //   3. the top is planned at the user's budget, flattened, and checked by the simulator.
 // Where the reference solves every cluster with an integer program (up to 24 MILPs of 60 s
 // per cluster with Gurobi, hours for a 2,500-node transformer), remat's clusters are small
-// enough for an exact search that settles each grid point in milliseconds (DESIGN.md §4.3
+// enough for an exact search that settles each grid point in milliseconds (docs/design.md §4.4 (exhaustive search)
 // measured such searches far ahead of CBC on problems of this size); a search that runs out
 // of its limits leaves the options found so far, and a cluster always has its store-all
 // option (each child's fastest option, in order).
@@ -6141,7 +6141,7 @@ private:
 //     runs, exhaustive.hpp).
 // An abstract schedule is flattened into real steps (each unit replaced by its sub-schedule,
 // phantom frees dropped) and its costs are measured by the simulator on the real sub-problem
-// (FORMATS.md §3). An option's costs make its abstract ops an upper bound on what its real
+// (docs/formats.md §3 (simulation semantics)). An option's costs make its abstract ops an upper bound on what its real
 // steps use in any context: forward overhead = forward peak − the state at the boundary;
 // backward overhead = backward peak − (state at the boundary + output grads + input grads);
 // an option never frees the cluster's outputs or output grads (its parent decides when).
@@ -7694,12 +7694,12 @@ inline std::ostream& operator<<(std::ostream& out, const StepReport& r) {
 // plan before it runs one: the role of every op and data, and a simulator-checked plan with
 // its landmarks.
 //
-// DESIGN.md §4.6, docs/design.md. A problem's ops are forwards without autograd (F),
+// docs/design.md §6 (execution engine), docs/design.md. A problem's ops are forwards without autograd (F),
 // forwards with autograd that also write saved state (F+), exactly-once backwards (B) and
 // the loss; each belongs to a *unit* — a chain stage, a captured op group, a layer of the
 // user's framework — which is what the backend runs. Data are activations, saved state,
 // gradients or markers, each of a unit. The engine runs only what the simulator accepted
-// (FORMATS.md §3), which is what makes freeing memory behind a framework's back safe.
+// (docs/formats.md §3 (simulation semantics)), which is what makes freeing memory behind a framework's back safe.
 
 #include <cstddef>
 #include <memory>
@@ -7826,7 +7826,7 @@ private:
 // remat/exec/backend.hpp — what a framework implements to run remat's plans: the
 // ExecutionBackend and MemoryReader concepts of the execution engine (executor.hpp).
 //
-// DESIGN.md principle 4 (policies at compile time) and §4.6. LibTorch's backends are in
+// docs/design.md §1, principle 4 (policies at compile time) and §4.6. LibTorch's backends are in
 // torch/ (chain stages, captured op groups); examples/embedding/ plugs in a framework that
 // is not LibTorch.
 //
@@ -7907,7 +7907,7 @@ concept HasClock = requires(const B& backend) {
 // remat/exec/executor.hpp — the execution engine: runs any simulator-checked schedule of any
 // problem, step by step, through a framework's backend (backend.hpp). Standard library only.
 //
-// DESIGN.md §4.6 and docs/design.md. A training step is a plan in two phases — up to the
+// docs/design.md §6 (execution engine). A training step is a plan in two phases — up to the
 // loss when the model is called, the rest when the caller back-propagates — and the engine
 // owns everything that does not depend on the framework:
 //   - the phases, with the loss boundary between them, and the order they may be called in;
@@ -8270,7 +8270,7 @@ private:
 // remat/io/budget.hpp — memory budgets as people write them, and byte counts as people read them.
 //
 // A budget is plain bytes (`25088`), a size with a unit (`512MiB`, `1.5 GiB`, `100KB`) or a
-// percentage of the store-all peak P_ref (`40%` = floor(40 × P_ref / 100), FORMATS.md §4).
+// percentage of the store-all peak P_ref (`40%` = floor(40 × P_ref / 100), docs/formats.md §4 (store-all reference)).
 // Units, case-insensitive: B; KiB, MiB, GiB, TiB (powers of 1024); KB, MB, GB, TB (powers
 // of 1000, as disk makers and the SI use them). A fractional size with a unit is rounded
 // down to whole bytes. Standard library only.
@@ -8362,7 +8362,7 @@ struct BudgetSpec {
 /// A budget in bytes of everything the training step holds on the device: parameters, their
 /// gradients, the optimizer's state and the plan's activations (BudgetSpec::Counts::total).
 [[nodiscard]] inline BudgetSpec budget_total(Bytes bytes) { return budget_bytes(bytes).counting_everything(); }
-/// A budget as a percentage of the store-all peak (FORMATS.md §4).
+/// A budget as a percentage of the store-all peak (docs/formats.md §4 (store-all reference)).
 [[nodiscard]] inline BudgetSpec budget_percent(double percent) {
     (void)percent_of(0, percent);  // validates
     return BudgetSpec{BudgetSpec::Kind::percent, 0, percent, false, BudgetSpec::Counts::activations, 0};
@@ -8559,7 +8559,7 @@ template <Solver S>
 // remat/io/svg.hpp — a picture of a plan: memory over the predicted time of its schedule, as
 // SVG.
 //
-// It draws what the simulator of FORMATS.md §3 reports (SimulationReport::timeline): the
+// It draws what the simulator of docs/formats.md §3 (simulation semantics) reports (SimulationReport::timeline): the
 // memory while each step runs (shaded; it includes the op's new outputs and its transient
 // overhead) and the memory between steps (a line), against the predicted time (each step as
 // wide as its op takes, steps as ticks; step numbers when the problem has no times), with

@@ -1,6 +1,6 @@
 // remat/core/bounds.hpp — a proven lower bound on the peak memory of any valid schedule.
 //
-// Under the simulator of FORMATS.md §3, every valid schedule has a peak at least:
+// Under the simulator of docs/formats.md §3 (simulation semantics), every valid schedule has a peak at least:
 //  - the initial data (the first state);
 //  - the initial and final data together (the last state);
 //  - for every exactly-once op (it must run): the initial data, plus its reads and writes

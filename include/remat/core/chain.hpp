@@ -1,4 +1,4 @@
-// remat/core/chain.hpp — the sequential special case: Rotor's stage table (FORMATS.md §5).
+// remat/core/chain.hpp — the sequential special case: Rotor's stage table (docs/formats.md §5 (chains)).
 //
 // Beaumont, Eyraud-Dubois, Herrmann, Joly, Shilova, "Optimal checkpointing for
 // heterogeneous chains: how to train deep neural networks with limited memory" (2019).
@@ -45,7 +45,7 @@ struct Chain {
     friend bool operator==(const Chain&, const Chain&) = default;
 };
 
-/// Throws InvalidInput naming the stage when a chain breaks the rules of FORMATS.md §5.
+/// Throws InvalidInput naming the stage when a chain breaks the rules of docs/formats.md §5 (chains).
 inline void validate(const Chain& chain) {
     if (chain.name.empty()) throw InvalidInput("a chain needs a non-empty name");
     if (chain.stages.empty()) throw InvalidInput("chain '" + chain.name + "' has no stages");
@@ -113,7 +113,7 @@ namespace detail {
 }
 }  // namespace detail
 
-/// The exact expansion of FORMATS.md §5.
+/// The exact expansion of docs/formats.md §5 (chains).
 [[nodiscard]] inline Problem to_problem(const Chain& chain) {
     validate(chain);
     const std::size_t L = chain.length();

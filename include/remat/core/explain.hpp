@@ -3,7 +3,7 @@
 // what is kept for its backward and what is freed. What `remat-plan --explain` and
 // Plan::explain print (docs/guide.md, "Reading a plan").
 //
-// Units come from op names (FORMATS.md §1, §5): `F3`, `F3+`, `B3` are stage 3 of a chain;
+// Units come from op names (docs/formats.md §1 (problems), §5): `F3`, `F3+`, `B3` are stage 3 of a chain;
 // `F:linear.7`, `F+:linear.7`, `B:linear.7` are the captured op `linear.7`; any other op is a
 // unit of its own. Labels (stage names, a node's source line) are the caller's to give.
 // Standard library only.

@@ -1,6 +1,6 @@
 // remat/core/problem.hpp — the rematerialization problem: a bipartite graph of data and ops.
 //
-// This is the `remat.problem/1` model of FORMATS.md §1 (after Checkmate, Jain et al.,
+// This is the `remat.problem/1` model of docs/formats.md §1 (problems) (after Checkmate, Jain et al.,
 // MLSys 2020, and Rockmate, Zhao et al., ICML 2023, whose graphs of data and computations
 // it generalises): data have sizes, ops read and write data, take time and transient
 // memory, and some must run exactly once. A Problem is immutable; ProblemBuilder makes
@@ -74,7 +74,7 @@ public:
 
     /// The op that ends the forward phase, when the problem names one.
     [[nodiscard]] std::optional<OpId> loss() const noexcept { return loss_; }
-    /// The framework's own order of the step (FORMATS.md §4); empty when not given.
+    /// The framework's own order of the step (docs/formats.md §4 (store-all reference)); empty when not given.
     [[nodiscard]] std::span<const OpId> autograd_order() const noexcept { return autograd_; }
 
     [[nodiscard]] std::optional<DataId> find_data(std::string_view name) const {

@@ -1,4 +1,4 @@
-// remat/core/schedule.hpp — a plan: the ordered list of run/free steps of FORMATS.md §2.
+// remat/core/schedule.hpp — a plan: the ordered list of run/free steps of docs/formats.md §2 (schedules).
 //
 // A Schedule is a plain value. It means nothing without its Problem (ids index into it);
 // simulate() (simulate.hpp) decides whether it is valid and what it costs.

@@ -1,4 +1,4 @@
-// remat/core/simulate.hpp — the simulator of FORMATS.md §3, the single source of truth
+// remat/core/simulate.hpp — the simulator of docs/formats.md §3 (simulation semantics), the single source of truth
 // for the memory and time of a schedule.
 //
 // Every solver's schedule is checked against it; every predicted peak the library prints
@@ -41,7 +41,7 @@ struct SimulationReport {
     [[nodiscard]] bool fits(Bytes budget) const noexcept { return valid && peak <= budget; }
 };
 
-/// Simulates `schedule` on `problem` exactly as FORMATS.md §3 says. Stops at the first
+/// Simulates `schedule` on `problem` exactly as docs/formats.md §3 (simulation semantics) says. Stops at the first
 /// invalid step (the report then covers the steps before it).
 [[nodiscard]] inline SimulationReport simulate(const Problem& problem, const Schedule& schedule) {
     SimulationReport report;

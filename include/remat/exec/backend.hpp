@@ -1,7 +1,7 @@
 // remat/exec/backend.hpp — what a framework implements to run remat's plans: the
 // ExecutionBackend and MemoryReader concepts of the execution engine (executor.hpp).
 //
-// DESIGN.md principle 4 (policies at compile time) and §4.6. LibTorch's backends are in
+// docs/design.md §1, principle 4 (policies at compile time) and §4.6. LibTorch's backends are in
 // torch/ (chain stages, captured op groups); examples/embedding/ plugs in a framework that
 // is not LibTorch.
 //

@@ -1,7 +1,7 @@
 // remat/exec/executor.hpp — the execution engine: runs any simulator-checked schedule of any
 // problem, step by step, through a framework's backend (backend.hpp). Standard library only.
 //
-// DESIGN.md §4.6 and docs/design.md. A training step is a plan in two phases — up to the
+// docs/design.md §6 (execution engine). A training step is a plan in two phases — up to the
 // loss when the model is called, the rest when the caller back-propagates — and the engine
 // owns everything that does not depend on the framework:
 //   - the phases, with the loss boundary between them, and the order they may be called in;

@@ -2,12 +2,12 @@
 // plan before it runs one: the role of every op and data, and a simulator-checked plan with
 // its landmarks.
 //
-// DESIGN.md §4.6, docs/design.md. A problem's ops are forwards without autograd (F),
+// docs/design.md §6 (execution engine), docs/design.md. A problem's ops are forwards without autograd (F),
 // forwards with autograd that also write saved state (F+), exactly-once backwards (B) and
 // the loss; each belongs to a *unit* — a chain stage, a captured op group, a layer of the
 // user's framework — which is what the backend runs. Data are activations, saved state,
 // gradients or markers, each of a unit. The engine runs only what the simulator accepted
-// (FORMATS.md §3), which is what makes freeing memory behind a framework's back safe.
+// (docs/formats.md §3 (simulation semantics)), which is what makes freeing memory behind a framework's back safe.
 #pragma once
 
 #include <cstddef>

@@ -1,7 +1,7 @@
 // remat/graph/production.hpp — when each data of a Problem can first be produced.
 //
 // The fixpoint ProblemBuilder::build() runs to decide which data can ever become live
-// (FORMATS.md §1), with the round at which each data first becomes producible: initial data
+// (docs/formats.md §1 (problems)), with the round at which each data first becomes producible: initial data
 // are at level 0, an op is at 1 + the largest level of its reads, and a data at the least
 // level of its writers. Choosing, for every data, a writer of the data's own level makes a
 // set of ops whose "writes what the other reads" graph is acyclic (every read comes from a

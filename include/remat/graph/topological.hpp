@@ -7,7 +7,7 @@
 // never be placed (those on a cycle or behind one) are reported; a variant breaks cycles
 // instead, for callers that need some order of every node.
 //
-// Also the op-level graph of a Problem (FORMATS.md §1) that Checkmate (Jain et al., MLSys
+// Also the op-level graph of a Problem (docs/formats.md §1 (problems)) that Checkmate (Jain et al., MLSys
 // 2020) orders its ops by: an edge from every writer of a data to every other op reading it.
 // Standard library only.
 #pragma once

@@ -1,7 +1,7 @@
 // remat/io/budget.hpp — memory budgets as people write them, and byte counts as people read them.
 //
 // A budget is plain bytes (`25088`), a size with a unit (`512MiB`, `1.5 GiB`, `100KB`) or a
-// percentage of the store-all peak P_ref (`40%` = floor(40 × P_ref / 100), FORMATS.md §4).
+// percentage of the store-all peak P_ref (`40%` = floor(40 × P_ref / 100), docs/formats.md §4 (store-all reference)).
 // Units, case-insensitive: B; KiB, MiB, GiB, TiB (powers of 1024); KB, MB, GB, TB (powers
 // of 1000, as disk makers and the SI use them). A fractional size with a unit is rounded
 // down to whole bytes. Standard library only.
@@ -97,7 +97,7 @@ struct BudgetSpec {
 /// A budget in bytes of everything the training step holds on the device: parameters, their
 /// gradients, the optimizer's state and the plan's activations (BudgetSpec::Counts::total).
 [[nodiscard]] inline BudgetSpec budget_total(Bytes bytes) { return budget_bytes(bytes).counting_everything(); }
-/// A budget as a percentage of the store-all peak (FORMATS.md §4).
+/// A budget as a percentage of the store-all peak (docs/formats.md §4 (store-all reference)).
 [[nodiscard]] inline BudgetSpec budget_percent(double percent) {
     (void)percent_of(0, percent);  // validates
     return BudgetSpec{BudgetSpec::Kind::percent, 0, percent, false, BudgetSpec::Counts::activations, 0};

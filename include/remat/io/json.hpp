@@ -1,4 +1,4 @@
-// remat/io/json.hpp — readers and writers of the interchange formats of FORMATS.md:
+// remat/io/json.hpp — readers and writers of the interchange formats of docs/formats.md:
 // `remat.problem/1`, `remat.chain/1` (expanded exactly as §5 says) and `remat.schedule/1`.
 //
 // The formats carry the problem model of Checkmate (Jain et al., MLSys 2020) and Rockmate
@@ -592,7 +592,7 @@ inline SavedSchedule read_schedule(const Problem& problem, const json& document,
 }
 
 // Compact rendering with a space after ':' and ',' — one item per line in the writers below
-// keeps files diffable and readable, like the examples of FORMATS.md.
+// keeps files diffable and readable, like the examples of docs/formats.md.
 inline void write_compact(std::string& out, const ordered_json& value) {
     if (value.is_object()) {
         out += '{';
@@ -676,7 +676,7 @@ inline std::string read_text_file(const std::filesystem::path& path) {
     return detail::read_chain(detail::parse_document(text, src), src);
 }
 
-/// Reads either a problem or a chain (expanded with to_problem, FORMATS.md §5), as its
+/// Reads either a problem or a chain (expanded with to_problem, docs/formats.md §5 (chains)), as its
 /// "format" field says.
 [[nodiscard]] inline Problem parse_any(std::string_view text, std::string_view source = "<input>") {
     const std::string src(source);

@@ -1,7 +1,7 @@
 // remat/io/svg.hpp — a picture of a plan: memory over the predicted time of its schedule, as
 // SVG.
 //
-// It draws what the simulator of FORMATS.md §3 reports (SimulationReport::timeline): the
+// It draws what the simulator of docs/formats.md §3 (simulation semantics) reports (SimulationReport::timeline): the
 // memory while each step runs (shaded; it includes the op's new outputs and its transient
 // overhead) and the memory between steps (a line), against the predicted time (each step as
 // wide as its op takes, steps as ticks; step numbers when the problem has no times), with

@@ -7,7 +7,7 @@
 // a sequence of blocks; each block with the backward ops that differentiate it is a small
 // problem of its own, which block_problem() builds.
 //
-// Recognition rules (the shape capture produces, FORMATS.md §1):
+// Recognition rules (the shape capture produces, docs/formats.md §1 (problems)):
 //  - the loss is the problem's `loss` op (required);
 //  - backward ops are the other exactly-once ops; forward ops are the ops that are not
 //    exactly once (alternative writers of one activation: a no-grad F, a with-grad F+ that

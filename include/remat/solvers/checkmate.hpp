@@ -22,7 +22,7 @@
 // point can read are not modelled at all, which keeps the model small.
 //
 // Exactness. Every schedule of at most T passes is a solution, and every solution is a
-// schedule that the simulator (FORMATS.md §3) accepts with the same time and no larger
+// schedule that the simulator (docs/formats.md §3 (simulation semantics)) accepts with the same time and no larger
 // peak: the optimum is the optimum over schedules of at most T passes. On chains the
 // optimal schedules need one pass per exactly-once op (each backward is preceded by one
 // forward sweep); DAGs may need a few more (recomputing a branch "behind" the last op run),

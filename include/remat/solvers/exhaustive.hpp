@@ -1,9 +1,9 @@
 // remat/solvers/exhaustive.hpp — exact search over all schedules of a small problem.
 //
 // A best-first (A*) search over states (live data, exactly-once ops done), the exact
-// combinatorial alternative to an integer program that DESIGN.md §4.3 mentions. Because
+// combinatorial alternative to an integer program that docs/design.md §4.4 (exhaustive search) mentions. Because
 // validity and memory of a step depend only on the current live set, the cheapest path to
-// a goal state is the optimal schedule under FORMATS.md §3 — over every schedule, not only
+// a goal state is the optimal schedule under docs/formats.md §3 (simulation semantics) — over every schedule, not only
 // persistent ones. The admissible bound is the time of the exactly-once ops still to run.
 // It is the reference the tests compare every other solver with, and a practical solver
 // for problems of up to a few dozen data (at most 128). The same search with "largest memory

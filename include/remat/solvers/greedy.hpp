@@ -1,5 +1,5 @@
 // remat/solvers/greedy.hpp — a fast greedy planner for any graph: a static, DTR-like replay of
-// the framework's order on the simulator's semantics (FORMATS.md §3).
+// the framework's order on the simulator's semantics (docs/formats.md §3 (simulation semantics)).
 //
 // Kirisame, Lyubomirsky, Haan, Brennan, He, Roesch, Chen, Tatlock, "Dynamic Tensor
 // Rematerialization", ICLR 2021: when memory runs short, evict the tensor with the smallest

@@ -18,7 +18,7 @@
 //   3. the top is planned at the user's budget, flattened, and checked by the simulator.
 // Where the reference solves every cluster with an integer program (up to 24 MILPs of 60 s
 // per cluster with Gurobi, hours for a 2,500-node transformer), remat's clusters are small
-// enough for an exact search that settles each grid point in milliseconds (DESIGN.md §4.3
+// enough for an exact search that settles each grid point in milliseconds (docs/design.md §4.4 (exhaustive search)
 // measured such searches far ahead of CBC on problems of this size); a search that runs out
 // of its limits leaves the options found so far, and a cluster always has its store-all
 // option (each child's fastest option, in order).

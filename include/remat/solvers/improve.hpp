@@ -1,7 +1,7 @@
 // remat/solvers/improve.hpp — local improvement of a schedule that fits a budget.
 //
 // Any planner's schedule (the greedy's, H-Rockmate's flattened one) can carry steps that the
-// simulator of FORMATS.md §3 does not need, and frees that come later than they could:
+// simulator of docs/formats.md §3 (simulation semantics) does not need, and frees that come later than they could:
 //   - tidy_schedule(): drops runs that write nothing new or nothing read before it is freed
 //     again (a liveness analysis backwards from the final data and the exactly-once ops, as
 //     a compiler removes dead code), drops the frees that then free nothing, and moves every

@@ -88,7 +88,7 @@ public:
         const std::optional<Chain> chain = as_chain(problem);
         if (!chain)
             throw InvalidInput("periodic: problem '" + problem.name() +
-                               "' is not a chain (the FORMATS.md §5 expansion); use the checkmate or rockmate "
+                               "' is not a chain (the docs/formats.md §5 (chains) expansion); use the checkmate or rockmate "
                                "solver for general graphs");
         return solve(problem, *chain, budget);
     }

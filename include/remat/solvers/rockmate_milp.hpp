@@ -3,7 +3,7 @@
 //
 // Zhao et al., "Rockmate", ICML 2023, solve every block with Checkmate (Jain et al., MLSys
 // 2020). Blocks of a few dozen data are solved faster and as exactly by best-first search
-// (DESIGN.md §4.3), so ExactBlockSolver tries that first and falls back on the MILP when the
+// (docs/design.md §4.4 (exhaustive search)), so ExactBlockSolver tries that first and falls back on the MILP when the
 // block is too large or the search runs out of states or time. This header needs a MILP
 // backend (milp/lp_solve.hpp links lp_solve); rockmate.hpp alone needs only the standard library.
 #pragma once

@@ -11,9 +11,9 @@
 // stage has one cheap no-grad forward and K alternative (forward with grad, backward)
 // pairs, and the F_all branch picks the best. A plain chain is the case K = 1. The core
 // works on a RotorChain and returns an abstract RotorSequence of actions; the Rotor solver
-// translates it into the FORMATS.md §5 expansion of a Chain.
+// translates it into the docs/formats.md §5 (chains) expansion of a Chain.
 //
-// Memory model (the FORMATS.md §3 simulator, stage l has input a_{l-1} of x_{l-1} bytes,
+// Memory model (the docs/formats.md §3 (simulation semantics) simulator, stage l has input a_{l-1} of x_{l-1} bytes,
 // output a_l of x_l bytes and gradients g_l, g_{l-1} of y_l, y_{l-1} bytes; "S" is whatever
 // else is live):
 //   forward_nograd(l)  S+{a_{l-1}}           → S+{a_{l-1},a_l}       peak S + x_{l-1} + x_l + nograd_overhead
@@ -859,7 +859,7 @@ template <class Choose>
     return seq;
 }
 
-/// The Rotor solver on chains (FORMATS.md §5): the optimal persistent schedule within the
+/// The Rotor solver on chains (docs/formats.md §5 (chains)): the optimal persistent schedule within the
 /// budget, checked by the simulator.
 class Rotor {
 public:
@@ -872,7 +872,7 @@ public:
         const std::optional<Chain> chain = as_chain(problem);
         if (!chain)
             throw InvalidInput("rotor: problem '" + problem.name() +
-                               "' is not a chain (the FORMATS.md §5 expansion); use the checkmate or rockmate "
+                               "' is not a chain (the docs/formats.md §5 (chains) expansion); use the checkmate or rockmate "
                                "solver for general graphs");
         return solve(problem, *chain, budget);
     }

@@ -1,6 +1,6 @@
 // remat/solvers/store_all.hpp — the framework's own order with no rematerialization.
 //
-// FORMATS.md §4: run each op of the problem's `autograd` order once and free every data
+// docs/formats.md §4 (store-all reference): run each op of the problem's `autograd` order once and free every data
 // right after its last read (or right after it is written when nothing reads it later).
 // This is the store-all reference (T_ref, P_ref) that every overhead is measured against,
 // and the StoreAll baseline solver.
@@ -122,7 +122,7 @@ inline std::vector<OpId> choose_store_all_order(const Problem& p) {
 }
 
 /// Runs `order` once and frees each data right after its last read (or right after it is
-/// written when nothing reads it later), never an initial or final data — FORMATS.md §4.
+/// written when nothing reads it later), never an initial or final data — docs/formats.md §4 (store-all reference).
 [[nodiscard]] inline Schedule schedule_with_eager_frees(const Problem& problem, const std::vector<OpId>& order) {
     std::vector<std::size_t> last_read(problem.data_count(), 0);
     std::vector<char> read_at_all(problem.data_count(), 0);
@@ -155,7 +155,7 @@ inline std::vector<OpId> choose_store_all_order(const Problem& p) {
     return schedule;
 }
 
-/// T_ref and P_ref of FORMATS.md §4, with the schedule that realises them.
+/// T_ref and P_ref of docs/formats.md §4 (store-all reference), with the schedule that realises them.
 struct Reference {
     double time = 0.0;  ///< T_ref
     Bytes peak = 0;     ///< P_ref

@@ -1,9 +1,9 @@
 // remat/torch/executor.hpp — runs any schedule of a chain problem on real tensors.
 //
 // The chain is Rotor's model (Beaumont, Eyraud-Dubois, Herrmann, Joly, Shilova, "Optimal
-// checkpointing for heterogeneous chains", 2019), expanded into a problem as FORMATS.md §5
+// checkpointing for heterogeneous chains", 2019), expanded into a problem as docs/formats.md §5 (chains)
 // says; a schedule of that problem (from StoreAll, Periodic, Rotor, or written by hand) is
-// executed step by step (DESIGN.md §4.6):
+// executed step by step (docs/design.md §6 (execution engine)):
 //   F_l   runs stage l without autograd;  F_l+  runs it with autograd on a detached leaf of
 //   its input, so that its graph s_l is its own;  B_l  back-propagates that graph alone,
 //   writing g_{l-1} and the stage's parameter gradients;  free a_l  releases a_l's storage
@@ -372,7 +372,7 @@ public:
 
     [[nodiscard]] const Chain& chain() const noexcept { return core_->profile.chain; }
     [[nodiscard]] const ChainProfile& profile() const noexcept { return core_->profile; }
-    /// The chain's expansion (FORMATS.md §5): what solvers plan on.
+    /// The chain's expansion (docs/formats.md §5 (chains)): what solvers plan on.
     [[nodiscard]] const Problem& problem() const noexcept { return core_->problem; }
     /// The same problem with each forward's own measured overhead: what predictions use.
     [[nodiscard]] const Problem& measured_problem() const noexcept { return core_->measured; }

@@ -3,7 +3,7 @@
 //
 // The problem is the op-level graph of script.hpp (the model of Checkmate, Jain et al.,
 // MLSys 2020, and Rockmate, Zhao et al., ICML 2023); a schedule of it (from StoreAll,
-// Checkmate, Rockmate, or written by hand) is executed step by step (DESIGN.md §4.6):
+// Checkmate, Rockmate, or written by hand) is executed step by step (docs/design.md §6 (execution engine)):
 //   F:G   runs op G's nodes without autograd;   F+:G  runs them on detached leaves of G's
 //   inputs, so that G's autograd graph s:G is its own;   B:G  back-propagates that graph
 //   alone with the sum of G's incoming gradient contributions, writing one contribution per

@@ -1,7 +1,7 @@
 // remat/torch/memory.hpp — memory probes: how many bytes of tensor storage are live, and
 // the most that were live since the last reset.
 //
-// Principle 2 of DESIGN.md (the cost model is measured with the executor's own
+// Principle 2 of docs/design.md §1 (the cost model is measured with the executor's own
 // primitives) needs a probe that sees every tensor allocation: predicted peak = measured
 // peak only holds when both come from the same accounting. The CPU probe wraps c10's CPU
 // allocator (the approach of Beaumont et al.'s rotor and of PyTorch's own memory profiler,

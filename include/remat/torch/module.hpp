@@ -6,7 +6,7 @@
 // behaves like the model, so that
 //     auto loss = criterion(m->forward(x), y); loss.backward(); optimizer.step();
 // is unchanged. forward() runs the plan up to `loss` inside a custom autograd Function,
-// whose backward runs the rest of the plan (DESIGN.md §4.6). The parameters are the
+// whose backward runs the rest of the plan (docs/design.md §6 (execution engine)). The parameters are the
 // model's own tensors: an optimizer built on either sees the same ones.
 //
 // Inputs of another shape, dtype or device than the profiled sample: with
@@ -204,7 +204,7 @@ public:
     /// The budget in bytes of the current plan.
     [[nodiscard]] Bytes budget() const noexcept { return current_->budget; }
     [[nodiscard]] const BudgetSpec& budget_spec() const noexcept { return budget_; }
-    /// P_ref and T_ref of FORMATS.md §4 for the current shape.
+    /// P_ref and T_ref of docs/formats.md §4 (store-all reference) for the current shape.
     [[nodiscard]] Bytes store_all_peak() const noexcept { return current_->reference.peak; }
     [[nodiscard]] double store_all_time() const noexcept { return current_->reference.time; }
     /// What the last completed step measured.

@@ -3,7 +3,7 @@
 // Rotor's cost model (Beaumont, Eyraud-Dubois, Herrmann, Joly, Shilova, "Optimal
 // checkpointing for heterogeneous chains", 2019) needs per stage the forward and backward
 // times, the output size, what a forward with autograd keeps, and the transient memory of
-// both passes (FORMATS.md §5). Following DESIGN.md principle 2, the bytes are measured by
+// both passes (docs/formats.md §5 (chains)). Following docs/design.md §1, principle 2, the bytes are measured by
 // running and freeing with the executor's own primitives under a memory probe, so that
 // the simulator's predicted peak is the peak the executor really reaches; times are medians
 // of repeated runs. Write the result with remat::io::to_json(profile.chain) (io/json.hpp)
@@ -122,7 +122,7 @@ private:
 
 }  // namespace detail
 
-/// The chain's problem (FORMATS.md §5, the same data, ops and ids as to_problem) with each
+/// The chain's problem (docs/formats.md §5 (chains), the same data, ops and ids as to_problem) with each
 /// forward's own measured overhead: F_l the no-grad one, F_l+ the with-grad one. Solvers
 /// plan on the chain, whose single forward overhead is the larger of the two; a schedule of
 /// one is a schedule of the other, and simulating it on this problem predicts the peak the

@@ -6,7 +6,7 @@
 // capture_script() builds that graph from a torch::jit::Module — written in C++ with
 // Module::define, or saved from Python (torch.jit.script or torch.jit.trace) and loaded with
 // torch::jit::load — on example inputs, in four phases, each in its own header
-// (docs/design.md, DESIGN.md §4.7):
+// (docs/design.md §5, capture):
 //   1. capture/interpret.hpp    run the inlined forward graph once, node by node; evaluate and
 //                               freeze everything that is not tensor work (constants, shapes,
 //                               branches, loops, strings, containers); rewrite in-place ops
@@ -15,7 +15,7 @@
 //                               that consume them; order the ops; compile their programs;
 //   3. capture/profile_ops.hpp  measure bytes, overheads, times, randomness, buffer updates
 //                               and what each backward really reads, with the executor's own
-//                               primitives under a memory probe (DESIGN.md principle 2);
+//                               primitives under a memory probe (docs/design.md §1, principle 2);
 //   4. capture/problem_builder.hpp  write the problem: per op F:G, F+:G (with saved state
 //                               s:G) and B:G (exactly once), gradient contributions g:X<G.
 // The captured graph is specialised to the example inputs' shapes, like tracing: plans are

@@ -15,7 +15,7 @@
 //     runs, exhaustive.hpp).
 // An abstract schedule is flattened into real steps (each unit replaced by its sub-schedule,
 // phantom frees dropped) and its costs are measured by the simulator on the real sub-problem
-// (FORMATS.md §3). An option's costs make its abstract ops an upper bound on what its real
+// (docs/formats.md §3 (simulation semantics)). An option's costs make its abstract ops an upper bound on what its real
 // steps use in any context: forward overhead = forward peak − the state at the boundary;
 // backward overhead = backward peak − (state at the boundary + output grads + input grads);
 // an option never frees the cluster's outputs or output grads (its parent decides when).

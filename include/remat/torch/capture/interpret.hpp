@@ -1,7 +1,7 @@
 // remat/torch/capture/interpret.hpp — phase 1 of capture: run a module's forward graph once,
 // node by node, on the example inputs, and record what every node computed (trace.hpp).
 //
-// DESIGN.md §4.7. The graph is copied and inlined; capture then plans one fixed graph for
+// docs/design.md §5 (capture). The graph is copied and inlined; capture then plans one fixed graph for
 // the inputs' shapes, as tracing does, so everything that is not tensor work is evaluated
 // here, once, and frozen:
 //   - constants of every kind, shape arithmetic, string formatting, `prim::If` whose

@@ -1,5 +1,5 @@
 // remat/torch/capture/problem_builder.hpp — phase 4 of capture: write the remat.problem/1
-// problem (FORMATS.md §1) of the profiled op groups.
+// problem (docs/formats.md §1 (problems)) of the profiled op groups.
 //
 // Per group G: a no-grad forward `F:G`, a forward with autograd `F+:G` that also writes
 // the saved state `s:G`, and an exactly-once backward `B:G` that reads the gradient

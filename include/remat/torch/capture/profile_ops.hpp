@@ -1,7 +1,7 @@
 // remat/torch/capture/profile_ops.hpp — phase 3 of capture: measure every op group with the
 // executor's own primitives (program.hpp), under a memory probe.
 //
-// DESIGN.md principle 2: bytes are what freeing really gives back, so that the simulator's
+// docs/design.md §1, principle 2: bytes are what freeing really gives back, so that the simulator's
 // predicted peak is the executor's measured one. Per group: output bytes, saved state,
 // transient overheads, median times of the three passes, whether it draws random numbers
 // or updates buffers, and what its backward really reads — found by overwriting each

@@ -5,7 +5,7 @@
 // remat.problem/1 problem — the graph model of Checkmate (Jain et al., MLSys 2020) and
 // Rockmate (Zhao et al., ICML 2023). Each op of that problem is a *group* of TorchScript
 // nodes compiled into a small program of instructions over slots. This header holds that
-// table and how a group runs (DESIGN.md §4.6): without autograd, on detached leaves of its
+// table and how a group runs (docs/design.md §6 (execution engine)): without autograd, on detached leaves of its
 // inputs so that its autograd graph is its own, and back-propagated alone. The executor
 // (graph_executor.hpp) needs this header and captured.hpp, never the capture phases.
 #pragma once

@@ -1,7 +1,7 @@
 // remat/torch/detail/op_clock.hpp — the clock ops are timed with, by capture's profiler and
 // by the executor's per-step timings alike (so that the two can be compared op by op).
 //
-// DESIGN.md §6: with one intra-op thread on the CPU, the thread's own CPU time is immune to
+// docs/design.md §8 (LibTorch notes): with one intra-op thread on the CPU, the thread's own CPU time is immune to
 // other processes taking the machine; with several threads or on CUDA only the wall clock
 // measures the work.
 #pragma once

@@ -1,11 +1,11 @@
 // remat/torch/detail/runtime.hpp — the primitives the executors and the profiler share.
 //
-// DESIGN.md §4.6: a per-stage autograd cut (each stage runs on a detached leaf copy of its
+// docs/design.md §6 (execution engine): a per-stage autograd cut (each stage runs on a detached leaf copy of its
 // input and is back-propagated on its own), "free" as releasing the storage while keeping
 // every tensor handle, replay of the random generator for recomputations, and buffers
 // (running statistics) restored around recomputations. The profiler measures with exactly
 // these functions, which is what makes a plan's predicted peak the measured one
-// (DESIGN.md principle 2).
+// (docs/design.md §1, principle 2).
 #pragma once
 
 #include <chrono>

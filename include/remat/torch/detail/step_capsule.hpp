@@ -3,7 +3,7 @@
 //
 // The drop-in module (module.hpp) and ScriptExecutor::forward (graph_executor.hpp) run a
 // plan's forward phase inside a torch::autograd::Function and the rest of the plan when
-// autograd calls its backward (DESIGN.md §4.6, "Autograd integration"). The step in between
+// autograd calls its backward (docs/design.md §6 (execution engine), "Autograd integration"). The step in between
 // is no tensor, so it travels in the context's saved_data as a capsule; the backward takes
 // it out, which is how a second backward through the same forward is recognised and refused
 // (the step has freed its activations by then).
