@@ -1,7 +1,7 @@
 // bench_checkmate — how long Checkmate (Jain et al., MLSys 2020) takes to prove its optimum,
 // with each MILP backend, and what the optimal schedules cost.
 //
-// Seeded random chains (FORMATS.md §5) and training-like DAGs of about 10, 20, 40 and 80 ops
+// Seeded random chains (docs/formats.md §5) and training-like DAGs of about 10, 20, 40 and 80 ops
 // (tests/support/random_problems.hpp), at budgets of 40, 60 and 80 % of P_ref (the store-all
 // peak). For each problem and budget it prints the MILP's size, then per backend the solve
 // seconds (to the proven optimum, or up to the time limit), the outcome (optimal, the gap

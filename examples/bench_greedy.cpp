@@ -2,7 +2,7 @@
 // Kirisame et al., ICLR 2021) on generated GPT-2-like op-level problems of about 200, 1,000 and
 // 2,500 ops (tests/support/op_level_problems.hpp). For budgets from 20 to 100 % of the
 // store-all peak P_ref it prints, for each eviction rule, the time overhead of the plan
-// (time / T_ref − 1, simulated: FORMATS.md §3) and the solve time, and first the smallest
+// (time / T_ref − 1, simulated: docs/formats.md §3) and the solve time, and first the smallest
 // budget each rule fits with the time its bisection took. "-" means the rule does not fit.
 //
 //   bench_greedy [LAYERS...]     (defaults: 5 24 60)

@@ -3,7 +3,7 @@
 // torch.utils.checkpoint applied per block gives) and Rotor over the blocks with each block's
 // store-all sub-schedule as its only option. For budgets from the smallest one Rockmate can
 // plan for up to 100 % of the store-all peak it prints the time overhead of each (simulated,
-// FORMATS.md §3) and the solve times.
+// docs/formats.md §3) and the solve times.
 //
 //   bench_rockmate [LAYERS] [GRID]     (defaults: 12 layers, an 8 × 8 grid per block)
 #include <chrono>

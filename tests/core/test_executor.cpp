@@ -180,7 +180,7 @@ private:
 static_assert(ExecutionBackend<FakeBackend>);
 static_assert(MemoryReader<FakeProbe>);
 
-// The execution table of a chain problem (FORMATS.md §5): unit l for stage l's ops and data.
+// The execution table of a chain problem (docs/formats.md §5): unit l for stage l's ops and data.
 ExecutionTable chain_table(const Problem& p, std::size_t stages) {
     ExecutionTable t;
     t.units = stages + 1;

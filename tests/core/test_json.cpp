@@ -18,7 +18,7 @@ using remat::InvalidInput;
 
 const fs::path shared_problems = fs::path(REMAT_SOURCE_DIR) / "examples" / "problems";
 
-// The example of FORMATS.md §1.
+// The example of docs/formats.md §1.
 const std::string tiny = R"({
   "format": "remat.problem/1",
   "name": "tiny-chain",
@@ -40,7 +40,7 @@ const std::string tiny = R"({
   "loss": "loss"
 })";
 
-// The example of FORMATS.md §5, with a second stage.
+// The example of docs/formats.md §5, with a second stage.
 const std::string chain2 = R"({
   "format": "remat.chain/1",
   "name": "mlp-2",
@@ -51,7 +51,7 @@ const std::string chain2 = R"({
   ]
 })";
 
-// The example of FORMATS.md §2.
+// The example of docs/formats.md §2.
 const std::string tiny_schedule = R"({
   "format": "remat.schedule/1",
   "problem": "tiny-chain",
@@ -118,15 +118,15 @@ TEST_CASE("a chain file and its expanded problem file load to equal problems", "
     const auto from_problem = remat::io::load_problem(shared_problems / "tiny-chain.problem.json");
     CHECK(from_chain == from_problem);
     CHECK(remat::io::load_chain(shared_problems / "tiny-chain.chain.json").stages.at(0).name == "l1");
-    // parse_any of a chain is exactly to_problem of parse_chain (FORMATS.md §5).
+    // parse_any of a chain is exactly to_problem of parse_chain (docs/formats.md §5).
     CHECK(remat::io::parse_any(chain2) == remat::to_problem(remat::io::parse_chain(chain2)));
-    // And the FORMATS.md §1 text is that same problem without an autograd order.
+    // And the docs/formats.md §1 text is that same problem without an autograd order.
     const auto parsed = remat::io::parse_problem(tiny);
     CHECK(parsed.autograd_order().empty());
     CHECK(remat::store_all_reference(parsed).peak == 25088);
 }
 
-TEST_CASE("the schedule example of FORMATS.md §2 simulates to time 3.0 and peak 25088", "[json]") {
+TEST_CASE("the schedule example of docs/formats.md §2 simulates to time 3.0 and peak 25088", "[json]") {
     const auto problem = remat::io::load_problem(shared_problems / "tiny-chain.chain.json");
     const auto saved = remat::io::parse_schedule(problem, tiny_schedule, "s.json");
     CHECK(saved.problem == "tiny-chain");

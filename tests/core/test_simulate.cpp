@@ -1,4 +1,4 @@
-// The simulator of FORMATS.md §3, the problem builder's checks and the chain expansion of §5.
+// The simulator of docs/formats.md §3, the problem builder's checks and the chain expansion of §5.
 #include <catch2/catch.hpp>
 
 #include <remat/remat.hpp>
@@ -7,7 +7,7 @@ using namespace remat;
 
 namespace {
 
-// The FORMATS.md §1 example, built by hand.
+// The docs/formats.md §1 example, built by hand.
 Problem tiny_chain_problem() { return to_problem(Chain{"tiny-chain", 4096, {{"l1", 1.0, 2.0, 4096, 12288, 0, 512}}}); }
 
 Schedule steps(const Problem& p, std::initializer_list<std::pair<bool, const char*>> list) {
@@ -20,7 +20,7 @@ constexpr bool F = false;
 
 }  // namespace
 
-TEST_CASE("simulate: the FORMATS.md schedule example costs 3.0 and peaks at 25088 bytes") {
+TEST_CASE("simulate: the docs/formats.md schedule example costs 3.0 and peaks at 25088 bytes") {
     const Problem p = tiny_chain_problem();
     const auto s = steps(p, {{R, "F1+"}, {R, "loss"}, {R, "B1"}, {F, "a1"}, {F, "s1"}, {F, "g1"}});
     const SimulationReport r = simulate(p, s);
@@ -103,7 +103,7 @@ TEST_CASE("simulate: every kind of invalid step is reported with its index and r
     }
 }
 
-TEST_CASE("chain expansion: names, sizes and the autograd order of FORMATS.md §5") {
+TEST_CASE("chain expansion: names, sizes and the autograd order of docs/formats.md §5") {
     const Chain chain{"c", 64, {{"first", 1, 2, 16, 48, 3, 4}, {"second", 5, 6, 32, 32, 7, 8}, {"third", 1, 1, 8, 20, 0, 0}}};
     const Problem p = to_problem(chain);
     CHECK(p.data_count() == 3 * 3 + 2);

@@ -1,4 +1,4 @@
-// The store-all reference of FORMATS.md §4 (with the order it chooses when a problem gives
+// The store-all reference of docs/formats.md §4 (with the order it chooses when a problem gives
 // none) and the exact search over all schedules.
 #include <catch2/catch.hpp>
 

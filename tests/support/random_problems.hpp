@@ -1,5 +1,5 @@
 // Seeded random problems for the MILP tests and the Checkmate benchmark: chains
-// (FORMATS.md §5) and training-like DAGs — forward ops reading one or two earlier
+// (docs/formats.md §5) and training-like DAGs — forward ops reading one or two earlier
 // activations (diamonds, skips), some with two outputs, each with a no-grad and a
 // with-grad alternative writer, a loss, and exactly-once backward ops that write one
 // gradient contribution per input read. without_autograd_order() drops a problem's order.
