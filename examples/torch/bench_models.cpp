@@ -13,7 +13,7 @@
 //                       (Rockmate with only the store-all option per block);
 //   rockmate            Rockmate (Zhao et al., ICML 2023): per-block options from exact block
 //                       solves, multi-option Rotor across blocks;
-// and the solve time of each. Step times are measured within this run only (docs/design.md §6).
+// and the solve time of each. Step times are measured within this run only (docs/design.md §8, LibTorch notes).
 //
 //   bench_models [--quick] [--steps N] [--model gpt|resnet|both] [--layers N]
 #include <time.h>

@@ -1,4 +1,4 @@
-// Seeded op-level problems shaped like captured networks (docs/design.md §4.7), for the tests and
+// Seeded op-level problems shaped like captured networks (docs/design.md §5, capture), for the tests and
 // benchmarks of block partitioning and Rockmate: every forward op has a no-grad writer F and
 // a with-grad writer F+ (which also writes the op's saved state when it has one), every op an
 // exactly-once backward B that reads the gradient contributions of its outputs, its saved

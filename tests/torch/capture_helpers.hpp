@@ -30,7 +30,7 @@ using remat::torch::ScriptExecutor;
 using Loss = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
 
 inline CaptureOptions quick(const std::string& name) {
-    at::set_num_threads(1);  // steady op times (docs/design.md §6)
+    at::set_num_threads(1);  // steady op times (docs/design.md §8, LibTorch notes)
     CaptureOptions o;
     o.name = name;
     o.repeats = 1;
