@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -34,7 +35,8 @@ inline constexpr int exit_infeasible = 3;
 [[nodiscard]] inline std::string remat_plan_usage() {
     std::string u =
         "usage: remat-plan FILE.json --budget B [--solver NAME[:VARIANT]] [--out SCHEDULE.json] [--json]\n"
-        "                  [--svg TIMELINE.svg] [--sweep N] [--time-limit S] [--verbose] [--quiet]\n"
+        "                  [--svg TIMELINE.svg] [--explain] [--sweep N] [--sweep-csv F.csv]\n"
+        "                  [--sweep-svg F.svg] [--time-limit S] [--verbose] [--quiet]\n"
         "       remat-plan --help | --version\n"
         "\n"
         "Plans the training step of FILE.json (remat.problem/1 or remat.chain/1) within a memory budget.\n"
@@ -54,6 +56,9 @@ inline constexpr int exit_infeasible = 3;
         "  --json            print one JSON line instead of the summary\n"
         "  --svg FILE        write a picture of memory over the steps of the plan, with the budget line\n"
         "  --sweep N         also plan N budgets from the smallest feasible one to P_ref (--budget optional)\n"
+        "  --sweep-csv FILE  write the sweep as CSV (budget, % of P_ref, time, overhead, peak)\n"
+        "  --sweep-svg FILE  draw the sweep: overhead against budget, the curve to choose a budget from\n"
+        "  --explain         the plan per layer: what is recomputed, at what cost, and what is kept\n"
         "  --time-limit S    give up after S seconds (solvers that search)\n"
         "  --verbose         every progress line of the solver on stderr\n"
         "  --quiet           no progress lines (long solves print one every few seconds on stderr, with the\n"
@@ -79,6 +84,9 @@ struct PlanArgs {
     bool quiet = false;
     bool help = false;
     bool version = false;
+    bool explain = false;
+    std::optional<std::string> sweep_csv;
+    std::optional<std::string> sweep_svg;
 };
 
 // Thrown for a malformed command line: the usage follows the message.
@@ -140,6 +148,12 @@ inline PlanArgs parse_plan_args(const std::vector<std::string>& args) {
         else if (flag == "--solver" || flag == "-s") once(a.solver, value());
         else if (flag == "--out" || flag == "-o") once(a.out, value());
         else if (flag == "--svg") once(a.svg, value());
+        else if (flag == "--sweep-csv") once(a.sweep_csv, value());
+        else if (flag == "--sweep-svg") once(a.sweep_svg, value());
+        else if (flag == "--explain") {
+            no_value();
+            a.explain = true;
+        }
         else if (flag == "--sweep") once(a.sweep, parse_count(flag, value()));
         else if (flag == "--time-limit") once(a.time_limit, parse_seconds(flag, value()));
         else if (flag == "--json") {
@@ -163,6 +177,8 @@ inline PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     if (a.file.empty()) throw UsageError{"no problem file given"};
     if (!a.budget && !a.sweep) throw UsageError{"--budget is required (or --sweep N)"};
     if (!a.budget && (a.out || a.svg)) throw UsageError{"--out and --svg need --budget"};
+    if (!a.sweep && (a.sweep_csv || a.sweep_svg)) throw UsageError{"--sweep-csv and --sweep-svg need --sweep N"};
+    if (a.explain && !a.budget) throw UsageError{"--explain needs --budget"};
     return a;
 }
 
@@ -204,6 +220,21 @@ inline std::string pad(std::string s, std::size_t width, bool right = true) {
     };
 }
 
+// Display names of the units of explain() and of the timeline: a chain file's stage names
+// ("5 layer2.conv1"); nothing for other problems, whose op names already say it.
+[[nodiscard]] inline std::map<std::string, std::string> unit_labels(const std::string& file) {
+    std::map<std::string, std::string> labels;
+    try {
+        const Chain chain = io::load_chain(file);
+        for (std::size_t i = 0; i < chain.length(); ++i)
+            if (!chain.stages[i].name.empty())
+                labels[std::to_string(i + 1)] = std::to_string(i + 1) + " " + chain.stages[i].name;
+    } catch (const Error&) {
+        // not a chain file
+    }
+    return labels;
+}
+
 // After an infeasible budget: below the proven lower bound, or only beyond this solver's reach
 // (and the greedy's smallest budget when it reaches lower).
 inline void explain_infeasible(std::ostream& err, const Problem& problem, Bytes budget, const std::string& solver,
@@ -225,11 +256,6 @@ inline void explain_infeasible(std::ostream& err, const Problem& problem, Bytes 
     }
 }
 
-struct SweepRow {
-    Bytes budget = 0;
-    std::optional<Plan> plan;
-    std::optional<Bytes> needs;  // when infeasible
-};
 
 }  // namespace detail
 
@@ -287,7 +313,7 @@ inline int run_remat_plan(const std::vector<std::string>& args, std::ostream& ou
         }
         // The sweep.
         std::optional<Bytes> smallest;
-        std::vector<detail::SweepRow> rows;
+        std::vector<SweepPoint> rows;
         if (a.sweep) {
             if (infeasible && infeasible->smallest_budget()) {
                 smallest = infeasible->smallest_budget();
@@ -300,29 +326,15 @@ inline int run_remat_plan(const std::vector<std::string>& args, std::ostream& ou
                 }
             }
             if (!smallest) smallest = smallest_budget(solver, problem, options, ref.peak);
-            if (smallest) {
-                const Bytes lo = *smallest;
-                const Bytes hi = std::max(ref.peak, lo);
-                const std::size_t n = *a.sweep;
-                for (std::size_t i = 0; i < n; ++i) {
-                    const Bytes b = n == 1 ? lo
-                                           : lo + static_cast<Bytes>(static_cast<double>(hi - lo) *
-                                                                     static_cast<double>(i) / static_cast<double>(n - 1));
-                    detail::SweepRow row{b, std::nullopt, std::nullopt};
-                    try {
-                        row.plan = plan_at(b);
-                    } catch (const Infeasible& e) {
-                        row.needs = e.smallest_budget();
-                    }
-                    rows.push_back(std::move(row));
-                }
-            }
+            if (smallest) rows = sweep(sweep_budgets(*smallest, std::max(ref.peak, *smallest), *a.sweep), plan_at);
         } else if (infeasible) {
             smallest = infeasible->smallest_budget();
         }
 
+        if (a.sweep_csv) io::write_file(*a.sweep_csv, sweep_csv(rows, ref));
+        if (a.sweep_svg) io::write_file(*a.sweep_svg, sweep_svg(rows, ref, problem.name() + ": " + solver_name));
         if (plan && a.out) io::write_file(*a.out, io::to_json(problem, *plan));
-        if (plan && a.svg) io::write_file(*a.svg, timeline_svg(problem, *plan, ref.peak));
+        if (plan && a.svg) io::write_file(*a.svg, timeline_svg(problem, *plan, ref.peak, detail::unit_labels(a.file)));
 
         if (a.json) {
             ordered_json line;
@@ -381,6 +393,12 @@ inline int run_remat_plan(const std::vector<std::string>& args, std::ostream& ou
                     << p.schedule.size() - runs << " frees)\n";
                 if (a.out) out << "  wrote     " << *a.out << "\n";
                 if (a.svg) out << "  wrote     " << *a.svg << "\n";
+                if (a.explain) {
+                    ExplainOptions explain_options;
+                    explain_options.reference_time = ref.time;
+                    explain_options.labels = detail::unit_labels(a.file);
+                    out << "\n" << p.explain(problem, explain_options);
+                }
             } else if (infeasible) {
                 out << "  solver    " << solver_name << ": infeasible at " << detail::bytes_both(budget) << "\n";
             }

@@ -60,11 +60,11 @@ TEST_CASE("explain: a hand-checked listing", "[explain]") {
           "plan for 'three': 20 steps, time 21 (+16.7 % over store-all), peak 900 B\n"
           "2 of 3 layers recomputed, 3 s of recomputation in all\n"
           "layer                              forwards  recomputed (cost)     backward  what happens\n"
-          "mlp                                       2     1 (+2 s)              1  recomputed with grad before its backward\n"
-          "embed                                     2     1 (+1 s)              1  recomputed with grad before its backward\n");
+          "mlp                                       2     1 (+2 s)                 1  recomputed with grad before its backward\n"
+          "embed                                     2     1 (+1 s)                 1  recomputed with grad before its backward\n");
     options.all_units = true;
     const std::string all = explain(e.problem, s, options);
-    CHECK(all.find("head                                      1     0 (+0)                1  kept for its backward") !=
+    CHECK(all.find("head                                      1     0 (+0)                   1  kept for its backward") !=
           std::string::npos);
     const std::vector<UnitSummary> units = summarize_units(e.problem, s);
     REQUIRE(units.size() == 4);  // the three stages and the loss
