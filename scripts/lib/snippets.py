@@ -4,7 +4,7 @@
 Every block fenced as ```cpp in README.md and docs/*.md is a complete program. This script
 writes each one to its own file, generates a CMake project that finds remat with
 find_package (the components each block needs, read from its #includes), builds it, and
-runs every program from the source root (so that paths such as examples/problems/... work).
+runs every program in a scratch folder of the build tree (what a program writes lands there).
 A block that stops compiling or running fails the ctest that calls this (`ctest -R readme`).
 
     snippets.py --source ROOT --build DIR --prefix INSTALL_PREFIX [--cmake CMAKE]
@@ -123,13 +123,15 @@ def main() -> int:
     run(configure)
     run([args.cmake, "--build", build / "out", "-j2"])
     failures = []
+    scratch = build / "run"
+    scratch.mkdir(exist_ok=True)
     for name, doc, line, _, _ in blocks:
         exe = build / "out" / name
         if not exe.exists():
             print(f"skipped {name} ({doc}:{line}): a component it needs is not installed")
             continue
         start = time.monotonic()
-        result = subprocess.run([exe], cwd=root, capture_output=True, text=True, timeout=600)
+        result = subprocess.run([exe], cwd=scratch, capture_output=True, text=True, timeout=600)
         took = time.monotonic() - start
         status = "ok" if result.returncode == 0 else f"FAILED (exit {result.returncode})"
         print(f"{name} ({doc}:{line}): {status} in {took:.1f} s")
