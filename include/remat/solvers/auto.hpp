@@ -47,8 +47,9 @@ enum class AutoChoice { rotor, rockmate, hrockmate };
 }
 
 struct AutoOptions {
-    /// Passed to the chosen solver (Rotor's DP, Rockmate's per-block grid, H-Rockmate's
-    /// whole analysis); the greedy's fallback is fast and not limited.
+    /// Limit of the chosen solver's work that does not depend on the budget: Rotor's DP,
+    /// Rockmate's analysis (shared evenly by its blocks), H-Rockmate's whole analysis. The
+    /// greedy's fallback is fast and not limited.
     std::optional<double> time_limit_seconds;
     /// Receives the choice and the chosen solver's progress lines.
     ProgressCallback progress;
@@ -139,7 +140,8 @@ public:
         report_progress(options_.progress,
                         "auto: " + std::string(to_string(model.choice)) + " for '" + problem.name() + "'");
         try {
-            if (model.choice == AutoChoice::rockmate) model.rockmate = Rockmate<>(rockmate_options()).analyse(problem);
+            if (model.choice == AutoChoice::rockmate)
+                model.rockmate = Rockmate<>(rockmate_options(partition_blocks(problem).blocks.size())).analyse(problem);
             if (model.choice == AutoChoice::hrockmate) model.hrockmate = HRockmate(hrockmate_options()).analyse(problem);
         } catch (const SolverError& e) {
             // the greedy still plans; solve() says why the chosen solver is missing
@@ -204,9 +206,12 @@ private:
         o.progress = options_.progress;
         return o;
     }
-    [[nodiscard]] RockmateOptions rockmate_options() const {
-        RockmateOptions o;
-        if (options_.time_limit_seconds) o.block_time_limit_seconds = *options_.time_limit_seconds;
+    // Rockmate's limit is per block: a total limit is shared evenly among the blocks.
+    [[nodiscard]] RockmateOptions rockmate_options(std::size_t blocks = 1) const {
+        RockmateOptions o = HRockmateOptions::default_rockmate();
+        if (options_.time_limit_seconds)
+            o.block_time_limit_seconds = std::min(
+                o.block_time_limit_seconds, *options_.time_limit_seconds / static_cast<double>(std::max<std::size_t>(blocks, 1)));
         o.progress = options_.progress;
         return o;
     }
