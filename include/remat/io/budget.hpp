@@ -40,7 +40,13 @@ struct BudgetSpec {
     [[nodiscard]] Bytes resolve(Bytes reference_peak, Bytes smallest = 0) const {
         switch (kind) {
             case Kind::percent: return percent_of(reference_peak, percent);
-            case Kind::above_smallest: return smallest + percent_of(smallest, percent);
+            case Kind::above_smallest: {
+                const Bytes margin = percent_of(smallest, percent);
+                if (margin > std::numeric_limits<Bytes>::max() - smallest)
+                    throw InvalidInput("a budget " + std::to_string(percent) + " % above the smallest budget of " +
+                                       std::to_string(smallest) + " bytes is beyond 2^63 - 1 bytes");
+                return smallest + margin;
+            }
             case Kind::bytes: break;
         }
         return bytes;
