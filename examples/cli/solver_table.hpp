@@ -180,9 +180,11 @@ inline bool small_blocks(const Problem& problem) {
 }
 
 /// What --solver auto picks for a problem: rotor for chains, rockmate when the problem is a
-/// sequence of at least two blocks of at most 64 ops, hrockmate otherwise.
+/// sequence of at least two blocks of at most 64 ops, hrockmate otherwise, greedy when the
+/// problem names no loss (the block and hierarchy solvers need one).
 [[nodiscard]] inline std::string auto_choice(const Problem& problem) {
     if (as_chain(problem)) return "rotor";
+    if (!problem.loss()) return "greedy";
     if (detail::small_blocks(problem)) return "rockmate";
     return "hrockmate";
 }
@@ -228,8 +230,16 @@ namespace detail {
         r.time_limit_seconds = o.time_limit;
         r.verbose = o.verbose;
         first = [r, p = std::make_shared<const Problem>(problem)](Bytes budget) { return Rotor(r).solve(*p, budget); };
+    } else if (choice == "greedy") {
+        first = [p = std::make_shared<const Problem>(problem)](Bytes budget) {
+            return Greedy(HRockmateOptions::default_greedy()).solve(*p, budget);
+        };
     } else {
-        first = choice == "rockmate" ? rockmate_planner(problem, inner) : hrockmate_planner(problem, inner);
+        try {  // the analysis runs here; a graph beyond it goes to the greedy below
+            first = choice == "rockmate" ? rockmate_planner(problem, inner) : hrockmate_planner(problem, inner);
+        } catch (const SolverError& e) {
+            first = [why = std::string(e.what())](Bytes) -> Plan { throw SolverError(why); };
+        }
     }
     return [first, choice, p = std::make_shared<const Problem>(problem)](Bytes budget) -> Plan {
         const auto tagged = [](Plan plan, const std::string& who) {
@@ -392,11 +402,14 @@ namespace detail {
         if (e.name == name) {
             if (colon != std::string_view::npos && e.variant_help.empty())
                 throw InvalidInput("solver '" + std::string(name) + "' takes no ':VARIANT'");
+            if (colon != std::string_view::npos && options.variant.empty())
+                throw InvalidInput("solver '" + std::string(name) + ":' has an empty variant; write '" +
+                                   std::string(name) + "' alone or " + std::string(e.variant_help));
             return e;
         }
     std::string known;
     for (const SolverEntry& e : solver_table()) known += (known.empty() ? "" : ", ") + std::string(e.name);
-    throw InvalidInput("unknown solver '" + std::string(name) + "'; known solvers: " + known);
+    throw InvalidInput("unknown solver '" + printable(name) + "'; known solvers: " + known);
 }
 
 /// The solver used when none is named: the first applicable default choice.
@@ -406,12 +419,22 @@ namespace detail {
     return solver_table().back();
 }
 
-/// Runs an entry, turning "does not apply" into a clear InvalidInput.
+/// The names of the solvers that apply to a problem, from the table (for messages).
+[[nodiscard]] inline std::string applicable_solvers(const Problem& problem) {
+    std::string names;
+    for (const SolverEntry& e : solver_table())
+        if (e.applies(problem)) names += (names.empty() ? "" : ", ") + std::string(e.name);
+    return names;
+}
+
+/// Runs an entry, turning "does not apply" into a clear InvalidInput naming those that apply.
 [[nodiscard]] inline Plan solve_with(const SolverEntry& entry, const Problem& problem, Bytes budget,
                                      const SolveOptions& options) {
     if (!entry.applies(problem))
-        throw InvalidInput("solver '" + std::string(entry.name) + "' does not apply to problem '" + problem.name() + "'" +
-                           (entry.chains_only ? ": it is not a chain (FORMATS.md §5); use a general solver" : ""));
+        throw InvalidInput("solver '" + std::string(entry.name) + "' does not apply to problem '" +
+                           printable(problem.name()) + "'" +
+                           (entry.chains_only ? " (not a chain, FORMATS.md §5)" : "") +
+                           "; solvers that apply: " + applicable_solvers(problem));
     return entry.solve(problem, budget, options);
 }
 
