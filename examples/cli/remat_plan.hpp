@@ -70,11 +70,11 @@ inline constexpr int exit_too_large = 4;
         "  --quiet           no progress lines (long solves print one every few seconds on stderr, with the\n"
         "                    elapsed time)\n"
         "\n"
-        "Exit codes: 0 ok, 1 error (with --check: the schedule is invalid or does not fit), 2 bad input,\n"
-        "3 infeasible budget (the message says the smallest feasible one, and whether the budget is below a\n"
-        "proven lower bound or only beyond the solver's reach), 4 the problem is too large for the solver\n"
-        "(its tables would exceed its memory cap, or its time limit ran out; the message names a solver that\n"
-        "scales: greedy, hrockmate or auto).\n";
+        "Exit codes: 0 ok, 2 bad input, 3 infeasible budget (the message says the smallest feasible one, and\n"
+        "whether the budget is below a proven lower bound or only beyond the solver's reach), 4 the problem is\n"
+        "too large for the solver (its tables would exceed its memory cap, or its time limit ran out; the\n"
+        "message names a solver that scales: greedy, hrockmate or auto), 1 any other error (with --check: the\n"
+        "schedule is invalid, does not fit or its predictions are wrong).\n";
     return u;
 }
 

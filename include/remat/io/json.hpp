@@ -181,8 +181,9 @@ public:
     }
     bool parse_error(std::size_t position, const std::string& token, const nlohmann::detail::exception& e) override {
         // 406: a number like 1e999 that overflows to infinity.
-        if (e.id == 406)
-            throw InvalidInput(source_ + ":" + line_column(text_, position) + ": the number " + printable(token) +
+        if (e.id == 406)  // `position` is just past the literal; name where it starts
+            throw InvalidInput(source_ + ":" + line_column(text_, position + 1 - std::min(position, token.size())) +
+                               ": the number " + printable(token) +
                                " is out of range: not a finite number");
         throw InvalidInput(source_ + ":" + line_column(text_, position) + ": invalid JSON: " +
                            printable(parse_error_reason(e.what()), 200));
@@ -448,21 +449,28 @@ struct PlainOp {
 
 inline bool plain_op(const json& e, PlainOp& op) {
     if (!e.is_object()) return false;
-    std::size_t found = 0;
+    bool timed = false;
     for (auto it = e.begin(); it != e.end(); ++it) {
         const std::string& key = it.key();
         const json& v = it.value();
-        if (key == "name" && v.is_string() && !v.get_ref<const std::string&>().empty()) op.name = v.get_ptr<const std::string*>();
-        else if (key == "time" && v.is_number() && !v.is_number_float()) op.time = v.get<double>();
-        else if (key == "time" && v.is_number_float() && std::isfinite(v.get<double>())) op.time = v.get<double>();
-        else if (key == "reads" && v.is_array()) op.reads = &v;
-        else if (key == "writes" && v.is_array() && !v.empty()) op.writes = &v;
-        else if (key == "overhead" && plain_bytes(v)) op.overhead = *plain_bytes(v);
-        else if (key == "exactly_once" && v.is_boolean()) op.exactly_once = v.get<bool>();
-        else return false;
-        ++found;
+        if (key == "name" && v.is_string() && !v.get_ref<const std::string&>().empty()) {
+            op.name = v.get_ptr<const std::string*>();
+        } else if (key == "time" && v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= 0) {
+            timed = true;
+            op.time = v.get<double>();
+        } else if (key == "reads" && v.is_array()) {
+            op.reads = &v;
+        } else if (key == "writes" && v.is_array() && !v.empty()) {
+            op.writes = &v;
+        } else if (key == "overhead" && plain_bytes(v)) {
+            op.overhead = *plain_bytes(v);
+        } else if (key == "exactly_once" && v.is_boolean()) {
+            op.exactly_once = v.get<bool>();
+        } else {
+            return false;
+        }
     }
-    return found == e.size() && op.name && op.reads && op.writes && op.time >= 0;
+    return op.name && timed && op.reads && op.writes;
 }
 
 inline Problem read_problem(const json& document, const std::string& source) {

@@ -679,8 +679,8 @@ public:
         limits.check_memory(pairs * width, sizeof(float),
                             "a time table of " + std::to_string(width) + " memory values per sub-chain",
                             fitting >= 2 ? "use at most " + std::to_string(fitting - 1) +
-                                               " slots (rotor:SLOTS) or raise max_table_mib"
-                                         : std::string("raise max_table_mib"));
+                                               " slots (rotor:SLOTS), a larger slot_bytes, or raise max_table_mib"
+                                         : std::string("use a larger slot_bytes or raise max_table_mib"));
     }
 
     [[nodiscard]] const float* row(std::size_t a, std::size_t b) const noexcept {
