@@ -2,14 +2,18 @@
 // tests can run it in-process: plan a problem or chain file within a budget, print a summary
 // or one JSON line, write the schedule and a memory-timeline SVG, or sweep budgets.
 //
-// Exit codes: 0 ok, 2 bad input (arguments or files), 3 infeasible budget, 1 anything else.
+// Exit codes: 0 ok, 2 bad input (arguments or files), 3 infeasible budget, 4 the problem is
+// too large for the solver (its memory cap or time limit; the message names one that scales),
+// 1 anything else (and, with --check, an invalid schedule).
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdio>
+#include <cmath>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -31,15 +35,18 @@ inline constexpr int exit_ok = 0;
 inline constexpr int exit_error = 1;
 inline constexpr int exit_bad_input = 2;
 inline constexpr int exit_infeasible = 3;
+inline constexpr int exit_too_large = 4;
 
 [[nodiscard]] inline std::string remat_plan_usage() {
     std::string u =
         "usage: remat-plan FILE.json --budget B [--solver NAME[:VARIANT]] [--out SCHEDULE.json] [--json]\n"
         "                  [--svg TIMELINE.svg] [--explain] [--sweep N] [--sweep-csv F.csv]\n"
         "                  [--sweep-svg F.svg] [--time-limit S] [--verbose] [--quiet]\n"
+        "       remat-plan FILE.json --check SCHEDULE.json [--budget B] [--json]\n"
         "       remat-plan --help | --version\n"
         "\n"
-        "Plans the training step of FILE.json (remat.problem/1 or remat.chain/1) within a memory budget.\n"
+        "Plans the training step of FILE.json (remat.problem/1 or remat.chain/1) within a memory budget,\n"
+        "or checks a schedule of it (remat.schedule/1).\n"
         "\n"
         "  --budget B        bytes (25088), a size (512MiB, 1.5GiB, 100KB; KiB/MiB/GiB/TiB are powers of 1024,\n"
         "                    KB/MB/GB/TB powers of 1000) or a percentage of the store-all peak P_ref (40%)\n"
@@ -52,7 +59,9 @@ inline constexpr int exit_infeasible = 3;
         if (!e.variant_help.empty()) u += std::string(36, ' ') + std::string(e.variant_help) + "\n";
     }
     u +=
-        "  --out FILE        write the schedule (remat.schedule/1)\n"
+        "  --out FILE        write the schedule (remat.schedule/1), atomically (a temporary file renamed);\n"
+        "                    never the input file. When the run ends without a plan (any exit code but 0),\n"
+        "                    an --out or --svg file left by an earlier run is removed\n"
         "  --json            print one JSON line instead of the summary\n"
         "  --svg FILE        write a picture of memory over the steps of the plan, with the budget line\n"
         "  --sweep N         also plan N budgets from the smallest feasible one to P_ref (--budget optional)\n"
@@ -60,12 +69,18 @@ inline constexpr int exit_infeasible = 3;
         "  --sweep-svg FILE  draw the sweep: overhead against budget, the curve to choose a budget from\n"
         "  --explain         the plan per layer: what is recomputed, at what cost, and what is kept\n"
         "  --time-limit S    give up after S seconds (solvers that search)\n"
+        "  --check SCHEDULE  simulate SCHEDULE.json on FILE.json and print its time and peak: exit 0 when it\n"
+        "                    is valid (and fits --budget when given, and its 'predicted' figures are right),\n"
+        "                    1 with the first invalid step otherwise\n"
         "  --verbose         every progress line of the solver on stderr\n"
         "  --quiet           no progress lines (long solves print one every few seconds on stderr, with the\n"
         "                    elapsed time)\n"
         "\n"
         "Exit codes: 0 ok, 2 bad input, 3 infeasible budget (the message says the smallest feasible one, and\n"
-        "whether the budget is below a proven lower bound or only beyond the solver's reach).\n";
+        "whether the budget is below a proven lower bound or only beyond the solver's reach), 4 the problem is\n"
+        "too large for the solver (its tables would exceed its memory cap, or its time limit ran out; the\n"
+        "message names a solver that scales: greedy, hrockmate or auto), 1 any other error (with --check: the\n"
+        "schedule is invalid, does not fit or its predictions are wrong).\n";
     return u;
 }
 
@@ -77,6 +92,7 @@ struct PlanArgs {
     std::optional<std::string> solver;
     std::optional<std::string> out;
     std::optional<std::string> svg;
+    std::optional<std::string> check;
     std::optional<std::size_t> sweep;
     std::optional<double> time_limit;
     bool json = false;
@@ -154,6 +170,7 @@ inline PlanArgs parse_plan_args(const std::vector<std::string>& args) {
             no_value();
             a.explain = true;
         }
+        else if (flag == "--check") once(a.check, value());
         else if (flag == "--sweep") once(a.sweep, parse_count(flag, value()));
         else if (flag == "--time-limit") once(a.time_limit, parse_seconds(flag, value()));
         else if (flag == "--json") {
@@ -175,6 +192,9 @@ inline PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     }
     if (a.help || a.version) return a;
     if (a.file.empty()) throw UsageError{"no problem file given"};
+    if (a.check && (a.out || a.svg || a.sweep || a.solver || a.time_limit || a.explain || a.sweep_csv || a.sweep_svg))
+        throw UsageError{"--check takes only --budget, --json and --quiet besides the problem file"};
+    if (a.check) return a;
     if (!a.budget && !a.sweep) throw UsageError{"--budget is required (or --sweep N)"};
     if (!a.budget && (a.out || a.svg)) throw UsageError{"--out and --svg need --budget"};
     if (!a.sweep && (a.sweep_csv || a.sweep_svg)) throw UsageError{"--sweep-csv and --sweep-svg need --sweep N"};
@@ -220,21 +240,6 @@ inline std::string pad(std::string s, std::size_t width, bool right = true) {
     };
 }
 
-// Display names of the units of explain() and of the timeline: a chain file's stage names
-// ("5 layer2.conv1"); nothing for other problems, whose op names already say it.
-[[nodiscard]] inline std::map<std::string, std::string> unit_labels(const std::string& file) {
-    std::map<std::string, std::string> labels;
-    try {
-        const Chain chain = io::load_chain(file);
-        for (std::size_t i = 0; i < chain.length(); ++i)
-            if (!chain.stages[i].name.empty())
-                labels[std::to_string(i + 1)] = std::to_string(i + 1) + " " + chain.stages[i].name;
-    } catch (const Error&) {
-        // not a chain file
-    }
-    return labels;
-}
-
 // After an infeasible budget: below the proven lower bound, or only beyond this solver's reach
 // (and the greedy's smallest budget when it reaches lower).
 inline void explain_infeasible(std::ostream& err, const Problem& problem, Bytes budget, const std::string& solver,
@@ -256,17 +261,294 @@ inline void explain_infeasible(std::ostream& err, const Problem& problem, Bytes 
     }
 }
 
+// Display names of the units of explain() and of the timeline: a chain file's stage names
+// ("5 layer2.conv1"); nothing for other problems, whose op names already say it.
+[[nodiscard]] inline std::map<std::string, std::string> unit_labels(const std::string& file) {
+    std::map<std::string, std::string> labels;
+    try {
+        const Chain chain = io::load_chain(file);
+        for (std::size_t i = 0; i < chain.length(); ++i)
+            if (!chain.stages[i].name.empty())
+                labels[std::to_string(i + 1)] = std::to_string(i + 1) + " " + chain.stages[i].name;
+    } catch (const Error&) {
+        // not a chain file
+    }
+    return labels;
+}
+
+namespace fs = std::filesystem;
+
+// Two paths name the same file (hard and symbolic links included), or would once created.
+inline bool same_file(const std::string& x, const std::string& y) {
+    std::error_code ec1, ec2;
+    if (fs::equivalent(x, y, ec1)) return true;
+    const fs::path cx = fs::weakly_canonical(x, ec1);
+    const fs::path cy = fs::weakly_canonical(y, ec2);
+    return !ec1 && !ec2 && cx == cy;
+}
+
+// The files a run writes, with their flags.
+inline std::vector<std::pair<const char*, const std::optional<std::string>*>> output_files(const PlanArgs& a) {
+    return {{"--out", &a.out}, {"--svg", &a.svg}, {"--sweep-csv", &a.sweep_csv}, {"--sweep-svg", &a.sweep_svg}};
+}
+
+// Output files never overwrite the input, each other or a directory.
+inline void check_output_paths(const PlanArgs& a) {
+    const auto outputs = output_files(a);
+    for (const auto& [flag, path] : outputs) {
+        if (!*path) continue;
+        std::error_code ec;
+        if (fs::is_directory(**path, ec))
+            throw InvalidInput(std::string(flag) + " '" + printable(**path, 200) + "' is a directory; give a file name");
+        if (same_file(**path, a.file))
+            throw InvalidInput(std::string(flag) + " '" + printable(**path, 200) +
+                               "' is the problem file itself; write the output to another file");
+    }
+    for (std::size_t i = 0; i < outputs.size(); ++i)
+        for (std::size_t j = i + 1; j < outputs.size(); ++j)
+            if (*outputs[i].second && *outputs[j].second && same_file(**outputs[i].second, **outputs[j].second))
+                throw InvalidInput(std::string(outputs[i].first) + " and " + outputs[j].first + " name the same file '" +
+                                   printable(**outputs[i].second, 200) + "'; give two files");
+}
+
+// After a run without a plan: an --out or --svg file of an earlier run must not pass for this one's.
+inline void remove_stale_outputs(const PlanArgs& a, std::ostream& err) {
+    for (const auto& [flag, path] : output_files(a)) {
+        std::error_code ec;
+        if (*path && fs::is_regular_file(**path, ec) && fs::remove(**path, ec))
+            err << "remat-plan: removed '" << printable(**path, 200) << "', left by an earlier run (this run has no plan)\n";
+    }
+}
+
+// --check: the schedule simulated on the problem, against --budget (or the budget the file
+// names) and against the figures the file predicts.
+inline int run_check(const PlanArgs& a, std::ostream& out, std::ostream& err) {
+    using nlohmann::ordered_json;
+    const Problem problem = io::load_problem(a.file);
+    const Reference ref = store_all_reference(problem);
+    const io::SavedSchedule saved = io::load_schedule(problem, *a.check);
+    const std::optional<Bytes> budget = a.budget ? std::optional<Bytes>(parse_budget(*a.budget, ref.peak)) : saved.budget;
+    const SimulationReport r = simulate(problem, saved.steps);
+    std::string problem_text;  // the first thing wrong, if any
+    if (!r.valid) {
+        problem_text = "invalid: " + r.error;
+    } else if (budget && r.peak > *budget) {
+        problem_text = "peak " + bytes_both(r.peak) + " above the budget of " + bytes_both(*budget);
+    } else if (saved.predicted && (saved.predicted->peak != r.peak ||
+                                   std::abs(saved.predicted->time - r.time) > 1e-9 * std::max(1.0, std::abs(r.time)))) {
+        problem_text = "the file predicts time " + number(saved.predicted->time, "%.17g") + " and peak " +
+                       std::to_string(saved.predicted->peak) + ", but the simulation gives time " +
+                       number(r.time, "%.17g") + " and peak " + std::to_string(r.peak);
+    }
+    if (a.json) {
+        ordered_json line;
+        line["valid"] = problem_text.empty();
+        line["error"] = problem_text.empty() ? ordered_json(nullptr) : ordered_json(problem_text);
+        line["error_step"] = r.error_step ? ordered_json(*r.error_step) : ordered_json(nullptr);
+        line["time"] = r.valid ? ordered_json(r.time) : ordered_json(nullptr);
+        line["peak"] = r.valid ? ordered_json(r.peak) : ordered_json(nullptr);
+        line["budget"] = budget ? ordered_json(*budget) : ordered_json(nullptr);
+        line["T_ref"] = ref.time;
+        line["P_ref"] = ref.peak;
+        out << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    } else if (r.valid) {
+        out << printable(*a.check, 200) << ": " << saved.steps.size() << " steps for '" << printable(problem.name())
+            << "'\n  time      " << number(r.time) << ", overhead " << signed_percent(r.time, ref.time)
+            << " vs T_ref\n  peak      " << bytes_both(r.peak) << ", " << percent(double(r.peak), double(ref.peak))
+            << " of P_ref" << (budget ? ", " + percent(double(r.peak), double(*budget)) + " of the budget" : "") << "\n";
+    }
+    if (problem_text.empty()) return exit_ok;
+    err << "remat-plan: " << printable(*a.check, 200) << ": " << problem_text << "\n";
+    return exit_error;
+}
+
+// What one planning run found, for the printers.
+struct PlanRun {
+    std::string solver_name;
+    bool planning = false;
+    Bytes budget = 0;
+    std::optional<Plan> plan;
+    std::optional<Infeasible> infeasible;
+    std::optional<Bytes> smallest;
+    std::vector<SweepPoint> rows;
+};
+
+inline void print_json(std::ostream& out, const PlanArgs& a, const Reference& ref, const PlanRun& run) {
+    using nlohmann::ordered_json;
+    const auto plan_fields = [](ordered_json& j, const std::optional<Plan>& plan) {
+        j["time"] = plan ? ordered_json(plan->time) : ordered_json(nullptr);
+        j["peak"] = plan ? ordered_json(plan->peak) : ordered_json(nullptr);
+    };
+    ordered_json line;
+    line["solver"] = run.solver_name;
+    if (run.planning) {
+        line["budget"] = run.budget;
+        line["feasible"] = run.plan.has_value();
+        plan_fields(line, run.plan);
+    }
+    line["T_ref"] = ref.time;
+    line["P_ref"] = ref.peak;
+    if (run.planning) {
+        line["solve_seconds"] = run.plan ? run.plan->stats.solve_seconds : 0.0;
+        line["status"] = run.plan ? std::string(to_string(run.plan->stats.status)) : std::string("infeasible");
+        line["gap"] = run.plan && run.plan->stats.gap ? ordered_json(*run.plan->stats.gap) : ordered_json(nullptr);
+    }
+    if (run.infeasible || a.sweep) line["smallest_budget"] = run.smallest ? ordered_json(*run.smallest) : ordered_json(nullptr);
+    if (a.sweep) {
+        ordered_json sweep = ordered_json::array();
+        for (const auto& row : run.rows) {
+            ordered_json r;
+            r["budget"] = row.budget;
+            r["feasible"] = row.plan.has_value();
+            plan_fields(r, row.plan);
+            r["solve_seconds"] = row.plan ? row.plan->stats.solve_seconds : 0.0;
+            sweep.push_back(std::move(r));
+        }
+        line["sweep"] = std::move(sweep);
+    }
+    out << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+}
+
+inline void print_plan(std::ostream& out, const PlanArgs& a, const Reference& ref, const Plan& p, const std::string& solver) {
+    const auto runs = static_cast<std::size_t>(
+        std::count_if(p.schedule.begin(), p.schedule.end(), [](const Step& s) { return s.is_run(); }));
+    out << "  solver    " << solver << ": " << to_string(p.stats.status) << (p.stats.options.empty() ? "" : ", " + p.stats.options)
+        << (p.stats.gap ? ", gap " + number(100 * *p.stats.gap, "%.2f") + " %" : "") << ", solved in "
+        << number(p.stats.solve_seconds * 1e3, "%.3g") << " ms\n";
+    out << "  budget    " << bytes_both(p.budget) << ", " << percent(double(p.budget), double(ref.peak)) << " of P_ref\n";
+    out << "  time      " << number(p.time) << ", overhead " << signed_percent(p.time, ref.time) << " vs T_ref\n";
+    out << "  peak      " << bytes_both(p.peak) << ", " << percent(double(p.peak), double(p.budget)) << " of budget, "
+        << percent(double(p.peak), double(ref.peak)) << " of P_ref\n";
+    out << "  schedule  " << p.schedule.size() << " steps (" << runs << " runs, " << p.schedule.size() - runs << " frees)\n";
+    if (a.out) out << "  wrote     " << *a.out << "\n";
+    if (a.svg) out << "  wrote     " << *a.svg << "\n";
+    if (a.sweep_csv) out << "  wrote     " << *a.sweep_csv << "\n";
+    if (a.sweep_svg) out << "  wrote     " << *a.sweep_svg << "\n";
+}
+
+inline void print_summary(std::ostream& out, const PlanArgs& a, const Problem& problem, const Reference& ref,
+                          const PlanRun& run) {
+    const auto chain = as_chain(problem);
+    out << printable(problem.name()) << ": "
+        << (chain ? "chain of " + std::to_string(chain->length()) + (chain->length() == 1 ? " stage, " : " stages, ")
+                  : std::string("problem, "))
+        << problem.data_count() << " data, " << problem.op_count() << " ops; T_ref " << number(ref.time) << ", P_ref "
+        << bytes_both(ref.peak) << "\n";
+    if (run.plan) print_plan(out, a, ref, *run.plan, run.solver_name);
+    if (run.plan && a.explain) {
+        ExplainOptions explain_options;
+        explain_options.reference_time = ref.time;
+        explain_options.labels = unit_labels(a.file);
+        out << "\n" << run.plan->explain(problem, explain_options);
+    }
+    else if (run.infeasible) out << "  solver    " << run.solver_name << ": infeasible at " << bytes_both(run.budget) << "\n";
+    if (!a.sweep) return;
+    out << "\nsweep: " << run.solver_name << ", " << run.rows.size() << " budgets from the smallest feasible ";
+    out << (run.smallest ? bytes_both(*run.smallest) : std::string("(unknown)")) << " to P_ref\n";
+    out << "  " << pad("budget", 22, false) << pad("% P_ref", 8) << pad("time", 12) << pad("overhead", 10)
+        << pad("peak", 12) << "\n";
+    for (const auto& row : run.rows) {
+        out << "  " << pad(bytes_both(row.budget), 22, false)
+            << pad(number(100.0 * double(row.budget) / double(std::max<Bytes>(ref.peak, 1)), "%.1f"), 8);
+        if (row.plan)
+            out << pad(number(row.plan->time), 12) << pad(signed_percent(row.plan->time, ref.time), 10)
+                << pad(format_bytes(row.plan->peak), 12) << "\n";
+        else
+            out << "  infeasible" << (row.needs ? " (needs " + format_bytes(*row.needs) + ")" : std::string()) << "\n";
+    }
+}
+
+// Plans at the budget and over the sweep; the plan and the schedule files on success.
+inline int run_plan(const PlanArgs& a, std::ostream& out, std::ostream& err) {
+    const Problem problem = io::load_problem(a.file);
+    const Reference ref = store_all_reference(problem);
+    SolveOptions options;
+    options.time_limit = a.time_limit;
+    if (!a.quiet) options.progress = progress_printer(err, a.verbose ? 0.0 : 2.0);
+    const SolverEntry& solver = a.solver ? find_solver(*a.solver, options) : default_solver(problem);
+    if (!solver.applies(problem))
+        throw InvalidInput("solver '" + std::string(solver.name) + "' does not apply to problem '" +
+                           printable(problem.name()) + "'" + (solver.chains_only ? " (not a chain)" : "") +
+                           "; solvers that apply: " + applicable_solvers(problem));
+    PlanRun run;
+    run.solver_name = std::string(solver.name) + (options.variant.empty() ? "" : ":" + options.variant);
+    run.planning = a.budget.has_value();
+    run.budget = run.planning ? parse_budget(*a.budget, ref.peak) : 0;
+
+    // In a sweep, Rockmate, H-Rockmate and auto analyse the problem once for every budget.
+    const bool bound =
+        (solver.name == "rockmate" || solver.name == "hrockmate" || solver.name == "auto") && a.sweep.has_value();
+    const std::function<Plan(Bytes)> plan_at =
+        !bound ? std::function<Plan(Bytes)>([&](Bytes b) { return solve_with(solver, problem, b, options); })
+        : solver.name == "rockmate"  ? rockmate_planner(problem, options)
+        : solver.name == "hrockmate" ? hrockmate_planner(problem, options)
+                                     : auto_planner(problem, options);
+    if (run.planning) {
+        try {
+            run.plan = plan_at(run.budget);
+        } catch (const Infeasible& e) {
+            run.infeasible = e;
+        }
+    }
+    if (a.sweep) {
+        if (run.infeasible && run.infeasible->smallest_budget()) {
+            run.smallest = run.infeasible->smallest_budget();
+        } else if (bound) {
+            try {  // asked at budget 0, these answer with their smallest budget
+                run.smallest = plan_at(0).peak;
+            } catch (const Infeasible& e) {
+                run.smallest = e.smallest_budget();
+            }
+        }
+        if (!run.smallest) run.smallest = smallest_budget(solver, problem, options, ref.peak);
+        if (run.smallest)
+            run.rows = sweep(sweep_budgets(*run.smallest, std::max(ref.peak, *run.smallest), *a.sweep), plan_at);
+    } else if (run.infeasible) {
+        run.smallest = run.infeasible->smallest_budget();
+    }
+    if (a.sweep_csv) io::write_file(*a.sweep_csv, sweep_csv(run.rows, ref));
+    if (a.sweep_svg) io::write_file(*a.sweep_svg, sweep_svg(run.rows, ref, problem.name() + ": " + run.solver_name));
+    if (run.plan && a.out) io::write_file(*a.out, io::to_json(problem, *run.plan));
+    if (run.plan && a.svg) io::write_file(*a.svg, timeline_svg(problem, *run.plan, ref.peak, unit_labels(a.file)));
+    if (a.json) print_json(out, a, ref, run);
+    else print_summary(out, a, problem, ref, run);
+    if (!run.infeasible) return exit_ok;
+    err << "remat-plan: infeasible: " << run.infeasible->what() << "\n";
+    if (run.smallest)
+        err << "remat-plan: the smallest feasible budget for " << run.solver_name << " is " << bytes_both(*run.smallest)
+            << " = " << percent(double(*run.smallest), double(ref.peak)) << " of P_ref; try --budget " << *run.smallest << "\n";
+    if (run.planning) explain_infeasible(err, problem, run.budget, run.solver_name, run.smallest);
+    return exit_infeasible;
+}
+
+// The run, with remat's exceptions turned into exit codes.
+inline int run_guarded(const PlanArgs& a, std::ostream& out, std::ostream& err) {
+    try {
+        return a.check ? run_check(a, out, err) : run_plan(a, out, err);
+    } catch (const InvalidInput& e) {
+        err << "remat-plan: " << e.what() << "\n";
+        return exit_bad_input;
+    } catch (const TooLarge& e) {
+        err << "remat-plan: too large for this solver: " << e.what() << "\n";
+        return exit_too_large;
+    } catch (const Error& e) {
+        err << "remat-plan: " << e.what() << "\n";
+        return exit_error;
+    } catch (const std::exception& e) {
+        err << "remat-plan: unexpected error: " << e.what() << "\n";
+        return exit_error;
+    }
+}
 
 }  // namespace detail
 
 /// Runs remat-plan with `args` (without the program name). Output on `out`, messages on `err`.
 inline int run_remat_plan(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-    using nlohmann::ordered_json;
     detail::PlanArgs a;
     try {
         a = detail::parse_plan_args(args);
     } catch (const detail::UsageError& e) {
-        err << "remat-plan: " << e.message << "\n\n" << remat_plan_usage();
+        err << "remat-plan: " << printable(e.message, 300) << "\n\n" << remat_plan_usage();
         return exit_bad_input;
     }
     if (a.help) {
@@ -278,171 +560,14 @@ inline int run_remat_plan(const std::vector<std::string>& args, std::ostream& ou
         return exit_ok;
     }
     try {
-        const Problem problem = io::load_problem(a.file);
-        const Reference ref = store_all_reference(problem);
-        SolveOptions options;
-        options.time_limit = a.time_limit;
-        if (!a.quiet) options.progress = detail::progress_printer(err, a.verbose ? 0.0 : 2.0);
-        const SolverEntry& solver = a.solver ? find_solver(*a.solver, options) : default_solver(problem);
-        if (!solver.applies(problem))
-            throw InvalidInput("solver '" + std::string(solver.name) + "' does not apply to problem '" + problem.name() +
-                               "'" + (solver.chains_only ? " (not a chain); use greedy, store-all or exhaustive" : ""));
-        const std::string solver_name =
-            std::string(solver.name) + (options.variant.empty() ? "" : ":" + options.variant);
-        const bool planning = a.budget.has_value();
-        const Bytes budget = planning ? parse_budget(*a.budget, ref.peak) : 0;
-
-        // In a sweep, Rockmate, H-Rockmate and auto analyse the problem once for every budget.
-        const bool bound =
-            (solver.name == "rockmate" || solver.name == "hrockmate" || solver.name == "auto") && a.sweep.has_value();
-        const std::function<Plan(Bytes)> plan_at =
-            !bound ? std::function<Plan(Bytes)>([&](Bytes b) { return solve_with(solver, problem, b, options); })
-            : solver.name == "rockmate"  ? rockmate_planner(problem, options)
-            : solver.name == "hrockmate" ? hrockmate_planner(problem, options)
-                                         : auto_planner(problem, options);
-
-        // The plan at the budget.
-        std::optional<Plan> plan;
-        std::optional<Infeasible> infeasible;
-        if (planning) {
-            try {
-                plan = plan_at(budget);
-            } catch (const Infeasible& e) {
-                infeasible = e;
-            }
-        }
-        // The sweep.
-        std::optional<Bytes> smallest;
-        std::vector<SweepPoint> rows;
-        if (a.sweep) {
-            if (infeasible && infeasible->smallest_budget()) {
-                smallest = infeasible->smallest_budget();
-            } else if (bound) {
-                // Asked at budget 0, these answer with their smallest budget.
-                try {
-                    smallest = plan_at(0).peak;
-                } catch (const Infeasible& e) {
-                    smallest = e.smallest_budget();
-                }
-            }
-            if (!smallest) smallest = smallest_budget(solver, problem, options, ref.peak);
-            if (smallest) rows = sweep(sweep_budgets(*smallest, std::max(ref.peak, *smallest), *a.sweep), plan_at);
-        } else if (infeasible) {
-            smallest = infeasible->smallest_budget();
-        }
-
-        if (a.sweep_csv) io::write_file(*a.sweep_csv, sweep_csv(rows, ref));
-        if (a.sweep_svg) io::write_file(*a.sweep_svg, sweep_svg(rows, ref, problem.name() + ": " + solver_name));
-        if (plan && a.out) io::write_file(*a.out, io::to_json(problem, *plan));
-        if (plan && a.svg) io::write_file(*a.svg, timeline_svg(problem, *plan, ref.peak, detail::unit_labels(a.file)));
-
-        if (a.json) {
-            ordered_json line;
-            line["solver"] = solver_name;
-            if (planning) {
-                line["budget"] = budget;
-                line["feasible"] = plan.has_value();
-                line["time"] = plan ? ordered_json(plan->time) : ordered_json(nullptr);
-                line["peak"] = plan ? ordered_json(plan->peak) : ordered_json(nullptr);
-            }
-            line["T_ref"] = ref.time;
-            line["P_ref"] = ref.peak;
-            if (planning) {
-                line["solve_seconds"] = plan ? plan->stats.solve_seconds : 0.0;
-                line["status"] = plan ? std::string(to_string(plan->stats.status)) : std::string("infeasible");
-                line["gap"] = plan && plan->stats.gap ? ordered_json(*plan->stats.gap) : ordered_json(nullptr);
-            }
-            if (infeasible || a.sweep) line["smallest_budget"] = smallest ? ordered_json(*smallest) : ordered_json(nullptr);
-            if (a.sweep) {
-                ordered_json sweep = ordered_json::array();
-                for (const auto& row : rows) {
-                    ordered_json r;
-                    r["budget"] = row.budget;
-                    r["feasible"] = row.plan.has_value();
-                    r["time"] = row.plan ? ordered_json(row.plan->time) : ordered_json(nullptr);
-                    r["peak"] = row.plan ? ordered_json(row.plan->peak) : ordered_json(nullptr);
-                    r["solve_seconds"] = row.plan ? row.plan->stats.solve_seconds : 0.0;
-                    sweep.push_back(std::move(r));
-                }
-                line["sweep"] = std::move(sweep);
-            }
-            out << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-        } else {
-            const auto chain = as_chain(problem);
-            out << problem.name() << ": "
-                << (chain ? "chain of " + std::to_string(chain->length()) + (chain->length() == 1 ? " stage, " : " stages, ")
-                       : std::string("problem, "))
-                << problem.data_count() << " data, " << problem.op_count() << " ops; T_ref "
-                << detail::number(ref.time) << ", P_ref " << detail::bytes_both(ref.peak) << "\n";
-            if (plan) {
-                const Plan& p = *plan;
-                const auto runs = static_cast<std::size_t>(
-                    std::count_if(p.schedule.begin(), p.schedule.end(), [](const Step& s) { return s.is_run(); }));
-                out << "  solver    " << solver_name << ": " << to_string(p.stats.status)
-                    << (p.stats.options.empty() ? "" : ", " + p.stats.options)
-                    << (p.stats.gap ? ", gap " + detail::number(100 * *p.stats.gap, "%.2f") + " %" : "") << ", solved in "
-                    << detail::number(p.stats.solve_seconds * 1e3, "%.3g") << " ms\n";
-                out << "  budget    " << detail::bytes_both(p.budget) << ", " << detail::percent(double(p.budget), double(ref.peak))
-                    << " of P_ref\n";
-                out << "  time      " << detail::number(p.time) << ", overhead "
-                    << detail::signed_percent(p.time, ref.time) << " vs T_ref\n";
-                out << "  peak      " << detail::bytes_both(p.peak) << ", "
-                    << detail::percent(double(p.peak), double(p.budget)) << " of budget, "
-                    << detail::percent(double(p.peak), double(ref.peak)) << " of P_ref\n";
-                out << "  schedule  " << p.schedule.size() << " steps (" << runs << " runs, "
-                    << p.schedule.size() - runs << " frees)\n";
-                if (a.out) out << "  wrote     " << *a.out << "\n";
-                if (a.svg) out << "  wrote     " << *a.svg << "\n";
-                if (a.explain) {
-                    ExplainOptions explain_options;
-                    explain_options.reference_time = ref.time;
-                    explain_options.labels = detail::unit_labels(a.file);
-                    out << "\n" << p.explain(problem, explain_options);
-                }
-            } else if (infeasible) {
-                out << "  solver    " << solver_name << ": infeasible at " << detail::bytes_both(budget) << "\n";
-            }
-            if (a.sweep) {
-                out << "\nsweep: " << solver_name << ", " << rows.size() << " budgets from the smallest feasible ";
-                out << (smallest ? detail::bytes_both(*smallest) : std::string("(unknown)")) << " to P_ref\n";
-                out << "  " << detail::pad("budget", 22, false) << detail::pad("% P_ref", 8) << detail::pad("time", 12)
-                    << detail::pad("overhead", 10) << detail::pad("peak", 12) << "\n";
-                for (const auto& row : rows) {
-                    out << "  " << detail::pad(detail::bytes_both(row.budget), 22, false)
-                        << detail::pad(detail::number(100.0 * double(row.budget) / double(std::max<Bytes>(ref.peak, 1)),
-                                                      "%.1f"),
-                                       8);
-                    if (row.plan)
-                        out << detail::pad(detail::number(row.plan->time), 12)
-                            << detail::pad(detail::signed_percent(row.plan->time, ref.time), 10)
-                            << detail::pad(format_bytes(row.plan->peak), 12) << "\n";
-                    else
-                        out << "  infeasible"
-                            << (row.needs ? " (needs " + format_bytes(*row.needs) + ")" : std::string()) << "\n";
-                }
-            }
-        }
-        if (infeasible) {
-            err << "remat-plan: infeasible: " << infeasible->what() << "\n";
-            if (smallest)
-                err << "remat-plan: the smallest feasible budget for " << solver_name << " is "
-                    << detail::bytes_both(*smallest) << " = "
-                    << detail::percent(double(*smallest), double(ref.peak)) << " of P_ref; try --budget " << *smallest
-                    << "\n";
-            if (planning) detail::explain_infeasible(err, problem, budget, solver_name, smallest);
-            return exit_infeasible;
-        }
-        return exit_ok;
+        detail::check_output_paths(a);
     } catch (const InvalidInput& e) {
         err << "remat-plan: " << e.what() << "\n";
         return exit_bad_input;
-    } catch (const Error& e) {
-        err << "remat-plan: " << e.what() << "\n";
-        return exit_error;
-    } catch (const std::exception& e) {
-        err << "remat-plan: unexpected error: " << e.what() << "\n";
-        return exit_error;
     }
+    const int code = detail::run_guarded(a, out, err);
+    if (code != exit_ok) detail::remove_stale_outputs(a, err);
+    return code;
 }
 
 }  // namespace remat::cli

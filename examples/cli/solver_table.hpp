@@ -182,8 +182,16 @@ inline HRockmateOptions hrockmate_options(const SolveOptions& o) {
         r.time_limit_seconds = o.time_limit;
         r.progress = o.progress;
         first = [r, p = std::make_shared<const Problem>(problem)](Bytes budget) { return Rotor(r).solve(*p, budget); };
+    } else if (choice == AutoChoice::greedy) {
+        first = [p = std::make_shared<const Problem>(problem)](Bytes budget) {
+            return Greedy(HRockmateOptions::default_greedy()).solve(*p, budget);
+        };
     } else {
-        first = choice == AutoChoice::rockmate ? rockmate_planner(problem, inner) : hrockmate_planner(problem, inner);
+        try {  // the analysis runs here; a graph beyond it goes to the greedy below
+            first = choice == AutoChoice::rockmate ? rockmate_planner(problem, inner) : hrockmate_planner(problem, inner);
+        } catch (const SolverError& e) {
+            first = [why = std::string(e.what())](Bytes) -> Plan { throw SolverError(why); };
+        }
     }
     return [first, choice, p = std::make_shared<const Problem>(problem)](Bytes budget) -> Plan {
         std::optional<Bytes> chosen_least, greedy_least;
@@ -343,11 +351,14 @@ inline HRockmateOptions hrockmate_options(const SolveOptions& o) {
         if (e.name == name) {
             if (colon != std::string_view::npos && e.variant_help.empty())
                 throw InvalidInput("solver '" + std::string(name) + "' takes no ':VARIANT'");
+            if (colon != std::string_view::npos && options.variant.empty())
+                throw InvalidInput("solver '" + std::string(name) + ":' has an empty variant; write '" +
+                                   std::string(name) + "' alone or " + std::string(e.variant_help));
             return e;
         }
     std::string known;
     for (const SolverEntry& e : solver_table()) known += (known.empty() ? "" : ", ") + std::string(e.name);
-    throw InvalidInput("unknown solver '" + std::string(name) + "'; known solvers: " + known);
+    throw InvalidInput("unknown solver '" + printable(name) + "'; known solvers: " + known);
 }
 
 /// The solver used when none is named: the first applicable default choice.
@@ -357,12 +368,22 @@ inline HRockmateOptions hrockmate_options(const SolveOptions& o) {
     return solver_table().back();
 }
 
-/// Runs an entry, turning "does not apply" into a clear InvalidInput.
+/// The names of the solvers that apply to a problem, from the table (for messages).
+[[nodiscard]] inline std::string applicable_solvers(const Problem& problem) {
+    std::string names;
+    for (const SolverEntry& e : solver_table())
+        if (e.applies(problem)) names += (names.empty() ? "" : ", ") + std::string(e.name);
+    return names;
+}
+
+/// Runs an entry, turning "does not apply" into a clear InvalidInput naming those that apply.
 [[nodiscard]] inline Plan solve_with(const SolverEntry& entry, const Problem& problem, Bytes budget,
                                      const SolveOptions& options) {
     if (!entry.applies(problem))
-        throw InvalidInput("solver '" + std::string(entry.name) + "' does not apply to problem '" + problem.name() + "'" +
-                           (entry.chains_only ? ": it is not a chain (docs/formats.md §5 (chains)); use a general solver" : ""));
+        throw InvalidInput("solver '" + std::string(entry.name) + "' does not apply to problem '" +
+                           printable(problem.name()) + "'" +
+                           (entry.chains_only ? " (not a chain, docs/formats.md §5 (chains))" : "") +
+                           "; solvers that apply: " + applicable_solvers(problem));
     return entry.solve(problem, budget, options);
 }
 

@@ -77,11 +77,15 @@ inline constexpr const char* version_string = REMAT_VERSION_STRING;
 // Every error remat throws derives from remat::Error. The classes say what the caller
 // can do about it: fix the input (InvalidInput), raise the budget (Infeasible), or look
 // at the environment (SolverError for a MILP backend, ExecutionError for a tensor run).
-// The command-line tools map them to exit codes: InvalidInput → 2, Infeasible → 3.
+// The command-line tools map them to exit codes: InvalidInput → 2, Infeasible → 3,
+// TooLarge → 4.
 
+#include <algorithm>
+#include <cstddef>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 
 namespace remat {
@@ -133,12 +137,58 @@ public:
     using Error::Error;
 };
 
+/// The problem is beyond what this solver can handle: its tables would exceed the solver's
+/// memory cap, or its time limit ran out before it had any plan. Not a bad input and not a
+/// budget question: another solver (the message names one) or a larger limit may succeed.
+/// A SolverError, so that callers falling back to another solver on one catch it too.
+class TooLarge : public SolverError {
+public:
+    using SolverError::SolverError;
+};
+
 /// Running a plan on real tensors failed; the model's parameters and gradients are left
 /// as they were before the step.
 class ExecutionError : public Error {
 public:
     using Error::Error;
 };
+
+/// `text` made safe to echo in a message: at most `max_chars` characters (then "…"), control
+/// characters and bytes that are not valid UTF-8 written as \xNN escapes. Names and keys in
+/// messages go through it, so that a 100k-character key or a binary name cannot flood or
+/// corrupt a terminal.
+[[nodiscard]] inline std::string printable(std::string_view text, std::size_t max_chars = 80) {
+    static constexpr char hex[] = "0123456789abcdef";
+    std::string out;
+    out.reserve(std::min<std::size_t>(text.size(), max_chars * 4) + 3);
+    std::size_t chars = 0;
+    for (std::size_t i = 0; i < text.size(); ++chars) {
+        if (chars == max_chars) return out + "\xE2\x80\xA6";  // "…"
+        const auto c = static_cast<unsigned char>(text[i]);
+        // Length of a well-formed UTF-8 sequence starting here (0: not one).
+        std::size_t n = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 && c >= 0xC2 ? 2 : (c & 0xF0) == 0xE0 ? 3
+                      : (c & 0xF8) == 0xF0 && c <= 0xF4 ? 4 : 0;
+        for (std::size_t k = 1; k < n; ++k)
+            if (i + k >= text.size() || (static_cast<unsigned char>(text[i + k]) & 0xC0) != 0x80) n = 0;
+        if (n == 3) {  // no overlong forms, no surrogates
+            const auto c1 = static_cast<unsigned char>(text[i + 1]);
+            if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 >= 0xA0)) n = 0;
+        } else if (n == 4) {
+            const auto c1 = static_cast<unsigned char>(text[i + 1]);
+            if ((c == 0xF0 && c1 < 0x90) || (c == 0xF4 && c1 >= 0x90)) n = 0;
+        }
+        if (n == 0 || (n == 1 && (c < 0x20 || c == 0x7F))) {
+            out += "\\x";
+            out += hex[c >> 4];
+            out += hex[c & 0xF];
+            ++i;
+            continue;
+        }
+        out.append(text.substr(i, n));
+        i += n;
+    }
+    return out;
+}
 
 }  // namespace remat
 // ---- end remat/core/errors.hpp ----
@@ -150,10 +200,26 @@ public:
 // it generalises): data have sizes, ops read and write data, take time and transient
 // memory, and some must run exactly once. A Problem is immutable; ProblemBuilder makes
 // one and checks it, naming the offending item in every error.
+//
+// Limits (checked by ProblemBuilder::build(), so by every reader too):
+// - Sizes: memory is counted in Bytes, a signed 64-bit integer. A problem is rejected
+//   (InvalidInput naming the problem and the data where the sum overflows) when the sum of
+//   the sizes of all its data plus its largest op overhead exceeds 2^63 - 1 bytes. Every
+//   memory figure remat computes (the simulator's states and peaks, P_ref, the solvers'
+//   tables) is at most that sum, so no sum of sizes overflows after validation. Budgets
+//   above it are fine (they are compared with sums, never added to); a percentage budget
+//   whose bytes would exceed 2^63 - 1 is rejected when it is resolved.
+// - Times: every op time must be finite and non-negative, and the sum of all op times,
+//   times the number of ops, must be finite as a double: a problem whose times are so large
+//   that recomputing every op once per op could overflow to infinity is rejected. T_ref and
+//   every predicted time are therefore finite.
 
+#include <algorithm>
 #include <cmath>
 #include <compare>
 #include <cstddef>
+#include <functional>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -164,6 +230,22 @@ public:
 
 
 namespace remat {
+
+namespace detail {
+// A name in quotes for a message, shortened and escaped (errors.hpp: printable()).
+inline std::string quoted(std::string_view name) {
+    std::string out(1, '\'');  // appended, not "'" + ...: GCC 12 warns (-Wrestrict) on the latter
+    out += printable(name);
+    out += '\'';
+    return out;
+}
+// Names to indices, looked up by string_view without a copy.
+struct NameHash {
+    using is_transparent = void;
+    [[nodiscard]] std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+};
+using NameIndex = std::unordered_map<std::string, std::size_t, NameHash, std::equal_to<>>;
+}  // namespace detail
 
 /// Dense index of a data in its Problem.
 struct DataId {
@@ -221,21 +303,21 @@ public:
     [[nodiscard]] std::span<const OpId> autograd_order() const noexcept { return autograd_; }
 
     [[nodiscard]] std::optional<DataId> find_data(std::string_view name) const {
-        if (const auto it = data_index_.find(std::string(name)); it != data_index_.end()) return DataId{it->second};
+        if (const auto it = data_index_.find(name); it != data_index_.end()) return DataId{it->second};
         return std::nullopt;
     }
     [[nodiscard]] std::optional<OpId> find_op(std::string_view name) const {
-        if (const auto it = op_index_.find(std::string(name)); it != op_index_.end()) return OpId{it->second};
+        if (const auto it = op_index_.find(name); it != op_index_.end()) return OpId{it->second};
         return std::nullopt;
     }
     /// Like find_data / find_op, but an unknown name is an InvalidInput error.
     [[nodiscard]] DataId data_id(std::string_view name) const {
         if (auto id = find_data(name)) return *id;
-        throw InvalidInput("problem '" + name_ + "' has no data named '" + std::string(name) + "'");
+        throw InvalidInput("problem " + detail::quoted(name_) + " has no data named " + detail::quoted(name));
     }
     [[nodiscard]] OpId op_id(std::string_view name) const {
         if (auto id = find_op(name)) return *id;
-        throw InvalidInput("problem '" + name_ + "' has no op named '" + std::string(name) + "'");
+        throw InvalidInput("problem " + detail::quoted(name_) + " has no op named " + detail::quoted(name));
     }
 
     /// Sum of the sizes of all initial data: the memory of the first state.
@@ -262,8 +344,8 @@ private:
     std::vector<char> is_final_;
     std::optional<OpId> loss_;
     std::vector<OpId> autograd_;
-    std::unordered_map<std::string, std::size_t> data_index_;
-    std::unordered_map<std::string, std::size_t> op_index_;
+    detail::NameIndex data_index_;
+    detail::NameIndex op_index_;
 };
 
 /// What an op is, before it gets its id.
@@ -285,11 +367,19 @@ public:
         problem_.name_ = std::move(name);
     }
 
+    /// Room for this many data and ops (an optimisation for large problems; never required).
+    void reserve(std::size_t data, std::size_t ops) {
+        problem_.data_.reserve(data);
+        problem_.data_index_.reserve(data);
+        problem_.ops_.reserve(ops);
+        problem_.op_index_.reserve(ops);
+    }
+
     DataId add_data(std::string name, Bytes bytes) {
         if (name.empty()) throw InvalidInput("data #" + std::to_string(problem_.data_.size()) + " has an empty name");
         if (bytes < 0)
-            throw InvalidInput("data '" + name + "' has negative size " + std::to_string(bytes) + " bytes");
-        if (problem_.data_index_.contains(name)) throw InvalidInput("data '" + name + "' is defined twice");
+            throw InvalidInput("data " + detail::quoted(name) + " has negative size " + std::to_string(bytes) + " bytes");
+        if (problem_.data_index_.contains(name)) throw InvalidInput("data " + detail::quoted(name) + " is defined twice");
         const DataId id{problem_.data_.size()};
         problem_.data_index_.emplace(name, id.index);
         problem_.data_.push_back(Data{std::move(name), bytes});
@@ -299,13 +389,12 @@ public:
     OpId add_op(OpSpec spec) {
         const std::string& name = spec.name;
         if (name.empty()) throw InvalidInput("op #" + std::to_string(problem_.ops_.size()) + " has an empty name");
-        if (problem_.op_index_.contains(name)) throw InvalidInput("op '" + name + "' is defined twice");
+        const auto op = [&name] { return "op " + detail::quoted(name); };  // messages only
+        if (problem_.op_index_.contains(name)) throw InvalidInput(op() + " is defined twice");
         if (!std::isfinite(spec.time) || spec.time < 0)
-            throw InvalidInput("op '" + name + "' has time " + std::to_string(spec.time) +
-                               "; times must be finite and non-negative");
-        if (spec.overhead < 0)
-            throw InvalidInput("op '" + name + "' has negative overhead " + std::to_string(spec.overhead));
-        if (spec.writes.empty()) throw InvalidInput("op '" + name + "' writes nothing; every op must write a data");
+            throw InvalidInput(op() + " has time " + std::to_string(spec.time) + "; times must be finite and non-negative");
+        if (spec.overhead < 0) throw InvalidInput(op() + " has negative overhead " + std::to_string(spec.overhead));
+        if (spec.writes.empty()) throw InvalidInput(op() + " writes nothing; every op must write a data");
         check_list(name, "reads", spec.reads);
         check_list(name, "writes", spec.writes);
         const OpId id{problem_.ops_.size()};
@@ -366,24 +455,27 @@ public:
         for (const DataId d : p.final_) {
             const Data& data = p.data_[d.index];
             if (p.writers_[d.index].empty() && !p.is_initial_[d.index])
-                throw InvalidInput("final data '" + data.name + "' has no writer and is not initial");
+                throw InvalidInput("final data " + detail::quoted(data.name) + " has no writer and is not initial");
             if (!reachable[d.index])
-                throw InvalidInput("final data '" + data.name +
-                                   "' can never be computed: every writer needs data that nothing produces");
+                throw InvalidInput("final data " + detail::quoted(data.name) +
+                                   " can never be computed: every writer needs data that nothing produces");
         }
         for (std::size_t i = 0; i < p.ops_.size(); ++i) {
             const Op& op = p.ops_[i];
             if (!op.exactly_once || runnable[i]) continue;
             std::string missing;
             for (const DataId d : op.reads)
-                if (!reachable[d.index]) missing += (missing.empty() ? "'" : ", '") + p.data_[d.index].name + "'";
-            throw InvalidInput("exactly-once op '" + op.name + "' can never run: it reads " + missing +
+                if (!reachable[d.index]) missing += (missing.empty() ? "" : ", ") + detail::quoted(p.data_[d.index].name);
+            throw InvalidInput("exactly-once op " + detail::quoted(op.name) + " can never run: it reads " + missing +
                                ", which no op can produce from the initial data");
         }
         check_autograd_order();
+        check_totals();
 
         Problem result = std::move(problem_);
         problem_ = Problem{};
+        in_initial_.clear();
+        in_final_.clear();
         return result;
     }
 
@@ -396,21 +488,59 @@ private:
         if (id.index >= problem_.ops_.size())
             throw InvalidInput(where + ": op id " + std::to_string(id.index) + " does not exist");
     }
+    // Ids exist and none repeats; n log n in the list (a sorted copy) however long it is.
     void check_list(const std::string& op, const char* field, const std::vector<DataId>& list) const {
-        for (std::size_t i = 0; i < list.size(); ++i) {
-            check_data(list[i], "op '" + op + "' " + field);
-            for (std::size_t j = 0; j < i; ++j)
-                if (list[j] == list[i])
-                    throw InvalidInput("op '" + op + "' lists data '" + problem_.data_[list[i].index].name +
-                                       "' twice in " + field);
+        for (const DataId d : list)
+            if (d.index >= problem_.data_.size()) check_data(d, "op " + detail::quoted(op) + " " + field);
+        std::optional<DataId> twice;
+        if (list.size() <= 16) {
+            for (std::size_t i = 0; i < list.size() && !twice; ++i)
+                for (std::size_t j = 0; j < i && !twice; ++j)
+                    if (list[j] == list[i]) twice = list[i];
+        } else {
+            std::vector<DataId> sorted = list;
+            std::sort(sorted.begin(), sorted.end());
+            if (const auto it = std::adjacent_find(sorted.begin(), sorted.end()); it != sorted.end()) twice = *it;
         }
+        if (twice)
+            throw InvalidInput("op " + detail::quoted(op) + " lists data " + detail::quoted(problem_.data_[twice->index].name) +
+                               " twice in " + field);
     }
     void add_to_list(DataId id, const char* list_name, std::vector<DataId>& list) {
         check_data(id, list_name);
-        for (const DataId d : list)
-            if (d == id)
-                throw InvalidInput("data '" + problem_.data_[id.index].name + "' is listed twice in " + list_name);
+        std::vector<char>& listed = &list == &problem_.initial_ ? in_initial_ : in_final_;
+        listed.resize(problem_.data_.size(), 0);
+        if (listed[id.index])
+            throw InvalidInput("data " + detail::quoted(problem_.data_[id.index].name) + " is listed twice in " + list_name);
+        listed[id.index] = 1;
         list.push_back(id);
+    }
+
+    // The limits of the header comment: sizes whose sum (plus the largest overhead) fits in
+    // Bytes, and times whose sum, times the number of ops, is finite.
+    void check_totals() const {
+        const Problem& p = problem_;
+        constexpr Bytes max = std::numeric_limits<Bytes>::max();
+        Bytes overhead = 0;
+        double time = 0.0;
+        for (const Op& op : p.ops_) {
+            overhead = std::max(overhead, op.overhead);
+            time += op.time;
+        }
+        Bytes total = overhead;
+        for (const Data& d : p.data_) {
+            if (d.bytes > max - total)
+                throw InvalidInput("problem " + detail::quoted(p.name_) + ": its data sizes add up to more than 2^63 - 1 "
+                                   "bytes (the sum overflows at data " + detail::quoted(d.name) + ", " +
+                                   std::to_string(d.bytes) + " bytes, with the largest op overhead of " +
+                                   std::to_string(overhead) + " bytes counted); remat counts memory in signed 64-bit "
+                                   "bytes: give the sizes in a coarser unit");
+            total += d.bytes;
+        }
+        if (!std::isfinite(time * static_cast<double>(std::max<std::size_t>(1, p.ops_.size()))))
+            throw InvalidInput("problem " + detail::quoted(p.name_) + ": its op times add up to " + std::to_string(time) +
+                               ", too large for sums of recomputations to stay finite (times the number of ops, it "
+                               "overflows a double); give the times in a coarser unit");
     }
 
     // The autograd order must be runnable as written: each op's reads written earlier (or
@@ -424,22 +554,25 @@ private:
             const Op& op = p.ops_[p.autograd_[pos].index];
             for (const DataId d : op.reads)
                 if (!available[d.index])
-                    throw InvalidInput("autograd order: op '" + op.name + "' (position " + std::to_string(pos) +
-                                       ") reads '" + p.data_[d.index].name + "' before any earlier op writes it");
+                    throw InvalidInput("autograd order: op " + detail::quoted(op.name) + " (position " +
+                                       std::to_string(pos) + ") reads " + detail::quoted(p.data_[d.index].name) +
+                                       " before any earlier op writes it");
             if (op.exactly_once && ran[p.autograd_[pos].index])
-                throw InvalidInput("autograd order: exactly-once op '" + op.name + "' appears twice");
+                throw InvalidInput("autograd order: exactly-once op " + detail::quoted(op.name) + " appears twice");
             ran[p.autograd_[pos].index] = 1;
             for (const DataId d : op.writes) available[d.index] = 1;
         }
         for (std::size_t i = 0; i < p.ops_.size(); ++i)
             if (p.ops_[i].exactly_once && !ran[i])
-                throw InvalidInput("autograd order omits exactly-once op '" + p.ops_[i].name + "'");
+                throw InvalidInput("autograd order omits exactly-once op " + detail::quoted(p.ops_[i].name));
         for (const DataId d : p.final_)
             if (!available[d.index])
-                throw InvalidInput("autograd order never produces final data '" + p.data_[d.index].name + "'");
+                throw InvalidInput("autograd order never produces final data " + detail::quoted(p.data_[d.index].name));
     }
 
     Problem problem_;
+    std::vector<char> in_initial_;  // by data index: already in initial_ / final_
+    std::vector<char> in_final_;
 };
 
 }  // namespace remat
@@ -492,11 +625,12 @@ struct Chain {
 /// Throws InvalidInput naming the stage when a chain breaks the rules of docs/formats.md §5 (chains).
 inline void validate(const Chain& chain) {
     if (chain.name.empty()) throw InvalidInput("a chain needs a non-empty name");
-    if (chain.stages.empty()) throw InvalidInput("chain '" + chain.name + "' has no stages");
-    if (chain.input_bytes < 0) throw InvalidInput("chain '" + chain.name + "': input_bytes is negative");
+    if (chain.stages.empty()) throw InvalidInput("chain " + detail::quoted(chain.name) + " has no stages");
+    if (chain.input_bytes < 0) throw InvalidInput("chain " + detail::quoted(chain.name) + ": input_bytes is negative");
     for (std::size_t i = 0; i < chain.stages.size(); ++i) {
         const Stage& s = chain.stages[i];
-        const std::string who = "chain '" + chain.name + "' stage " + std::to_string(i + 1) + " ('" + s.name + "')";
+        const std::string who =
+            "chain " + detail::quoted(chain.name) + " stage " + std::to_string(i + 1) + " (" + detail::quoted(s.name) + ")";
         if (!std::isfinite(s.fwd_time) || s.fwd_time < 0) throw InvalidInput(who + ": fwd_time must be finite and >= 0");
         if (!std::isfinite(s.bwd_time) || s.bwd_time < 0) throw InvalidInput(who + ": bwd_time must be finite and >= 0");
         if (s.out_bytes < 0) throw InvalidInput(who + ": out_bytes is negative");
@@ -677,6 +811,7 @@ using Schedule = std::vector<Step>;
 // memory timeline (for plots).
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <optional>
 #include <string>
@@ -773,6 +908,10 @@ struct SimulationReport {
     for (const DataId d : problem.final_data())
         if (!live[d.index])
             return fail(schedule.size(), "end of schedule: final data '" + problem.data(d).name + "' is not live");
+    // Finite op times can still add up to infinity in a schedule that recomputes enough;
+    // such a time is no figure anyone can use (nor write into a schedule file).
+    if (!std::isfinite(report.time))
+        return fail(schedule.size(), "end of schedule: the total time overflows to infinity");
     report.valid = true;
     return report;
 }
@@ -788,6 +927,7 @@ struct SimulationReport {
 
 #include <cmath>
 #include <concepts>
+#include <limits>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -1053,10 +1193,23 @@ concept Solver = requires(const S& solver, const Problem& problem, Bytes budget)
 /// A budget given as a percentage of a reference peak: floor(percent × reference / 100).
 [[nodiscard]] inline Bytes percent_of(Bytes reference, double percent) {
     if (!std::isfinite(percent) || percent < 0) throw InvalidInput("a budget percentage must be finite and >= 0");
-    // Whole percentages in integer arithmetic, so that "40%" is exactly floor(40 × P / 100).
-    if (percent == std::floor(percent) && percent <= 1e6 && reference < (Bytes{1} << 42))
-        return static_cast<Bytes>(percent) * reference / 100;
-    return static_cast<Bytes>(std::floor(percent * static_cast<double>(reference) / 100.0));
+    const auto too_large = [&] {
+        return InvalidInput("a budget of " + std::to_string(percent) + " % of " + std::to_string(reference) +
+                            " bytes is beyond 2^63 - 1 bytes; give a smaller percentage");
+    };
+    // Whole percentages in exact integer arithmetic, so that "40%" is exactly floor(40 × P / 100):
+    // with P = 100 q + r, floor(p P / 100) = p q + floor(p r / 100).
+    if (percent == std::floor(percent) && percent <= 1e15 && reference >= 0) {
+        const auto p = static_cast<Bytes>(percent);
+        const Bytes q = reference / 100;
+        const Bytes low = p * (reference % 100) / 100;  // p r < 1e17
+        if (p != 0 && q > (std::numeric_limits<Bytes>::max() - low) / p) throw too_large();
+        return p * q + low;
+    }
+    const double bytes = std::floor(percent * static_cast<double>(reference) / 100.0);
+    // 2^63 is the first double past the largest Bytes; the cast below would be undefined there.
+    if (!(bytes < 9223372036854775808.0)) throw too_large();
+    return static_cast<Bytes>(bytes);
 }
 
 }  // namespace remat
@@ -2209,6 +2362,8 @@ public:
     explicit Exhaustive(ExhaustiveOptions options = {}) : options_(options) {
         if (!(options_.weight >= 1.0))
             throw InvalidInput("exhaustive: the weight of the bound must be at least 1 (1 is exact)");
+        if (!(options_.time_limit_seconds > 0))  // NaN too
+            throw InvalidInput("exhaustive: the time limit must be a positive number of seconds (infinity for none)");
     }
 
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "exhaustive"; }
@@ -2411,12 +2566,21 @@ private:
 // row, and keeping its table in single precision (times are compared as excess over a
 // lower bound, so ties within ~1e-7 of the recomputation time are broken arbitrarily;
 // every reported time is recomputed exactly).
+//
+// Long chains: the least-memory precomputation is O(K·L² + L³) in time and keeps L(L+1)/2
+// entries (24 bytes each); the time table holds L(L+1)/2 rows of M+1 floats. Both sizes are
+// checked against RotorOptions::max_table_mib before anything is allocated, and the time
+// limit is checked column by column in both phases, which share it; either stops the solve
+// with TooLarge (the CLI's exit code 4), whose message suggests fewer slots or a solver that
+// scales to long chains (greedy, hrockmate, auto). Times enter the float table scaled when
+// they are so large that a float could overflow, so any finite times plan.
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -2518,18 +2682,68 @@ struct RotorOptions {
     /// A fixed slot size in bytes; overrides `slots`. With it the solver is monotone in
     /// the budget and Infeasible reports the smallest budget that works at this slot size.
     std::optional<Bytes> slot_bytes;
-    /// Give up (SolverError) when the DP runs longer than this.
+    /// Give up (TooLarge, a SolverError) when the solve runs longer than this, checked in the
+    /// precomputation and in the table; must be positive when given.
     std::optional<double> time_limit_seconds;
     /// Receives progress lines (the table's size, columns filled); empty means silence.
     ProgressCallback progress;
-    /// Memory cap of the DP's time table (L(L+1)/2 rows of slots + 1 floats): beyond it the
-    /// solve stops with an error saying how large the table would be, instead of allocating it.
+    /// Memory cap of each of the DP's tables (the time table: L(L+1)/2 rows of slots + 1
+    /// floats; the least-memory table: L(L+1)/2 entries of 24 bytes): beyond it the solve
+    /// stops with TooLarge saying how large the table would be, instead of allocating it.
     std::size_t max_table_mib = 2048;
 };
 
+namespace detail {
+
+[[nodiscard]] inline Bytes magnitude(Bytes v) noexcept { return v < 0 ? -v : v; }
+
+// Every memory figure of the model is a sum of distinct terms of the chain: its sizes must add
+// up within Bytes (problem.hpp's policy, for the model's own terms), and its times, times the
+// number of stages (a stage recomputed once per stage), must stay finite.
+inline void check_rotor_totals(const RotorChain& chain, const std::string& who) {
+    constexpr Bytes max = std::numeric_limits<Bytes>::max();
+    Bytes total = 0;
+    bool overflow = false;
+    const auto add = [&](Bytes v) {
+        v = magnitude(v);
+        overflow = overflow || v > max - total;
+        if (!overflow) total += v;
+    };
+    double time = chain.loss_time;
+    add(chain.input_bytes);
+    add(chain.gradient_bytes(0));
+    add(chain.loss_overhead);
+    for (std::size_t l = 1; l <= chain.length(); ++l) {
+        const RotorStage& s = chain.stages[l - 1];
+        add(s.out_bytes);
+        add(chain.gradient_bytes(l));
+        add(s.nograd_overhead);
+        Bytes option_bytes = 0;
+        double option_time = 0.0;
+        for (const RotorOption& o : s.options) {
+            const Bytes parts[] = {magnitude(o.saved_bytes), o.fwd_overhead, magnitude(o.bwd_overhead)};
+            for (const Bytes part : parts) {
+                overflow = overflow || part > max - option_bytes;
+                if (!overflow) option_bytes += part;
+            }
+            option_time = std::max(option_time, o.fwd_time + o.bwd_time);
+        }
+        add(option_bytes);
+        time += s.nograd_time + option_time;
+    }
+    if (overflow)
+        throw InvalidInput(who + ": its sizes add up to more than 2^63 - 1 bytes; remat counts memory in signed 64-bit "
+                                 "bytes: give the sizes in a coarser unit");
+    if (!std::isfinite(time * static_cast<double>(chain.length() + 1)))
+        throw InvalidInput(who + ": its times add up to " + std::to_string(time) +
+                           ", too large for sums of recomputations to stay finite; give the times in a coarser unit");
+}
+
+}  // namespace detail
+
 /// Throws InvalidInput naming the stage and option when a RotorChain breaks the rules above.
 inline void validate(const RotorChain& chain) {
-    const std::string who = "rotor chain '" + chain.name + "'";
+    const std::string who = "rotor chain '" + printable(chain.name) + "'";
     if (chain.stages.empty()) throw InvalidInput(who + " has no stages");
     if (chain.input_bytes < 0) throw InvalidInput(who + ": input_bytes is negative");
     if (chain.input_grad_bytes && *chain.input_grad_bytes < 0) throw InvalidInput(who + ": input_grad_bytes is negative");
@@ -2545,6 +2759,8 @@ inline void validate(const RotorChain& chain) {
         if (s.options.empty()) throw InvalidInput(st + " has no options; give at least one (forward, backward) option");
         const Bytes in = chain.gradient_bytes(l - 1);
         const Bytes out = chain.gradient_bytes(l);
+        if (s.options.size() > std::numeric_limits<std::uint32_t>::max())
+            throw InvalidInput(st + " has more than 2^32 - 1 options");
         for (std::size_t k = 0; k < s.options.size(); ++k) {
             const RotorOption& o = s.options[k];
             const std::string op = st + " option " + std::to_string(k);
@@ -2561,6 +2777,7 @@ inline void validate(const RotorChain& chain) {
                                    " puts the backward peak below its start or end state");
         }
     }
+    detail::check_rotor_totals(chain, who);
 }
 
 /// A plain chain as a RotorChain with one option per stage (K = 1).
@@ -2766,63 +2983,146 @@ struct RotorUnits {
 struct RotorChoice {
     enum class Kind : unsigned char { none, leaf, all, ck };
     Kind kind = Kind::none;
-    std::size_t index = 0;  // option k, or j
+    std::uint32_t index = 0;  // option k, or j (validate() and the size caps keep both below 2^32)
+
+    RotorChoice() = default;
+    RotorChoice(Kind k, std::size_t i) : kind(k), index(static_cast<std::uint32_t>(i)) {}
+};
+
+// The limits of one solve: the memory cap of each table and the time limit, which all phases
+// share (checked column by column). Both stop the solve with TooLarge.
+struct RotorLimits {
+    std::size_t stages = 0;
+    std::size_t max_table_mib = 2048;
+    std::optional<double> time_limit;
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+
+    RotorLimits(std::size_t L, const RotorOptions& options)
+        : stages(L), max_table_mib(options.max_table_mib), time_limit(options.time_limit_seconds) {
+        if (time_limit && !(*time_limit > 0))  // NaN too
+            throw InvalidInput("rotor: the time limit must be a positive number of seconds, not " +
+                               std::to_string(*time_limit));
+    }
+
+    [[nodiscard]] static std::string hint(std::size_t L) {
+        return "Rotor's work grows as L^3 (times the memory slots) and its tables as L^2: for a chain of " +
+               std::to_string(L) + " stages use greedy, hrockmate or auto (they scale to long chains)";
+    }
+    // A table of `count` entries of `entry_bytes` each, named `what`.
+    void check_memory(std::size_t count, std::size_t entry_bytes, const std::string& what,
+                      const std::string& remedy) const {
+        const std::size_t cap = max_table_mib * (std::size_t{1} << 20);
+        if (entry_bytes == 0 || count <= cap / entry_bytes) return;
+        const double mib = static_cast<double>(count) * static_cast<double>(entry_bytes) / double(1 << 20);
+        char size[32];
+        std::snprintf(size, sizeof size, "%.0f", mib);
+        throw TooLarge("rotor: " + std::to_string(stages) + " stages need " + what + " of " + size +
+                       " MiB, above max_table_mib = " + std::to_string(max_table_mib) + "; " + remedy + "; " +
+                       hint(stages));
+    }
+    // Before `steps` elementary steps of `phase`: refuses at once when even a fast machine
+    // (0.25 ns a step) could not finish them within the time limit.
+    void check_work(double steps, const char* phase) const {
+        if (!time_limit || steps * 0.25e-9 <= *time_limit - seconds_since(start)) return;
+        char numbers[80];
+        std::snprintf(numbers, sizeof numbers, "%.3g steps (at least %.0f s)", steps, steps * 0.25e-9);
+        char limit[32];
+        std::snprintf(limit, sizeof limit, "%g", *time_limit);
+        throw TooLarge("rotor: " + std::string(phase) + " of " + std::to_string(stages) + " stages takes " + numbers +
+                       ", beyond the time limit of " + limit + " s; " + hint(stages));
+    }
+    void check_time(const char* phase, std::size_t done, std::size_t total) const {
+        if (!time_limit || seconds_since(start) <= *time_limit) return;
+        char limit[32];
+        std::snprintf(limit, sizeof limit, "%g", *time_limit);
+        throw TooLarge("rotor: time limit of " + std::string(limit) + " s reached while " + phase + " (" +
+                       std::to_string(done) + " of " + std::to_string(total) + " columns done); raise the limit, " +
+                       "or use fewer slots; " + hint(stages));
+    }
 };
 
 // Least memory (in units) with which sub-chain (a, b) can be back-propagated by a
 // persistent schedule, for every (a, b); with the fastest such schedule's choice as a
 // tie-break. Exact in the model: Opt(a, b, m) < ∞ ⇔ m ≥ need(a, b), because every branch's
-// constraints are thresholds on m and the sub-chains' needs compose by max.
+// constraints are thresholds on m and the sub-chains' needs compose by max. Stored as a
+// triangle, row by row (row a holds b = a..L), so that a row is contiguous.
 struct RotorNeeds {
     std::size_t L = 0;
-    std::vector<Bytes> need;      // [(a-1)*L + (b-1)]
+    std::vector<Bytes> need;
     std::vector<double> time;     // time of the chosen least-memory schedule
     std::vector<RotorChoice> choice;
-    [[nodiscard]] std::size_t at(std::size_t a, std::size_t b) const noexcept { return (a - 1) * L + (b - 1); }
+    [[nodiscard]] std::size_t at(std::size_t a, std::size_t b) const noexcept {
+        return (a - 1) * L - (a - 1) * (a - 2) / 2 + (b - a);
+    }
 };
 
-[[nodiscard]] inline RotorNeeds compute_needs(const RotorUnits& u) {
+struct RotorNeed {
+    Bytes need = std::numeric_limits<Bytes>::max();
+    double time = std::numeric_limits<double>::infinity();
+    RotorChoice choice;
+    void consider(Bytes n, double t, RotorChoice c) noexcept {
+        if (n < need || (n == need && t < time)) {
+            need = n;
+            time = t;
+            choice = c;
+        }
+    }
+};
+
+// need(a, b) for a < b from the sub-chains already known: row a of `n` (b' < b) and column b
+// (`col_need[j]`, `col_time[j]` for j in (a, b]), both read contiguously.
+[[nodiscard]] inline RotorNeed rotor_need_of(const RotorUnits& u, const RotorNeeds& n, std::size_t a, std::size_t b,
+                                             const std::vector<Bytes>& col_need, const std::vector<double>& col_time) {
+    RotorNeed best;
+    const auto& opts = u.options[a];
+    const Bytes up = u.upper(b);
+    const Bytes xa = u.x[a - 1];
+    for (std::size_t k = 0; k < opts.size(); ++k)
+        best.consider(std::max({opts[k].fwd + up, opts[k].bwd, col_need[a + 1] + xa + opts[k].extra}),
+                      opts[k].time + col_time[a + 1], {RotorChoice::Kind::all, k});
+    const Bytes* row_need = n.need.data() + n.at(a, a);  // row_need[c - a] = need(a, c)
+    const double* row_time = n.time.data() + n.at(a, a);
+    Bytes fwd = 0;
+    double pre = 0.0;
+    for (std::size_t j = a + 1; j <= b; ++j) {
+        const std::size_t l = j - 1;
+        fwd = std::max(fwd, u.nograd[l] + (l > a ? xa : 0));
+        pre += u.nograd_time[l];
+        best.consider(std::max({fwd + up, col_need[j] + xa, row_need[j - 1 - a]}),
+                      pre + col_time[j] + row_time[j - 1 - a], {RotorChoice::Kind::ck, j});
+    }
+    return best;
+}
+
+[[nodiscard]] inline RotorNeeds compute_needs(const RotorUnits& u, const RotorLimits& limits) {
     const std::size_t L = u.L;
+    const std::size_t pairs = L * (L + 1) / 2;
+    limits.check_memory(pairs, sizeof(Bytes) + sizeof(double) + sizeof(RotorChoice), "a least-memory table",
+                        "raise max_table_mib");
+    limits.check_work(static_cast<double>(L) * static_cast<double>(L) * static_cast<double>(L) / 6.0,
+                      "the least-memory precomputation");
     RotorNeeds n;
     n.L = L;
-    n.need.assign(L * L, std::numeric_limits<Bytes>::max());
-    n.time.assign(L * L, std::numeric_limits<double>::infinity());
-    n.choice.assign(L * L, {});
+    n.need.assign(pairs, std::numeric_limits<Bytes>::max());
+    n.time.assign(pairs, std::numeric_limits<double>::infinity());
+    n.choice.assign(pairs, {});
+    std::vector<Bytes> col_need(L + 2, 0);  // column b being computed: (j, b) for j > a
+    std::vector<double> col_time(L + 2, 0.0);
     for (std::size_t b = 1; b <= L; ++b) {
+        limits.check_time("computing the least memory of sub-chains", b - 1, L);
         for (std::size_t a = b; a >= 1; --a) {
-            Bytes best = std::numeric_limits<Bytes>::max();
-            double best_time = std::numeric_limits<double>::infinity();
-            RotorChoice choice;
-            const auto consider = [&](Bytes need, double time, RotorChoice c) {
-                if (need < best || (need == best && time < best_time)) {
-                    best = need;
-                    best_time = time;
-                    choice = c;
-                }
-            };
-            const auto& opts = u.options[a];
+            RotorNeed best;
             if (a == b) {
+                const auto& opts = u.options[a];
                 for (std::size_t k = 0; k < opts.size(); ++k)
-                    consider(opts[k].leaf, opts[k].leaf_time, {RotorChoice::Kind::leaf, k});
+                    best.consider(opts[k].leaf, opts[k].leaf_time, {RotorChoice::Kind::leaf, k});
             } else {
-                const std::size_t sub = n.at(a + 1, b);
-                for (std::size_t k = 0; k < opts.size(); ++k)
-                    consider(std::max({opts[k].fwd + u.upper(b), opts[k].bwd, n.need[sub] + u.x[a - 1] + opts[k].extra}),
-                             opts[k].time + n.time[sub], {RotorChoice::Kind::all, k});
-                Bytes fwd = 0;
-                double pre = 0.0;
-                for (std::size_t j = a + 1; j <= b; ++j) {
-                    const std::size_t l = j - 1;
-                    fwd = std::max(fwd, u.nograd[l] + (l > a ? u.x[a - 1] : 0));
-                    pre += u.nograd_time[l];
-                    const std::size_t right = n.at(j, b), left = n.at(a, j - 1);
-                    consider(std::max({fwd + u.upper(b), n.need[right] + u.x[a - 1], n.need[left]}),
-                             pre + n.time[right] + n.time[left], {RotorChoice::Kind::ck, j});
-                }
+                best = rotor_need_of(u, n, a, b, col_need, col_time);
             }
-            n.need[n.at(a, b)] = best;
-            n.time[n.at(a, b)] = best_time;
-            n.choice[n.at(a, b)] = choice;
+            const std::size_t i = n.at(a, b);
+            n.need[i] = col_need[a] = best.need;
+            n.time[i] = col_time[a] = best.time;
+            n.choice[i] = best.choice;
         }
     }
     return n;
@@ -2866,23 +3166,37 @@ REMAT_ROTOR_KERNEL inline void rotor_relax2(float* row, const float* s1, const f
 // sub-chain, column by column (all a for b = 1, then b = 2, ...).
 class RotorTable {
 public:
-    RotorTable(const RotorUnits& u, const RotorNeeds& needs, std::size_t M, const RotorOptions& options)
+    RotorTable(const RotorUnits& u, const RotorNeeds& needs, std::size_t M, const RotorOptions& options,
+               const RotorLimits& limits)
         : u_(u), needs_(needs), L_(u.L), M_(M), width_(M + 1) {
-        const std::size_t pairs = L_ * (L_ + 1) / 2;
-        const std::size_t max_cells = options.max_table_mib * (std::size_t{1} << 20) / sizeof(float);
-        if (width_ > max_cells / pairs)
-            throw InvalidInput("rotor: " + std::to_string(L_) + " stages with " + std::to_string(width_) +
-                               " memory slots need a table of " + std::to_string(pairs * width_ * 4 / (1 << 20)) +
-                               " MiB, above max_table_mib = " + std::to_string(options.max_table_mib) +
-                               "; use fewer slots or a larger slot_bytes");
+        check_size(L_, width_, limits);
         least_.assign(L_ + 1, 0.0);
+        double total = 0.0;  // every schedule's time is at most L + 1 times this
         for (std::size_t l = 1; l <= L_; ++l) {
-            double t = std::numeric_limits<double>::infinity();
-            for (const auto& o : u_.options[l]) t = std::min(t, o.leaf_time);
+            double t = std::numeric_limits<double>::infinity(), slowest = 0.0;
+            for (const auto& o : u_.options[l]) {
+                t = std::min(t, o.leaf_time);
+                slowest = std::max(slowest, o.leaf_time);
+            }
             least_[l] = t;  // leaf_time = fwd + bwd, plus the loss for the last stage
+            total += slowest + u_.nograd_time[l];
         }
-        table_.assign(pairs * width_, std::numeric_limits<float>::infinity());
-        fill(options);
+        // Excesses reach (L + 1) · total at most; scaled down when a float could overflow.
+        if (total * static_cast<double>(L_ + 1) > 1e30) scale_ = 1.0 / total;
+        table_.assign(L_ * (L_ + 1) / 2 * width_, std::numeric_limits<float>::infinity());
+        fill(options, limits);
+    }
+
+    /// Throws TooLarge when the table of L stages and `width` memory values exceeds the cap.
+    static void check_size(std::size_t L, std::size_t width, const RotorLimits& limits) {
+        const std::size_t pairs = L * (L + 1) / 2;
+        const std::size_t cells = limits.max_table_mib * (std::size_t{1} << 20) / sizeof(float);
+        const std::size_t fitting = cells / pairs;  // widths that fit
+        limits.check_memory(pairs * width, sizeof(float),
+                            "a time table of " + std::to_string(width) + " memory values per sub-chain",
+                            fitting >= 2 ? "use at most " + std::to_string(fitting - 1) +
+                                               " slots (rotor:SLOTS), a larger slot_bytes, or raise max_table_mib"
+                                         : std::string("use a larger slot_bytes or raise max_table_mib"));
     }
 
     [[nodiscard]] const float* row(std::size_t a, std::size_t b) const noexcept {
@@ -2927,7 +3241,7 @@ public:
             pre += u_.nograd_time[l];
             if (fwd + u_.upper(b) > mm) break;
             if (std::max(needs_.need[needs_.at(j, b)] + off, needs_.need[needs_.at(a, j - 1)]) > mm) continue;
-            const float v = static_cast<float>(pre) + row(j, b)[m - static_cast<std::size_t>(off)] + row(a, j - 1)[m];
+            const float v = static_cast<float>(pre * scale_) + row(j, b)[m - static_cast<std::size_t>(off)] + row(a, j - 1)[m];
             if (v < best) {
                 best = v;
                 choice = {RotorChoice::Kind::ck, j};
@@ -2941,25 +3255,21 @@ private:
         return table_.data() + (b * (b - 1) / 2 + (a - 1)) * width_;
     }
     [[nodiscard]] float leaf_constant(std::size_t a, std::size_t k) const noexcept {
-        return static_cast<float>(u_.options[a][k].leaf_time - least_[a]);
+        return static_cast<float>((u_.options[a][k].leaf_time - least_[a]) * scale_);
     }
     [[nodiscard]] float all_constant(std::size_t a, std::size_t k) const noexcept {
-        return static_cast<float>(u_.options[a][k].time - least_[a]);
+        return static_cast<float>((u_.options[a][k].time - least_[a]) * scale_);
     }
 
-    void fill(const RotorOptions& options) {
-        const auto start = std::chrono::steady_clock::now();
+    void fill(const RotorOptions& options, const RotorLimits& limits) {
         const auto M = static_cast<Bytes>(M_);
-        const auto elapsed = [&] { return seconds_since(start); };
+        const auto elapsed = [&] { return seconds_since(limits.start); };
         // Columns in blocks: row (a, c) is read by every (a, b) with b > c, so a block of
         // columns reuses it from cache; within a block, a descends and b ascends, which
         // keeps every dependency ((a+1, b), (j, b) for j > a, (a, c) for c < b) computed first.
         constexpr std::size_t block = 8;
         for (std::size_t b0 = 1; b0 <= L_; b0 += block) {
-            if (options.time_limit_seconds && elapsed() > *options.time_limit_seconds)
-                throw SolverError("rotor: time limit of " + std::to_string(*options.time_limit_seconds) +
-                                  " s reached after " + std::to_string(b0 - 1) + " of " + std::to_string(L_) +
-                                  " table columns; use fewer slots or raise the limit");
+            limits.check_time("filling the time table", b0 - 1, L_);
             report_progress(options.progress, "rotor: columns " + std::to_string(b0) + ".." + std::to_string(L_) + " after " +
                                                    std::to_string(elapsed()) + " s");
             const std::size_t b1 = std::min(L_, b0 + block - 1);
@@ -3001,7 +3311,7 @@ private:
                                              needs_.need[needs_.at(a, j - 1)], Bytes{0}});
             if (lo_bytes > M) continue;
             const auto lo = static_cast<std::size_t>(lo_bytes);
-            const float c = static_cast<float>(pre);
+            const float c = static_cast<float>(pre * scale_);
             const float* s1 = row(j, b) - off;
             const float* s2 = row(a, j - 1);
             // Both rows fall as m grows, so the candidate never drops below its value at
@@ -3024,6 +3334,7 @@ private:
     std::size_t M_;
     std::size_t width_;
     std::vector<double> least_;  // t_l = min_k leaf_time: T(a, b) = Σ t_l
+    double scale_ = 1.0;         // times enter the floats multiplied by this
     std::vector<float> table_;
 };
 
@@ -3127,75 +3438,92 @@ template <class Choose>
 
 /// The least peak (bytes, exact) of any persistent schedule of `chain` under the memory
 /// model above: the smallest budget for which Rotor with exact sizes has a plan. Computed
-/// by a min-max recursion over the same branches as the DP (O(K·L² + L³)).
-[[nodiscard]] inline Bytes rotor_smallest_budget(const RotorChain& chain) {
+/// by a min-max recursion over the same branches as the DP (O(K·L² + L³)); the options'
+/// time limit and memory cap apply (TooLarge).
+[[nodiscard]] inline Bytes rotor_smallest_budget(const RotorChain& chain, const RotorOptions& options = {}) {
     validate(chain);
+    const detail::RotorLimits limits(chain.length(), options);
     const detail::RotorUnits u = detail::make_units(chain, 1);
-    const detail::RotorNeeds n = detail::compute_needs(u);
+    const detail::RotorNeeds n = detail::compute_needs(u, limits);
     return n.need[n.at(1, chain.length())];
 }
+
+namespace detail {
+
+// The slot size: a fixed one, or ⌈budget/slots⌉ rounded up to a multiple of the sizes' gcd
+// (computed without overflow for any budget up to 2^63 - 1).
+[[nodiscard]] inline Bytes rotor_slot(const RotorChain& chain, Bytes budget, const RotorOptions& options) {
+    if (options.slot_bytes) {
+        if (*options.slot_bytes < 1) throw InvalidInput("rotor: slot_bytes must be at least 1");
+        return *options.slot_bytes;
+    }
+    if (options.slots == 0) throw InvalidInput("rotor: slots must be at least 1");
+    const Bytes g = std::max<Bytes>(1, rotor_gcd(chain));
+    const auto slots = static_cast<Bytes>(std::min<std::size_t>(options.slots, std::numeric_limits<Bytes>::max()));
+    const Bytes b = std::max<Bytes>(budget, 0);
+    const Bytes base = b / slots + (b % slots != 0 ? 1 : 0);
+    return g * std::max<Bytes>(1, base / g + (base % g != 0 ? 1 : 0));  // ≤ max(g, base + g - 1)
+}
+
+// Rounding left no plan: the exact least-memory schedule when the budget allows it.
+[[nodiscard]] inline std::vector<RotorAction> rotor_least_memory(const RotorChain& chain, Bytes budget, Bytes unit,
+                                                                 Bytes need, Bytes smallest, const RotorUnits& u,
+                                                                 const RotorNeeds& n, const RotorOptions& options) {
+    if (options.slot_bytes) {
+        const Bytes least = need * unit;
+        throw Infeasible("rotor with slots of " + std::to_string(unit) + " bytes needs at least " + std::to_string(least) +
+                             " bytes for '" + printable(chain.name) + "', above the budget of " + std::to_string(budget) +
+                             " bytes" +
+                             (least > smallest ? " (exact sizes would need " + std::to_string(smallest) +
+                                                     "; use a smaller slot_bytes)"
+                                               : ""),
+                         budget, least);
+    }
+    return expand_rotor(u, 0, [&](std::size_t a, std::size_t b, Bytes) { return n.choice[n.at(a, b)]; });
+}
+
+}  // namespace detail
 
 /// The fastest persistent schedule of `chain` within `budget` bytes (the DP of
 /// Beaumont et al. 2019, with K options per stage). Throws Infeasible with the smallest
 /// budget that works when `budget` is too small. With `slots` (no fixed slot size), when
 /// slot rounding leaves the DP no plan although the exact least-memory schedule fits,
-/// that schedule is returned (optimal = false).
+/// that schedule is returned (optimal = false). Throws TooLarge, before any O(L³) work, when
+/// a table would exceed max_table_mib, and when the time limit runs out.
 [[nodiscard]] inline RotorSequence rotor_plan(const RotorChain& chain, Bytes budget, const RotorOptions& options = {}) {
     validate(chain);
     const std::size_t L = chain.length();
+    const detail::RotorLimits limits(L, options);
     const auto stats_line = [&](Bytes unit, std::size_t M) {
-        return "rotor chain '" + chain.name + "': " + std::to_string(L) + " stages, slot " + std::to_string(unit) +
-               " bytes, " + std::to_string(M) + " slots";
+        return "rotor chain '" + printable(chain.name) + "': " + std::to_string(L) + " stages, slot " +
+               std::to_string(unit) + " bytes, " + std::to_string(M) + " slots";
     };
-    const detail::RotorUnits exact_units = detail::make_units(chain, 1);
-    const detail::RotorNeeds exact_needs = detail::compute_needs(exact_units);
-    const Bytes smallest = exact_needs.need[exact_needs.at(1, L)];
-
-    Bytes unit = 1;
-    if (options.slot_bytes) {
-        if (*options.slot_bytes < 1) throw InvalidInput("rotor: slot_bytes must be at least 1");
-        unit = *options.slot_bytes;
-    } else {
-        if (options.slots == 0) throw InvalidInput("rotor: slots must be at least 1");
-        if (budget < smallest)
-            throw Infeasible("rotor needs at least " + std::to_string(smallest) + " bytes for '" + chain.name +
-                                 "' (the least peak of any persistent schedule), above the budget of " +
-                                 std::to_string(budget) + " bytes",
-                             budget, smallest);
-        const Bytes g = std::max<Bytes>(1, detail::rotor_gcd(chain));
-        const Bytes base = (budget + static_cast<Bytes>(options.slots) - 1) / static_cast<Bytes>(options.slots);
-        unit = std::max<Bytes>(g, g * ((base + g - 1) / g));
-    }
-    const detail::RotorUnits units = unit == 1 ? exact_units : detail::make_units(chain, unit);
-    const detail::RotorNeeds needs = unit == 1 ? exact_needs : detail::compute_needs(units);
-    const Bytes need = needs.need[needs.at(1, L)];
+    const Bytes unit = detail::rotor_slot(chain, budget, options);
     const Bytes M = budget < 0 ? -1 : budget / unit;
+    if (M >= 0) detail::RotorTable::check_size(L, static_cast<std::size_t>(M) + 1, limits);
+    const detail::RotorUnits exact_units = detail::make_units(chain, 1);
+    const detail::RotorNeeds exact_needs = detail::compute_needs(exact_units, limits);
+    const Bytes smallest = exact_needs.need[exact_needs.at(1, L)];
+    if (!options.slot_bytes && budget < smallest)
+        throw Infeasible("rotor needs at least " + std::to_string(smallest) + " bytes for '" + printable(chain.name) +
+                             "' (the least peak of any persistent schedule), above the budget of " +
+                             std::to_string(budget) + " bytes",
+                         budget, smallest);
+    const detail::RotorUnits units = unit == 1 ? exact_units : detail::make_units(chain, unit);
+    const detail::RotorNeeds needs = unit == 1 ? exact_needs : detail::compute_needs(units, limits);
+    const Bytes need = needs.need[needs.at(1, L)];
 
-    const auto from_needs = [&](const detail::RotorUnits& u, const detail::RotorNeeds& n, Bytes m) {
-        return detail::expand_rotor(u, m, [&](std::size_t a, std::size_t b, Bytes) { return n.choice[n.at(a, b)]; });
-    };
     RotorSequence seq;
     seq.slot_bytes = unit;
     if (M < need) {
-        if (options.slot_bytes) {
-            const Bytes least = need * unit;
-            throw Infeasible("rotor with slots of " + std::to_string(unit) + " bytes needs at least " +
-                                 std::to_string(least) + " bytes for '" + chain.name + "', above the budget of " +
-                                 std::to_string(budget) + " bytes" +
-                                 (least > smallest ? " (exact sizes would need " + std::to_string(smallest) +
-                                                         "; use a smaller slot_bytes)"
-                                                   : ""),
-                             budget, least);
-        }
-        // Rounding left no plan, but the exact least-memory schedule fits the budget.
-        seq.actions = from_needs(exact_units, exact_needs, 0);
+        seq.actions = detail::rotor_least_memory(chain, budget, unit, need, smallest, exact_units, exact_needs, options);
         seq.optimal = false;
         seq.slots = 0;
         report_progress(options.progress, stats_line(unit, 0) + ": slot rounding left no plan, least-memory schedule");
     } else {
         const auto width = static_cast<std::size_t>(M);
         report_progress(options.progress, stats_line(unit, width));
-        const detail::RotorTable table(units, needs, width, options);
+        const detail::RotorTable table(units, needs, width, options, limits);
         seq.actions = detail::expand_rotor(units, M, [&](std::size_t a, std::size_t b, Bytes m) {
             return table.choose(a, b, static_cast<std::size_t>(m));
         });
@@ -3203,7 +3531,7 @@ template <class Choose>
     }
     const RotorEvaluation ev = rotor_evaluate(chain, seq.actions);
     if (!ev.valid || ev.peak > budget)
-        throw SolverError("rotor: internal plan for '" + chain.name + "' is " +
+        throw SolverError("rotor: internal plan for '" + printable(chain.name) + "' is " +
                           (ev.valid ? "over budget (peak " + std::to_string(ev.peak) + ")" : "invalid: " + ev.error) +
                           " (this is a bug in the solver; please report it with the chain)");
     seq.time = ev.time;
@@ -3232,7 +3560,7 @@ public:
     [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
         const std::optional<Chain> chain = as_chain(problem);
         if (!chain)
-            throw InvalidInput("rotor: problem '" + problem.name() +
+            throw InvalidInput("rotor: problem '" + printable(problem.name()) +
                                "' is not a chain (the docs/formats.md §5 (chains) expansion); use the checkmate or rockmate "
                                "solver for general graphs");
         return solve(problem, *chain, budget);
@@ -3245,11 +3573,11 @@ public:
 
     /// The same for a multi-option chain: exact without a fixed slot size, whole slots with one.
     [[nodiscard]] Bytes smallest_budget(const RotorChain& chain) const {
-        if (!options_.slot_bytes) return rotor_smallest_budget(chain);
+        if (!options_.slot_bytes) return rotor_smallest_budget(chain, options_);
         if (*options_.slot_bytes < 1) throw InvalidInput("rotor: slot_bytes must be at least 1");
         validate(chain);
         const detail::RotorUnits u = detail::make_units(chain, *options_.slot_bytes);
-        const detail::RotorNeeds n = detail::compute_needs(u);
+        const detail::RotorNeeds n = detail::compute_needs(u, detail::RotorLimits(chain.length(), options_));
         return n.need[n.at(1, chain.length())] * *options_.slot_bytes;
     }
 
@@ -3419,8 +3747,8 @@ namespace detail::blocks {
 
 enum class Kind : unsigned char { none, initial, forward, backward };
 
-[[nodiscard]] inline std::string quoted(const Problem& p, DataId d) { return "'" + p.data(d).name + "'"; }
-[[nodiscard]] inline std::string quoted(const Problem& p, OpId k) { return "'" + p.op(k).name + "'"; }
+[[nodiscard]] inline std::string quoted(const Problem& p, DataId d) { return remat::detail::quoted(p.data(d).name); }
+[[nodiscard]] inline std::string quoted(const Problem& p, OpId k) { return remat::detail::quoted(p.op(k).name); }
 
 template <class Id>
 void sort_unique(std::vector<Id>& v) {
@@ -3578,11 +3906,15 @@ private:
     void find_separators() {
         const graph::Adjacency succs = dominance_graph();
         const graph::TopologicalSort sort = graph::topological_sort(succs);
-        if (!sort.acyclic()) {
-            if (sort.left.front() < nd_)
-                throw InvalidInput(who_ + ": the forward ops form a cycle through " + quoted(p_, DataId{sort.left.front()}));
-            throw InvalidInput(who_ + ": the forward ops form a cycle");
-        }
+        // A valid problem (ProblemBuilder checked that an order exists) can still have forward
+        // ops that feed each other through alternative writers (W1 reads u, W3 makes u from y,
+        // which W1 and W2 both write): not a bad input, only beyond a sequence of blocks.
+        if (!sort.acyclic())
+            throw SolverError(who_ + ": the forward ops feed each other through alternative writers" +
+                              (sort.left.front() < nd_ ? " (around data " + quoted(p_, DataId{sort.left.front()}) + ")"
+                                                       : std::string()) +
+                              ", so the graph is no sequence of blocks; plan it with greedy, exhaustive, checkmate or "
+                              "store-all, which take any valid problem");
         const std::size_t source = nd_ + no_;
         const graph::DominatorTree tree = graph::dominators(succs, source);
         part_.loss = loss_;
@@ -4247,6 +4579,8 @@ struct Move {
 [[nodiscard]] inline Schedule improve_schedule(const Problem& problem, Schedule schedule, Bytes budget,
                                                const ImproveOptions& options = {}) {
     using namespace detail::improve;
+    if (!(options.time_limit_seconds >= 0))  // NaN too
+        throw InvalidInput("improve: the time limit must be a non-negative number of seconds");
     const Stopwatch clock;
     schedule = tidy_schedule(problem, std::move(schedule));
     SimulationReport current = simulate(problem, schedule);
@@ -5660,7 +5994,12 @@ private:
             for (const std::size_t w : from) successors[w].push_back(a);
         }
         const auto order = graph::topological_order(successors);
-        if (!order) throw InvalidInput(who_ + ": its forward ops read each other's results in a cycle");
+        // Not a bad input: a valid problem's forward ops may feed each other through alternative
+        // writers (see partition/blocks.hpp); the hierarchy needs an order of them.
+        if (!order)
+            throw SolverError(who_ + ": its forward ops feed each other through alternative writers, so they have "
+                                     "no order to cluster; plan it with greedy, exhaustive, checkmate or store-all, "
+                                     "which take any valid problem");
         std::vector<std::size_t> rank(n);
         for (std::size_t r = 0; r < n; ++r) rank[(*order)[r]] = r;
         std::vector<Atom> sorted(n);
@@ -7295,7 +7634,9 @@ private:
             const double left = options_.top_time_limit_seconds - clock.seconds();
             if (left <= 0 && !flat) break;
             const double factor = flat ? 1.0 : options_.top_budget_factors[i];
-            const auto abstract_budget = static_cast<Bytes>(static_cast<double>(budget) * factor);
+            const double scaled = static_cast<double>(budget) * factor;  // saturated: budgets may be near 2^63
+            const Bytes abstract_budget =
+                scaled < 9223372036854775808.0 ? static_cast<Bytes>(scaled) : std::numeric_limits<Bytes>::max();
             const auto r = search_or_weighted(a, abstract_budget, top_limits(flat, left), options_.fallback_weight);
             if (!r) continue;
             Schedule steps = tidy_schedule(model.problem, flatten(model.problem, a, children, r->schedule, initial).steps);
@@ -7413,7 +7754,8 @@ private:
 //   - a chain (as_chain, core/chain.hpp)                → Rotor (Beaumont et al. 2019), optimal;
 //   - a sequence of at least two blocks of at most
 //     AutoOptions::max_block_ops ops each              → Rockmate (Zhao et al. 2023);
-//   - any other graph                                  → H-Rockmate (solvers/hierarchical.hpp).
+//   - any other graph                                  → H-Rockmate (solvers/hierarchical.hpp);
+//   - a problem without a loss op (which the block and hierarchy solvers need) → the greedy.
 // When the chosen solver has no plan at the budget (or fails), the greedy with its portfolio
 // of eviction scores (solvers/greedy.hpp, after DTR, Kirisame et al. 2021) is tried last, so
 // that a budget another method reaches is never reported infeasible. An infeasible answer
@@ -7431,13 +7773,14 @@ private:
 namespace remat {
 
 /// Which solver Auto hands a problem to.
-enum class AutoChoice { rotor, rockmate, hrockmate };
+enum class AutoChoice { rotor, rockmate, hrockmate, greedy };
 
 [[nodiscard]] constexpr std::string_view to_string(AutoChoice choice) noexcept {
     switch (choice) {
         case AutoChoice::rotor: return "rotor";
         case AutoChoice::rockmate: return "rockmate";
         case AutoChoice::hrockmate: return "hrockmate";
+        case AutoChoice::greedy: return "greedy";
     }
     return "unknown";
 }
@@ -7472,6 +7815,7 @@ struct AutoOptions {
 /// The solver Auto uses for `problem`.
 [[nodiscard]] inline AutoChoice auto_choice(const Problem& problem, std::size_t max_block_ops = 64) {
     if (as_chain(problem)) return AutoChoice::rotor;
+    if (!problem.loss()) return AutoChoice::greedy;  // the block and hierarchy solvers need a loss
     if (is_sequence_of_small_blocks(problem, max_block_ops)) return AutoChoice::rockmate;
     return AutoChoice::hrockmate;
 }
@@ -7619,6 +7963,7 @@ private:
     }
     [[nodiscard]] Plan solve_chosen(const AutoModel& model, Bytes budget) const {
         if (model.choice == AutoChoice::rotor) return Rotor(rotor_options()).solve(model.problem, budget);
+        if (model.choice == AutoChoice::greedy) return Greedy(HRockmateOptions::default_greedy()).solve(model.problem, budget);
         if (model.rockmate) return Rockmate<>(rockmate_options()).solve(*model.rockmate, budget);
         if (model.hrockmate) return HRockmate(hrockmate_options()).solve(*model.hrockmate, budget);
         throw SolverError("auto: " + std::string(to_string(model.choice)) + " has no analysis of '" +
@@ -8326,7 +8671,13 @@ struct BudgetSpec {
                 plan_budget = counts == Counts::total ? percent_of(reference_peak + resident, percent) - resident
                                                       : percent_of(reference_peak, percent);
                 break;
-            case Kind::above_smallest: return smallest + percent_of(smallest, percent);
+            case Kind::above_smallest: {
+                const Bytes margin = percent_of(smallest, percent);
+                if (margin > std::numeric_limits<Bytes>::max() - smallest)
+                    throw InvalidInput("a budget " + std::to_string(percent) + " % above the smallest budget of " +
+                                       std::to_string(smallest) + " bytes is beyond 2^63 - 1 bytes");
+                return smallest + margin;
+            }
             case Kind::bytes:
                 if (counts == Counts::total) plan_budget = bytes - resident;
                 break;

@@ -340,7 +340,7 @@ TEST_CASE("remat-plan --sweep plans budgets from the smallest feasible one to P_
     CHECK(nlohmann::json::parse(r.out).at("smallest_budget") == 49283072);
 }
 
-TEST_CASE("remat-plan --solver hrockmate plans any graph, with options", "[cli][hierarchical]") {
+TEST_CASE("remat-plan --solver hrockmate plans any graph, with options", "[cli][hierarchical][slow]") {
     const auto problem = remat::io::load_problem(problems / "residual-block.problem.json");
     const remat::Reference ref = remat::store_all_reference(problem);
     const std::string file = (problems / "residual-block.problem.json").string();

@@ -229,7 +229,7 @@ TEST_CASE("dominators of a diamond, a residual chain and U-Net-like skips", "[gr
     }
 }
 
-TEST_CASE("dominators, post-dominators and regions match the definition on random graphs", "[graph]") {
+TEST_CASE("dominators, post-dominators and regions match the definition on random graphs", "[graph][property]") {
     std::mt19937 rng(20240611);
     for (int trial = 0; trial < 300; ++trial) {
         const std::size_t n = 2 + static_cast<std::size_t>(trial % 11);

@@ -123,7 +123,7 @@ TEST_CASE("greedy at P_ref is store-all, step for step", "[greedy]") {
     }
 }
 
-TEST_CASE("greedy plans are valid and within budget on random chains, DAGs and op-level networks", "[greedy]") {
+TEST_CASE("greedy plans are valid and within budget on random chains, DAGs and op-level networks", "[greedy][property]") {
     std::mt19937 rng(20240612);
     for (int trial = 0; trial < 24; ++trial) {
         const Problem chain = to_problem(testing::random_chain(rng, 1 + static_cast<std::size_t>(trial % 12)));

@@ -170,7 +170,7 @@ TEST_CASE("hierarchy: the clusters of hand-built graphs are the expected regions
     }
 }
 
-TEST_CASE("hrockmate: every plan of the greedy and H-Rockmate on random graphs is valid and fits", "[hierarchical]") {
+TEST_CASE("hrockmate: every plan of the greedy and H-Rockmate on random graphs is valid and fits", "[hierarchical][property]") {
     std::mt19937 rng(20240601);
     HRockmateOptions fast;
     fast.greedy.portfolio_seconds = 0.02;
@@ -212,7 +212,7 @@ TEST_CASE("hrockmate: every plan of the greedy and H-Rockmate on random graphs i
     }
 }
 
-TEST_CASE("hrockmate: within 10 % of the exact optimum on small graphs, 5 % on average", "[hierarchical]") {
+TEST_CASE("hrockmate: within 10 % of the exact optimum on small graphs, 5 % on average", "[hierarchical][slow]") {
     std::mt19937 rng(7);
     HRockmateOptions o;
     o.greedy.portfolio_seconds = 0.05;
@@ -266,7 +266,7 @@ TEST_CASE("hrockmate: within 10 % of the exact optimum on small graphs, 5 % on a
     CHECK(total_gap / double(cases) <= 0.05);
 }
 
-TEST_CASE("hrockmate: never worse than Rockmate on sequential models", "[hierarchical]") {
+TEST_CASE("hrockmate: never worse than Rockmate on sequential models", "[hierarchical][slow]") {
     std::mt19937 rng(11);
     std::vector<Problem> problems;
     for (int i = 0; i < 3; ++i) problems.push_back(to_problem(random_chain(rng, 4 + static_cast<std::size_t>(i), "chain" + std::to_string(i))));
@@ -314,7 +314,7 @@ TEST_CASE("hrockmate: a 4-layer GPT at P_ref is planned by the hierarchy alone w
     CHECK(plan.stats.options.find("component=hierarchy") != std::string::npos);
 }
 
-TEST_CASE("hrockmate: infeasible budgets say whether they are below a proven bound or beyond reach", "[hierarchical]") {
+TEST_CASE("hrockmate: infeasible budgets say whether they are below a proven bound or beyond reach", "[hierarchical][slow]") {
     OpLevelShape shape;
     shape.blocks = 3;
     std::mt19937 rng(3);

@@ -141,7 +141,9 @@ private:
         open.push({best[start].first, start});
         std::size_t expanded = 0;
         while (!open.empty()) {
-            const auto [cost, s] = open.top();
+            // Not a structured binding: the lambda below captures both, which clang 14 refuses.
+            const double cost = open.top().first;
+            const State s = open.top().second;
             open.pop();
             if (cost > best.at(s).first) continue;
             if (++expanded > 2'000'000) throw SolverError("exact-action-search: too many states");

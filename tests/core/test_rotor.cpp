@@ -372,7 +372,7 @@ TEST_CASE("rotor rejects bad input") {
     CHECK_THROWS_WITH(Rotor(tiny_slots).solve(chain, Bytes{1} << 40), Catch::Contains("larger slot_bytes"));
 }
 
-TEST_CASE("property: every solver's plans fit, rotor beats periodic and is monotone, exact smallest budgets") {
+TEST_CASE("property: every solver's plans fit, rotor beats periodic and is monotone, exact smallest budgets", "[property]") {
     std::mt19937_64 rng(60);
     constexpr Bytes unit = 1024;
     int solved = 0;
@@ -448,7 +448,7 @@ TEST_CASE("property: every solver's plans fit, rotor beats periodic and is monot
     CHECK(solved >= 80);
 }
 
-TEST_CASE("property: with arbitrary byte sizes, rounded slots still fit the budget") {
+TEST_CASE("property: with arbitrary byte sizes, rounded slots still fit the budget", "[property]") {
     std::mt19937_64 rng(500);
     for (int trial = 0; trial < 12; ++trial) {
         const std::size_t length = 1 + static_cast<std::size_t>(trial * 5) % 40;

@@ -153,7 +153,7 @@ TEST_CASE("store-all without an order never picks a writer whose reads cannot be
     }
 }
 
-TEST_CASE("store-all chooses a valid order for random problems without one", "[store-all]") {
+TEST_CASE("store-all chooses a valid order for random problems without one", "[store-all][property]") {
     std::mt19937 rng(20250207);
     for (int trial = 0; trial < 200; ++trial) {
         testing::DagShape shape;
@@ -228,7 +228,7 @@ TEST_CASE("Exhaustive: recomputation trades time for memory on a chain") {
     }
 }
 
-TEST_CASE("Exhaustive on random chains: valid, within budget, never worse than store-all, monotone in budget") {
+TEST_CASE("Exhaustive on random chains: valid, within budget, never worse than store-all, monotone in budget", "[property]") {
     std::mt19937 rng(20261122);
     for (int trial = 0; trial < 40; ++trial) {
         const Problem p = to_problem(random_chain(rng, 1 + trial % 4));

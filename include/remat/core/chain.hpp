@@ -48,11 +48,12 @@ struct Chain {
 /// Throws InvalidInput naming the stage when a chain breaks the rules of docs/formats.md §5 (chains).
 inline void validate(const Chain& chain) {
     if (chain.name.empty()) throw InvalidInput("a chain needs a non-empty name");
-    if (chain.stages.empty()) throw InvalidInput("chain '" + chain.name + "' has no stages");
-    if (chain.input_bytes < 0) throw InvalidInput("chain '" + chain.name + "': input_bytes is negative");
+    if (chain.stages.empty()) throw InvalidInput("chain " + detail::quoted(chain.name) + " has no stages");
+    if (chain.input_bytes < 0) throw InvalidInput("chain " + detail::quoted(chain.name) + ": input_bytes is negative");
     for (std::size_t i = 0; i < chain.stages.size(); ++i) {
         const Stage& s = chain.stages[i];
-        const std::string who = "chain '" + chain.name + "' stage " + std::to_string(i + 1) + " ('" + s.name + "')";
+        const std::string who =
+            "chain " + detail::quoted(chain.name) + " stage " + std::to_string(i + 1) + " (" + detail::quoted(s.name) + ")";
         if (!std::isfinite(s.fwd_time) || s.fwd_time < 0) throw InvalidInput(who + ": fwd_time must be finite and >= 0");
         if (!std::isfinite(s.bwd_time) || s.bwd_time < 0) throw InvalidInput(who + ": bwd_time must be finite and >= 0");
         if (s.out_bytes < 0) throw InvalidInput(who + ": out_bytes is negative");

@@ -5,11 +5,27 @@
 // it generalises): data have sizes, ops read and write data, take time and transient
 // memory, and some must run exactly once. A Problem is immutable; ProblemBuilder makes
 // one and checks it, naming the offending item in every error.
+//
+// Limits (checked by ProblemBuilder::build(), so by every reader too):
+// - Sizes: memory is counted in Bytes, a signed 64-bit integer. A problem is rejected
+//   (InvalidInput naming the problem and the data where the sum overflows) when the sum of
+//   the sizes of all its data plus its largest op overhead exceeds 2^63 - 1 bytes. Every
+//   memory figure remat computes (the simulator's states and peaks, P_ref, the solvers'
+//   tables) is at most that sum, so no sum of sizes overflows after validation. Budgets
+//   above it are fine (they are compared with sums, never added to); a percentage budget
+//   whose bytes would exceed 2^63 - 1 is rejected when it is resolved.
+// - Times: every op time must be finite and non-negative, and the sum of all op times,
+//   times the number of ops, must be finite as a double: a problem whose times are so large
+//   that recomputing every op once per op could overflow to infinity is rejected. T_ref and
+//   every predicted time are therefore finite.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <compare>
 #include <cstddef>
+#include <functional>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -21,6 +37,22 @@
 #include "errors.hpp"
 
 namespace remat {
+
+namespace detail {
+// A name in quotes for a message, shortened and escaped (errors.hpp: printable()).
+inline std::string quoted(std::string_view name) {
+    std::string out(1, '\'');  // appended, not "'" + ...: GCC 12 warns (-Wrestrict) on the latter
+    out += printable(name);
+    out += '\'';
+    return out;
+}
+// Names to indices, looked up by string_view without a copy.
+struct NameHash {
+    using is_transparent = void;
+    [[nodiscard]] std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+};
+using NameIndex = std::unordered_map<std::string, std::size_t, NameHash, std::equal_to<>>;
+}  // namespace detail
 
 /// Dense index of a data in its Problem.
 struct DataId {
@@ -78,21 +110,21 @@ public:
     [[nodiscard]] std::span<const OpId> autograd_order() const noexcept { return autograd_; }
 
     [[nodiscard]] std::optional<DataId> find_data(std::string_view name) const {
-        if (const auto it = data_index_.find(std::string(name)); it != data_index_.end()) return DataId{it->second};
+        if (const auto it = data_index_.find(name); it != data_index_.end()) return DataId{it->second};
         return std::nullopt;
     }
     [[nodiscard]] std::optional<OpId> find_op(std::string_view name) const {
-        if (const auto it = op_index_.find(std::string(name)); it != op_index_.end()) return OpId{it->second};
+        if (const auto it = op_index_.find(name); it != op_index_.end()) return OpId{it->second};
         return std::nullopt;
     }
     /// Like find_data / find_op, but an unknown name is an InvalidInput error.
     [[nodiscard]] DataId data_id(std::string_view name) const {
         if (auto id = find_data(name)) return *id;
-        throw InvalidInput("problem '" + name_ + "' has no data named '" + std::string(name) + "'");
+        throw InvalidInput("problem " + detail::quoted(name_) + " has no data named " + detail::quoted(name));
     }
     [[nodiscard]] OpId op_id(std::string_view name) const {
         if (auto id = find_op(name)) return *id;
-        throw InvalidInput("problem '" + name_ + "' has no op named '" + std::string(name) + "'");
+        throw InvalidInput("problem " + detail::quoted(name_) + " has no op named " + detail::quoted(name));
     }
 
     /// Sum of the sizes of all initial data: the memory of the first state.
@@ -119,8 +151,8 @@ private:
     std::vector<char> is_final_;
     std::optional<OpId> loss_;
     std::vector<OpId> autograd_;
-    std::unordered_map<std::string, std::size_t> data_index_;
-    std::unordered_map<std::string, std::size_t> op_index_;
+    detail::NameIndex data_index_;
+    detail::NameIndex op_index_;
 };
 
 /// What an op is, before it gets its id.
@@ -142,11 +174,19 @@ public:
         problem_.name_ = std::move(name);
     }
 
+    /// Room for this many data and ops (an optimisation for large problems; never required).
+    void reserve(std::size_t data, std::size_t ops) {
+        problem_.data_.reserve(data);
+        problem_.data_index_.reserve(data);
+        problem_.ops_.reserve(ops);
+        problem_.op_index_.reserve(ops);
+    }
+
     DataId add_data(std::string name, Bytes bytes) {
         if (name.empty()) throw InvalidInput("data #" + std::to_string(problem_.data_.size()) + " has an empty name");
         if (bytes < 0)
-            throw InvalidInput("data '" + name + "' has negative size " + std::to_string(bytes) + " bytes");
-        if (problem_.data_index_.contains(name)) throw InvalidInput("data '" + name + "' is defined twice");
+            throw InvalidInput("data " + detail::quoted(name) + " has negative size " + std::to_string(bytes) + " bytes");
+        if (problem_.data_index_.contains(name)) throw InvalidInput("data " + detail::quoted(name) + " is defined twice");
         const DataId id{problem_.data_.size()};
         problem_.data_index_.emplace(name, id.index);
         problem_.data_.push_back(Data{std::move(name), bytes});
@@ -156,13 +196,12 @@ public:
     OpId add_op(OpSpec spec) {
         const std::string& name = spec.name;
         if (name.empty()) throw InvalidInput("op #" + std::to_string(problem_.ops_.size()) + " has an empty name");
-        if (problem_.op_index_.contains(name)) throw InvalidInput("op '" + name + "' is defined twice");
+        const auto op = [&name] { return "op " + detail::quoted(name); };  // messages only
+        if (problem_.op_index_.contains(name)) throw InvalidInput(op() + " is defined twice");
         if (!std::isfinite(spec.time) || spec.time < 0)
-            throw InvalidInput("op '" + name + "' has time " + std::to_string(spec.time) +
-                               "; times must be finite and non-negative");
-        if (spec.overhead < 0)
-            throw InvalidInput("op '" + name + "' has negative overhead " + std::to_string(spec.overhead));
-        if (spec.writes.empty()) throw InvalidInput("op '" + name + "' writes nothing; every op must write a data");
+            throw InvalidInput(op() + " has time " + std::to_string(spec.time) + "; times must be finite and non-negative");
+        if (spec.overhead < 0) throw InvalidInput(op() + " has negative overhead " + std::to_string(spec.overhead));
+        if (spec.writes.empty()) throw InvalidInput(op() + " writes nothing; every op must write a data");
         check_list(name, "reads", spec.reads);
         check_list(name, "writes", spec.writes);
         const OpId id{problem_.ops_.size()};
@@ -223,24 +262,27 @@ public:
         for (const DataId d : p.final_) {
             const Data& data = p.data_[d.index];
             if (p.writers_[d.index].empty() && !p.is_initial_[d.index])
-                throw InvalidInput("final data '" + data.name + "' has no writer and is not initial");
+                throw InvalidInput("final data " + detail::quoted(data.name) + " has no writer and is not initial");
             if (!reachable[d.index])
-                throw InvalidInput("final data '" + data.name +
-                                   "' can never be computed: every writer needs data that nothing produces");
+                throw InvalidInput("final data " + detail::quoted(data.name) +
+                                   " can never be computed: every writer needs data that nothing produces");
         }
         for (std::size_t i = 0; i < p.ops_.size(); ++i) {
             const Op& op = p.ops_[i];
             if (!op.exactly_once || runnable[i]) continue;
             std::string missing;
             for (const DataId d : op.reads)
-                if (!reachable[d.index]) missing += (missing.empty() ? "'" : ", '") + p.data_[d.index].name + "'";
-            throw InvalidInput("exactly-once op '" + op.name + "' can never run: it reads " + missing +
+                if (!reachable[d.index]) missing += (missing.empty() ? "" : ", ") + detail::quoted(p.data_[d.index].name);
+            throw InvalidInput("exactly-once op " + detail::quoted(op.name) + " can never run: it reads " + missing +
                                ", which no op can produce from the initial data");
         }
         check_autograd_order();
+        check_totals();
 
         Problem result = std::move(problem_);
         problem_ = Problem{};
+        in_initial_.clear();
+        in_final_.clear();
         return result;
     }
 
@@ -253,21 +295,59 @@ private:
         if (id.index >= problem_.ops_.size())
             throw InvalidInput(where + ": op id " + std::to_string(id.index) + " does not exist");
     }
+    // Ids exist and none repeats; n log n in the list (a sorted copy) however long it is.
     void check_list(const std::string& op, const char* field, const std::vector<DataId>& list) const {
-        for (std::size_t i = 0; i < list.size(); ++i) {
-            check_data(list[i], "op '" + op + "' " + field);
-            for (std::size_t j = 0; j < i; ++j)
-                if (list[j] == list[i])
-                    throw InvalidInput("op '" + op + "' lists data '" + problem_.data_[list[i].index].name +
-                                       "' twice in " + field);
+        for (const DataId d : list)
+            if (d.index >= problem_.data_.size()) check_data(d, "op " + detail::quoted(op) + " " + field);
+        std::optional<DataId> twice;
+        if (list.size() <= 16) {
+            for (std::size_t i = 0; i < list.size() && !twice; ++i)
+                for (std::size_t j = 0; j < i && !twice; ++j)
+                    if (list[j] == list[i]) twice = list[i];
+        } else {
+            std::vector<DataId> sorted = list;
+            std::sort(sorted.begin(), sorted.end());
+            if (const auto it = std::adjacent_find(sorted.begin(), sorted.end()); it != sorted.end()) twice = *it;
         }
+        if (twice)
+            throw InvalidInput("op " + detail::quoted(op) + " lists data " + detail::quoted(problem_.data_[twice->index].name) +
+                               " twice in " + field);
     }
     void add_to_list(DataId id, const char* list_name, std::vector<DataId>& list) {
         check_data(id, list_name);
-        for (const DataId d : list)
-            if (d == id)
-                throw InvalidInput("data '" + problem_.data_[id.index].name + "' is listed twice in " + list_name);
+        std::vector<char>& listed = &list == &problem_.initial_ ? in_initial_ : in_final_;
+        listed.resize(problem_.data_.size(), 0);
+        if (listed[id.index])
+            throw InvalidInput("data " + detail::quoted(problem_.data_[id.index].name) + " is listed twice in " + list_name);
+        listed[id.index] = 1;
         list.push_back(id);
+    }
+
+    // The limits of the header comment: sizes whose sum (plus the largest overhead) fits in
+    // Bytes, and times whose sum, times the number of ops, is finite.
+    void check_totals() const {
+        const Problem& p = problem_;
+        constexpr Bytes max = std::numeric_limits<Bytes>::max();
+        Bytes overhead = 0;
+        double time = 0.0;
+        for (const Op& op : p.ops_) {
+            overhead = std::max(overhead, op.overhead);
+            time += op.time;
+        }
+        Bytes total = overhead;
+        for (const Data& d : p.data_) {
+            if (d.bytes > max - total)
+                throw InvalidInput("problem " + detail::quoted(p.name_) + ": its data sizes add up to more than 2^63 - 1 "
+                                   "bytes (the sum overflows at data " + detail::quoted(d.name) + ", " +
+                                   std::to_string(d.bytes) + " bytes, with the largest op overhead of " +
+                                   std::to_string(overhead) + " bytes counted); remat counts memory in signed 64-bit "
+                                   "bytes: give the sizes in a coarser unit");
+            total += d.bytes;
+        }
+        if (!std::isfinite(time * static_cast<double>(std::max<std::size_t>(1, p.ops_.size()))))
+            throw InvalidInput("problem " + detail::quoted(p.name_) + ": its op times add up to " + std::to_string(time) +
+                               ", too large for sums of recomputations to stay finite (times the number of ops, it "
+                               "overflows a double); give the times in a coarser unit");
     }
 
     // The autograd order must be runnable as written: each op's reads written earlier (or
@@ -281,22 +361,25 @@ private:
             const Op& op = p.ops_[p.autograd_[pos].index];
             for (const DataId d : op.reads)
                 if (!available[d.index])
-                    throw InvalidInput("autograd order: op '" + op.name + "' (position " + std::to_string(pos) +
-                                       ") reads '" + p.data_[d.index].name + "' before any earlier op writes it");
+                    throw InvalidInput("autograd order: op " + detail::quoted(op.name) + " (position " +
+                                       std::to_string(pos) + ") reads " + detail::quoted(p.data_[d.index].name) +
+                                       " before any earlier op writes it");
             if (op.exactly_once && ran[p.autograd_[pos].index])
-                throw InvalidInput("autograd order: exactly-once op '" + op.name + "' appears twice");
+                throw InvalidInput("autograd order: exactly-once op " + detail::quoted(op.name) + " appears twice");
             ran[p.autograd_[pos].index] = 1;
             for (const DataId d : op.writes) available[d.index] = 1;
         }
         for (std::size_t i = 0; i < p.ops_.size(); ++i)
             if (p.ops_[i].exactly_once && !ran[i])
-                throw InvalidInput("autograd order omits exactly-once op '" + p.ops_[i].name + "'");
+                throw InvalidInput("autograd order omits exactly-once op " + detail::quoted(p.ops_[i].name));
         for (const DataId d : p.final_)
             if (!available[d.index])
-                throw InvalidInput("autograd order never produces final data '" + p.data_[d.index].name + "'");
+                throw InvalidInput("autograd order never produces final data " + detail::quoted(p.data_[d.index].name));
     }
 
     Problem problem_;
+    std::vector<char> in_initial_;  // by data index: already in initial_ / final_
+    std::vector<char> in_final_;
 };
 
 }  // namespace remat

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <optional>
 #include <string>
@@ -105,6 +106,10 @@ struct SimulationReport {
     for (const DataId d : problem.final_data())
         if (!live[d.index])
             return fail(schedule.size(), "end of schedule: final data '" + problem.data(d).name + "' is not live");
+    // Finite op times can still add up to infinity in a schedule that recomputes enough;
+    // such a time is no figure anyone can use (nor write into a schedule file).
+    if (!std::isfinite(report.time))
+        return fail(schedule.size(), "end of schedule: the total time overflows to infinity");
     report.valid = true;
     return report;
 }

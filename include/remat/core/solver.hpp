@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <concepts>
+#include <limits>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -86,10 +87,23 @@ concept Solver = requires(const S& solver, const Problem& problem, Bytes budget)
 /// A budget given as a percentage of a reference peak: floor(percent × reference / 100).
 [[nodiscard]] inline Bytes percent_of(Bytes reference, double percent) {
     if (!std::isfinite(percent) || percent < 0) throw InvalidInput("a budget percentage must be finite and >= 0");
-    // Whole percentages in integer arithmetic, so that "40%" is exactly floor(40 × P / 100).
-    if (percent == std::floor(percent) && percent <= 1e6 && reference < (Bytes{1} << 42))
-        return static_cast<Bytes>(percent) * reference / 100;
-    return static_cast<Bytes>(std::floor(percent * static_cast<double>(reference) / 100.0));
+    const auto too_large = [&] {
+        return InvalidInput("a budget of " + std::to_string(percent) + " % of " + std::to_string(reference) +
+                            " bytes is beyond 2^63 - 1 bytes; give a smaller percentage");
+    };
+    // Whole percentages in exact integer arithmetic, so that "40%" is exactly floor(40 × P / 100):
+    // with P = 100 q + r, floor(p P / 100) = p q + floor(p r / 100).
+    if (percent == std::floor(percent) && percent <= 1e15 && reference >= 0) {
+        const auto p = static_cast<Bytes>(percent);
+        const Bytes q = reference / 100;
+        const Bytes low = p * (reference % 100) / 100;  // p r < 1e17
+        if (p != 0 && q > (std::numeric_limits<Bytes>::max() - low) / p) throw too_large();
+        return p * q + low;
+    }
+    const double bytes = std::floor(percent * static_cast<double>(reference) / 100.0);
+    // 2^63 is the first double past the largest Bytes; the cast below would be undefined there.
+    if (!(bytes < 9223372036854775808.0)) throw too_large();
+    return static_cast<Bytes>(bytes);
 }
 
 }  // namespace remat

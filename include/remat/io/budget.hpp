@@ -56,7 +56,13 @@ struct BudgetSpec {
                 plan_budget = counts == Counts::total ? percent_of(reference_peak + resident, percent) - resident
                                                       : percent_of(reference_peak, percent);
                 break;
-            case Kind::above_smallest: return smallest + percent_of(smallest, percent);
+            case Kind::above_smallest: {
+                const Bytes margin = percent_of(smallest, percent);
+                if (margin > std::numeric_limits<Bytes>::max() - smallest)
+                    throw InvalidInput("a budget " + std::to_string(percent) + " % above the smallest budget of " +
+                                       std::to_string(smallest) + " bytes is beyond 2^63 - 1 bytes");
+                return smallest + margin;
+            }
             case Kind::bytes:
                 if (counts == Counts::total) plan_budget = bytes - resident;
                 break;

@@ -15,6 +15,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <filesystem>
@@ -119,14 +121,8 @@ inline std::size_t edit_distance(std::string_view a, std::string_view b) {
     return row[b.size()];
 }
 
-inline std::string in_quotes(std::string_view s) {
-    std::string out;
-    out.reserve(s.size() + 2);
-    out += '\'';
-    out += s;
-    out += '\'';
-    return out;
-}
+// A name or key in quotes for a message: shortened and escaped (errors.hpp: printable()).
+inline std::string in_quotes(std::string_view s) { return remat::detail::quoted(s); }
 
 inline std::string join(const std::vector<std::string_view>& items) {
     std::string out;
@@ -152,71 +148,109 @@ inline std::string type_name(const json& value) {
     return "an object";
 }
 
-// Parses JSON text, rejecting duplicate keys (nlohmann would keep the last one silently,
-// which would let a doubled field hide a typo) and turning syntax errors into line:column.
-inline json parse_document(std::string_view text, const std::string& source) {
-    struct Frame {
-        bool array = false;
-        std::size_t index = 0;
-        std::string key;
-        std::unordered_set<std::string> keys;
-    };
-    std::vector<Frame> stack;
-    const auto path_of = [&stack](std::string_view last) {
-        std::string path;
-        for (std::size_t i = 0; i + 1 < stack.size(); ++i) {
-            path += '/';
-            path += stack[i].array ? std::to_string(stack[i].index) : pointer_escape(stack[i].key);
-        }
-        path += '/';
-        path += pointer_escape(last);
-        return path;
-    };
-    const json::parser_callback_t callback = [&](int, json::parse_event_t event, json& parsed) {
-        switch (event) {
-            case json::parse_event_t::object_start: stack.push_back(Frame{false, 0, {}, {}}); break;
-            case json::parse_event_t::array_start: stack.push_back(Frame{true, 0, {}, {}}); break;
-            case json::parse_event_t::key: {
-                Frame& frame = stack.back();
-                std::string key = parsed.get<std::string>();
-                if (!frame.keys.insert(key).second)
-                    throw InvalidInput(source + ": at " + path_of(key) + ": field " + in_quotes(key) +
-                                       " appears twice in one object; keep one");
-                frame.key = std::move(key);
-                break;
-            }
-            case json::parse_event_t::object_end:
-            case json::parse_event_t::array_end:
-                stack.pop_back();
-                if (!stack.empty() && stack.back().array) ++stack.back().index;
-                break;
-            case json::parse_event_t::value:
-                if (!stack.empty() && stack.back().array) ++stack.back().index;
-                break;
-        }
+// Builds the document from nlohmann's SAX events, in time linear in the text, rejecting
+// duplicate keys (nlohmann would keep the last one silently, which would let a doubled field
+// hide a typo). A key is looked up in the object being built (a std::map), so a document of
+// n values takes O(n log k) for objects of k keys. Syntax errors and numbers out of range
+// become InvalidInput with line:column.
+class StrictDocument final : public nlohmann::json_sax<json> {
+public:
+    StrictDocument(json& root, std::string_view text, const std::string& source)
+        : root_(root), text_(text), source_(source) {}
+
+    bool null() override { return add(json(nullptr)); }
+    bool boolean(bool v) override { return add(json(v)); }
+    bool number_integer(number_integer_t v) override { return add(json(v)); }
+    bool number_unsigned(number_unsigned_t v) override { return add(json(v)); }
+    bool number_float(number_float_t v, const string_t&) override { return add(json(v)); }
+    bool string(string_t& v) override { return add(json(std::move(v))); }
+    bool binary(binary_t&) override { throw InvalidInput(source_ + ": invalid JSON: binary values are not JSON text"); }
+    bool start_object(std::size_t) override { return open(json::value_t::object); }
+    bool start_array(std::size_t) override { return open(json::value_t::array); }
+    bool end_object() override { return close(); }
+    bool end_array() override { return close(); }
+    bool key(string_t& k) override {
+        Frame& frame = stack_.back();
+        const auto [it, inserted] = frame.value->get_ref<json::object_t&>().emplace(std::move(k), json());
+        if (!inserted)
+            throw InvalidInput(source_ + ": at " + path_to(it->first) + ": field " + quote(it->first) +
+                               " appears twice in one object; keep one");
+        frame.key = &it->first;
+        frame.slot = &it->second;
         return true;
-    };
-    try {
-        return json::parse(text.begin(), text.end(), callback);
-    } catch (const json::parse_error& e) {
-        throw InvalidInput(source + ":" + line_column(text, e.byte) + ": invalid JSON: " + parse_error_reason(e.what()));
-    } catch (const json::out_of_range& e) {
-        // A number like 1e999 overflows to infinity; nlohmann names the literal but not its
-        // place, so find it in the text.
-        const std::string_view message(e.what());
-        const auto open = message.find('\'');
-        const auto close = open == std::string_view::npos ? open : message.find('\'', open + 1);
-        if (close != std::string_view::npos) {
-            const std::string_view literal = message.substr(open + 1, close - open - 1);
-            const auto at = text.find(literal);
-            const std::string where = at == std::string_view::npos ? "" : ":" + line_column(text, at + 1);
-            throw InvalidInput(source + where + ": the number " + std::string(literal) +
-                               " is out of range: not a finite number");
-        }
-        throw InvalidInput(source + ": invalid JSON: " + std::string(e.what()));
-    } catch (const json::exception& e) {
-        throw InvalidInput(source + ": invalid JSON: " + std::string(e.what()));
     }
+    bool parse_error(std::size_t position, const std::string& token, const nlohmann::detail::exception& e) override {
+        // 406: a number like 1e999 that overflows to infinity.
+        if (e.id == 406)  // `position` is just past the literal; name where it starts
+            throw InvalidInput(source_ + ":" + line_column(text_, position + 1 - std::min(position, token.size())) +
+                               ": the number " + printable(token) +
+                               " is out of range: not a finite number");
+        throw InvalidInput(source_ + ":" + line_column(text_, position) + ": invalid JSON: " +
+                           printable(parse_error_reason(e.what()), 200));
+    }
+
+private:
+    struct Frame {
+        json* value = nullptr;
+        const std::string* key = nullptr;  // the key being filled, in an object
+        json* slot = nullptr;              // its value
+    };
+
+    static std::string quote(std::string_view s) { return remat::detail::quoted(s); }
+
+    // Where the next value goes: the root, the end of an array, or the slot of the last key.
+    json* place(json&& value) {
+        if (stack_.empty()) {
+            root_ = std::move(value);
+            return &root_;
+        }
+        Frame& frame = stack_.back();
+        if (frame.value->is_array()) {
+            frame.value->get_ref<json::array_t&>().push_back(std::move(value));
+            return &frame.value->get_ref<json::array_t&>().back();
+        }
+        *frame.slot = std::move(value);
+        return frame.slot;
+    }
+    bool add(json&& value) {
+        place(std::move(value));
+        return true;
+    }
+    bool open(json::value_t type) {
+        stack_.push_back(Frame{place(json(type)), nullptr, nullptr});
+        return true;
+    }
+    bool close() {
+        stack_.pop_back();
+        return true;
+    }
+    // RFC 6901 path of `last` inside the innermost object.
+    [[nodiscard]] std::string path_to(std::string_view last) const {
+        std::string path;
+        for (std::size_t i = 0; i + 1 < stack_.size(); ++i) {
+            const Frame& f = stack_[i];
+            path += '/';
+            path += f.value->is_array() ? std::to_string(f.value->size() - 1) : printable(pointer_escape(*f.key));
+        }
+        return path + "/" + printable(pointer_escape(last));
+    }
+
+    json& root_;
+    std::string_view text_;
+    const std::string& source_;
+    std::vector<Frame> stack_;
+};
+
+// Parses JSON text strictly (see StrictDocument).
+inline json parse_document(std::string_view text, const std::string& source) {
+    json root;
+    StrictDocument handler(root, text, source);
+    try {
+        json::sax_parse(text.begin(), text.end(), &handler, json::input_format_t::json, true);
+    } catch (const json::exception& e) {
+        throw InvalidInput(source + ": invalid JSON: " + printable(e.what(), 200));
+    }
+    return root;
 }
 
 // A JSON value with its path and a name for it in messages ("ops[3] 'F2'").
@@ -234,7 +268,7 @@ public:
     [[nodiscard]] const std::string& source() const noexcept { return source_; }
 
     [[noreturn]] void fail(const std::string& path, const std::string& message) const {
-        throw InvalidInput(source_ + ": " + (path.empty() ? std::string() : "at " + path + ": ") + message);
+        throw InvalidInput(source_ + ": " + (path.empty() ? std::string() : "at " + printable(path, 200) + ": ") + message);
     }
 
     // An object with exactly the given fields (the optional ones may be absent).
@@ -362,22 +396,81 @@ inline std::string item(std::string_view list, std::size_t i, std::string_view n
 }
 
 // Reads a list of names into ids, rejecting unknown and repeated names with their path.
-template <class Id, class Find>
-std::vector<Id> read_names(const Reader& r, const Node& list, const std::string& owner, std::string_view verb,
+// `list()` and `owner()` describe the list and its owner, for messages only (they are built
+// only when one is needed: files of a million ops read in seconds).
+template <class Id, class ListNode, class Owner, class Find>
+std::vector<Id> read_names(const Reader& r, const json& value, ListNode&& list, Owner&& owner, std::string_view verb,
                            std::string_view kind, Find&& find) {
-    const json& array = r.array(list);
+    if (!value.is_array()) (void)r.array(list());  // throws, naming the list
+    const json& array = value;
     std::vector<Id> ids;
     ids.reserve(array.size());
+    std::unordered_set<std::size_t> seen;  // long lists only; short ones are scanned
     for (std::size_t i = 0; i < array.size(); ++i) {
-        const Node entry = Reader::element(list, i, list.what + " entry " + std::to_string(i));
-        const std::string name = r.name(entry);
-        const std::optional<Id> id = find(name);
-        if (!id) r.fail(entry.path, owner + " " + std::string(verb) + " unknown " + std::string(kind) + " " + in_quotes(name));
-        if (std::find(ids.begin(), ids.end(), *id) != ids.end())
-            r.fail(entry.path, owner + " lists " + std::string(kind) + " " + in_quotes(name) + " twice in " + list.what);
+        const auto entry = [&] {
+            const Node l = list();
+            return Reader::element(l, i, l.what + " entry " + std::to_string(i));
+        };
+        const auto* name = array[i].get_ptr<const std::string*>();
+        if (name == nullptr || name->empty()) (void)r.name(entry());  // throws, naming the entry
+        const std::optional<Id> id = find(*name);
+        if (!id)
+            r.fail(entry().path, owner() + " " + std::string(verb) + " unknown " + std::string(kind) + " " + in_quotes(*name));
+        const bool twice = array.size() <= 16 ? std::find(ids.begin(), ids.end(), *id) != ids.end()
+                                              : !seen.insert(id->index).second;
+        if (twice)
+            r.fail(entry().path, owner() + " lists " + std::string(kind) + " " + in_quotes(*name) + " twice in " + list().what);
         ids.push_back(*id);
     }
     return ids;
+}
+
+// A size that needs no message: a non-negative integer that fits in Bytes.
+inline std::optional<Bytes> plain_bytes(const json& v) {
+    if (v.is_number_unsigned()) {
+        const auto u = v.get<std::uint64_t>();
+        if (u <= static_cast<std::uint64_t>(std::numeric_limits<Bytes>::max())) return static_cast<Bytes>(u);
+    } else if (v.is_number_integer() && v.get<std::int64_t>() >= 0) {
+        return v.get<std::int64_t>();
+    }
+    return std::nullopt;
+}
+
+// The fields of a well-formed op entry, found without building any description; false sends
+// the entry through the checked path, whose messages name what is wrong.
+struct PlainOp {
+    const std::string* name = nullptr;
+    double time = 0.0;
+    Bytes overhead = 0;
+    bool exactly_once = false;
+    const json* reads = nullptr;
+    const json* writes = nullptr;
+};
+
+inline bool plain_op(const json& e, PlainOp& op) {
+    if (!e.is_object()) return false;
+    bool timed = false;
+    for (auto it = e.begin(); it != e.end(); ++it) {
+        const std::string& key = it.key();
+        const json& v = it.value();
+        if (key == "name" && v.is_string() && !v.get_ref<const std::string&>().empty()) {
+            op.name = v.get_ptr<const std::string*>();
+        } else if (key == "time" && v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= 0) {
+            timed = true;
+            op.time = v.get<double>();
+        } else if (key == "reads" && v.is_array()) {
+            op.reads = &v;
+        } else if (key == "writes" && v.is_array() && !v.empty()) {
+            op.writes = &v;
+        } else if (key == "overhead" && plain_bytes(v)) {
+            op.overhead = *plain_bytes(v);
+        } else if (key == "exactly_once" && v.is_boolean()) {
+            op.exactly_once = v.get<bool>();
+        } else {
+            return false;
+        }
+    }
+    return op.name && timed && op.reads && op.writes;
 }
 
 inline Problem read_problem(const json& document, const std::string& source) {
@@ -401,17 +494,28 @@ inline Problem read_problem(const json& document, const std::string& source) {
     // Data.
     const Node data_node{document.at("data"), "/data", "the \"data\" list"};
     const json& data = r.array(data_node);
-    std::unordered_map<std::string, std::size_t> data_index;
+    if (const auto ops = document.find("ops"); ops != document.end()) builder.reserve(data.size(), ops->size());
     for (std::size_t i = 0; i < data.size(); ++i) {
-        Node node = Reader::element(data_node, i, item("data", i, peek_name(data[i])));
+        const json& e = data[i];
+        if (e.is_object() && e.size() == 2) {  // the fast path: no description built
+            const auto n = e.find("name");
+            const auto b = e.find("bytes");
+            if (n != e.end() && b != e.end() && n->is_string() && !n->get_ref<const std::string&>().empty() &&
+                !builder.find_data(n->get_ref<const std::string&>())) {
+                if (const auto bytes = plain_bytes(*b)) {
+                    builder.add_data(n->get<std::string>(), *bytes);
+                    continue;
+                }
+            }
+        }
+        Node node = Reader::element(data_node, i, item("data", i, peek_name(e)));
         r.expect_object(node, {"name", "bytes"}, {});
         const Node name_node = Reader::field(node, "name");
         const std::string name = r.name(Node{name_node.value, name_node.path, item("data", i) + " field 'name'"});
         node.what = item("data", i, name);
-        if (const auto it = data_index.find(name); it != data_index.end())
-            r.fail(name_node.path, node.what + " has the same name as data[" + std::to_string(it->second) +
+        if (const auto first = builder.find_data(name))
+            r.fail(name_node.path, node.what + " has the same name as data[" + std::to_string(first->index) +
                                        "]; data names must be unique");
-        data_index.emplace(name, i);
         const Bytes bytes = r.bytes(Node{node.value.at("bytes"), node.path + "/bytes", node.what + " 'bytes'"});
         prefixed([&] { return builder.add_data(name, bytes); });
     }
@@ -420,18 +524,29 @@ inline Problem read_problem(const json& document, const std::string& source) {
     // Ops.
     const Node ops_node{document.at("ops"), "/ops", "the \"ops\" list"};
     const json& ops = r.array(ops_node);
-    std::unordered_map<std::string, std::size_t> op_index;
     std::vector<char> written(data.size(), 0);
     for (std::size_t i = 0; i < ops.size(); ++i) {
+        if (PlainOp plain; plain_op(ops[i], plain) && !builder.find_op(*plain.name)) {  // the fast path
+            const auto owner = [&] { return item("ops", i, *plain.name); };
+            const auto list = [&](std::string_view key) {
+                return [&, key] { return Node{ops[i].at(std::string(key)), "/ops/" + std::to_string(i) + "/" + std::string(key),
+                                              std::string(key)}; };
+            };
+            OpSpec spec{*plain.name, plain.time, plain.overhead, {}, {}, plain.exactly_once};
+            spec.reads = read_names<DataId>(r, *plain.reads, list("reads"), owner, "reads", "data", find_data);
+            spec.writes = read_names<DataId>(r, *plain.writes, list("writes"), owner, "writes", "data", find_data);
+            for (const DataId d : spec.writes) written[d.index] = 1;
+            prefixed([&] { return builder.add_op(std::move(spec)); });
+            continue;
+        }
         Node node = Reader::element(ops_node, i, item("ops", i, peek_name(ops[i])));
         r.expect_object(node, {"name", "time", "reads", "writes"}, {"overhead", "exactly_once"});
         const Node name_node = Reader::field(node, "name");
         const std::string name = r.name(Node{name_node.value, name_node.path, item("ops", i) + " field 'name'"});
         node.what = item("ops", i, name);
-        if (const auto it = op_index.find(name); it != op_index.end())
-            r.fail(name_node.path, node.what + " has the same name as ops[" + std::to_string(it->second) +
+        if (const auto first = builder.find_op(name))
+            r.fail(name_node.path, node.what + " has the same name as ops[" + std::to_string(first->index) +
                                        "]; op names must be unique");
-        op_index.emplace(name, i);
         const auto sub = [&](std::string_view key, std::string what) {
             return Node{node.value.at(std::string(key)), Reader::child_path(node, key), std::move(what)};
         };
@@ -441,9 +556,12 @@ inline Problem read_problem(const json& document, const std::string& source) {
         if (node.value.contains("overhead")) spec.overhead = r.bytes(sub("overhead", node.what + " 'overhead'"));
         if (node.value.contains("exactly_once"))
             spec.exactly_once = r.boolean(sub("exactly_once", node.what + " 'exactly_once'"));
-        spec.reads = read_names<DataId>(r, sub("reads", "reads"), node.what, "reads", "data", find_data);
+        const auto owner = [&] { return node.what; };
+        const Node reads_node = sub("reads", "reads");
+        spec.reads = read_names<DataId>(r, reads_node.value, [&] { return reads_node; }, owner, "reads", "data", find_data);
         const Node writes_node = sub("writes", "writes");
-        spec.writes = read_names<DataId>(r, writes_node, node.what, "writes", "data", find_data);
+        spec.writes =
+            read_names<DataId>(r, writes_node.value, [&] { return writes_node; }, owner, "writes", "data", find_data);
         if (spec.writes.empty())
             r.fail(writes_node.path, node.what + " writes nothing; every op must write at least one data");
         for (const DataId d : spec.writes) written[d.index] = 1;
@@ -452,14 +570,20 @@ inline Problem read_problem(const json& document, const std::string& source) {
     const auto find_op = [&](const std::string& name) { return builder.find_op(name); };
 
     // Initial and final data, loss, autograd order.
-    const auto initial = read_names<DataId>(r, Node{document.at("initial"), "/initial", "initial"}, "the problem",
-                                            "names", "data", find_data);
+    const auto problem = [] { return std::string("the problem"); };
+    const Node initial_node{document.at("initial"), "/initial", "initial"};
+    const auto initial =
+        read_names<DataId>(r, initial_node.value, [&] { return initial_node; }, problem, "names", "data", find_data);
     const Node final_node{document.at("final"), "/final", "final"};
-    const auto finals = read_names<DataId>(r, final_node, "the problem", "names", "data", find_data);
-    for (const DataId d : initial) builder.add_initial(d);
+    const auto finals = read_names<DataId>(r, final_node.value, [&] { return final_node; }, problem, "names", "data", find_data);
+    std::vector<char> is_initial(data.size(), 0);
+    for (const DataId d : initial) {
+        builder.add_initial(d);
+        is_initial[d.index] = 1;
+    }
     for (std::size_t i = 0; i < finals.size(); ++i) {
         const DataId d = finals[i];
-        if (!written[d.index] && std::find(initial.begin(), initial.end(), d) == initial.end())
+        if (!written[d.index] && !is_initial[d.index])
             r.fail("/final/" + std::to_string(i), "final data " + in_quotes(document["final"][i].get<std::string>()) +
                                                       " has no writer and is not initial; no schedule can produce it");
         builder.add_final(d);
@@ -789,13 +913,35 @@ inline std::string read_text_file(const std::filesystem::path& path) {
     return to_json(problem, saved_schedule(problem, plan));
 }
 
-/// Writes text to a file (replacing it); a path that cannot be written is an InvalidInput.
+/// Writes text to a file, replacing it atomically: the text goes to a temporary file in the
+/// same folder, which is then renamed over `path`, so that a reader (or a crash) never sees a
+/// half-written file. A path that cannot be written is an InvalidInput; the temporary file is
+/// removed on every failure.
 inline void write_file(const std::filesystem::path& path, std::string_view text) {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    if (!out) throw InvalidInput("cannot write '" + path.string() + "': the file cannot be created");
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    out.close();
-    if (!out) throw InvalidInput("cannot write '" + path.string() + "': write error");
+    namespace fs = std::filesystem;
+    static std::atomic<unsigned> counter{0};
+    const std::string shown = "'" + printable(path.string(), 200) + "'";
+    std::error_code ec;
+    if (fs::is_directory(path, ec)) throw InvalidInput("cannot write " + shown + ": it is a directory");
+    const auto stamp = static_cast<unsigned long long>(std::chrono::steady_clock::now().time_since_epoch().count());
+    fs::path temporary = path;
+    temporary += ".tmp-" + std::to_string(stamp % 1000000007ULL) + "-" + std::to_string(counter++);
+    {
+        std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+        if (!out) throw InvalidInput("cannot write " + shown + ": the file cannot be created");
+        out.write(text.data(), static_cast<std::streamsize>(text.size()));
+        out.close();
+        if (!out) {
+            fs::remove(temporary, ec);
+            throw InvalidInput("cannot write " + shown + ": write error");
+        }
+    }
+    fs::rename(temporary, path, ec);
+    if (ec) {
+        std::error_code ignored;
+        fs::remove(temporary, ignored);
+        throw InvalidInput("cannot write " + shown + ": " + ec.message());
+    }
 }
 
 }  // namespace remat::io

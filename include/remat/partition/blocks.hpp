@@ -102,8 +102,8 @@ namespace detail::blocks {
 
 enum class Kind : unsigned char { none, initial, forward, backward };
 
-[[nodiscard]] inline std::string quoted(const Problem& p, DataId d) { return "'" + p.data(d).name + "'"; }
-[[nodiscard]] inline std::string quoted(const Problem& p, OpId k) { return "'" + p.op(k).name + "'"; }
+[[nodiscard]] inline std::string quoted(const Problem& p, DataId d) { return remat::detail::quoted(p.data(d).name); }
+[[nodiscard]] inline std::string quoted(const Problem& p, OpId k) { return remat::detail::quoted(p.op(k).name); }
 
 template <class Id>
 void sort_unique(std::vector<Id>& v) {
@@ -261,11 +261,15 @@ private:
     void find_separators() {
         const graph::Adjacency succs = dominance_graph();
         const graph::TopologicalSort sort = graph::topological_sort(succs);
-        if (!sort.acyclic()) {
-            if (sort.left.front() < nd_)
-                throw InvalidInput(who_ + ": the forward ops form a cycle through " + quoted(p_, DataId{sort.left.front()}));
-            throw InvalidInput(who_ + ": the forward ops form a cycle");
-        }
+        // A valid problem (ProblemBuilder checked that an order exists) can still have forward
+        // ops that feed each other through alternative writers (W1 reads u, W3 makes u from y,
+        // which W1 and W2 both write): not a bad input, only beyond a sequence of blocks.
+        if (!sort.acyclic())
+            throw SolverError(who_ + ": the forward ops feed each other through alternative writers" +
+                              (sort.left.front() < nd_ ? " (around data " + quoted(p_, DataId{sort.left.front()}) + ")"
+                                                       : std::string()) +
+                              ", so the graph is no sequence of blocks; plan it with greedy, exhaustive, checkmate or "
+                              "store-all, which take any valid problem");
         const std::size_t source = nd_ + no_;
         const graph::DominatorTree tree = graph::dominators(succs, source);
         part_.loss = loss_;

@@ -224,7 +224,12 @@ private:
             for (const std::size_t w : from) successors[w].push_back(a);
         }
         const auto order = graph::topological_order(successors);
-        if (!order) throw InvalidInput(who_ + ": its forward ops read each other's results in a cycle");
+        // Not a bad input: a valid problem's forward ops may feed each other through alternative
+        // writers (see partition/blocks.hpp); the hierarchy needs an order of them.
+        if (!order)
+            throw SolverError(who_ + ": its forward ops feed each other through alternative writers, so they have "
+                                     "no order to cluster; plan it with greedy, exhaustive, checkmate or store-all, "
+                                     "which take any valid problem");
         std::vector<std::size_t> rank(n);
         for (std::size_t r = 0; r < n; ++r) rank[(*order)[r]] = r;
         std::vector<Atom> sorted(n);

@@ -4,7 +4,8 @@
 //   - a chain (as_chain, core/chain.hpp)                → Rotor (Beaumont et al. 2019), optimal;
 //   - a sequence of at least two blocks of at most
 //     AutoOptions::max_block_ops ops each              → Rockmate (Zhao et al. 2023);
-//   - any other graph                                  → H-Rockmate (solvers/hierarchical.hpp).
+//   - any other graph                                  → H-Rockmate (solvers/hierarchical.hpp);
+//   - a problem without a loss op (which the block and hierarchy solvers need) → the greedy.
 // When the chosen solver has no plan at the budget (or fails), the greedy with its portfolio
 // of eviction scores (solvers/greedy.hpp, after DTR, Kirisame et al. 2021) is tried last, so
 // that a budget another method reaches is never reported infeasible. An infeasible answer
@@ -35,13 +36,14 @@
 namespace remat {
 
 /// Which solver Auto hands a problem to.
-enum class AutoChoice { rotor, rockmate, hrockmate };
+enum class AutoChoice { rotor, rockmate, hrockmate, greedy };
 
 [[nodiscard]] constexpr std::string_view to_string(AutoChoice choice) noexcept {
     switch (choice) {
         case AutoChoice::rotor: return "rotor";
         case AutoChoice::rockmate: return "rockmate";
         case AutoChoice::hrockmate: return "hrockmate";
+        case AutoChoice::greedy: return "greedy";
     }
     return "unknown";
 }
@@ -76,6 +78,7 @@ struct AutoOptions {
 /// The solver Auto uses for `problem`.
 [[nodiscard]] inline AutoChoice auto_choice(const Problem& problem, std::size_t max_block_ops = 64) {
     if (as_chain(problem)) return AutoChoice::rotor;
+    if (!problem.loss()) return AutoChoice::greedy;  // the block and hierarchy solvers need a loss
     if (is_sequence_of_small_blocks(problem, max_block_ops)) return AutoChoice::rockmate;
     return AutoChoice::hrockmate;
 }
@@ -223,6 +226,7 @@ private:
     }
     [[nodiscard]] Plan solve_chosen(const AutoModel& model, Bytes budget) const {
         if (model.choice == AutoChoice::rotor) return Rotor(rotor_options()).solve(model.problem, budget);
+        if (model.choice == AutoChoice::greedy) return Greedy(HRockmateOptions::default_greedy()).solve(model.problem, budget);
         if (model.rockmate) return Rockmate<>(rockmate_options()).solve(*model.rockmate, budget);
         if (model.hrockmate) return HRockmate(hrockmate_options()).solve(*model.hrockmate, budget);
         throw SolverError("auto: " + std::string(to_string(model.choice)) + " has no analysis of '" +

@@ -368,6 +368,8 @@ public:
     explicit Exhaustive(ExhaustiveOptions options = {}) : options_(options) {
         if (!(options_.weight >= 1.0))
             throw InvalidInput("exhaustive: the weight of the bound must be at least 1 (1 is exact)");
+        if (!(options_.time_limit_seconds > 0))  // NaN too
+            throw InvalidInput("exhaustive: the time limit must be a positive number of seconds (infinity for none)");
     }
 
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "exhaustive"; }

@@ -544,7 +544,9 @@ private:
             const double left = options_.top_time_limit_seconds - clock.seconds();
             if (left <= 0 && !flat) break;
             const double factor = flat ? 1.0 : options_.top_budget_factors[i];
-            const auto abstract_budget = static_cast<Bytes>(static_cast<double>(budget) * factor);
+            const double scaled = static_cast<double>(budget) * factor;  // saturated: budgets may be near 2^63
+            const Bytes abstract_budget =
+                scaled < 9223372036854775808.0 ? static_cast<Bytes>(scaled) : std::numeric_limits<Bytes>::max();
             const auto r = search_or_weighted(a, abstract_budget, top_limits(flat, left), options_.fallback_weight);
             if (!r) continue;
             Schedule steps = tidy_schedule(model.problem, flatten(model.problem, a, children, r->schedule, initial).steps);

@@ -23,6 +23,7 @@
 #include <limits>
 #include <vector>
 
+#include "../core/errors.hpp"
 #include "../core/problem.hpp"
 #include "../core/schedule.hpp"
 #include "../core/simulate.hpp"
@@ -221,6 +222,8 @@ struct Move {
 [[nodiscard]] inline Schedule improve_schedule(const Problem& problem, Schedule schedule, Bytes budget,
                                                const ImproveOptions& options = {}) {
     using namespace detail::improve;
+    if (!(options.time_limit_seconds >= 0))  // NaN too
+        throw InvalidInput("improve: the time limit must be a non-negative number of seconds");
     const Stopwatch clock;
     schedule = tidy_schedule(problem, std::move(schedule));
     SimulationReport current = simulate(problem, schedule);

@@ -41,6 +41,14 @@
 // row, and keeping its table in single precision (times are compared as excess over a
 // lower bound, so ties within ~1e-7 of the recomputation time are broken arbitrarily;
 // every reported time is recomputed exactly).
+//
+// Long chains: the least-memory precomputation is O(K·L² + L³) in time and keeps L(L+1)/2
+// entries (24 bytes each); the time table holds L(L+1)/2 rows of M+1 floats. Both sizes are
+// checked against RotorOptions::max_table_mib before anything is allocated, and the time
+// limit is checked column by column in both phases, which share it; either stops the solve
+// with TooLarge (the CLI's exit code 4), whose message suggests fewer slots or a solver that
+// scales to long chains (greedy, hrockmate, auto). Times enter the float table scaled when
+// they are so large that a float could overflow, so any finite times plan.
 #pragma once
 
 #include <algorithm>
@@ -48,6 +56,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -157,18 +166,68 @@ struct RotorOptions {
     /// A fixed slot size in bytes; overrides `slots`. With it the solver is monotone in
     /// the budget and Infeasible reports the smallest budget that works at this slot size.
     std::optional<Bytes> slot_bytes;
-    /// Give up (SolverError) when the DP runs longer than this.
+    /// Give up (TooLarge, a SolverError) when the solve runs longer than this, checked in the
+    /// precomputation and in the table; must be positive when given.
     std::optional<double> time_limit_seconds;
     /// Receives progress lines (the table's size, columns filled); empty means silence.
     ProgressCallback progress;
-    /// Memory cap of the DP's time table (L(L+1)/2 rows of slots + 1 floats): beyond it the
-    /// solve stops with an error saying how large the table would be, instead of allocating it.
+    /// Memory cap of each of the DP's tables (the time table: L(L+1)/2 rows of slots + 1
+    /// floats; the least-memory table: L(L+1)/2 entries of 24 bytes): beyond it the solve
+    /// stops with TooLarge saying how large the table would be, instead of allocating it.
     std::size_t max_table_mib = 2048;
 };
 
+namespace detail {
+
+[[nodiscard]] inline Bytes magnitude(Bytes v) noexcept { return v < 0 ? -v : v; }
+
+// Every memory figure of the model is a sum of distinct terms of the chain: its sizes must add
+// up within Bytes (problem.hpp's policy, for the model's own terms), and its times, times the
+// number of stages (a stage recomputed once per stage), must stay finite.
+inline void check_rotor_totals(const RotorChain& chain, const std::string& who) {
+    constexpr Bytes max = std::numeric_limits<Bytes>::max();
+    Bytes total = 0;
+    bool overflow = false;
+    const auto add = [&](Bytes v) {
+        v = magnitude(v);
+        overflow = overflow || v > max - total;
+        if (!overflow) total += v;
+    };
+    double time = chain.loss_time;
+    add(chain.input_bytes);
+    add(chain.gradient_bytes(0));
+    add(chain.loss_overhead);
+    for (std::size_t l = 1; l <= chain.length(); ++l) {
+        const RotorStage& s = chain.stages[l - 1];
+        add(s.out_bytes);
+        add(chain.gradient_bytes(l));
+        add(s.nograd_overhead);
+        Bytes option_bytes = 0;
+        double option_time = 0.0;
+        for (const RotorOption& o : s.options) {
+            const Bytes parts[] = {magnitude(o.saved_bytes), o.fwd_overhead, magnitude(o.bwd_overhead)};
+            for (const Bytes part : parts) {
+                overflow = overflow || part > max - option_bytes;
+                if (!overflow) option_bytes += part;
+            }
+            option_time = std::max(option_time, o.fwd_time + o.bwd_time);
+        }
+        add(option_bytes);
+        time += s.nograd_time + option_time;
+    }
+    if (overflow)
+        throw InvalidInput(who + ": its sizes add up to more than 2^63 - 1 bytes; remat counts memory in signed 64-bit "
+                                 "bytes: give the sizes in a coarser unit");
+    if (!std::isfinite(time * static_cast<double>(chain.length() + 1)))
+        throw InvalidInput(who + ": its times add up to " + std::to_string(time) +
+                           ", too large for sums of recomputations to stay finite; give the times in a coarser unit");
+}
+
+}  // namespace detail
+
 /// Throws InvalidInput naming the stage and option when a RotorChain breaks the rules above.
 inline void validate(const RotorChain& chain) {
-    const std::string who = "rotor chain '" + chain.name + "'";
+    const std::string who = "rotor chain '" + printable(chain.name) + "'";
     if (chain.stages.empty()) throw InvalidInput(who + " has no stages");
     if (chain.input_bytes < 0) throw InvalidInput(who + ": input_bytes is negative");
     if (chain.input_grad_bytes && *chain.input_grad_bytes < 0) throw InvalidInput(who + ": input_grad_bytes is negative");
@@ -184,6 +243,8 @@ inline void validate(const RotorChain& chain) {
         if (s.options.empty()) throw InvalidInput(st + " has no options; give at least one (forward, backward) option");
         const Bytes in = chain.gradient_bytes(l - 1);
         const Bytes out = chain.gradient_bytes(l);
+        if (s.options.size() > std::numeric_limits<std::uint32_t>::max())
+            throw InvalidInput(st + " has more than 2^32 - 1 options");
         for (std::size_t k = 0; k < s.options.size(); ++k) {
             const RotorOption& o = s.options[k];
             const std::string op = st + " option " + std::to_string(k);
@@ -200,6 +261,7 @@ inline void validate(const RotorChain& chain) {
                                    " puts the backward peak below its start or end state");
         }
     }
+    detail::check_rotor_totals(chain, who);
 }
 
 /// A plain chain as a RotorChain with one option per stage (K = 1).
@@ -405,63 +467,146 @@ struct RotorUnits {
 struct RotorChoice {
     enum class Kind : unsigned char { none, leaf, all, ck };
     Kind kind = Kind::none;
-    std::size_t index = 0;  // option k, or j
+    std::uint32_t index = 0;  // option k, or j (validate() and the size caps keep both below 2^32)
+
+    RotorChoice() = default;
+    RotorChoice(Kind k, std::size_t i) : kind(k), index(static_cast<std::uint32_t>(i)) {}
+};
+
+// The limits of one solve: the memory cap of each table and the time limit, which all phases
+// share (checked column by column). Both stop the solve with TooLarge.
+struct RotorLimits {
+    std::size_t stages = 0;
+    std::size_t max_table_mib = 2048;
+    std::optional<double> time_limit;
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+
+    RotorLimits(std::size_t L, const RotorOptions& options)
+        : stages(L), max_table_mib(options.max_table_mib), time_limit(options.time_limit_seconds) {
+        if (time_limit && !(*time_limit > 0))  // NaN too
+            throw InvalidInput("rotor: the time limit must be a positive number of seconds, not " +
+                               std::to_string(*time_limit));
+    }
+
+    [[nodiscard]] static std::string hint(std::size_t L) {
+        return "Rotor's work grows as L^3 (times the memory slots) and its tables as L^2: for a chain of " +
+               std::to_string(L) + " stages use greedy, hrockmate or auto (they scale to long chains)";
+    }
+    // A table of `count` entries of `entry_bytes` each, named `what`.
+    void check_memory(std::size_t count, std::size_t entry_bytes, const std::string& what,
+                      const std::string& remedy) const {
+        const std::size_t cap = max_table_mib * (std::size_t{1} << 20);
+        if (entry_bytes == 0 || count <= cap / entry_bytes) return;
+        const double mib = static_cast<double>(count) * static_cast<double>(entry_bytes) / double(1 << 20);
+        char size[32];
+        std::snprintf(size, sizeof size, "%.0f", mib);
+        throw TooLarge("rotor: " + std::to_string(stages) + " stages need " + what + " of " + size +
+                       " MiB, above max_table_mib = " + std::to_string(max_table_mib) + "; " + remedy + "; " +
+                       hint(stages));
+    }
+    // Before `steps` elementary steps of `phase`: refuses at once when even a fast machine
+    // (0.25 ns a step) could not finish them within the time limit.
+    void check_work(double steps, const char* phase) const {
+        if (!time_limit || steps * 0.25e-9 <= *time_limit - seconds_since(start)) return;
+        char numbers[80];
+        std::snprintf(numbers, sizeof numbers, "%.3g steps (at least %.0f s)", steps, steps * 0.25e-9);
+        char limit[32];
+        std::snprintf(limit, sizeof limit, "%g", *time_limit);
+        throw TooLarge("rotor: " + std::string(phase) + " of " + std::to_string(stages) + " stages takes " + numbers +
+                       ", beyond the time limit of " + limit + " s; " + hint(stages));
+    }
+    void check_time(const char* phase, std::size_t done, std::size_t total) const {
+        if (!time_limit || seconds_since(start) <= *time_limit) return;
+        char limit[32];
+        std::snprintf(limit, sizeof limit, "%g", *time_limit);
+        throw TooLarge("rotor: time limit of " + std::string(limit) + " s reached while " + phase + " (" +
+                       std::to_string(done) + " of " + std::to_string(total) + " columns done); raise the limit, " +
+                       "or use fewer slots; " + hint(stages));
+    }
 };
 
 // Least memory (in units) with which sub-chain (a, b) can be back-propagated by a
 // persistent schedule, for every (a, b); with the fastest such schedule's choice as a
 // tie-break. Exact in the model: Opt(a, b, m) < ∞ ⇔ m ≥ need(a, b), because every branch's
-// constraints are thresholds on m and the sub-chains' needs compose by max.
+// constraints are thresholds on m and the sub-chains' needs compose by max. Stored as a
+// triangle, row by row (row a holds b = a..L), so that a row is contiguous.
 struct RotorNeeds {
     std::size_t L = 0;
-    std::vector<Bytes> need;      // [(a-1)*L + (b-1)]
+    std::vector<Bytes> need;
     std::vector<double> time;     // time of the chosen least-memory schedule
     std::vector<RotorChoice> choice;
-    [[nodiscard]] std::size_t at(std::size_t a, std::size_t b) const noexcept { return (a - 1) * L + (b - 1); }
+    [[nodiscard]] std::size_t at(std::size_t a, std::size_t b) const noexcept {
+        return (a - 1) * L - (a - 1) * (a - 2) / 2 + (b - a);
+    }
 };
 
-[[nodiscard]] inline RotorNeeds compute_needs(const RotorUnits& u) {
+struct RotorNeed {
+    Bytes need = std::numeric_limits<Bytes>::max();
+    double time = std::numeric_limits<double>::infinity();
+    RotorChoice choice;
+    void consider(Bytes n, double t, RotorChoice c) noexcept {
+        if (n < need || (n == need && t < time)) {
+            need = n;
+            time = t;
+            choice = c;
+        }
+    }
+};
+
+// need(a, b) for a < b from the sub-chains already known: row a of `n` (b' < b) and column b
+// (`col_need[j]`, `col_time[j]` for j in (a, b]), both read contiguously.
+[[nodiscard]] inline RotorNeed rotor_need_of(const RotorUnits& u, const RotorNeeds& n, std::size_t a, std::size_t b,
+                                             const std::vector<Bytes>& col_need, const std::vector<double>& col_time) {
+    RotorNeed best;
+    const auto& opts = u.options[a];
+    const Bytes up = u.upper(b);
+    const Bytes xa = u.x[a - 1];
+    for (std::size_t k = 0; k < opts.size(); ++k)
+        best.consider(std::max({opts[k].fwd + up, opts[k].bwd, col_need[a + 1] + xa + opts[k].extra}),
+                      opts[k].time + col_time[a + 1], {RotorChoice::Kind::all, k});
+    const Bytes* row_need = n.need.data() + n.at(a, a);  // row_need[c - a] = need(a, c)
+    const double* row_time = n.time.data() + n.at(a, a);
+    Bytes fwd = 0;
+    double pre = 0.0;
+    for (std::size_t j = a + 1; j <= b; ++j) {
+        const std::size_t l = j - 1;
+        fwd = std::max(fwd, u.nograd[l] + (l > a ? xa : 0));
+        pre += u.nograd_time[l];
+        best.consider(std::max({fwd + up, col_need[j] + xa, row_need[j - 1 - a]}),
+                      pre + col_time[j] + row_time[j - 1 - a], {RotorChoice::Kind::ck, j});
+    }
+    return best;
+}
+
+[[nodiscard]] inline RotorNeeds compute_needs(const RotorUnits& u, const RotorLimits& limits) {
     const std::size_t L = u.L;
+    const std::size_t pairs = L * (L + 1) / 2;
+    limits.check_memory(pairs, sizeof(Bytes) + sizeof(double) + sizeof(RotorChoice), "a least-memory table",
+                        "raise max_table_mib");
+    limits.check_work(static_cast<double>(L) * static_cast<double>(L) * static_cast<double>(L) / 6.0,
+                      "the least-memory precomputation");
     RotorNeeds n;
     n.L = L;
-    n.need.assign(L * L, std::numeric_limits<Bytes>::max());
-    n.time.assign(L * L, std::numeric_limits<double>::infinity());
-    n.choice.assign(L * L, {});
+    n.need.assign(pairs, std::numeric_limits<Bytes>::max());
+    n.time.assign(pairs, std::numeric_limits<double>::infinity());
+    n.choice.assign(pairs, {});
+    std::vector<Bytes> col_need(L + 2, 0);  // column b being computed: (j, b) for j > a
+    std::vector<double> col_time(L + 2, 0.0);
     for (std::size_t b = 1; b <= L; ++b) {
+        limits.check_time("computing the least memory of sub-chains", b - 1, L);
         for (std::size_t a = b; a >= 1; --a) {
-            Bytes best = std::numeric_limits<Bytes>::max();
-            double best_time = std::numeric_limits<double>::infinity();
-            RotorChoice choice;
-            const auto consider = [&](Bytes need, double time, RotorChoice c) {
-                if (need < best || (need == best && time < best_time)) {
-                    best = need;
-                    best_time = time;
-                    choice = c;
-                }
-            };
-            const auto& opts = u.options[a];
+            RotorNeed best;
             if (a == b) {
+                const auto& opts = u.options[a];
                 for (std::size_t k = 0; k < opts.size(); ++k)
-                    consider(opts[k].leaf, opts[k].leaf_time, {RotorChoice::Kind::leaf, k});
+                    best.consider(opts[k].leaf, opts[k].leaf_time, {RotorChoice::Kind::leaf, k});
             } else {
-                const std::size_t sub = n.at(a + 1, b);
-                for (std::size_t k = 0; k < opts.size(); ++k)
-                    consider(std::max({opts[k].fwd + u.upper(b), opts[k].bwd, n.need[sub] + u.x[a - 1] + opts[k].extra}),
-                             opts[k].time + n.time[sub], {RotorChoice::Kind::all, k});
-                Bytes fwd = 0;
-                double pre = 0.0;
-                for (std::size_t j = a + 1; j <= b; ++j) {
-                    const std::size_t l = j - 1;
-                    fwd = std::max(fwd, u.nograd[l] + (l > a ? u.x[a - 1] : 0));
-                    pre += u.nograd_time[l];
-                    const std::size_t right = n.at(j, b), left = n.at(a, j - 1);
-                    consider(std::max({fwd + u.upper(b), n.need[right] + u.x[a - 1], n.need[left]}),
-                             pre + n.time[right] + n.time[left], {RotorChoice::Kind::ck, j});
-                }
+                best = rotor_need_of(u, n, a, b, col_need, col_time);
             }
-            n.need[n.at(a, b)] = best;
-            n.time[n.at(a, b)] = best_time;
-            n.choice[n.at(a, b)] = choice;
+            const std::size_t i = n.at(a, b);
+            n.need[i] = col_need[a] = best.need;
+            n.time[i] = col_time[a] = best.time;
+            n.choice[i] = best.choice;
         }
     }
     return n;
@@ -505,23 +650,37 @@ REMAT_ROTOR_KERNEL inline void rotor_relax2(float* row, const float* s1, const f
 // sub-chain, column by column (all a for b = 1, then b = 2, ...).
 class RotorTable {
 public:
-    RotorTable(const RotorUnits& u, const RotorNeeds& needs, std::size_t M, const RotorOptions& options)
+    RotorTable(const RotorUnits& u, const RotorNeeds& needs, std::size_t M, const RotorOptions& options,
+               const RotorLimits& limits)
         : u_(u), needs_(needs), L_(u.L), M_(M), width_(M + 1) {
-        const std::size_t pairs = L_ * (L_ + 1) / 2;
-        const std::size_t max_cells = options.max_table_mib * (std::size_t{1} << 20) / sizeof(float);
-        if (width_ > max_cells / pairs)
-            throw InvalidInput("rotor: " + std::to_string(L_) + " stages with " + std::to_string(width_) +
-                               " memory slots need a table of " + std::to_string(pairs * width_ * 4 / (1 << 20)) +
-                               " MiB, above max_table_mib = " + std::to_string(options.max_table_mib) +
-                               "; use fewer slots or a larger slot_bytes");
+        check_size(L_, width_, limits);
         least_.assign(L_ + 1, 0.0);
+        double total = 0.0;  // every schedule's time is at most L + 1 times this
         for (std::size_t l = 1; l <= L_; ++l) {
-            double t = std::numeric_limits<double>::infinity();
-            for (const auto& o : u_.options[l]) t = std::min(t, o.leaf_time);
+            double t = std::numeric_limits<double>::infinity(), slowest = 0.0;
+            for (const auto& o : u_.options[l]) {
+                t = std::min(t, o.leaf_time);
+                slowest = std::max(slowest, o.leaf_time);
+            }
             least_[l] = t;  // leaf_time = fwd + bwd, plus the loss for the last stage
+            total += slowest + u_.nograd_time[l];
         }
-        table_.assign(pairs * width_, std::numeric_limits<float>::infinity());
-        fill(options);
+        // Excesses reach (L + 1) · total at most; scaled down when a float could overflow.
+        if (total * static_cast<double>(L_ + 1) > 1e30) scale_ = 1.0 / total;
+        table_.assign(L_ * (L_ + 1) / 2 * width_, std::numeric_limits<float>::infinity());
+        fill(options, limits);
+    }
+
+    /// Throws TooLarge when the table of L stages and `width` memory values exceeds the cap.
+    static void check_size(std::size_t L, std::size_t width, const RotorLimits& limits) {
+        const std::size_t pairs = L * (L + 1) / 2;
+        const std::size_t cells = limits.max_table_mib * (std::size_t{1} << 20) / sizeof(float);
+        const std::size_t fitting = cells / pairs;  // widths that fit
+        limits.check_memory(pairs * width, sizeof(float),
+                            "a time table of " + std::to_string(width) + " memory values per sub-chain",
+                            fitting >= 2 ? "use at most " + std::to_string(fitting - 1) +
+                                               " slots (rotor:SLOTS), a larger slot_bytes, or raise max_table_mib"
+                                         : std::string("use a larger slot_bytes or raise max_table_mib"));
     }
 
     [[nodiscard]] const float* row(std::size_t a, std::size_t b) const noexcept {
@@ -566,7 +725,7 @@ public:
             pre += u_.nograd_time[l];
             if (fwd + u_.upper(b) > mm) break;
             if (std::max(needs_.need[needs_.at(j, b)] + off, needs_.need[needs_.at(a, j - 1)]) > mm) continue;
-            const float v = static_cast<float>(pre) + row(j, b)[m - static_cast<std::size_t>(off)] + row(a, j - 1)[m];
+            const float v = static_cast<float>(pre * scale_) + row(j, b)[m - static_cast<std::size_t>(off)] + row(a, j - 1)[m];
             if (v < best) {
                 best = v;
                 choice = {RotorChoice::Kind::ck, j};
@@ -580,25 +739,21 @@ private:
         return table_.data() + (b * (b - 1) / 2 + (a - 1)) * width_;
     }
     [[nodiscard]] float leaf_constant(std::size_t a, std::size_t k) const noexcept {
-        return static_cast<float>(u_.options[a][k].leaf_time - least_[a]);
+        return static_cast<float>((u_.options[a][k].leaf_time - least_[a]) * scale_);
     }
     [[nodiscard]] float all_constant(std::size_t a, std::size_t k) const noexcept {
-        return static_cast<float>(u_.options[a][k].time - least_[a]);
+        return static_cast<float>((u_.options[a][k].time - least_[a]) * scale_);
     }
 
-    void fill(const RotorOptions& options) {
-        const auto start = std::chrono::steady_clock::now();
+    void fill(const RotorOptions& options, const RotorLimits& limits) {
         const auto M = static_cast<Bytes>(M_);
-        const auto elapsed = [&] { return seconds_since(start); };
+        const auto elapsed = [&] { return seconds_since(limits.start); };
         // Columns in blocks: row (a, c) is read by every (a, b) with b > c, so a block of
         // columns reuses it from cache; within a block, a descends and b ascends, which
         // keeps every dependency ((a+1, b), (j, b) for j > a, (a, c) for c < b) computed first.
         constexpr std::size_t block = 8;
         for (std::size_t b0 = 1; b0 <= L_; b0 += block) {
-            if (options.time_limit_seconds && elapsed() > *options.time_limit_seconds)
-                throw SolverError("rotor: time limit of " + std::to_string(*options.time_limit_seconds) +
-                                  " s reached after " + std::to_string(b0 - 1) + " of " + std::to_string(L_) +
-                                  " table columns; use fewer slots or raise the limit");
+            limits.check_time("filling the time table", b0 - 1, L_);
             report_progress(options.progress, "rotor: columns " + std::to_string(b0) + ".." + std::to_string(L_) + " after " +
                                                    std::to_string(elapsed()) + " s");
             const std::size_t b1 = std::min(L_, b0 + block - 1);
@@ -640,7 +795,7 @@ private:
                                              needs_.need[needs_.at(a, j - 1)], Bytes{0}});
             if (lo_bytes > M) continue;
             const auto lo = static_cast<std::size_t>(lo_bytes);
-            const float c = static_cast<float>(pre);
+            const float c = static_cast<float>(pre * scale_);
             const float* s1 = row(j, b) - off;
             const float* s2 = row(a, j - 1);
             // Both rows fall as m grows, so the candidate never drops below its value at
@@ -663,6 +818,7 @@ private:
     std::size_t M_;
     std::size_t width_;
     std::vector<double> least_;  // t_l = min_k leaf_time: T(a, b) = Σ t_l
+    double scale_ = 1.0;         // times enter the floats multiplied by this
     std::vector<float> table_;
 };
 
@@ -766,75 +922,92 @@ template <class Choose>
 
 /// The least peak (bytes, exact) of any persistent schedule of `chain` under the memory
 /// model above: the smallest budget for which Rotor with exact sizes has a plan. Computed
-/// by a min-max recursion over the same branches as the DP (O(K·L² + L³)).
-[[nodiscard]] inline Bytes rotor_smallest_budget(const RotorChain& chain) {
+/// by a min-max recursion over the same branches as the DP (O(K·L² + L³)); the options'
+/// time limit and memory cap apply (TooLarge).
+[[nodiscard]] inline Bytes rotor_smallest_budget(const RotorChain& chain, const RotorOptions& options = {}) {
     validate(chain);
+    const detail::RotorLimits limits(chain.length(), options);
     const detail::RotorUnits u = detail::make_units(chain, 1);
-    const detail::RotorNeeds n = detail::compute_needs(u);
+    const detail::RotorNeeds n = detail::compute_needs(u, limits);
     return n.need[n.at(1, chain.length())];
 }
+
+namespace detail {
+
+// The slot size: a fixed one, or ⌈budget/slots⌉ rounded up to a multiple of the sizes' gcd
+// (computed without overflow for any budget up to 2^63 - 1).
+[[nodiscard]] inline Bytes rotor_slot(const RotorChain& chain, Bytes budget, const RotorOptions& options) {
+    if (options.slot_bytes) {
+        if (*options.slot_bytes < 1) throw InvalidInput("rotor: slot_bytes must be at least 1");
+        return *options.slot_bytes;
+    }
+    if (options.slots == 0) throw InvalidInput("rotor: slots must be at least 1");
+    const Bytes g = std::max<Bytes>(1, rotor_gcd(chain));
+    const auto slots = static_cast<Bytes>(std::min<std::size_t>(options.slots, std::numeric_limits<Bytes>::max()));
+    const Bytes b = std::max<Bytes>(budget, 0);
+    const Bytes base = b / slots + (b % slots != 0 ? 1 : 0);
+    return g * std::max<Bytes>(1, base / g + (base % g != 0 ? 1 : 0));  // ≤ max(g, base + g - 1)
+}
+
+// Rounding left no plan: the exact least-memory schedule when the budget allows it.
+[[nodiscard]] inline std::vector<RotorAction> rotor_least_memory(const RotorChain& chain, Bytes budget, Bytes unit,
+                                                                 Bytes need, Bytes smallest, const RotorUnits& u,
+                                                                 const RotorNeeds& n, const RotorOptions& options) {
+    if (options.slot_bytes) {
+        const Bytes least = need * unit;
+        throw Infeasible("rotor with slots of " + std::to_string(unit) + " bytes needs at least " + std::to_string(least) +
+                             " bytes for '" + printable(chain.name) + "', above the budget of " + std::to_string(budget) +
+                             " bytes" +
+                             (least > smallest ? " (exact sizes would need " + std::to_string(smallest) +
+                                                     "; use a smaller slot_bytes)"
+                                               : ""),
+                         budget, least);
+    }
+    return expand_rotor(u, 0, [&](std::size_t a, std::size_t b, Bytes) { return n.choice[n.at(a, b)]; });
+}
+
+}  // namespace detail
 
 /// The fastest persistent schedule of `chain` within `budget` bytes (the DP of
 /// Beaumont et al. 2019, with K options per stage). Throws Infeasible with the smallest
 /// budget that works when `budget` is too small. With `slots` (no fixed slot size), when
 /// slot rounding leaves the DP no plan although the exact least-memory schedule fits,
-/// that schedule is returned (optimal = false).
+/// that schedule is returned (optimal = false). Throws TooLarge, before any O(L³) work, when
+/// a table would exceed max_table_mib, and when the time limit runs out.
 [[nodiscard]] inline RotorSequence rotor_plan(const RotorChain& chain, Bytes budget, const RotorOptions& options = {}) {
     validate(chain);
     const std::size_t L = chain.length();
+    const detail::RotorLimits limits(L, options);
     const auto stats_line = [&](Bytes unit, std::size_t M) {
-        return "rotor chain '" + chain.name + "': " + std::to_string(L) + " stages, slot " + std::to_string(unit) +
-               " bytes, " + std::to_string(M) + " slots";
+        return "rotor chain '" + printable(chain.name) + "': " + std::to_string(L) + " stages, slot " +
+               std::to_string(unit) + " bytes, " + std::to_string(M) + " slots";
     };
-    const detail::RotorUnits exact_units = detail::make_units(chain, 1);
-    const detail::RotorNeeds exact_needs = detail::compute_needs(exact_units);
-    const Bytes smallest = exact_needs.need[exact_needs.at(1, L)];
-
-    Bytes unit = 1;
-    if (options.slot_bytes) {
-        if (*options.slot_bytes < 1) throw InvalidInput("rotor: slot_bytes must be at least 1");
-        unit = *options.slot_bytes;
-    } else {
-        if (options.slots == 0) throw InvalidInput("rotor: slots must be at least 1");
-        if (budget < smallest)
-            throw Infeasible("rotor needs at least " + std::to_string(smallest) + " bytes for '" + chain.name +
-                                 "' (the least peak of any persistent schedule), above the budget of " +
-                                 std::to_string(budget) + " bytes",
-                             budget, smallest);
-        const Bytes g = std::max<Bytes>(1, detail::rotor_gcd(chain));
-        const Bytes base = (budget + static_cast<Bytes>(options.slots) - 1) / static_cast<Bytes>(options.slots);
-        unit = std::max<Bytes>(g, g * ((base + g - 1) / g));
-    }
-    const detail::RotorUnits units = unit == 1 ? exact_units : detail::make_units(chain, unit);
-    const detail::RotorNeeds needs = unit == 1 ? exact_needs : detail::compute_needs(units);
-    const Bytes need = needs.need[needs.at(1, L)];
+    const Bytes unit = detail::rotor_slot(chain, budget, options);
     const Bytes M = budget < 0 ? -1 : budget / unit;
+    if (M >= 0) detail::RotorTable::check_size(L, static_cast<std::size_t>(M) + 1, limits);
+    const detail::RotorUnits exact_units = detail::make_units(chain, 1);
+    const detail::RotorNeeds exact_needs = detail::compute_needs(exact_units, limits);
+    const Bytes smallest = exact_needs.need[exact_needs.at(1, L)];
+    if (!options.slot_bytes && budget < smallest)
+        throw Infeasible("rotor needs at least " + std::to_string(smallest) + " bytes for '" + printable(chain.name) +
+                             "' (the least peak of any persistent schedule), above the budget of " +
+                             std::to_string(budget) + " bytes",
+                         budget, smallest);
+    const detail::RotorUnits units = unit == 1 ? exact_units : detail::make_units(chain, unit);
+    const detail::RotorNeeds needs = unit == 1 ? exact_needs : detail::compute_needs(units, limits);
+    const Bytes need = needs.need[needs.at(1, L)];
 
-    const auto from_needs = [&](const detail::RotorUnits& u, const detail::RotorNeeds& n, Bytes m) {
-        return detail::expand_rotor(u, m, [&](std::size_t a, std::size_t b, Bytes) { return n.choice[n.at(a, b)]; });
-    };
     RotorSequence seq;
     seq.slot_bytes = unit;
     if (M < need) {
-        if (options.slot_bytes) {
-            const Bytes least = need * unit;
-            throw Infeasible("rotor with slots of " + std::to_string(unit) + " bytes needs at least " +
-                                 std::to_string(least) + " bytes for '" + chain.name + "', above the budget of " +
-                                 std::to_string(budget) + " bytes" +
-                                 (least > smallest ? " (exact sizes would need " + std::to_string(smallest) +
-                                                         "; use a smaller slot_bytes)"
-                                                   : ""),
-                             budget, least);
-        }
-        // Rounding left no plan, but the exact least-memory schedule fits the budget.
-        seq.actions = from_needs(exact_units, exact_needs, 0);
+        seq.actions = detail::rotor_least_memory(chain, budget, unit, need, smallest, exact_units, exact_needs, options);
         seq.optimal = false;
         seq.slots = 0;
         report_progress(options.progress, stats_line(unit, 0) + ": slot rounding left no plan, least-memory schedule");
     } else {
         const auto width = static_cast<std::size_t>(M);
         report_progress(options.progress, stats_line(unit, width));
-        const detail::RotorTable table(units, needs, width, options);
+        const detail::RotorTable table(units, needs, width, options, limits);
         seq.actions = detail::expand_rotor(units, M, [&](std::size_t a, std::size_t b, Bytes m) {
             return table.choose(a, b, static_cast<std::size_t>(m));
         });
@@ -842,7 +1015,7 @@ template <class Choose>
     }
     const RotorEvaluation ev = rotor_evaluate(chain, seq.actions);
     if (!ev.valid || ev.peak > budget)
-        throw SolverError("rotor: internal plan for '" + chain.name + "' is " +
+        throw SolverError("rotor: internal plan for '" + printable(chain.name) + "' is " +
                           (ev.valid ? "over budget (peak " + std::to_string(ev.peak) + ")" : "invalid: " + ev.error) +
                           " (this is a bug in the solver; please report it with the chain)");
     seq.time = ev.time;
@@ -871,7 +1044,7 @@ public:
     [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
         const std::optional<Chain> chain = as_chain(problem);
         if (!chain)
-            throw InvalidInput("rotor: problem '" + problem.name() +
+            throw InvalidInput("rotor: problem '" + printable(problem.name()) +
                                "' is not a chain (the docs/formats.md §5 (chains) expansion); use the checkmate or rockmate "
                                "solver for general graphs");
         return solve(problem, *chain, budget);
@@ -884,11 +1057,11 @@ public:
 
     /// The same for a multi-option chain: exact without a fixed slot size, whole slots with one.
     [[nodiscard]] Bytes smallest_budget(const RotorChain& chain) const {
-        if (!options_.slot_bytes) return rotor_smallest_budget(chain);
+        if (!options_.slot_bytes) return rotor_smallest_budget(chain, options_);
         if (*options_.slot_bytes < 1) throw InvalidInput("rotor: slot_bytes must be at least 1");
         validate(chain);
         const detail::RotorUnits u = detail::make_units(chain, *options_.slot_bytes);
-        const detail::RotorNeeds n = detail::compute_needs(u);
+        const detail::RotorNeeds n = detail::compute_needs(u, detail::RotorLimits(chain.length(), options_));
         return n.need[n.at(1, chain.length())] * *options_.slot_bytes;
     }
 
