@@ -5398,21 +5398,17 @@ struct NogradForward {
     Bytes overhead = 0;
 };
 
-[[nodiscard]] inline NogradForward nograd_forward(const BlockProblem& bp, const Block& block) {
-    NogradForward out;
-    if (!block.output) return out;
-    const Problem& q = bp.problem;
-    std::optional<DataId> target;
-    for (std::size_t d = 0; d < q.data_count(); ++d)
-        if (bp.global_data[d] == block.output) target = DataId{d};
+// The ops that compute `target` without grad: for every data needed, the writer that
+// writes the fewest bytes (then the fastest), by op index.
+[[nodiscard]] inline std::vector<char> nograd_writers(const Problem& q, DataId target) {
     const auto written_bytes = [&](OpId k) {
         Bytes sum = 0;
         for (const DataId d : q.op(k).writes) sum += q.data(d).bytes;
         return sum;
     };
     std::vector<char> chosen(q.op_count(), 0), needed(q.data_count(), 0), produced(q.data_count(), 0);
-    std::vector<DataId> pending{target.value()};
-    needed[target->index] = 1;
+    std::vector<DataId> pending{target};
+    needed[target.index] = 1;
     while (!pending.empty()) {
         const DataId d = pending.back();
         pending.pop_back();
@@ -5435,7 +5431,12 @@ struct NogradForward {
                 pending.push_back(r);
             }
     }
-    // Order: repeatedly the first chosen op whose reads are available.
+    return chosen;
+}
+
+// The chosen ops in an order the reads allow: repeatedly the first chosen op whose reads
+// are available.
+[[nodiscard]] inline std::vector<OpId> nograd_order(const Problem& q, const std::vector<char>& chosen) {
     std::vector<OpId> order;
     std::vector<char> available(q.data_count(), 0), done(q.op_count(), 0);
     for (const DataId d : q.initial()) available[d.index] = 1;
@@ -5451,6 +5452,13 @@ struct NogradForward {
             progress = true;
         }
     }
+    return order;
+}
+
+// Runs `order` into out.schedule (and its time into out.time), freeing each data but the
+// initial ones and the target after its last read; returns which data end live.
+inline std::vector<char> schedule_nograd(const Problem& q, const std::vector<OpId>& order, DataId target,
+                                         NogradForward& out) {
     std::vector<std::size_t> last_read(q.data_count(), 0);
     for (std::size_t i = 0; i < order.size(); ++i)
         for (const DataId d : q.op(order[i]).reads) last_read[d.index] = i;
@@ -5465,11 +5473,23 @@ struct NogradForward {
         std::sort(touched.begin(), touched.end());
         touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
         for (const DataId d : touched)
-            if (live[d.index] && !q.is_initial(d) && d != *target && last_read[d.index] <= i) {
+            if (live[d.index] && !q.is_initial(d) && d != target && last_read[d.index] <= i) {
                 out.schedule.push_back(Step::free(d));
                 live[d.index] = 0;
             }
     }
+    return live;
+}
+
+[[nodiscard]] inline NogradForward nograd_forward(const BlockProblem& bp, const Block& block) {
+    NogradForward out;
+    if (!block.output) return out;
+    const Problem& q = bp.problem;
+    std::optional<DataId> target;
+    for (std::size_t d = 0; d < q.data_count(); ++d)
+        if (bp.global_data[d] == block.output) target = DataId{d};
+    const std::vector<OpId> order = nograd_order(q, nograd_writers(q, target.value()));
+    const std::vector<char> live = schedule_nograd(q, order, *target, out);
     // Memory along the way: the simulator on the partial schedule (it reports the
     // exactly-once ops that never ran only after the last step).
     const SimulationReport r = simulate(q, out.schedule);
@@ -9010,167 +9030,207 @@ inline std::string format_number(double value, const char* format = "%.4g") {
     return buffer;
 }
 
-}  // namespace detail::svg_impl
+// Where things go: the plot area inside the margins, and the scales from steps (or
+// predicted time) and bytes to coordinates.
+struct Frame {
+    std::size_t n = 0;  // steps
+    double width = 0, height = 0;
+    double x0 = 0, x1 = 0, y0 = 0, y1 = 0;  // the plot area
+    Bytes tick = 1;   // between memory grid lines
+    Bytes y_top = 1;  // memory at the top of the plot area
+    std::vector<double> start;  // where each step starts on the x axis: its predicted start time, or its number
+    bool by_time = false;
+    double span = 0;  // the x axis's extent, in time or steps
 
-/// The SVG picture of a simulated schedule.
-[[nodiscard]] inline std::string timeline_svg(const SimulationReport& report, const TimelineChart& chart) {
-    using detail::svg_impl::coord;
-    const auto& points = report.timeline;
-    const std::size_t n = points.size();
-    const double left = 92, right = 24, top = 64, bottom = 74;
-    const double width = std::max(chart.width, 320);
-    const double height = std::max(chart.height, 240);
-    const double x0 = left, x1 = width - right, y0 = top, y1 = height - bottom;
-
-    Bytes highest = std::max<Bytes>(report.peak, 1);
-    if (chart.budget) highest = std::max(highest, *chart.budget);
-    if (chart.reference_peak) highest = std::max(highest, *chart.reference_peak);
-    const Bytes tick = detail::svg_impl::byte_tick(highest + highest / 10);
-    const Bytes y_top = (highest + highest / 10 + tick - 1) / tick * tick;
-    // Where each step starts on the x axis: its predicted start time, or its number.
-    std::vector<double> start(n + 1, 0.0);
-    double total = 0.0;
-    for (std::size_t i = 0; i < n && i < chart.step_seconds.size(); ++i) total += std::max(0.0, chart.step_seconds[i]);
-    const bool by_time = chart.step_seconds.size() == n && total > 0.0;
-    for (std::size_t i = 0; i < n; ++i) start[i + 1] = start[i] + (by_time ? std::max(0.0, chart.step_seconds[i]) : 1.0);
-    const double span = std::max(start[n], 1e-300);
-    const auto x_at = [&](double v) { return x0 + (x1 - x0) * v / span; };
-    const auto x = [&](double step) {  // step index, fractional within the step
+    [[nodiscard]] double x_at(double v) const { return x0 + (x1 - x0) * v / span; }
+    // Step index, fractional within the step.
+    [[nodiscard]] double x(double step) const {
         const auto i = static_cast<std::size_t>(std::clamp(step, 0.0, static_cast<double>(n)));
         const double f = step - static_cast<double>(i);
         return x_at(i >= n ? start[n] : start[i] + f * (start[i + 1] - start[i]));
-    };
-    const auto y = [&](Bytes bytes) {
-        return y1 - (y1 - y0) * static_cast<double>(bytes) / static_cast<double>(y_top);
-    };
-
-    std::string svg;
-    svg += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + coord(width) + "\" height=\"" + coord(height) +
-           "\" viewBox=\"0 0 " + coord(width) + " " + coord(height) +
-           "\" font-family=\"Helvetica, Arial, sans-serif\" font-size=\"12\">\n";
-    svg += "<title>" + detail::svg_impl::xml_escape(chart.title) + "</title>\n";
-    svg += "<rect x=\"0\" y=\"0\" width=\"" + coord(width) + "\" height=\"" + coord(height) + "\" fill=\"white\"/>\n";
-    svg += "<text x=\"" + coord(x0) + "\" y=\"24\" font-size=\"16\" font-weight=\"bold\">" +
-           detail::svg_impl::xml_escape(chart.title) + "</text>\n";
-    svg += "<text x=\"" + coord(x0) + "\" y=\"44\" fill=\"#444\">" + detail::svg_impl::xml_escape(chart.subtitle) + "</text>\n";
-
-    // Memory grid and labels.
-    svg += "<g class=\"y-axis\" fill=\"#444\" text-anchor=\"end\">\n";
-    for (Bytes v = 0; v <= y_top; v += tick) {
-        svg += "<line x1=\"" + coord(x0) + "\" y1=\"" + coord(y(v)) + "\" x2=\"" + coord(x1) + "\" y2=\"" + coord(y(v)) +
-               "\" stroke=\"#e4e4e4\"/>\n";
-        svg += "<text x=\"" + coord(x0 - 6) + "\" y=\"" + coord(y(v) + 4) + "\">" + format_bytes(v) + "</text>\n";
     }
-    svg += "<text transform=\"translate(18 " + coord((y0 + y1) / 2) + ") rotate(-90)\" text-anchor=\"middle\">memory</text>\n";
-    svg += "</g>\n";
+    [[nodiscard]] double y(Bytes bytes) const {
+        return y1 - (y1 - y0) * static_cast<double>(bytes) / static_cast<double>(y_top);
+    }
+};
 
-    // Time (or step) axis, with a tick at every step.
+inline Frame make_frame(const SimulationReport& report, const TimelineChart& chart) {
+    Frame f;
+    f.n = report.timeline.size();
+    const std::size_t n = f.n;
+    const double left = 92, right = 24, top = 64, bottom = 74;
+    f.width = std::max(chart.width, 320);
+    f.height = std::max(chart.height, 240);
+    f.x0 = left;
+    f.x1 = f.width - right;
+    f.y0 = top;
+    f.y1 = f.height - bottom;
+
+    // The memory axis reaches a tenth above the highest line drawn, rounded up to a tick.
+    Bytes highest = std::max<Bytes>(report.peak, 1);
+    if (chart.budget) highest = std::max(highest, *chart.budget);
+    if (chart.reference_peak) highest = std::max(highest, *chart.reference_peak);
+    f.tick = byte_tick(highest + highest / 10);
+    f.y_top = (highest + highest / 10 + f.tick - 1) / f.tick * f.tick;
+
+    f.start.assign(n + 1, 0.0);
+    double total = 0.0;
+    for (std::size_t i = 0; i < n && i < chart.step_seconds.size(); ++i) total += std::max(0.0, chart.step_seconds[i]);
+    f.by_time = chart.step_seconds.size() == n && total > 0.0;
+    for (std::size_t i = 0; i < n; ++i)
+        f.start[i + 1] = f.start[i] + (f.by_time ? std::max(0.0, chart.step_seconds[i]) : 1.0);
+    f.span = std::max(f.start[n], 1e-300);
+    return f;
+}
+
+// The SVG element, its title, a white background, and the chart's title and subtitle.
+inline void draw_heading(std::string& svg, const Frame& f, const TimelineChart& chart) {
+    svg += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + coord(f.width) + "\" height=\"" + coord(f.height) +
+           "\" viewBox=\"0 0 " + coord(f.width) + " " + coord(f.height) +
+           "\" font-family=\"Helvetica, Arial, sans-serif\" font-size=\"12\">\n";
+    svg += "<title>" + xml_escape(chart.title) + "</title>\n";
+    svg += "<rect x=\"0\" y=\"0\" width=\"" + coord(f.width) + "\" height=\"" + coord(f.height) + "\" fill=\"white\"/>\n";
+    svg += "<text x=\"" + coord(f.x0) + "\" y=\"24\" font-size=\"16\" font-weight=\"bold\">" + xml_escape(chart.title) +
+           "</text>\n";
+    svg += "<text x=\"" + coord(f.x0) + "\" y=\"44\" fill=\"#444\">" + xml_escape(chart.subtitle) + "</text>\n";
+}
+
+// Memory grid and labels.
+inline void draw_memory_axis(std::string& svg, const Frame& f) {
+    svg += "<g class=\"y-axis\" fill=\"#444\" text-anchor=\"end\">\n";
+    for (Bytes v = 0; v <= f.y_top; v += f.tick) {
+        svg += "<line x1=\"" + coord(f.x0) + "\" y1=\"" + coord(f.y(v)) + "\" x2=\"" + coord(f.x1) + "\" y2=\"" +
+               coord(f.y(v)) + "\" stroke=\"#e4e4e4\"/>\n";
+        svg += "<text x=\"" + coord(f.x0 - 6) + "\" y=\"" + coord(f.y(v) + 4) + "\">" + format_bytes(v) + "</text>\n";
+    }
+    svg += "<text transform=\"translate(18 " + coord((f.y0 + f.y1) / 2) +
+           ") rotate(-90)\" text-anchor=\"middle\">memory</text>\n";
+    svg += "</g>\n";
+}
+
+// Time (or step) axis, with a tick at every step.
+inline void draw_step_axis(std::string& svg, const Frame& f) {
     svg += "<g class=\"x-axis\" fill=\"#444\" text-anchor=\"middle\">\n";
-    if (by_time) {
-        const double every = detail::svg_impl::time_tick(span);
-        for (double t = 0.0; t <= span * (1 + 1e-9); t += every)
-            svg += "<text x=\"" + coord(x_at(t)) + "\" y=\"" + coord(y1 + 18) + "\">" + detail::svg_impl::format_number(t) +
-                   "</text>\n";
-        svg += "<text x=\"" + coord((x0 + x1) / 2) + "\" y=\"" + coord(y1 + 36) + "\">predicted time (ticks: steps)</text>\n";
+    if (f.by_time) {
+        const double every = time_tick(f.span);
+        for (double t = 0.0; t <= f.span * (1 + 1e-9); t += every)
+            svg += "<text x=\"" + coord(f.x_at(t)) + "\" y=\"" + coord(f.y1 + 18) + "\">" + format_number(t) + "</text>\n";
+        svg += "<text x=\"" + coord((f.x0 + f.x1) / 2) + "\" y=\"" + coord(f.y1 + 36) +
+               "\">predicted time (ticks: steps)</text>\n";
     } else {
-        const std::size_t every = detail::svg_impl::step_tick(std::max<std::size_t>(n, 1));
-        for (std::size_t s = 0; s <= n; s += every)
-            svg += "<text x=\"" + coord(x(static_cast<double>(s))) + "\" y=\"" + coord(y1 + 18) + "\">" + std::to_string(s) +
-                   "</text>\n";
-        svg += "<text x=\"" + coord((x0 + x1) / 2) + "\" y=\"" + coord(y1 + 36) + "\">step</text>\n";
+        const std::size_t every = step_tick(std::max<std::size_t>(f.n, 1));
+        for (std::size_t s = 0; s <= f.n; s += every)
+            svg += "<text x=\"" + coord(f.x(static_cast<double>(s))) + "\" y=\"" + coord(f.y1 + 18) + "\">" +
+                   std::to_string(s) + "</text>\n";
+        svg += "<text x=\"" + coord((f.x0 + f.x1) / 2) + "\" y=\"" + coord(f.y1 + 36) + "\">step</text>\n";
     }
     svg += "</g>\n";
     svg += "<g class=\"step-ticks\" stroke=\"#999\">\n";
-    for (std::size_t i = 0; i <= n; ++i)
-        svg += "<line x1=\"" + coord(x(static_cast<double>(i))) + "\" y1=\"" + coord(y1) + "\" x2=\"" +
-               coord(x(static_cast<double>(i))) + "\" y2=\"" + coord(y1 + 4) + "\"/>\n";
+    for (std::size_t i = 0; i <= f.n; ++i)
+        svg += "<line x1=\"" + coord(f.x(static_cast<double>(i))) + "\" y1=\"" + coord(f.y1) + "\" x2=\"" +
+               coord(f.x(static_cast<double>(i))) + "\" y2=\"" + coord(f.y1 + 4) + "\"/>\n";
     svg += "</g>\n";
+}
 
-    // Memory while each step runs: a step-shaped area.
-    if (n > 0) {
-        std::string area = "M" + coord(x(0)) + " " + coord(y(0));
-        for (std::size_t i = 0; i < n; ++i) {
-            const std::string top_y = coord(y(points[i].during));
-            area += " L" + coord(x(static_cast<double>(i))) + " " + top_y + " L" + coord(x(static_cast<double>(i + 1))) +
-                    " " + top_y;
+// Memory while each step runs (a step-shaped area) and between steps (a line from the
+// initial state, then after each step).
+inline void draw_memory(std::string& svg, const Frame& f, const SimulationReport& report) {
+    const auto& points = report.timeline;
+    if (f.n > 0) {
+        std::string area = "M" + coord(f.x(0)) + " " + coord(f.y(0));
+        for (std::size_t i = 0; i < f.n; ++i) {
+            const std::string top_y = coord(f.y(points[i].during));
+            area += " L" + coord(f.x(static_cast<double>(i))) + " " + top_y + " L" +
+                    coord(f.x(static_cast<double>(i + 1))) + " " + top_y;
         }
-        area += " L" + coord(x(static_cast<double>(n))) + " " + coord(y(0)) + " Z";
+        area += " L" + coord(f.x(static_cast<double>(f.n))) + " " + coord(f.y(0)) + " Z";
         svg += "<path class=\"during\" d=\"" + area + "\" fill=\"#9ecae1\" stroke=\"none\"/>\n";
     }
-    // Memory between steps: initial state, then after each step.
-    {
-        std::string line = coord(x(0)) + "," + coord(y(report.initial));
-        for (std::size_t i = 0; i < n; ++i)
-            line += " " + coord(x(static_cast<double>(i + 1))) + "," + coord(y(points[i].after));
-        svg += "<polyline class=\"after\" points=\"" + line + "\" fill=\"none\" stroke=\"#08519c\" stroke-width=\"1.5\"/>\n";
+    std::string line = coord(f.x(0)) + "," + coord(f.y(report.initial));
+    for (std::size_t i = 0; i < f.n; ++i) {
+        // Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on `" " + coord(...)` here.
+        line += ' ';
+        line += coord(f.x(static_cast<double>(i + 1)));
+        line += ',';
+        line += coord(f.y(points[i].after));
     }
+    svg += "<polyline class=\"after\" points=\"" + line + "\" fill=\"none\" stroke=\"#08519c\" stroke-width=\"1.5\"/>\n";
+}
 
-    // Axes on top of the area.
-    svg += "<line x1=\"" + coord(x0) + "\" y1=\"" + coord(y1) + "\" x2=\"" + coord(x1) + "\" y2=\"" + coord(y1) +
-           "\" stroke=\"#222\"/>\n";
-    svg += "<line x1=\"" + coord(x0) + "\" y1=\"" + coord(y0) + "\" x2=\"" + coord(x0) + "\" y2=\"" + coord(y1) +
-           "\" stroke=\"#222\"/>\n";
+// Axes, drawn on top of the memory area.
+inline void draw_axis_lines(std::string& svg, const Frame& f) {
+    svg += "<line x1=\"" + coord(f.x0) + "\" y1=\"" + coord(f.y1) + "\" x2=\"" + coord(f.x1) + "\" y2=\"" +
+           coord(f.y1) + "\" stroke=\"#222\"/>\n";
+    svg += "<line x1=\"" + coord(f.x0) + "\" y1=\"" + coord(f.y0) + "\" x2=\"" + coord(f.x0) + "\" y2=\"" +
+           coord(f.y1) + "\" stroke=\"#222\"/>\n";
+}
 
-    if (chart.loss_step && *chart.loss_step < n) {
-        const std::string lx = coord(x(static_cast<double>(*chart.loss_step) + 0.5));
-        svg += "<line class=\"loss\" x1=\"" + lx + "\" y1=\"" + coord(y0) + "\" x2=\"" + lx + "\" y2=\"" + coord(y1) +
-               "\" stroke=\"#555\" stroke-dasharray=\"2 3\"/>\n";
-        svg += "<text x=\"" + lx + "\" y=\"" + coord(y0 - 4) +
-               "\" fill=\"#555\" text-anchor=\"middle\">loss: forward | backward</text>\n";
-    }
-    if (chart.reference_peak) {
-        const std::string ry = coord(y(*chart.reference_peak));
-        svg += "<line class=\"reference\" x1=\"" + coord(x0) + "\" y1=\"" + ry + "\" x2=\"" + coord(x1) + "\" y2=\"" + ry +
-               "\" stroke=\"#888\" stroke-dasharray=\"4 4\"/>\n";
-        svg += "<text x=\"" + coord(x0 + 4) + "\" y=\"" + coord(y(*chart.reference_peak) - 4) +
-               "\" fill=\"#666\">store-all peak " + format_bytes(*chart.reference_peak) + "</text>\n";
-    }
-    if (chart.budget) {
-        const std::string by = coord(y(*chart.budget));
-        svg += "<line class=\"budget\" x1=\"" + coord(x0) + "\" y1=\"" + by + "\" x2=\"" + coord(x1) + "\" y2=\"" + by +
-               "\" stroke=\"#d62728\" stroke-width=\"1.5\" stroke-dasharray=\"8 4\"/>\n";
-        svg += "<text x=\"" + coord(x1 - 4) + "\" y=\"" + coord(y(*chart.budget) - 4) +
-               "\" fill=\"#d62728\" text-anchor=\"end\">budget " + format_bytes(*chart.budget) + "</text>\n";
-    }
-    // Where the peak happens.
-    if (n > 0) {
-        std::size_t at = 0;
-        for (std::size_t i = 1; i < n; ++i)
-            if (points[i].during > points[at].during) at = i;
-        if (points[at].during == report.peak) {
-            const double px = x(static_cast<double>(at) + 0.5);
-            svg += "<circle class=\"peak\" cx=\"" + coord(px) + "\" cy=\"" + coord(y(report.peak)) +
-                   "\" r=\"3.5\" fill=\"#08519c\"/>\n";
-            svg += "<text x=\"" + coord(px) + "\" y=\"" + coord(y(report.peak) - 8) +
-                   "\" text-anchor=\"middle\" fill=\"#08519c\">peak " + format_bytes(report.peak) + "</text>\n";
+// The loss step, which separates the forward phase from the backward phase.
+inline void draw_loss_marker(std::string& svg, const Frame& f, std::size_t loss_step) {
+    const std::string lx = coord(f.x(static_cast<double>(loss_step) + 0.5));
+    svg += "<line class=\"loss\" x1=\"" + lx + "\" y1=\"" + coord(f.y0) + "\" x2=\"" + lx + "\" y2=\"" + coord(f.y1) +
+           "\" stroke=\"#555\" stroke-dasharray=\"2 3\"/>\n";
+    svg += "<text x=\"" + lx + "\" y=\"" + coord(f.y0 - 4) +
+           "\" fill=\"#555\" text-anchor=\"middle\">loss: forward | backward</text>\n";
+}
+
+inline void draw_reference_line(std::string& svg, const Frame& f, Bytes reference_peak) {
+    const std::string ry = coord(f.y(reference_peak));
+    svg += "<line class=\"reference\" x1=\"" + coord(f.x0) + "\" y1=\"" + ry + "\" x2=\"" + coord(f.x1) + "\" y2=\"" + ry +
+           "\" stroke=\"#888\" stroke-dasharray=\"4 4\"/>\n";
+    svg += "<text x=\"" + coord(f.x0 + 4) + "\" y=\"" + coord(f.y(reference_peak) - 4) +
+           "\" fill=\"#666\">store-all peak " + format_bytes(reference_peak) + "</text>\n";
+}
+
+inline void draw_budget_line(std::string& svg, const Frame& f, Bytes budget) {
+    const std::string by = coord(f.y(budget));
+    svg += "<line class=\"budget\" x1=\"" + coord(f.x0) + "\" y1=\"" + by + "\" x2=\"" + coord(f.x1) + "\" y2=\"" + by +
+           "\" stroke=\"#d62728\" stroke-width=\"1.5\" stroke-dasharray=\"8 4\"/>\n";
+    svg += "<text x=\"" + coord(f.x1 - 4) + "\" y=\"" + coord(f.y(budget) - 4) +
+           "\" fill=\"#d62728\" text-anchor=\"end\">budget " + format_bytes(budget) + "</text>\n";
+}
+
+// Where the peak happens: the first step with the most memory while it runs, when that is
+// the report's peak.
+inline void draw_peak_marker(std::string& svg, const Frame& f, const SimulationReport& report) {
+    const auto& points = report.timeline;
+    if (f.n == 0) return;
+    std::size_t at = 0;
+    for (std::size_t i = 1; i < f.n; ++i)
+        if (points[i].during > points[at].during) at = i;
+    if (points[at].during != report.peak) return;
+    const double px = f.x(static_cast<double>(at) + 0.5);
+    svg += "<circle class=\"peak\" cx=\"" + coord(px) + "\" cy=\"" + coord(f.y(report.peak)) +
+           "\" r=\"3.5\" fill=\"#08519c\"/>\n";
+    svg += "<text x=\"" + coord(px) + "\" y=\"" + coord(f.y(report.peak) - 8) +
+           "\" text-anchor=\"middle\" fill=\"#08519c\">peak " + format_bytes(report.peak) + "</text>\n";
+}
+
+// Recomputations: an orange band under the area for each run of steps recomputing the
+// same layer, and the layer's name where it fits.
+inline void draw_recomputations(std::string& svg, const Frame& f, const std::vector<std::string>& labels) {
+    svg += "<g class=\"recomputations\" fill=\"#e6550d\" font-size=\"10\">\n";
+    for (std::size_t i = 0; i < f.n;) {
+        if (labels[i].empty()) {
+            ++i;
+            continue;
         }
+        std::size_t j = i;
+        while (j < f.n && labels[j] == labels[i]) ++j;
+        const double xa = f.x(static_cast<double>(i)), xb = f.x(static_cast<double>(j));
+        svg += "<rect class=\"recompute\" x=\"" + coord(xa) + "\" y=\"" + coord(f.y1 - 4) + "\" width=\"" +
+               coord(std::max(xb - xa, 0.5)) + "\" height=\"4\"><title>recomputes " + xml_escape(labels[i]) +
+               "</title></rect>\n";
+        if (xb - xa >= 9.0)
+            svg += "<text class=\"recompute-label\" transform=\"translate(" + coord((xa + xb) / 2 + 3) + " " +
+                   coord(f.y1 - 8) + ") rotate(-90)\">" + xml_escape(labels[i]) + "</text>\n";
+        i = j;
     }
+    svg += "</g>\n";
+}
 
-    // Recomputations: an orange band under the area, and the layer's name where it fits.
-    if (chart.recompute_labels.size() == n) {
-        svg += "<g class=\"recomputations\" fill=\"#e6550d\" font-size=\"10\">\n";
-        for (std::size_t i = 0; i < n;) {
-            if (chart.recompute_labels[i].empty()) {
-                ++i;
-                continue;
-            }
-            std::size_t j = i;
-            while (j < n && chart.recompute_labels[j] == chart.recompute_labels[i]) ++j;
-            const double xa = x(static_cast<double>(i)), xb = x(static_cast<double>(j));
-            svg += "<rect class=\"recompute\" x=\"" + coord(xa) + "\" y=\"" + coord(y1 - 4) + "\" width=\"" +
-                   coord(std::max(xb - xa, 0.5)) + "\" height=\"4\"><title>recomputes " +
-                   detail::svg_impl::xml_escape(chart.recompute_labels[i]) + "</title></rect>\n";
-            if (xb - xa >= 9.0)
-                svg += "<text class=\"recompute-label\" transform=\"translate(" + coord((xa + xb) / 2 + 3) + " " +
-                       coord(y1 - 8) + ") rotate(-90)\">" + detail::svg_impl::xml_escape(chart.recompute_labels[i]) +
-                       "</text>\n";
-            i = j;
-        }
-        svg += "</g>\n";
-    }
-
-    // Legend.
-    const double ly = height - 16;
+inline void draw_legend(std::string& svg, const Frame& f) {
+    const double x0 = f.x0, ly = f.height - 16;
     svg += "<g class=\"legend\" fill=\"#333\">\n";
     svg += "<rect x=\"" + coord(x0) + "\" y=\"" + coord(ly - 9) + "\" width=\"14\" height=\"10\" fill=\"#9ecae1\"/>\n";
     svg += "<text x=\"" + coord(x0 + 20) + "\" y=\"" + coord(ly) + "\">memory while a step runs</text>\n";
@@ -9183,6 +9243,26 @@ inline std::string format_number(double value, const char* format = "%.4g") {
     svg += "<rect x=\"" + coord(x0 + 480) + "\" y=\"" + coord(ly - 7) + "\" width=\"14\" height=\"4\" fill=\"#e6550d\"/>\n";
     svg += "<text x=\"" + coord(x0 + 500) + "\" y=\"" + coord(ly) + "\">recomputation</text>\n";
     svg += "</g>\n";
+}
+
+}  // namespace detail::svg_impl
+
+/// The SVG picture of a simulated schedule.
+[[nodiscard]] inline std::string timeline_svg(const SimulationReport& report, const TimelineChart& chart) {
+    using namespace detail::svg_impl;
+    const Frame f = make_frame(report, chart);
+    std::string svg;
+    draw_heading(svg, f, chart);
+    draw_memory_axis(svg, f);
+    draw_step_axis(svg, f);
+    draw_memory(svg, f, report);
+    draw_axis_lines(svg, f);
+    if (chart.loss_step && *chart.loss_step < f.n) draw_loss_marker(svg, f, *chart.loss_step);
+    if (chart.reference_peak) draw_reference_line(svg, f, *chart.reference_peak);
+    if (chart.budget) draw_budget_line(svg, f, *chart.budget);
+    draw_peak_marker(svg, f, report);
+    if (chart.recompute_labels.size() == f.n) draw_recomputations(svg, f, chart.recompute_labels);
+    draw_legend(svg, f);
     svg += "</svg>\n";
     return svg;
 }

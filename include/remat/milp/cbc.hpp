@@ -78,6 +78,54 @@ inline bool write_all(int fd, const void* data, std::size_t size) {
     return true;
 }
 
+// The model as Cbc_loadProblem wants it: the rows copied column by column, row and
+// column bounds clamped to CBC's infinity, the objective.
+struct CbcColumns {
+    std::vector<CoinBigIndex> col_start;
+    std::vector<int> row_index;
+    std::vector<double> value;
+    std::vector<double> row_lower, row_upper;
+    std::vector<double> col_lower, col_upper, objective;
+    bool has_integers = false;
+};
+
+inline CbcColumns column_major(const Model& model) {
+    const auto& vars = model.variables();
+    const auto& rows = model.rows();
+    const std::size_t n = vars.size();
+    CbcColumns c;
+    c.col_start.assign(n + 1, 0);
+    for (const Row& row : rows)
+        for (const Term& t : row.terms) ++c.col_start[t.var.index + 1];
+    for (std::size_t j = 0; j < n; ++j) c.col_start[j + 1] += c.col_start[j];
+    c.row_index.resize(static_cast<std::size_t>(c.col_start[n]));
+    c.value.resize(static_cast<std::size_t>(c.col_start[n]));
+    std::vector<CoinBigIndex> fill(c.col_start.begin(), c.col_start.end() - 1);
+    c.row_lower.resize(rows.size());
+    c.row_upper.resize(rows.size());
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+        const Row& row = rows[i];
+        for (const Term& t : row.terms) {
+            const auto at = static_cast<std::size_t>(fill[t.var.index]++);
+            c.row_index[at] = static_cast<int>(i);
+            c.value[at] = t.coef;
+        }
+        c.row_lower[i] = row.sense == Sense::less_equal ? -cbc_infinity : row.rhs;
+        c.row_upper[i] = row.sense == Sense::greater_equal ? cbc_infinity : row.rhs;
+    }
+    c.col_lower.resize(n);
+    c.col_upper.resize(n);
+    c.objective.resize(n);
+    const auto clamp = [](double x) { return std::clamp(x, -cbc_infinity, cbc_infinity); };
+    for (std::size_t j = 0; j < n; ++j) {
+        c.col_lower[j] = clamp(vars[j].lower);
+        c.col_upper[j] = clamp(vars[j].upper);
+        c.objective[j] = vars[j].objective;
+        c.has_integers = c.has_integers || vars[j].type != VarType::continuous;
+    }
+    return c;
+}
+
 }  // namespace detail
 
 class Cbc {
@@ -195,121 +243,104 @@ private:
 
     [[nodiscard]] Result solve_here(const Model& model) const {
         const auto start = std::chrono::steady_clock::now();
-        const Parameters& par = model.parameters();
+        const detail::CbcColumns columns = detail::column_major(model);
+        const detail::CbcHandle cbc = load(model, columns);
+        set_parameters(cbc.get(), model.parameters());
+        const bool use_start = columns.has_integers && model.start().has_value() && model.is_feasible(*model.start());
+        if (use_start) set_mip_start(cbc.get(), model);
+
+        Cbc_solve(cbc.get());
+
+        Result r = outcome(cbc.get(), model, columns.has_integers, use_start);
+        r.seconds = seconds_since(start);
+        return r;
+    }
+
+    // A silenced Cbc_Model holding the model, to be minimised.
+    [[nodiscard]] static detail::CbcHandle load(const Model& model, const detail::CbcColumns& c) {
         const auto& vars = model.variables();
-        const auto& rows = model.rows();
         const std::size_t n = vars.size();
-        const auto finish = [&](Result r) {
-            r.seconds = seconds_since(start);
-            return r;
-        };
-
-        // Column-major copy of the rows, as Cbc_loadProblem wants it.
-        std::vector<CoinBigIndex> col_start(n + 1, 0);
-        for (const Row& row : rows)
-            for (const Term& t : row.terms) ++col_start[t.var.index + 1];
-        for (std::size_t j = 0; j < n; ++j) col_start[j + 1] += col_start[j];
-        std::vector<int> row_index(static_cast<std::size_t>(col_start[n]));
-        std::vector<double> value(static_cast<std::size_t>(col_start[n]));
-        std::vector<CoinBigIndex> fill(col_start.begin(), col_start.end() - 1);
-        std::vector<double> row_lower(rows.size()), row_upper(rows.size());
-        for (std::size_t i = 0; i < rows.size(); ++i) {
-            const Row& row = rows[i];
-            for (const Term& t : row.terms) {
-                const auto at = static_cast<std::size_t>(fill[t.var.index]++);
-                row_index[at] = static_cast<int>(i);
-                value[at] = t.coef;
-            }
-            row_lower[i] = row.sense == Sense::less_equal ? -detail::cbc_infinity : row.rhs;
-            row_upper[i] = row.sense == Sense::greater_equal ? detail::cbc_infinity : row.rhs;
-        }
-        std::vector<double> col_lower(n), col_upper(n), objective(n);
-        const auto clamp = [](double x) { return std::clamp(x, -detail::cbc_infinity, detail::cbc_infinity); };
-        bool has_integers = false;
-        for (std::size_t j = 0; j < n; ++j) {
-            col_lower[j] = clamp(vars[j].lower);
-            col_upper[j] = clamp(vars[j].upper);
-            objective[j] = vars[j].objective;
-            has_integers = has_integers || vars[j].type != VarType::continuous;
-        }
-
         detail::CbcHandle cbc(Cbc_newModel());
         if (!cbc) throw SolverError("cbc: Cbc_newModel failed (out of memory?)");
         Cbc_setLogLevel(cbc.get(), 0);
         Cbc_setParameter(cbc.get(), "log", "0");
         Cbc_setParameter(cbc.get(), "slog", "0");
-        Cbc_loadProblem(cbc.get(), static_cast<int>(n), static_cast<int>(rows.size()), col_start.data(),
-                        row_index.data(), value.data(), col_lower.data(), col_upper.data(), objective.data(),
-                        row_lower.data(), row_upper.data());
+        Cbc_loadProblem(cbc.get(), static_cast<int>(n), static_cast<int>(model.rows().size()), c.col_start.data(),
+                        c.row_index.data(), c.value.data(), c.col_lower.data(), c.col_upper.data(), c.objective.data(),
+                        c.row_lower.data(), c.row_upper.data());
         for (std::size_t j = 0; j < n; ++j)
             if (vars[j].type != VarType::continuous) Cbc_setInteger(cbc.get(), static_cast<int>(j));
         Cbc_setObjSense(cbc.get(), 1.0);
+        return cbc;
+    }
 
+    // The time limit and gaps, both through the API and as CBC's own parameters.
+    static void set_parameters(Cbc_Model* cbc, const Parameters& par) {
         if (std::isfinite(par.time_limit_seconds)) {
             const double seconds = std::max(0.01, par.time_limit_seconds);
-            Cbc_setMaximumSeconds(cbc.get(), seconds);
-            Cbc_setParameter(cbc.get(), "timeMode", "elapsed");
-            Cbc_setParameter(cbc.get(), "sec", detail::cbc_number(seconds).c_str());
+            Cbc_setMaximumSeconds(cbc, seconds);
+            Cbc_setParameter(cbc, "timeMode", "elapsed");
+            Cbc_setParameter(cbc, "sec", detail::cbc_number(seconds).c_str());
         }
-        Cbc_setAllowableFractionGap(cbc.get(), par.relative_gap);
-        Cbc_setAllowableGap(cbc.get(), par.absolute_gap);
-        Cbc_setParameter(cbc.get(), "ratioGap", detail::cbc_number(par.relative_gap).c_str());
-        Cbc_setParameter(cbc.get(), "allowableGap", detail::cbc_number(par.absolute_gap).c_str());
-        Cbc_setParameter(cbc.get(), "threads", "1");
+        Cbc_setAllowableFractionGap(cbc, par.relative_gap);
+        Cbc_setAllowableGap(cbc, par.absolute_gap);
+        Cbc_setParameter(cbc, "ratioGap", detail::cbc_number(par.relative_gap).c_str());
+        Cbc_setParameter(cbc, "allowableGap", detail::cbc_number(par.absolute_gap).c_str());
+        Cbc_setParameter(cbc, "threads", "1");
         // CBC 2.10's preprocessing can shrink a model to under three rows, on which its
         // heuristics abort in OsiClpSolverInterface::crunch (coin-or/Cbc#684).
-        Cbc_setParameter(cbc.get(), "preprocess", "off");
+        Cbc_setParameter(cbc, "preprocess", "off");
+    }
 
-        const auto& given = model.start();
-        const bool use_start = has_integers && given.has_value() && model.is_feasible(*given);
-        double start_objective = infinity;
-        if (use_start) {
-            start_objective = model.objective_value(*given);
-            std::vector<int> columns;
-            std::vector<double> values;
-            for (std::size_t j = 0; j < n; ++j)
-                if (vars[j].type != VarType::continuous) {
-                    columns.push_back(static_cast<int>(j));
-                    values.push_back(std::round((*given)[j]));
-                }
-            Cbc_setMIPStartI(cbc.get(), static_cast<int>(columns.size()), columns.data(), values.data());
-        }
+    // The model's start as CBC's MIP start: its integer columns, rounded.
+    static void set_mip_start(Cbc_Model* cbc, const Model& model) {
+        const auto& vars = model.variables();
+        const std::vector<double>& given = *model.start();
+        std::vector<int> columns;
+        std::vector<double> values;
+        for (std::size_t j = 0; j < vars.size(); ++j)
+            if (vars[j].type != VarType::continuous) {
+                columns.push_back(static_cast<int>(j));
+                values.push_back(std::round(given[j]));
+            }
+        Cbc_setMIPStartI(cbc, static_cast<int>(columns.size()), columns.data(), values.data());
+    }
 
-        Cbc_solve(cbc.get());
-
-        if (Cbc_isAbandoned(cbc.get()))
-            throw SolverError("cbc: the solve was abandoned because of numerical difficulties");
-        if (Cbc_isContinuousUnbounded(cbc.get()))
+    // The Result of a finished Cbc_solve (seconds left at 0): CBC's solution, or the start
+    // when CBC found nothing better, with the bound CBC proved.
+    [[nodiscard]] static Result outcome(Cbc_Model* cbc, const Model& model, bool has_integers, bool use_start) {
+        if (Cbc_isAbandoned(cbc)) throw SolverError("cbc: the solve was abandoned because of numerical difficulties");
+        if (Cbc_isContinuousUnbounded(cbc))
             throw SolverError("cbc: the model is unbounded (a variable without a bound has a negative cost)");
         const double offset = model.objective_offset();
-        const bool limit_hit = Cbc_isSecondsLimitReached(cbc.get()) || Cbc_status(cbc.get()) == 1;
-        const double* best = has_integers ? Cbc_bestSolution(cbc.get()) : nullptr;
-        const bool proven_optimal = Cbc_isProvenOptimal(cbc.get()) != 0;
+        const bool limit_hit = Cbc_isSecondsLimitReached(cbc) || Cbc_status(cbc) == 1;
+        const double* best = has_integers ? Cbc_bestSolution(cbc) : nullptr;
+        const bool proven_optimal = Cbc_isProvenOptimal(cbc) != 0;
         const bool solution = has_integers ? best != nullptr : proven_optimal;
-        double bound = Cbc_getBestPossibleObjValue(cbc.get()) + offset;
+        double bound = Cbc_getBestPossibleObjValue(cbc) + offset;
         if (!std::isfinite(bound) || std::abs(bound) >= 1e50) bound = -infinity;
+        const double start_objective = use_start ? model.objective_value(*model.start()) : infinity;
 
         if (solution) {
-            const double* x = has_integers ? best : Cbc_getColSolution(cbc.get());
-            std::vector<double> values(x, x + n);
-            const double objective_value = Cbc_getObjValue(cbc.get()) + offset;
+            const double* x = has_integers ? best : Cbc_getColSolution(cbc);
+            std::vector<double> values(x, x + model.variables().size());
+            const double objective_value = Cbc_getObjValue(cbc) + offset;
             if (use_start && objective_value > start_objective + 1e-9 * std::max(1.0, std::abs(start_objective))) {
-                Result r{limit_hit ? Status::feasible : Status::optimal, *given, start_objective, bound, 0.0};
+                Result r{limit_hit ? Status::feasible : Status::optimal, *model.start(), start_objective, bound, 0.0};
                 if (!limit_hit) r.best_bound = start_objective;
-                return finish(std::move(r));
+                return r;
             }
             const bool optimal = proven_optimal || !limit_hit;
-            return finish(Result{optimal ? Status::optimal : Status::feasible, std::move(values), objective_value,
-                                 optimal ? objective_value : std::min(bound, objective_value), 0.0});
+            return Result{optimal ? Status::optimal : Status::feasible, std::move(values), objective_value,
+                          optimal ? objective_value : std::min(bound, objective_value), 0.0};
         }
         if (use_start)
-            return finish(Result{limit_hit ? Status::feasible : Status::optimal, *given, start_objective,
-                                 limit_hit ? std::min(bound, start_objective) : start_objective, 0.0});
-        if (limit_hit) return finish(Result{Status::time_limit_no_solution, {}, infinity, bound, 0.0});
-        if (Cbc_isProvenInfeasible(cbc.get()) || !has_integers)
-            return finish(Result{Status::infeasible, {}, infinity, infinity, 0.0});
-        throw SolverError("cbc: the solve ended with status " + std::to_string(Cbc_status(cbc.get())) + "/" +
-                          std::to_string(Cbc_secondaryStatus(cbc.get())) + " and no solution");
+            return Result{limit_hit ? Status::feasible : Status::optimal, *model.start(), start_objective,
+                          limit_hit ? std::min(bound, start_objective) : start_objective, 0.0};
+        if (limit_hit) return Result{Status::time_limit_no_solution, {}, infinity, bound, 0.0};
+        if (Cbc_isProvenInfeasible(cbc) || !has_integers) return Result{Status::infeasible, {}, infinity, infinity, 0.0};
+        throw SolverError("cbc: the solve ended with status " + std::to_string(Cbc_status(cbc)) + "/" +
+                          std::to_string(Cbc_secondaryStatus(cbc)) + " and no solution");
     }
 };
 

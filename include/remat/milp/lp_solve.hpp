@@ -58,69 +58,17 @@ public:
 
     [[nodiscard]] Result solve(const Model& model) const {
         const auto start = std::chrono::steady_clock::now();
-        const Parameters& par = model.parameters();
-        const auto& vars = model.variables();
-        const int n = static_cast<int>(vars.size());
-        Result result;
         const auto finish = [&](Result r) {
             r.seconds = seconds_since(start);
             return r;
         };
-        if (n == 0) {
-            // lp_solve needs a column; an empty model is trivially optimal unless a row is violated.
-            for (const Row& row : model.rows()) {
-                const bool ok = (row.sense == Sense::less_equal && 0.0 <= row.rhs) ||
-                                (row.sense == Sense::greater_equal && 0.0 >= row.rhs) ||
-                                (row.sense == Sense::equal && row.rhs == 0.0);
-                if (!ok) return finish(Result{Status::infeasible, {}, infinity, -infinity, 0.0});
-            }
-            return finish(Result{Status::optimal, {}, model.objective_offset(), model.objective_offset(), 0.0});
-        }
+        if (model.variables().empty()) return finish(empty_model_result(model));
 
-        detail::LpHandle lp(make_lp(0, n));
-        if (!lp) throw SolverError("lp_solve: make_lp failed for a model of " + std::to_string(n) + " variables (out of memory?)");
-        char no_output[] = "";
-        set_outputfile(lp.get(), no_output);
-        set_verbose(lp.get(), NEUTRAL);
-        const double inf = get_infinite(lp.get());
-        const auto clamp = [inf](double x) { return x >= inf ? inf : (x <= -inf ? -inf : x); };
-
-        std::vector<double> row_values;
-        std::vector<int> row_columns;
-        row_values.reserve(static_cast<std::size_t>(n));
-        row_columns.reserve(static_cast<std::size_t>(n));
-        for (int j = 0; j < n; ++j) {
-            const Variable& v = vars[static_cast<std::size_t>(j)];
-            if (!set_bounds(lp.get(), j + 1, clamp(v.lower), clamp(v.upper)))
-                throw SolverError("lp_solve: set_bounds failed for variable '" + v.name + "'");
-            if (v.type != VarType::continuous) set_int(lp.get(), j + 1, TRUE);
-            if (v.objective != 0.0) {
-                row_values.push_back(v.objective);
-                row_columns.push_back(j + 1);
-            }
-        }
-        if (!set_obj_fnex(lp.get(), static_cast<int>(row_values.size()), row_values.data(), row_columns.data()))
-            throw SolverError("lp_solve: set_obj_fnex failed");
-        set_minim(lp.get());
-
-        set_add_rowmode(lp.get(), TRUE);
-        for (const Row& row : model.rows()) {
-            row_values.clear();
-            row_columns.clear();
-            for (const Term& t : row.terms) {
-                row_values.push_back(t.coef);
-                row_columns.push_back(static_cast<int>(t.var.index) + 1);
-            }
-            const int type = row.sense == Sense::less_equal ? LE : (row.sense == Sense::greater_equal ? GE : EQ);
-            if (!add_constraintex(lp.get(), static_cast<int>(row_values.size()), row_values.data(), row_columns.data(),
-                                  type, row.rhs))
-                throw SolverError("lp_solve: add_constraintex failed for row '" + row.name + "'");
-        }
-        set_add_rowmode(lp.get(), FALSE);
-
+        const detail::LpHandle lp = load(model);
+        const Parameters& par = model.parameters();
         set_mip_gap(lp.get(), TRUE, std::max(par.absolute_gap, 1e-11));
         set_mip_gap(lp.get(), FALSE, std::max(par.relative_gap, 1e-11));
-
+        // The abort callback reads the deadline, which must outlive ::solve.
         detail::LpDeadline deadline;
         if (std::isfinite(par.time_limit_seconds)) {
             deadline.limited = true;
@@ -129,53 +77,124 @@ public:
             set_timeout(lp.get(), static_cast<long>(std::ceil(std::max(1.0, par.time_limit_seconds))) + 1);
         }
         put_abortfunc(lp.get(), &detail::lp_solve_abort, &deadline);
-
-        // A starting solution is a cutoff: only strictly better solutions are searched for.
-        const auto& given = model.start();
-        const bool use_start = given.has_value() && model.is_feasible(*given);
-        double start_objective = infinity;
-        if (use_start) {
-            start_objective = model.objective_value(*given);
-            const double linear = start_objective - model.objective_offset();
-            set_obj_bound(lp.get(), linear + std::max(1e-9, 1e-9 * std::abs(linear)));
-        }
+        const bool use_start = model.start().has_value() && model.is_feasible(*model.start());
+        if (use_start) set_cutoff(lp.get(), model);
 
         const int ret = ::solve(lp.get());
+        return finish(outcome(lp.get(), ret, model, use_start));
+    }
+
+private:
+    // lp_solve needs a column; an empty model is trivially optimal unless a row is violated.
+    [[nodiscard]] static Result empty_model_result(const Model& model) {
+        for (const Row& row : model.rows()) {
+            const bool ok = (row.sense == Sense::less_equal && 0.0 <= row.rhs) ||
+                            (row.sense == Sense::greater_equal && 0.0 >= row.rhs) ||
+                            (row.sense == Sense::equal && row.rhs == 0.0);
+            if (!ok) return Result{Status::infeasible, {}, infinity, -infinity, 0.0};
+        }
+        return Result{Status::optimal, {}, model.objective_offset(), model.objective_offset(), 0.0};
+    }
+
+    // A silenced lprec holding the model: its columns (bounds, integrality, objective, to
+    // be minimised) and its rows.
+    [[nodiscard]] static detail::LpHandle load(const Model& model) {
+        const int n = static_cast<int>(model.variables().size());
+        detail::LpHandle lp(make_lp(0, n));
+        if (!lp) throw SolverError("lp_solve: make_lp failed for a model of " + std::to_string(n) + " variables (out of memory?)");
+        char no_output[] = "";
+        set_outputfile(lp.get(), no_output);
+        set_verbose(lp.get(), NEUTRAL);
+        load_columns(lp.get(), model);
+        load_rows(lp.get(), model);
+        return lp;
+    }
+
+    static void load_columns(lprec* lp, const Model& model) {
+        const auto& vars = model.variables();
+        const int n = static_cast<int>(vars.size());
+        const double inf = get_infinite(lp);
+        const auto clamp = [inf](double x) { return x >= inf ? inf : (x <= -inf ? -inf : x); };
+        std::vector<double> row_values;
+        std::vector<int> row_columns;
+        row_values.reserve(static_cast<std::size_t>(n));
+        row_columns.reserve(static_cast<std::size_t>(n));
+        for (int j = 0; j < n; ++j) {
+            const Variable& v = vars[static_cast<std::size_t>(j)];
+            if (!set_bounds(lp, j + 1, clamp(v.lower), clamp(v.upper)))
+                throw SolverError("lp_solve: set_bounds failed for variable '" + v.name + "'");
+            if (v.type != VarType::continuous) set_int(lp, j + 1, TRUE);
+            if (v.objective != 0.0) {
+                row_values.push_back(v.objective);
+                row_columns.push_back(j + 1);
+            }
+        }
+        if (!set_obj_fnex(lp, static_cast<int>(row_values.size()), row_values.data(), row_columns.data()))
+            throw SolverError("lp_solve: set_obj_fnex failed");
+        set_minim(lp);
+    }
+
+    static void load_rows(lprec* lp, const Model& model) {
+        std::vector<double> row_values;
+        std::vector<int> row_columns;
+        row_values.reserve(model.variables().size());
+        row_columns.reserve(model.variables().size());
+        set_add_rowmode(lp, TRUE);
+        for (const Row& row : model.rows()) {
+            row_values.clear();
+            row_columns.clear();
+            for (const Term& t : row.terms) {
+                row_values.push_back(t.coef);
+                row_columns.push_back(static_cast<int>(t.var.index) + 1);
+            }
+            const int type = row.sense == Sense::less_equal ? LE : (row.sense == Sense::greater_equal ? GE : EQ);
+            if (!add_constraintex(lp, static_cast<int>(row_values.size()), row_values.data(), row_columns.data(), type,
+                                  row.rhs))
+                throw SolverError("lp_solve: add_constraintex failed for row '" + row.name + "'");
+        }
+        set_add_rowmode(lp, FALSE);
+    }
+
+    // lp_solve has no MIP start: a starting solution is a cutoff, so that only strictly
+    // better solutions are searched for.
+    static void set_cutoff(lprec* lp, const Model& model) {
+        const double linear = model.objective_value(*model.start()) - model.objective_offset();
+        set_obj_bound(lp, linear + std::max(1e-9, 1e-9 * std::abs(linear)));
+    }
+
+    // The Result of a finished ::solve that returned `ret` (seconds left at 0).
+    [[nodiscard]] static Result outcome(lprec* lp, int ret, const Model& model, bool use_start) {
+        const double inf = get_infinite(lp);
         const double root_bound = lp->real_solution;
+        const double start_objective = use_start ? model.objective_value(*model.start()) : infinity;
+        // The start itself, when nothing better was found: bounded by the root LP unless proven.
         const auto from_start = [&](Status status) {
-            Result r{status, *given, start_objective, status == Status::optimal ? start_objective : -infinity, 0.0};
+            Result r{status, *model.start(), start_objective, status == Status::optimal ? start_objective : -infinity,
+                     0.0};
             if (status != Status::optimal && std::isfinite(root_bound) && std::abs(root_bound) < inf)
                 r.best_bound = std::min(start_objective, root_bound + model.objective_offset());
-            return finish(std::move(r));
+            return r;
         };
         switch (ret) {
             case OPTIMAL:
             case PRESOLVED:
             case SUBOPTIMAL: {
-                std::vector<double> values(static_cast<std::size_t>(n));
-                if (!get_variables(lp.get(), values.data())) throw SolverError("lp_solve: get_variables failed");
-                const double objective = get_objective(lp.get()) + model.objective_offset();
-                if (use_start && objective > start_objective)
+                Result r = solution(lp, ret, model, root_bound);
+                if (use_start && r.objective > start_objective)
                     return from_start(ret == SUBOPTIMAL ? Status::feasible : Status::optimal);
-                Result r{ret == SUBOPTIMAL ? Status::feasible : Status::optimal, std::move(values), objective, objective,
-                         0.0};
-                if (ret == SUBOPTIMAL) {
-                    r.best_bound = -infinity;
-                    if (std::abs(root_bound) < inf) r.best_bound = std::min(objective, root_bound + model.objective_offset());
-                }
-                return finish(std::move(r));
+                return r;
             }
             case INFEASIBLE:
                 // With a cutoff, "infeasible" means nothing beats the start: the start is optimal.
                 if (use_start) return from_start(Status::optimal);
-                return finish(Result{Status::infeasible, {}, infinity, infinity, 0.0});
+                return Result{Status::infeasible, {}, infinity, infinity, 0.0};
             case TIMEOUT:
             case USERABORT:
                 if (use_start) return from_start(Status::feasible);
                 {
                     Result r{Status::time_limit_no_solution, {}, infinity, -infinity, 0.0};
                     if (std::abs(root_bound) < inf) r.best_bound = root_bound + model.objective_offset();
-                    return finish(std::move(r));
+                    return r;
                 }
             case UNBOUNDED:
                 throw SolverError("lp_solve: the model is unbounded (a variable without a bound has a negative cost)");
@@ -183,6 +202,19 @@ public:
                 throw SolverError("lp_solve: solve failed with code " + std::to_string(ret) +
                                   " (numerical failure or out of memory)");
         }
+    }
+
+    // The solution lp_solve found; a suboptimal one (search stopped) is bounded by the root LP.
+    [[nodiscard]] static Result solution(lprec* lp, int ret, const Model& model, double root_bound) {
+        std::vector<double> values(model.variables().size());
+        if (!get_variables(lp, values.data())) throw SolverError("lp_solve: get_variables failed");
+        const double objective = get_objective(lp) + model.objective_offset();
+        Result r{ret == SUBOPTIMAL ? Status::feasible : Status::optimal, std::move(values), objective, objective, 0.0};
+        if (ret == SUBOPTIMAL) {
+            r.best_bound = -infinity;
+            if (std::abs(root_bound) < get_infinite(lp)) r.best_bound = std::min(objective, root_bound + model.objective_offset());
+        }
+        return r;
     }
 };
 

@@ -365,21 +365,17 @@ struct NogradForward {
     Bytes overhead = 0;
 };
 
-[[nodiscard]] inline NogradForward nograd_forward(const BlockProblem& bp, const Block& block) {
-    NogradForward out;
-    if (!block.output) return out;
-    const Problem& q = bp.problem;
-    std::optional<DataId> target;
-    for (std::size_t d = 0; d < q.data_count(); ++d)
-        if (bp.global_data[d] == block.output) target = DataId{d};
+// The ops that compute `target` without grad: for every data needed, the writer that
+// writes the fewest bytes (then the fastest), by op index.
+[[nodiscard]] inline std::vector<char> nograd_writers(const Problem& q, DataId target) {
     const auto written_bytes = [&](OpId k) {
         Bytes sum = 0;
         for (const DataId d : q.op(k).writes) sum += q.data(d).bytes;
         return sum;
     };
     std::vector<char> chosen(q.op_count(), 0), needed(q.data_count(), 0), produced(q.data_count(), 0);
-    std::vector<DataId> pending{target.value()};
-    needed[target->index] = 1;
+    std::vector<DataId> pending{target};
+    needed[target.index] = 1;
     while (!pending.empty()) {
         const DataId d = pending.back();
         pending.pop_back();
@@ -402,7 +398,12 @@ struct NogradForward {
                 pending.push_back(r);
             }
     }
-    // Order: repeatedly the first chosen op whose reads are available.
+    return chosen;
+}
+
+// The chosen ops in an order the reads allow: repeatedly the first chosen op whose reads
+// are available.
+[[nodiscard]] inline std::vector<OpId> nograd_order(const Problem& q, const std::vector<char>& chosen) {
     std::vector<OpId> order;
     std::vector<char> available(q.data_count(), 0), done(q.op_count(), 0);
     for (const DataId d : q.initial()) available[d.index] = 1;
@@ -418,6 +419,13 @@ struct NogradForward {
             progress = true;
         }
     }
+    return order;
+}
+
+// Runs `order` into out.schedule (and its time into out.time), freeing each data but the
+// initial ones and the target after its last read; returns which data end live.
+inline std::vector<char> schedule_nograd(const Problem& q, const std::vector<OpId>& order, DataId target,
+                                         NogradForward& out) {
     std::vector<std::size_t> last_read(q.data_count(), 0);
     for (std::size_t i = 0; i < order.size(); ++i)
         for (const DataId d : q.op(order[i]).reads) last_read[d.index] = i;
@@ -432,11 +440,23 @@ struct NogradForward {
         std::sort(touched.begin(), touched.end());
         touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
         for (const DataId d : touched)
-            if (live[d.index] && !q.is_initial(d) && d != *target && last_read[d.index] <= i) {
+            if (live[d.index] && !q.is_initial(d) && d != target && last_read[d.index] <= i) {
                 out.schedule.push_back(Step::free(d));
                 live[d.index] = 0;
             }
     }
+    return live;
+}
+
+[[nodiscard]] inline NogradForward nograd_forward(const BlockProblem& bp, const Block& block) {
+    NogradForward out;
+    if (!block.output) return out;
+    const Problem& q = bp.problem;
+    std::optional<DataId> target;
+    for (std::size_t d = 0; d < q.data_count(); ++d)
+        if (bp.global_data[d] == block.output) target = DataId{d};
+    const std::vector<OpId> order = nograd_order(q, nograd_writers(q, target.value()));
+    const std::vector<char> live = schedule_nograd(q, order, *target, out);
     // Memory along the way: the simulator on the partial schedule (it reports the
     // exactly-once ops that never ran only after the last step).
     const SimulationReport r = simulate(q, out.schedule);
