@@ -9377,7 +9377,8 @@ struct SweepPoint {
         csv += number;
     };
     for (const SweepPoint& p : points) {
-        csv += std::to_string(p.budget) + ",";
+        csv += std::to_string(p.budget);
+        csv += ',';
         add("%.4f", 100.0 * static_cast<double>(p.budget) / static_cast<double>(std::max<Bytes>(reference.peak, 1)));
         if (!p.plan) {
             csv += ",false,,,,\n";
@@ -9387,7 +9388,9 @@ struct SweepPoint {
         add("%.9g", p.plan->time);
         csv += ",";
         add("%.4f", reference.time > 0 ? 100.0 * (p.plan->time / reference.time - 1.0) : 0.0);
-        csv += "," + std::to_string(p.plan->peak) + ",";
+        csv += ',';
+        csv += std::to_string(p.plan->peak);
+        csv += ',';
         add("%.6g", p.plan->stats.solve_seconds);
         csv += "\n";
     }
