@@ -7370,13 +7370,23 @@ public:
     /// stats name the component that made it.
     [[nodiscard]] Plan solve(const HRockmateModel& model, Bytes budget) const {
         const Stopwatch clock;
-        std::optional<Plan> best = solve_top(model, budget);
-        const auto consider = [&](std::optional<Plan> plan) {
+        std::optional<Plan> best;
+        // Each candidate in turn; a listener hears the best plan so far after each.
+        const auto consider = [&](std::string_view component, std::optional<Plan> plan) {
             if (plan && (!best || plan->time < best->time)) best = std::move(plan);
+            if (!options_.progress) return;
+            std::ostringstream line;
+            line << "hrockmate: " << component << " done after " << clock.seconds() << " s; best plan so far: ";
+            if (best)
+                line << "time " << best->time << ", peak " << best->peak << " bytes (" << best->stats.options << ")";
+            else
+                line << "none";
+            report(line.str());
         };
-        if (!model.hierarchy.clusters.empty()) consider(exact_plan(model.problem, budget));
-        if (options_.compare_with_greedy) consider(greedy_plan(model.problem, budget));
-        if (model.rockmate) consider(rockmate_plan(*model.rockmate, budget));
+        consider("hierarchy", solve_top(model, budget));
+        if (!model.hierarchy.clusters.empty()) consider("exact search", exact_plan(model.problem, budget));
+        if (options_.compare_with_greedy) consider("greedy", greedy_plan(model.problem, budget));
+        if (model.rockmate) consider("rockmate", rockmate_plan(*model.rockmate, budget));
         if (!best) throw infeasible(model, budget);
         best->stats.solve_seconds = clock.seconds();
         return *std::move(best);

@@ -13,6 +13,7 @@
 #include <iostream>
 #include <random>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -312,6 +313,27 @@ TEST_CASE("hrockmate: a 4-layer GPT at P_ref is planned by the hierarchy alone w
     check_plan(p, plan, ref.peak);
     CHECK(plan.time <= ref.time * 1.001);  // was 7 % above
     CHECK(plan.stats.options.find("component=hierarchy") != std::string::npos);
+}
+
+TEST_CASE("hrockmate: progress names each component's turn and the best plan so far", "[hierarchical]") {
+    UNetShape u;
+    u.levels = 3;
+    const Problem p = unet_like(u, "unet3-progress");
+    const Reference ref = store_all_reference(p);
+    std::vector<std::string> lines;
+    HRockmateOptions options;
+    options.progress = [&lines](const std::string& line) { lines.push_back(line); };
+    const Plan plan = HRockmate(options).solve(p, ref.peak / 2);
+    check_plan(p, plan, ref.peak / 2);
+    std::vector<std::string> best_lines;
+    for (const std::string& line : lines)
+        if (line.find("best plan so far") != std::string::npos) best_lines.push_back(line);
+    REQUIRE(best_lines.size() >= 2);  // the hierarchy, then the greedy at least
+    CHECK_THAT(best_lines.front(), Catch::StartsWith("hrockmate: hierarchy done after "));
+    CHECK_THAT(best_lines.back(), Catch::Contains("best plan so far: time ") && Catch::Contains(plan.stats.options));
+    std::ostringstream peak;
+    peak << "peak " << plan.peak << " bytes";
+    CHECK_THAT(best_lines.back(), Catch::Contains(peak.str()));
 }
 
 TEST_CASE("hrockmate: infeasible budgets say whether they are below a proven bound or beyond reach", "[hierarchical][slow]") {
