@@ -188,6 +188,8 @@ inline HRockmateOptions hrockmate_options(const SolveOptions& o) {
         };
     } else {
         try {  // the analysis runs here; a graph beyond it goes to the greedy below
+            if (choice == AutoChoice::rockmate)  // the limit is shared among the blocks, as in remat::Auto
+                inner.time_limit = auto_block_time_limit(o.time_limit, partition_blocks(problem).blocks.size());
             first = choice == AutoChoice::rockmate ? rockmate_planner(problem, inner) : hrockmate_planner(problem, inner);
         } catch (const SolverError& e) {
             first = [why = std::string(e.what())](Bytes) -> Plan { throw SolverError(why); };

@@ -14,6 +14,7 @@
 #include "core/schedule.hpp"
 #include "core/simulate.hpp"
 #include "core/solver.hpp"
+#include "core/time_bounded.hpp"
 #include "core/timing.hpp"
 #include "core/bounds.hpp"
 #include "core/progress.hpp"

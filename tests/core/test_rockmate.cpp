@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <queue>
 #include <random>
 #include <string>
@@ -733,6 +734,65 @@ TEST_CASE("rockmate solves structurally identical blocks once") {
     CHECK(least == Rockmate<>(separate).smallest_budget(m2));
     for (const Bytes budget : sweep(least, ref.peak, 6))
         CHECK(Rockmate<>(shared).solve(m1, budget).time == Approx(Rockmate<>(separate).solve(m2, budget).time));
+}
+
+namespace {
+
+// A block solver that searches until its time limit (2 s when none is tightened) and then
+// gives up, recording every limit it was given.
+struct SlowBlockSolver {
+    double limit_seconds = 2.0;
+    std::shared_ptr<std::vector<double>> limits_given = std::make_shared<std::vector<double>>();
+
+    [[nodiscard]] static constexpr std::string_view name() noexcept { return "slow"; }
+    [[nodiscard]] SlowBlockSolver with_time_limit_at_most(double seconds) const {
+        SlowBlockSolver copy = *this;
+        copy.limit_seconds = std::min(limit_seconds, seconds);
+        limits_given->push_back(copy.limit_seconds);
+        return copy;
+    }
+    [[nodiscard]] Plan solve(const Problem& problem, Bytes) const {
+        const remat::Stopwatch clock;
+        while (clock.seconds() < limit_seconds) {
+        }
+        throw SolverError("slow: out of time on '" + problem.name() + "'");
+    }
+};
+
+}  // namespace
+
+TEST_CASE("rockmate's block solves stop when the block's time limit does (TimeBoundedSolver)") {
+    STATIC_REQUIRE(TimeBoundedSolver<Exhaustive>);
+    STATIC_REQUIRE(TimeBoundedSolver<SlowBlockSolver>);
+    STATIC_REQUIRE_FALSE(TimeBoundedSolver<StoreAll>);
+    CHECK(time_bounded(Exhaustive{}, 2.5).options().time_limit_seconds == 2.5);
+    CHECK(time_bounded(Exhaustive{}, 1e9).options().time_limit_seconds == ExhaustiveOptions{}.time_limit_seconds);
+    CHECK(time_bounded(Exhaustive{}, -1.0).options().time_limit_seconds > 0);  // out of time: stops at once
+    (void)time_bounded(StoreAll{}, 1.0);  // no limit to tighten: the solver itself
+
+    testing::OpLevelBuilder g("mlp3");
+    auto a = g.input("x", 64, true);
+    for (int i = 0; i < 3; ++i) {
+        const std::string p = testing::numbered("l", static_cast<std::size_t>(i), ".");
+        testing::OpLevelBuilder::OpDesc fc{p + "fc", {a}, {{p + "fc", 128}}, 64, 2.0, 4.0, 0, 32, true, false};
+        const auto h = g.op1(fc);
+        testing::OpLevelBuilder::OpDesc act{p + "act", {h}, {{p + "act", 64}}, 0, 1.0, 1.0, 0, 0, false, true};
+        a = g.op1(act);
+    }
+    const Problem p = g.finish(a);
+    RockmateOptions options = quiet_options();
+    options.sharing = BlockSharing::none;
+    options.block_time_limit_seconds = 0.05;
+    const SlowBlockSolver slow;
+    const remat::Stopwatch clock;
+    const RockmateModel model = Rockmate<SlowBlockSolver>(options, slow).analyse(p);
+    // Unbounded, the first block alone would spin 2 s; bounded, each block stops after 0.05 s.
+    CHECK(clock.seconds() < 0.05 * static_cast<double>(model.blocks.size()) + 1.0);
+    REQUIRE_FALSE(slow.limits_given->empty());
+    for (const double limit : *slow.limits_given) CHECK(limit <= 0.05);
+    // The store-all option of every block remains: the model still plans at P_ref.
+    const Reference ref = store_all_reference(p);
+    CHECK(Rockmate<SlowBlockSolver>(options, slow).solve(model, ref.peak).peak <= ref.peak);
 }
 
 TEST_CASE("rockmate with store-all options only is rotor over blocks, never faster than the full grid") {

@@ -137,6 +137,13 @@ public:
     }
 
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "checkmate"; }
+
+    /// A copy whose time limit is at most `seconds` (models TimeBoundedSolver).
+    [[nodiscard]] Checkmate with_time_limit_at_most(double seconds) const {
+        CheckmateOptions o = options_;
+        o.time_limit_seconds = std::max(std::min(o.time_limit_seconds, seconds), 1e-9);
+        return Checkmate(o, backend_);
+    }
     [[nodiscard]] const CheckmateOptions& options() const noexcept { return options_; }
     [[nodiscard]] const Backend& backend() const noexcept { return backend_; }
 

@@ -373,6 +373,15 @@ public:
     }
 
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "exhaustive"; }
+    [[nodiscard]] const ExhaustiveOptions& options() const noexcept { return options_; }
+
+    /// A copy whose time limit is at most `seconds` (models TimeBoundedSolver; a limit that
+    /// has already run out becomes the smallest positive one, so the search stops at once).
+    [[nodiscard]] Exhaustive with_time_limit_at_most(double seconds) const {
+        ExhaustiveOptions o = options_;
+        o.time_limit_seconds = std::max(std::min(o.time_limit_seconds, seconds), 1e-9);
+        return Exhaustive(o);
+    }
 
     [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
         const auto start = std::chrono::steady_clock::now();

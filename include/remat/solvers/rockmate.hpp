@@ -49,6 +49,7 @@
 #include "../core/schedule.hpp"
 #include "../core/simulate.hpp"
 #include "../core/solver.hpp"
+#include "../core/time_bounded.hpp"
 #include "../core/timing.hpp"
 #include "../partition/blocks.hpp"
 #include "exhaustive.hpp"
@@ -682,7 +683,10 @@ private:
                 if (!q.is_initial(d)) saved_lo += q.data(d).bytes;
             saved_lo += detail::rockmate::bytes_of(q, b.writes);
             const Bytes peak_hi = ref.peak;
-            const Bytes peak_lo = std::min(peak_hi, detail::rockmate::least_peak(block_solver_, q).value_or(saved_lo));
+            // Every solve of the block stops when the block's time does (time_bounded).
+            const auto left = [&] { return options_.block_time_limit_seconds - seconds_since(start); };
+            const Bytes peak_lo =
+                std::min(peak_hi, detail::rockmate::least_peak(time_bounded(block_solver_, left()), q).value_or(saved_lo));
             const auto step = [](Bytes lo, Bytes hi, std::size_t i, std::size_t count) {
                 return count <= 1 ? hi : lo + (hi - lo) * static_cast<Bytes>(i) / static_cast<Bytes>(count - 1);
             };
@@ -722,7 +726,7 @@ private:
                     }
                     const BlockProblem constrained = block_problem(problem, part, l, peak - saved);
                     try {
-                        const Plan plan = block_solver_.solve(constrained.problem, peak);
+                        const Plan plan = time_bounded(block_solver_, left()).solve(constrained.problem, peak);
                         rb.options.push_back(detail::rockmate::option_from(rb.problem, block, plan.schedule, freeable));
                         ++rb.solves;
                         const SimulationReport sim = simulate(q, plan.schedule);
