@@ -4350,6 +4350,122 @@ struct BlockProblem {
 #include <utility>
 #include <vector>
 
+// ---- begin remat/solvers/fast_forward.hpp ----
+// remat/solvers/fast_forward.hpp — computing some data without autograd: the "no-grad
+// forward" of Rockmate's blocks (Zhao et al., ICML 2023, §3) and the "fast forward" of
+// H-Rockmate's cluster children (Zhao et al. 2024, HiRemate), written once.
+//
+// For every data needed, the writer that is not exactly-once and writes the fewest bytes
+// (then the fastest) is chosen; the chosen ops run in an order their reads allow, and each
+// data but the initial ones and the targets is freed after its last read. Such a schedule
+// keeps nothing for the backward: it is what a solver runs when it recomputes a block or a
+// child's outputs only to pass them on (docs/design.md §4.4 and §4.5).
+
+#include <algorithm>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+
+namespace remat::detail {
+
+// The ops that compute `targets`, by op index; `who` starts the message when a needed data
+// has no writer that may run twice.
+[[nodiscard]] inline std::vector<char> fast_forward_writers(const Problem& q, std::span<const DataId> targets,
+                                                            std::string_view who) {
+    const auto written_bytes = [&](OpId k) {
+        Bytes sum = 0;
+        for (const DataId d : q.op(k).writes) sum += q.data(d).bytes;
+        return sum;
+    };
+    std::vector<char> chosen(q.op_count(), 0), needed(q.data_count(), 0), produced(q.data_count(), 0);
+    std::vector<DataId> pending;
+    for (const DataId d : targets) {
+        needed[d.index] = 1;
+        pending.push_back(d);
+    }
+    while (!pending.empty()) {
+        const DataId d = pending.back();
+        pending.pop_back();
+        if (q.is_initial(d) || produced[d.index]) continue;
+        std::optional<OpId> best;
+        for (const OpId w : q.writers(d)) {
+            if (q.op(w).exactly_once) continue;
+            if (!best || written_bytes(w) < written_bytes(*best) ||
+                (written_bytes(w) == written_bytes(*best) && q.op(w).time < q.op(*best).time))
+                best = w;
+        }
+        if (!best)
+            throw SolverError(std::string(who) + ": no forward op of '" + q.name() + "' writes '" + q.data(d).name +
+                              "' (this is a bug in the solver's partition; please report it)");
+        chosen[best->index] = 1;
+        for (const DataId w : q.op(*best).writes) produced[w.index] = 1;
+        for (const DataId r : q.op(*best).reads)
+            if (!needed[r.index]) {
+                needed[r.index] = 1;
+                pending.push_back(r);
+            }
+    }
+    return chosen;
+}
+
+// The chosen ops in an order the reads allow: repeatedly the first chosen op whose reads
+// are available.
+[[nodiscard]] inline std::vector<OpId> fast_forward_order(const Problem& q, const std::vector<char>& chosen) {
+    std::vector<OpId> order;
+    std::vector<char> available(q.data_count(), 0), done(q.op_count(), 0);
+    for (const DataId d : q.initial()) available[d.index] = 1;
+    for (bool progress = true; progress;) {
+        progress = false;
+        for (std::size_t k = 0; k < q.op_count(); ++k) {
+            if (!chosen[k] || done[k]) continue;
+            const Op& op = q.op(OpId{k});
+            if (!std::all_of(op.reads.begin(), op.reads.end(), [&](DataId d) { return available[d.index] != 0; })) continue;
+            done[k] = 1;
+            order.push_back(OpId{k});
+            for (const DataId d : op.writes) available[d.index] = 1;
+            progress = true;
+        }
+    }
+    return order;
+}
+
+// Runs `order`, freeing each data but the initial ones and the targets after its last read.
+[[nodiscard]] inline Schedule fast_forward_steps(const Problem& q, const std::vector<OpId>& order,
+                                                 std::span<const DataId> targets) {
+    std::vector<char> kept(q.data_count(), 0);
+    for (const DataId d : targets) kept[d.index] = 1;
+    std::vector<std::size_t> last_read(q.data_count(), 0);
+    for (std::size_t i = 0; i < order.size(); ++i)
+        for (const DataId d : q.op(order[i]).reads) last_read[d.index] = i;
+    std::vector<char> live(q.data_count(), 0);
+    Schedule out;
+    for (std::size_t i = 0; i < order.size(); ++i) {
+        const Op& op = q.op(order[i]);
+        out.push_back(Step::run(order[i]));
+        for (const DataId d : op.writes) live[d.index] = 1;
+        std::vector<DataId> touched(op.reads);
+        touched.insert(touched.end(), op.writes.begin(), op.writes.end());
+        std::sort(touched.begin(), touched.end());
+        touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+        for (const DataId d : touched)
+            if (live[d.index] && !q.is_initial(d) && !kept[d.index] && last_read[d.index] <= i) {
+                out.push_back(Step::free(d));
+                live[d.index] = 0;
+            }
+    }
+    return out;
+}
+
+/// The schedule that computes `targets` of `q` without autograd (see the top of this file).
+[[nodiscard]] inline Schedule fast_forward(const Problem& q, std::span<const DataId> targets, std::string_view who) {
+    return fast_forward_steps(q, fast_forward_order(q, fast_forward_writers(q, targets, who)), targets);
+}
+
+}  // namespace remat::detail
+// ---- end remat/solvers/fast_forward.hpp ----
 // ---- begin remat/solvers/greedy.hpp ----
 // remat/solvers/greedy.hpp — a fast greedy planner for any graph: a static, DTR-like replay of
 // the framework's order on the simulator's semantics (docs/formats.md §3 (simulation semantics)).
@@ -5428,97 +5544,13 @@ inline void prune(std::vector<RockmateBlockOption>& options) {
     options = std::move(kept);
 }
 
-// The block's output computed without grad: for every data needed, the writer that writes
-// the fewest bytes (then the fastest), in an order the reads allow, each data freed after
-// its last read. Returns the schedule (block ids), its time and its overhead in Rotor's sense.
+// The block's output computed without grad (fast_forward.hpp): the schedule (block ids),
+// its time and its overhead in Rotor's sense.
 struct NogradForward {
     Schedule schedule;
     double time = 0.0;
     Bytes overhead = 0;
 };
-
-// The ops that compute `target` without grad: for every data needed, the writer that
-// writes the fewest bytes (then the fastest), by op index.
-[[nodiscard]] inline std::vector<char> nograd_writers(const Problem& q, DataId target) {
-    const auto written_bytes = [&](OpId k) {
-        Bytes sum = 0;
-        for (const DataId d : q.op(k).writes) sum += q.data(d).bytes;
-        return sum;
-    };
-    std::vector<char> chosen(q.op_count(), 0), needed(q.data_count(), 0), produced(q.data_count(), 0);
-    std::vector<DataId> pending{target};
-    needed[target.index] = 1;
-    while (!pending.empty()) {
-        const DataId d = pending.back();
-        pending.pop_back();
-        if (q.is_initial(d) || produced[d.index]) continue;
-        std::optional<OpId> best;
-        for (const OpId w : q.writers(d)) {
-            if (q.op(w).exactly_once) continue;
-            if (!best || written_bytes(w) < written_bytes(*best) ||
-                (written_bytes(w) == written_bytes(*best) && q.op(w).time < q.op(*best).time))
-                best = w;
-        }
-        if (!best)
-            throw SolverError("rockmate: no forward op of '" + q.name() + "' writes '" + q.data(d).name +
-                              "' (this is a bug in the block partition; please report it)");
-        chosen[best->index] = 1;
-        for (const DataId w : q.op(*best).writes) produced[w.index] = 1;
-        for (const DataId r : q.op(*best).reads)
-            if (!needed[r.index]) {
-                needed[r.index] = 1;
-                pending.push_back(r);
-            }
-    }
-    return chosen;
-}
-
-// The chosen ops in an order the reads allow: repeatedly the first chosen op whose reads
-// are available.
-[[nodiscard]] inline std::vector<OpId> nograd_order(const Problem& q, const std::vector<char>& chosen) {
-    std::vector<OpId> order;
-    std::vector<char> available(q.data_count(), 0), done(q.op_count(), 0);
-    for (const DataId d : q.initial()) available[d.index] = 1;
-    for (bool progress = true; progress;) {
-        progress = false;
-        for (std::size_t k = 0; k < q.op_count(); ++k) {
-            if (!chosen[k] || done[k]) continue;
-            const Op& op = q.op(OpId{k});
-            if (!std::all_of(op.reads.begin(), op.reads.end(), [&](DataId d) { return available[d.index] != 0; })) continue;
-            done[k] = 1;
-            order.push_back(OpId{k});
-            for (const DataId d : op.writes) available[d.index] = 1;
-            progress = true;
-        }
-    }
-    return order;
-}
-
-// Runs `order` into out.schedule (and its time into out.time), freeing each data but the
-// initial ones and the target after its last read; returns which data end live.
-inline std::vector<char> schedule_nograd(const Problem& q, const std::vector<OpId>& order, DataId target,
-                                         NogradForward& out) {
-    std::vector<std::size_t> last_read(q.data_count(), 0);
-    for (std::size_t i = 0; i < order.size(); ++i)
-        for (const DataId d : q.op(order[i]).reads) last_read[d.index] = i;
-    std::vector<char> live(q.data_count(), 0);
-    for (std::size_t i = 0; i < order.size(); ++i) {
-        const Op& op = q.op(order[i]);
-        out.schedule.push_back(Step::run(order[i]));
-        out.time += op.time;
-        for (const DataId d : op.writes) live[d.index] = 1;
-        std::vector<DataId> touched(op.reads);
-        touched.insert(touched.end(), op.writes.begin(), op.writes.end());
-        std::sort(touched.begin(), touched.end());
-        touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
-        for (const DataId d : touched)
-            if (live[d.index] && !q.is_initial(d) && d != target && last_read[d.index] <= i) {
-                out.schedule.push_back(Step::free(d));
-                live[d.index] = 0;
-            }
-    }
-    return live;
-}
 
 [[nodiscard]] inline NogradForward nograd_forward(const BlockProblem& bp, const Block& block) {
     NogradForward out;
@@ -5527,12 +5559,19 @@ inline std::vector<char> schedule_nograd(const Problem& q, const std::vector<OpI
     std::optional<DataId> target;
     for (std::size_t d = 0; d < q.data_count(); ++d)
         if (bp.global_data[d] == block.output) target = DataId{d};
-    const std::vector<OpId> order = nograd_order(q, nograd_writers(q, target.value()));
-    const std::vector<char> live = schedule_nograd(q, order, *target, out);
+    const DataId targets[] = {target.value()};
+    out.schedule = remat::detail::fast_forward(q, targets, "rockmate");
+    bool written = q.is_initial(*target);
+    for (const Step& step : out.schedule) {
+        if (!step.is_run()) continue;
+        const Op& op = q.op(step.op());
+        out.time += op.time;
+        written = written || std::find(op.writes.begin(), op.writes.end(), *target) != op.writes.end();
+    }
     // Memory along the way: the simulator on the partial schedule (it reports the
     // exactly-once ops that never ran only after the last step).
     const SimulationReport r = simulate(q, out.schedule);
-    if (r.timeline.size() != out.schedule.size() || !live[target->index])
+    if (r.timeline.size() != out.schedule.size() || !written)
         throw SolverError("rockmate: the no-grad forward of '" + q.name() + "' is not runnable: " + r.error +
                           " (this is a bug in the solver; please report it)");
     Bytes peak = r.initial;
@@ -6818,74 +6857,12 @@ struct NodeOptions {
     return o;
 }
 
-/// The node's outputs computed without autograd: for every data needed, the non-exactly-once
-/// writer that writes the fewest bytes (then the fastest), in an order the reads allow, each
-/// data freed after its last read (outputs kept). Local ids of the sub-problem.
+/// The node's outputs computed without autograd (solvers/fast_forward.hpp), in the local ids
+/// of the sub-problem.
 [[nodiscard]] inline Schedule fast_forward(const SubProblem& s, const Interface& f) {
-    const Problem& q = s.problem;
-    const auto written_bytes = [&](OpId k) { return bytes_of(q, q.op(k).writes); };
-    std::vector<char> chosen(q.op_count(), 0), needed(q.data_count(), 0), produced(q.data_count(), 0), target(q.data_count(), 0);
-    std::vector<DataId> pending;
-    for (const DataId d : f.outputs) {
-        const DataId local = *s.local(d);
-        target[local.index] = needed[local.index] = 1;
-        pending.push_back(local);
-    }
-    while (!pending.empty()) {
-        const DataId d = pending.back();
-        pending.pop_back();
-        if (q.is_initial(d) || produced[d.index]) continue;
-        std::optional<OpId> best;
-        for (const OpId w : q.writers(d)) {
-            if (q.op(w).exactly_once) continue;
-            if (!best || written_bytes(w) < written_bytes(*best) ||
-                (written_bytes(w) == written_bytes(*best) && q.op(w).time < q.op(*best).time))
-                best = w;
-        }
-        if (!best) throw SolverError("hrockmate: no forward op of '" + q.name() + "' writes '" + q.data(d).name + "'");
-        chosen[best->index] = 1;
-        for (const DataId w : q.op(*best).writes) produced[w.index] = 1;
-        for (const DataId r : q.op(*best).reads)
-            if (!needed[r.index]) {
-                needed[r.index] = 1;
-                pending.push_back(r);
-            }
-    }
-    std::vector<OpId> order;
-    std::vector<char> available(q.data_count(), 0), done(q.op_count(), 0);
-    for (const DataId d : q.initial()) available[d.index] = 1;
-    for (bool progress = true; progress;) {
-        progress = false;
-        for (std::size_t k = 0; k < q.op_count(); ++k) {
-            if (!chosen[k] || done[k]) continue;
-            const Op& op = q.op(OpId{k});
-            if (!std::all_of(op.reads.begin(), op.reads.end(), [&](DataId d) { return available[d.index] != 0; })) continue;
-            done[k] = 1;
-            order.push_back(OpId{k});
-            for (const DataId d : op.writes) available[d.index] = 1;
-            progress = true;
-        }
-    }
-    std::vector<std::size_t> last_read(q.data_count(), 0);
-    for (std::size_t i = 0; i < order.size(); ++i)
-        for (const DataId d : q.op(order[i]).reads) last_read[d.index] = i;
-    std::vector<char> live(q.data_count(), 0);
-    Schedule out;
-    for (std::size_t i = 0; i < order.size(); ++i) {
-        const Op& op = q.op(order[i]);
-        out.push_back(Step::run(order[i]));
-        for (const DataId d : op.writes) live[d.index] = 1;
-        std::vector<DataId> touched(op.reads);
-        touched.insert(touched.end(), op.writes.begin(), op.writes.end());
-        std::sort(touched.begin(), touched.end());
-        touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
-        for (const DataId d : touched)
-            if (live[d.index] && !q.is_initial(d) && !target[d.index] && last_read[d.index] <= i) {
-                out.push_back(Step::free(d));
-                live[d.index] = 0;
-            }
-    }
-    return out;
+    std::vector<DataId> targets;
+    for (const DataId d : f.outputs) targets.push_back(*s.local(d));
+    return remat::detail::fast_forward(s.problem, targets, "hrockmate");
 }
 
 /// The fast forward's costs in a node's options, from its local schedule.

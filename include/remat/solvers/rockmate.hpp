@@ -53,6 +53,7 @@
 #include "../core/timing.hpp"
 #include "../partition/blocks.hpp"
 #include "exhaustive.hpp"
+#include "fast_forward.hpp"
 #include "greedy.hpp"
 #include "rotor.hpp"
 #include "sequence_solver.hpp"
@@ -357,97 +358,13 @@ inline void prune(std::vector<RockmateBlockOption>& options) {
     options = std::move(kept);
 }
 
-// The block's output computed without grad: for every data needed, the writer that writes
-// the fewest bytes (then the fastest), in an order the reads allow, each data freed after
-// its last read. Returns the schedule (block ids), its time and its overhead in Rotor's sense.
+// The block's output computed without grad (fast_forward.hpp): the schedule (block ids),
+// its time and its overhead in Rotor's sense.
 struct NogradForward {
     Schedule schedule;
     double time = 0.0;
     Bytes overhead = 0;
 };
-
-// The ops that compute `target` without grad: for every data needed, the writer that
-// writes the fewest bytes (then the fastest), by op index.
-[[nodiscard]] inline std::vector<char> nograd_writers(const Problem& q, DataId target) {
-    const auto written_bytes = [&](OpId k) {
-        Bytes sum = 0;
-        for (const DataId d : q.op(k).writes) sum += q.data(d).bytes;
-        return sum;
-    };
-    std::vector<char> chosen(q.op_count(), 0), needed(q.data_count(), 0), produced(q.data_count(), 0);
-    std::vector<DataId> pending{target};
-    needed[target.index] = 1;
-    while (!pending.empty()) {
-        const DataId d = pending.back();
-        pending.pop_back();
-        if (q.is_initial(d) || produced[d.index]) continue;
-        std::optional<OpId> best;
-        for (const OpId w : q.writers(d)) {
-            if (q.op(w).exactly_once) continue;
-            if (!best || written_bytes(w) < written_bytes(*best) ||
-                (written_bytes(w) == written_bytes(*best) && q.op(w).time < q.op(*best).time))
-                best = w;
-        }
-        if (!best)
-            throw SolverError("rockmate: no forward op of '" + q.name() + "' writes '" + q.data(d).name +
-                              "' (this is a bug in the block partition; please report it)");
-        chosen[best->index] = 1;
-        for (const DataId w : q.op(*best).writes) produced[w.index] = 1;
-        for (const DataId r : q.op(*best).reads)
-            if (!needed[r.index]) {
-                needed[r.index] = 1;
-                pending.push_back(r);
-            }
-    }
-    return chosen;
-}
-
-// The chosen ops in an order the reads allow: repeatedly the first chosen op whose reads
-// are available.
-[[nodiscard]] inline std::vector<OpId> nograd_order(const Problem& q, const std::vector<char>& chosen) {
-    std::vector<OpId> order;
-    std::vector<char> available(q.data_count(), 0), done(q.op_count(), 0);
-    for (const DataId d : q.initial()) available[d.index] = 1;
-    for (bool progress = true; progress;) {
-        progress = false;
-        for (std::size_t k = 0; k < q.op_count(); ++k) {
-            if (!chosen[k] || done[k]) continue;
-            const Op& op = q.op(OpId{k});
-            if (!std::all_of(op.reads.begin(), op.reads.end(), [&](DataId d) { return available[d.index] != 0; })) continue;
-            done[k] = 1;
-            order.push_back(OpId{k});
-            for (const DataId d : op.writes) available[d.index] = 1;
-            progress = true;
-        }
-    }
-    return order;
-}
-
-// Runs `order` into out.schedule (and its time into out.time), freeing each data but the
-// initial ones and the target after its last read; returns which data end live.
-inline std::vector<char> schedule_nograd(const Problem& q, const std::vector<OpId>& order, DataId target,
-                                         NogradForward& out) {
-    std::vector<std::size_t> last_read(q.data_count(), 0);
-    for (std::size_t i = 0; i < order.size(); ++i)
-        for (const DataId d : q.op(order[i]).reads) last_read[d.index] = i;
-    std::vector<char> live(q.data_count(), 0);
-    for (std::size_t i = 0; i < order.size(); ++i) {
-        const Op& op = q.op(order[i]);
-        out.schedule.push_back(Step::run(order[i]));
-        out.time += op.time;
-        for (const DataId d : op.writes) live[d.index] = 1;
-        std::vector<DataId> touched(op.reads);
-        touched.insert(touched.end(), op.writes.begin(), op.writes.end());
-        std::sort(touched.begin(), touched.end());
-        touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
-        for (const DataId d : touched)
-            if (live[d.index] && !q.is_initial(d) && d != target && last_read[d.index] <= i) {
-                out.schedule.push_back(Step::free(d));
-                live[d.index] = 0;
-            }
-    }
-    return live;
-}
 
 [[nodiscard]] inline NogradForward nograd_forward(const BlockProblem& bp, const Block& block) {
     NogradForward out;
@@ -456,12 +373,19 @@ inline std::vector<char> schedule_nograd(const Problem& q, const std::vector<OpI
     std::optional<DataId> target;
     for (std::size_t d = 0; d < q.data_count(); ++d)
         if (bp.global_data[d] == block.output) target = DataId{d};
-    const std::vector<OpId> order = nograd_order(q, nograd_writers(q, target.value()));
-    const std::vector<char> live = schedule_nograd(q, order, *target, out);
+    const DataId targets[] = {target.value()};
+    out.schedule = remat::detail::fast_forward(q, targets, "rockmate");
+    bool written = q.is_initial(*target);
+    for (const Step& step : out.schedule) {
+        if (!step.is_run()) continue;
+        const Op& op = q.op(step.op());
+        out.time += op.time;
+        written = written || std::find(op.writes.begin(), op.writes.end(), *target) != op.writes.end();
+    }
     // Memory along the way: the simulator on the partial schedule (it reports the
     // exactly-once ops that never ran only after the last step).
     const SimulationReport r = simulate(q, out.schedule);
-    if (r.timeline.size() != out.schedule.size() || !live[target->index])
+    if (r.timeline.size() != out.schedule.size() || !written)
         throw SolverError("rockmate: the no-grad forward of '" + q.name() + "' is not runnable: " + r.error +
                           " (this is a bug in the solver; please report it)");
     Bytes peak = r.initial;

@@ -37,6 +37,7 @@
 #include "../../core/schedule.hpp"
 #include "../../core/simulate.hpp"
 #include "../../partition/hierarchy.hpp"
+#include "../fast_forward.hpp"
 
 namespace remat::detail::hrockmate {
 
@@ -297,74 +298,12 @@ struct NodeOptions {
     return o;
 }
 
-/// The node's outputs computed without autograd: for every data needed, the non-exactly-once
-/// writer that writes the fewest bytes (then the fastest), in an order the reads allow, each
-/// data freed after its last read (outputs kept). Local ids of the sub-problem.
+/// The node's outputs computed without autograd (solvers/fast_forward.hpp), in the local ids
+/// of the sub-problem.
 [[nodiscard]] inline Schedule fast_forward(const SubProblem& s, const Interface& f) {
-    const Problem& q = s.problem;
-    const auto written_bytes = [&](OpId k) { return bytes_of(q, q.op(k).writes); };
-    std::vector<char> chosen(q.op_count(), 0), needed(q.data_count(), 0), produced(q.data_count(), 0), target(q.data_count(), 0);
-    std::vector<DataId> pending;
-    for (const DataId d : f.outputs) {
-        const DataId local = *s.local(d);
-        target[local.index] = needed[local.index] = 1;
-        pending.push_back(local);
-    }
-    while (!pending.empty()) {
-        const DataId d = pending.back();
-        pending.pop_back();
-        if (q.is_initial(d) || produced[d.index]) continue;
-        std::optional<OpId> best;
-        for (const OpId w : q.writers(d)) {
-            if (q.op(w).exactly_once) continue;
-            if (!best || written_bytes(w) < written_bytes(*best) ||
-                (written_bytes(w) == written_bytes(*best) && q.op(w).time < q.op(*best).time))
-                best = w;
-        }
-        if (!best) throw SolverError("hrockmate: no forward op of '" + q.name() + "' writes '" + q.data(d).name + "'");
-        chosen[best->index] = 1;
-        for (const DataId w : q.op(*best).writes) produced[w.index] = 1;
-        for (const DataId r : q.op(*best).reads)
-            if (!needed[r.index]) {
-                needed[r.index] = 1;
-                pending.push_back(r);
-            }
-    }
-    std::vector<OpId> order;
-    std::vector<char> available(q.data_count(), 0), done(q.op_count(), 0);
-    for (const DataId d : q.initial()) available[d.index] = 1;
-    for (bool progress = true; progress;) {
-        progress = false;
-        for (std::size_t k = 0; k < q.op_count(); ++k) {
-            if (!chosen[k] || done[k]) continue;
-            const Op& op = q.op(OpId{k});
-            if (!std::all_of(op.reads.begin(), op.reads.end(), [&](DataId d) { return available[d.index] != 0; })) continue;
-            done[k] = 1;
-            order.push_back(OpId{k});
-            for (const DataId d : op.writes) available[d.index] = 1;
-            progress = true;
-        }
-    }
-    std::vector<std::size_t> last_read(q.data_count(), 0);
-    for (std::size_t i = 0; i < order.size(); ++i)
-        for (const DataId d : q.op(order[i]).reads) last_read[d.index] = i;
-    std::vector<char> live(q.data_count(), 0);
-    Schedule out;
-    for (std::size_t i = 0; i < order.size(); ++i) {
-        const Op& op = q.op(order[i]);
-        out.push_back(Step::run(order[i]));
-        for (const DataId d : op.writes) live[d.index] = 1;
-        std::vector<DataId> touched(op.reads);
-        touched.insert(touched.end(), op.writes.begin(), op.writes.end());
-        std::sort(touched.begin(), touched.end());
-        touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
-        for (const DataId d : touched)
-            if (live[d.index] && !q.is_initial(d) && !target[d.index] && last_read[d.index] <= i) {
-                out.push_back(Step::free(d));
-                live[d.index] = 0;
-            }
-    }
-    return out;
+    std::vector<DataId> targets;
+    for (const DataId d : f.outputs) targets.push_back(*s.local(d));
+    return remat::detail::fast_forward(s.problem, targets, "hrockmate");
 }
 
 /// The fast forward's costs in a node's options, from its local schedule.
