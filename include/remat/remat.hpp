@@ -22,6 +22,7 @@
 #include "graph/topological.hpp"
 #include "graph/dominators.hpp"
 #include "graph/production.hpp"
+#include "graph/structure_key.hpp"
 #include "solvers/store_all.hpp"
 #include "solvers/exhaustive.hpp"
 #include "solvers/periodic.hpp"

@@ -1844,6 +1844,47 @@ template <class Usable>
 
 }  // namespace remat::graph
 // ---- end remat/graph/production.hpp ----
+// ---- begin remat/graph/structure_key.hpp ----
+// remat/graph/structure_key.hpp — a Problem's structure as a list of numbers, for finding
+// sub-problems that are equal up to renaming.
+//
+// Rockmate solves structurally identical blocks once (Zhao et al., ICML 2023, §4) and
+// H-Rockmate identical clusters once (docs/design.md §4.5). Both build their sub-problems in
+// the same order from equal parts, so equal structures give equal keys: the data's sizes and
+// roles (initial, final), every op's overhead, exactly-once flag, reads and writes by index,
+// the loss, and, when asked, the ops' times (bit for bit). Standard library only.
+
+#include <bit>
+#include <cstdint>
+#include <vector>
+
+
+namespace remat::graph {
+
+/// The key of `q`; `with_times` adds every op's time, so that equal keys also mean equal costs.
+[[nodiscard]] inline std::vector<std::int64_t> structure_key(const Problem& q, bool with_times) {
+    std::vector<std::int64_t> key;
+    key.push_back(static_cast<std::int64_t>(q.data_count()));
+    for (std::size_t d = 0; d < q.data_count(); ++d) {
+        key.push_back(q.data(DataId{d}).bytes);
+        key.push_back((q.is_initial(DataId{d}) ? 1 : 0) + (q.is_final(DataId{d}) ? 2 : 0));
+    }
+    key.push_back(static_cast<std::int64_t>(q.op_count()));
+    for (const Op& op : q.all_ops()) {
+        key.push_back(op.overhead);
+        key.push_back(op.exactly_once ? 1 : 0);
+        if (with_times) key.push_back(std::bit_cast<std::int64_t>(op.time));
+        key.push_back(static_cast<std::int64_t>(op.reads.size()));
+        for (const DataId d : op.reads) key.push_back(static_cast<std::int64_t>(d.index));
+        key.push_back(static_cast<std::int64_t>(op.writes.size()));
+        for (const DataId d : op.writes) key.push_back(static_cast<std::int64_t>(d.index));
+    }
+    key.push_back(q.loss() ? static_cast<std::int64_t>(q.loss()->index) : -1);
+    return key;
+}
+
+}  // namespace remat::graph
+// ---- end remat/graph/structure_key.hpp ----
 // ---- begin remat/solvers/store_all.hpp ----
 // remat/solvers/store_all.hpp — the framework's own order with no rematerialization.
 //
@@ -4339,7 +4380,6 @@ struct BlockProblem {
 // others' options are the same sub-schedules with their own times (BlockSharing).
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -5399,29 +5439,6 @@ namespace detail::rockmate {
     return sum;
 }
 
-// A block problem's structure as numbers, for "equal up to renaming": the block problems
-// are built in the same order from equal blocks, so equal structures give equal keys.
-[[nodiscard]] inline std::vector<std::int64_t> structure_key(const Problem& q, bool with_times) {
-    std::vector<std::int64_t> key;
-    key.push_back(static_cast<std::int64_t>(q.data_count()));
-    for (std::size_t d = 0; d < q.data_count(); ++d) {
-        key.push_back(q.data(DataId{d}).bytes);
-        key.push_back((q.is_initial(DataId{d}) ? 1 : 0) + (q.is_final(DataId{d}) ? 2 : 0));
-    }
-    key.push_back(static_cast<std::int64_t>(q.op_count()));
-    for (const Op& op : q.all_ops()) {
-        key.push_back(op.overhead);
-        key.push_back(op.exactly_once ? 1 : 0);
-        if (with_times) key.push_back(std::bit_cast<std::int64_t>(op.time));
-        key.push_back(static_cast<std::int64_t>(op.reads.size()));
-        for (const DataId d : op.reads) key.push_back(static_cast<std::int64_t>(d.index));
-        key.push_back(static_cast<std::int64_t>(op.writes.size()));
-        for (const DataId d : op.writes) key.push_back(static_cast<std::int64_t>(d.index));
-    }
-    key.push_back(q.loss() ? static_cast<std::int64_t>(q.loss()->index) : -1);
-    return key;
-}
-
 // The option a complete schedule of a block problem gives: split at the boundary, tidy
 // at the end, costs in the memory model of rotor.hpp (see RotorOption). `freeable_input` is
 // the block's input separator (local id) when nothing outside the block reads it once the
@@ -5640,7 +5657,7 @@ public:
             std::vector<std::int64_t> key;
             std::optional<std::size_t> same_as;
             if (options_.sharing != BlockSharing::none) {
-                key = detail::rockmate::structure_key(bp.problem, options_.sharing == BlockSharing::same_costs);
+                key = graph::structure_key(bp.problem, options_.sharing == BlockSharing::same_costs);
                 key.push_back(freeable ? static_cast<std::int64_t>(freeable->index) : -1);
                 for (std::size_t r = 0; r < l && !same_as; ++r)
                     if (keys[r] == key && !model.blocks[r].same_as) same_as = r;
@@ -6717,25 +6734,6 @@ struct SubProblem {
     return s;
 }
 
-/// A node's structure as numbers, for "equal up to renaming" (sizes included, times not).
-[[nodiscard]] inline std::vector<std::int64_t> structure_key(const Problem& q) {
-    std::vector<std::int64_t> key{static_cast<std::int64_t>(q.data_count())};
-    for (std::size_t d = 0; d < q.data_count(); ++d) {
-        key.push_back(q.data(DataId{d}).bytes);
-        key.push_back((q.is_initial(DataId{d}) ? 1 : 0) + (q.is_final(DataId{d}) ? 2 : 0));
-    }
-    key.push_back(static_cast<std::int64_t>(q.op_count()));
-    for (const Op& op : q.all_ops()) {
-        key.push_back(op.overhead);
-        key.push_back(op.exactly_once ? 1 : 0);
-        key.push_back(static_cast<std::int64_t>(op.reads.size()));
-        for (const DataId d : op.reads) key.push_back(static_cast<std::int64_t>(d.index));
-        key.push_back(static_cast<std::int64_t>(op.writes.size()));
-        for (const DataId d : op.writes) key.push_back(static_cast<std::int64_t>(d.index));
-    }
-    return key;
-}
-
 // ---------------------------------------------------------------- options
 
 /// One way to run a cluster: a forward and a backward sub-schedule in the whole problem's
@@ -7474,7 +7472,7 @@ private:
         n.interface = interface_of(p, h.ops_of(node), gradient);
         const SubProblem sub = sub_problem(p, n.interface, false, 0, name);
         set_fast(n, p, sub, fast_forward(sub, n.interface));
-        const std::vector<std::int64_t> key = structure_key(sub.problem);
+        const std::vector<std::int64_t> key = graph::structure_key(sub.problem, false);  // sizes, not times
         std::string how;
         if (const auto it = planned.find(key); it != planned.end()) {
             n.options = translated(model, it->second, sub);

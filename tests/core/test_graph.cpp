@@ -251,3 +251,28 @@ TEST_CASE("dominators, post-dominators and regions match the definition on rando
         if (t.reachable(v) && v != 0) REQUIRE(graph::region_to_idom(g, t, v) == graph::nodes_between(g, t.idom[v], v));
     }
 }
+
+TEST_CASE("structure keys: equal up to renaming, different on any size or edge, and on times when asked", "[graph]") {
+    const auto make = [](const std::string& prefix, Bytes y_bytes, double w2_time, bool w4_reads_u) {
+        ProblemBuilder b(prefix + "problem");
+        const DataId x = b.add_data(prefix + "x", 1);
+        const DataId u = b.add_data(prefix + "u", 1);
+        const DataId y = b.add_data(prefix + "y", y_bytes);
+        const DataId z = b.add_data(prefix + "z", 1);
+        b.add_op({prefix + "W1", 1, 0, {x, u}, {y}, false});
+        b.add_op({prefix + "W2", w2_time, 0, {x}, {y}, false});
+        b.add_op({prefix + "W3", 1, 0, {y}, {u}, false});
+        b.add_op({prefix + "W4", 1, 0, w4_reads_u ? std::vector<DataId>{y, u} : std::vector<DataId>{y}, {z}, true});
+        b.add_initial(x);
+        b.add_final(z);
+        return b.build();
+    };
+    const Problem base = make("a.", 1, 1.0, true);
+    CHECK(graph::structure_key(base, true) == graph::structure_key(make("b.", 1, 1.0, true), true));
+    CHECK(graph::structure_key(base, false) != graph::structure_key(make("a.", 2, 1.0, true), false));
+    CHECK(graph::structure_key(base, false) != graph::structure_key(make("a.", 1, 1.0, false), false));
+    // Times count only when asked.
+    CHECK(graph::structure_key(base, false) == graph::structure_key(make("a.", 1, 3.0, true), false));
+    CHECK(graph::structure_key(base, true) != graph::structure_key(make("a.", 1, 3.0, true), true));
+    CHECK(graph::structure_key(base, true) == graph::structure_key(two_writers_problem(), true));  // other names
+}

@@ -345,7 +345,7 @@ private:
         n.interface = interface_of(p, h.ops_of(node), gradient);
         const SubProblem sub = sub_problem(p, n.interface, false, 0, name);
         set_fast(n, p, sub, fast_forward(sub, n.interface));
-        const std::vector<std::int64_t> key = structure_key(sub.problem);
+        const std::vector<std::int64_t> key = graph::structure_key(sub.problem, false);  // sizes, not times
         std::string how;
         if (const auto it = planned.find(key); it != planned.end()) {
             n.options = translated(model, it->second, sub);

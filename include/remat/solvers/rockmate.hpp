@@ -32,7 +32,6 @@
 #pragma once
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -51,6 +50,7 @@
 #include "../core/solver.hpp"
 #include "../core/time_bounded.hpp"
 #include "../core/timing.hpp"
+#include "../graph/structure_key.hpp"
 #include "../partition/blocks.hpp"
 #include "exhaustive.hpp"
 #include "fast_forward.hpp"
@@ -211,29 +211,6 @@ namespace detail::rockmate {
     Bytes sum = 0;
     for (const DataId d : data) sum += q.data(d).bytes;
     return sum;
-}
-
-// A block problem's structure as numbers, for "equal up to renaming": the block problems
-// are built in the same order from equal blocks, so equal structures give equal keys.
-[[nodiscard]] inline std::vector<std::int64_t> structure_key(const Problem& q, bool with_times) {
-    std::vector<std::int64_t> key;
-    key.push_back(static_cast<std::int64_t>(q.data_count()));
-    for (std::size_t d = 0; d < q.data_count(); ++d) {
-        key.push_back(q.data(DataId{d}).bytes);
-        key.push_back((q.is_initial(DataId{d}) ? 1 : 0) + (q.is_final(DataId{d}) ? 2 : 0));
-    }
-    key.push_back(static_cast<std::int64_t>(q.op_count()));
-    for (const Op& op : q.all_ops()) {
-        key.push_back(op.overhead);
-        key.push_back(op.exactly_once ? 1 : 0);
-        if (with_times) key.push_back(std::bit_cast<std::int64_t>(op.time));
-        key.push_back(static_cast<std::int64_t>(op.reads.size()));
-        for (const DataId d : op.reads) key.push_back(static_cast<std::int64_t>(d.index));
-        key.push_back(static_cast<std::int64_t>(op.writes.size()));
-        for (const DataId d : op.writes) key.push_back(static_cast<std::int64_t>(d.index));
-    }
-    key.push_back(q.loss() ? static_cast<std::int64_t>(q.loss()->index) : -1);
-    return key;
 }
 
 // The option a complete schedule of a block problem gives: split at the boundary, tidy
@@ -454,7 +431,7 @@ public:
             std::vector<std::int64_t> key;
             std::optional<std::size_t> same_as;
             if (options_.sharing != BlockSharing::none) {
-                key = detail::rockmate::structure_key(bp.problem, options_.sharing == BlockSharing::same_costs);
+                key = graph::structure_key(bp.problem, options_.sharing == BlockSharing::same_costs);
                 key.push_back(freeable ? static_cast<std::int64_t>(freeable->index) : -1);
                 for (std::size_t r = 0; r < l && !same_as; ++r)
                     if (keys[r] == key && !model.blocks[r].same_as) same_as = r;

@@ -36,6 +36,7 @@
 #include "../../core/problem.hpp"
 #include "../../core/schedule.hpp"
 #include "../../core/simulate.hpp"
+#include "../../graph/structure_key.hpp"
 #include "../../partition/hierarchy.hpp"
 #include "../fast_forward.hpp"
 
@@ -156,25 +157,6 @@ struct SubProblem {
     }
     s.problem = b.build();
     return s;
-}
-
-/// A node's structure as numbers, for "equal up to renaming" (sizes included, times not).
-[[nodiscard]] inline std::vector<std::int64_t> structure_key(const Problem& q) {
-    std::vector<std::int64_t> key{static_cast<std::int64_t>(q.data_count())};
-    for (std::size_t d = 0; d < q.data_count(); ++d) {
-        key.push_back(q.data(DataId{d}).bytes);
-        key.push_back((q.is_initial(DataId{d}) ? 1 : 0) + (q.is_final(DataId{d}) ? 2 : 0));
-    }
-    key.push_back(static_cast<std::int64_t>(q.op_count()));
-    for (const Op& op : q.all_ops()) {
-        key.push_back(op.overhead);
-        key.push_back(op.exactly_once ? 1 : 0);
-        key.push_back(static_cast<std::int64_t>(op.reads.size()));
-        for (const DataId d : op.reads) key.push_back(static_cast<std::int64_t>(d.index));
-        key.push_back(static_cast<std::int64_t>(op.writes.size()));
-        for (const DataId d : op.writes) key.push_back(static_cast<std::int64_t>(d.index));
-    }
-    return key;
 }
 
 // ---------------------------------------------------------------- options
