@@ -266,10 +266,7 @@ inline void explain_infeasible(std::ostream& err, const Problem& problem, Bytes 
 [[nodiscard]] inline std::map<std::string, std::string> unit_labels(const std::string& file) {
     std::map<std::string, std::string> labels;
     try {
-        const Chain chain = io::load_chain(file);
-        for (std::size_t i = 0; i < chain.length(); ++i)
-            if (!chain.stages[i].name.empty())
-                labels[std::to_string(i + 1)] = std::to_string(i + 1) + " " + chain.stages[i].name;
+        labels = stage_labels(io::load_chain(file), true);
     } catch (const Error&) {
         // not a chain file
     }

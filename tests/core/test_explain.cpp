@@ -3,6 +3,7 @@
 // recomputation labels.
 #include <catch2/catch.hpp>
 
+#include <map>
 #include <string>
 
 #include <remat/core/chain.hpp>
@@ -46,6 +47,13 @@ struct Example {
 };
 
 }  // namespace
+
+TEST_CASE("explain: stage labels of a chain, plain or numbered", "[explain]") {
+    const Chain chain{"named", 100, {{"embed", 1.0, 2.0, 100, 300, 0, 0}, {"", 2.0, 4.0, 100, 300, 0, 0},
+                                     {"head", 3.0, 6.0, 100, 300, 0, 0}}};
+    CHECK(stage_labels(chain) == std::map<std::string, std::string>{{"1", "embed"}, {"3", "head"}});
+    CHECK(stage_labels(chain, true) == std::map<std::string, std::string>{{"1", "1 embed"}, {"3", "3 head"}});
+}
 
 TEST_CASE("explain: a hand-checked listing", "[explain]") {
     const Example e;

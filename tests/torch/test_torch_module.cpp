@@ -158,6 +158,22 @@ TEST_CASE("module gradients equal plain autograd: rotor at several budgets", "[t
     }
 }
 
+TEST_CASE("module: explain() names the recomputed layers by their stage names", "[torch][module][explain]") {
+    at::set_num_threads(1);
+    torch::manual_seed(0);
+    torch::nn::Sequential model(torch::nn::Linear(32, 64), torch::nn::ReLU(), torch::nn::Linear(64, 64),
+                                torch::nn::ReLU(), torch::nn::Linear(64, 8));
+    const at::Tensor x = torch::randn({16, 32});
+    auto m = rt::checkpoint(model, x, rt::budget_above_smallest(0), remat::Rotor{}, quick());
+    const std::string text = m->explain();
+    CHECK_THAT(text, Catch::Contains("layers recomputed"));
+    // The stages are named "<index>:<type>"; at the smallest budget some layer is recomputed.
+    CHECK_THAT(text, Catch::Contains(":Linear") || Catch::Contains(":ReLU"));
+    CHECK_THAT(text, Catch::Contains("recomputed"));
+    CHECK(text == m->plan().explain(m->problem(), {remat::stage_labels(m->chain()),
+                                                   remat::store_all_reference(m->problem()).time, false}));
+}
+
 TEST_CASE("module shares the model's parameters and registers its modules", "[torch][module]") {
     auto model = remat_test::make_mlp(8, 16, 2, 3, 0.1);
     auto m = rt::checkpoint(model, torch::randn({4, 8}), rt::budget_percent(100), remat::StoreAll{}, quick());

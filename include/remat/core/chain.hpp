@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -113,6 +114,20 @@ namespace detail {
     return name;
 }
 }  // namespace detail
+
+/// Display names of the chain's units for Plan::explain and the timeline (ExplainOptions::
+/// labels): unit "3" (the ops F3, B3, ... of to_problem) shows as stage 3's name, prefixed
+/// by the stage number when `numbered` ("3 layer2.conv1"); unnamed stages keep their number.
+[[nodiscard]] inline std::map<std::string, std::string> stage_labels(const Chain& chain, bool numbered = false) {
+    std::map<std::string, std::string> labels;
+    for (std::size_t i = 0; i < chain.stages.size(); ++i) {
+        const std::string& name = chain.stages[i].name;
+        if (name.empty()) continue;
+        const std::string unit = std::to_string(i + 1);
+        labels[unit] = numbered ? unit + " " + name : name;
+    }
+    return labels;
+}
 
 /// The exact expansion of docs/formats.md §5 (chains).
 [[nodiscard]] inline Problem to_problem(const Chain& chain) {

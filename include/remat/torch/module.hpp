@@ -199,6 +199,14 @@ public:
     [[nodiscard]] const ChainProfile& profile() const noexcept { return current_->executor.profile(); }
     [[nodiscard]] const Problem& problem() const noexcept { return current_->executor.problem(); }
     [[nodiscard]] const Plan& plan() const noexcept { return current_->plan.plan(); }
+    /// What the current plan does to each layer, by the layers' stage names ("2:Linear"):
+    /// how often it runs, what is recomputed and at what cost (core/explain.hpp).
+    [[nodiscard]] std::string explain() const {
+        ExplainOptions options;
+        options.labels = stage_labels(chain());
+        options.reference_time = store_all_reference(problem()).time;
+        return plan().explain(problem(), options);
+    }
     [[nodiscard]] const ExecutablePlan& executable_plan() const noexcept { return current_->plan; }
     [[nodiscard]] const ChainExecutor<Probe>& executor() const noexcept { return current_->executor; }
     /// The budget in bytes of the current plan.
