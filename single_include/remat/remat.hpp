@@ -2633,6 +2633,64 @@ private:
 // works on a RotorChain and returns an abstract RotorSequence of actions; the Rotor solver
 // translates it into the docs/formats.md §5 (chains) expansion of a Chain.
 //
+// The memory model the DP adds up, the peak of each action under the simulator of
+// docs/formats.md §3 (simulation semantics), is stated with RotorChain in rotor/chain.hpp.
+//
+// With slots, every size is rounded up to whole slots and the budget down, so a plan the
+// DP accepts always fits under the simulator; with sizes that are multiples of the slot,
+// the DP is exact. The DP is O(M·L³) (M slots); it stays fast by pruning F∅ runs whose
+// forwards no longer fit, skipping the memory range where a candidate cannot beat the
+// row, and keeping its table in single precision (times are compared as excess over a
+// lower bound, so ties within ~1e-7 of the recomputation time are broken arbitrarily;
+// every reported time is recomputed exactly).
+//
+// Long chains: the least-memory precomputation is O(K·L² + L³) in time and keeps L(L+1)/2
+// entries (24 bytes each); the time table holds L(L+1)/2 rows of M+1 floats. Both sizes are
+// checked against RotorOptions::max_table_mib before anything is allocated, and the time
+// limit is checked column by column in both phases, which share it; either stops the solve
+// with TooLarge (the CLI's exit code 4), whose message suggests fewer slots or a solver that
+// scales to long chains (greedy, hrockmate, auto). Times enter the float table scaled when
+// they are so large that a float could overflow, so any finite times plan.
+//
+// Where each phase lives (namespace detail, under solvers/rotor/):
+//   chain.hpp         RotorChain and its memory model, the actions, RotorOptions, validate(),
+//                     to_rotor_chain(); the chain in integer units and the slot size;
+//   limits.hpp        the memory cap of the tables and the time limit, shared by both phases;
+//   least_memory.hpp  the least memory of every sub-chain, with its schedule's branches;
+//   table.hpp         the DP's time table and its kernels;
+//   expansion.hpp     choices turned into actions: the table's, the least-memory fallback's,
+//                     and the store-all sequence.
+// This header holds rotor_evaluate() (the memory model as a checker), rotor_to_schedule(),
+// rotor_smallest_budget(), rotor_plan() (the solve driver: slot size, least memory, table,
+// expansion, the final check) and the solver, class Rotor.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+// ---- begin remat/solvers/rotor/chain.hpp ----
+// remat/solvers/rotor/chain.hpp — the chain Rotor works on and its memory model: RotorChain
+// (stages with a cheap no-grad forward and K (forward with grad, backward) options), the
+// abstract actions of a schedule (RotorAction, RotorSequence), the solver's options
+// (RotorOptions), validate() with the checks that sizes and times add up, to_rotor_chain();
+// and, for the DP, the chain in integer units (bytes or memory slots) and the slot size.
+//
+// Part of the Rotor solver (solvers/rotor.hpp; Beaumont, Eyraud-Dubois, Herrmann, Joly,
+// Shilova, "Optimal checkpointing for heterogeneous chains: how to train deep neural
+// networks with limited memory", 2019, with the K options per stage of Zhao et al.,
+// "Rockmate", ICML 2023; docs/design.md §4.2). to_rotor_chain() reads the Chain of
+// docs/formats.md §5 (chains).
+//
 // Memory model (the docs/formats.md §3 (simulation semantics) simulator, stage l has input a_{l-1} of x_{l-1} bytes,
 // output a_l of x_l bytes and gradients g_l, g_{l-1} of y_l, y_{l-1} bytes; "S" is whatever
 // else is live):
@@ -2654,34 +2712,17 @@ private:
 // a_{a-1} stays live throughout, and a checkpoint a_{j-1} is freed right after the part
 // above it is back-propagated; these are exactly the peaks the DP adds up.
 //
-// With slots, every size is rounded up to whole slots and the budget down, so a plan the
-// DP accepts always fits under the simulator; with sizes that are multiples of the slot,
-// the DP is exact. The DP is O(M·L³) (M slots); it stays fast by pruning F∅ runs whose
-// forwards no longer fit, skipping the memory range where a candidate cannot beat the
-// row, and keeping its table in single precision (times are compared as excess over a
-// lower bound, so ties within ~1e-7 of the recomputation time are broken arbitrarily;
-// every reported time is recomputed exactly).
-//
-// Long chains: the least-memory precomputation is O(K·L² + L³) in time and keeps L(L+1)/2
-// entries (24 bytes each); the time table holds L(L+1)/2 rows of M+1 floats. Both sizes are
-// checked against RotorOptions::max_table_mib before anything is allocated, and the time
-// limit is checked column by column in both phases, which share it; either stops the solve
-// with TooLarge (the CLI's exit code 4), whose message suggests fewer slots or a solver that
-// scales to long chains (greedy, hrockmate, auto). Times enter the float table scaled when
-// they are so large that a float could overflow, so any finite times plan.
+// The DP works on the chain in integer units (RotorUnits): every term rounded up to whole
+// slots (bytes when the slot is 1), with the peaks of the actions above precomputed.
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <limits>
 #include <numeric>
 #include <optional>
 #include <string>
-#include <string_view>
-#include <utility>
 #include <vector>
 
 
@@ -2887,129 +2928,6 @@ inline void validate(const RotorChain& chain) {
     return out;
 }
 
-/// What a RotorSequence costs under the memory model above (exact bytes): valid or the
-/// first invalid action and why. For a plain chain this equals simulate() on the
-/// translated schedule.
-struct RotorEvaluation {
-    bool valid = false;
-    std::string error;
-    double time = 0.0;
-    Bytes peak = 0;
-};
-
-[[nodiscard]] inline RotorEvaluation rotor_evaluate(const RotorChain& chain, const std::vector<RotorAction>& actions) {
-    RotorEvaluation ev;
-    const std::size_t L = chain.length();
-    const auto x = [&](std::size_t l) { return chain.activation_bytes(l); };
-    const auto y = [&](std::size_t l) { return chain.gradient_bytes(l); };
-    std::vector<char> act(L + 1, 0), grad(L + 1, 0), backward_done(L + 1, 0);
-    std::vector<std::optional<std::size_t>> saved(L + 1);
-    bool loss_done = false;
-    act[0] = 1;
-    Bytes mem = x(0);
-    ev.peak = mem;
-    const auto fail = [&](std::size_t i, const std::string& why) {
-        ev.valid = false;
-        ev.error = "action " + std::to_string(i) + ": " + why;
-        return ev;
-    };
-    for (std::size_t i = 0; i < actions.size(); ++i) {
-        const RotorAction& a = actions[i];
-        const std::size_t l = a.stage;
-        const std::string sl = std::to_string(l);
-        if (a.kind != RotorAction::Kind::loss && (l > L || (l == 0 && a.kind != RotorAction::Kind::free_activation)))
-            return fail(i, "stage " + sl + " does not exist");
-        Bytes during = mem;
-        switch (a.kind) {
-            case RotorAction::Kind::forward_nograd: {
-                if (!act[l - 1]) return fail(i, "forward of stage " + sl + " without its input");
-                if (act[l]) return fail(i, "forward of stage " + sl + " while its output is live");
-                during = mem + x(l) + chain.stages[l - 1].nograd_overhead;
-                mem += x(l);
-                act[l] = 1;
-                ev.time += chain.stages[l - 1].nograd_time;
-                break;
-            }
-            case RotorAction::Kind::forward: {
-                if (a.option >= chain.stages[l - 1].options.size()) return fail(i, "stage " + sl + " has no such option");
-                const RotorOption& o = chain.stages[l - 1].options[a.option];
-                if (!act[l - 1]) return fail(i, "forward of stage " + sl + " without its input");
-                if (act[l]) return fail(i, "forward of stage " + sl + " while its output is live");
-                during = mem + o.saved_bytes + o.fwd_overhead;
-                mem += o.saved_bytes;
-                act[l] = 1;
-                saved[l] = a.option;
-                ev.time += o.fwd_time;
-                break;
-            }
-            case RotorAction::Kind::loss: {
-                if (loss_done) return fail(i, "the loss runs twice");
-                if (!act[L]) return fail(i, "loss without the chain output");
-                during = mem + y(L) + chain.loss_overhead;
-                mem += y(L);
-                grad[L] = 1;
-                loss_done = true;
-                ev.time += chain.loss_time;
-                break;
-            }
-            case RotorAction::Kind::backward: {
-                if (backward_done[l]) return fail(i, "backward of stage " + sl + " runs twice");
-                if (!saved[l] || *saved[l] != a.option)
-                    return fail(i, "backward of stage " + sl + " without the saved data of option " + std::to_string(a.option));
-                if (!grad[l]) return fail(i, "backward of stage " + sl + " without its output gradient");
-                if (!act[l - 1]) return fail(i, "backward of stage " + sl + " without its input");
-                const RotorOption& o = chain.stages[l - 1].options[a.option];
-                during = mem + y(l - 1) + o.bwd_overhead;
-                mem += y(l - 1) - o.saved_bytes - y(l);
-                grad[l - 1] = 1;
-                grad[l] = 0;
-                act[l] = 0;
-                saved[l].reset();
-                backward_done[l] = 1;
-                ev.time += o.bwd_time;
-                break;
-            }
-            case RotorAction::Kind::free_activation: {
-                if (l == 0) return fail(i, "the chain input a0 belongs to the caller and is never freed");
-                if (!act[l]) return fail(i, "free of a" + sl + ", which is not live");
-                if (saved[l]) return fail(i, "free of a" + sl + " while the saved data of stage " + sl + " hold it");
-                mem -= x(l);
-                act[l] = 0;
-                break;
-            }
-        }
-        ev.peak = std::max({ev.peak, during, mem});
-    }
-    if (!loss_done) return fail(actions.size(), "the loss never ran");
-    for (std::size_t l = 1; l <= L; ++l)
-        if (!backward_done[l]) return fail(actions.size(), "backward of stage " + std::to_string(l) + " never ran");
-    if (!grad[0]) return fail(actions.size(), "g0 is not live at the end");
-    ev.valid = true;
-    return ev;
-}
-
-/// The plain-chain schedule (ids of chain_ids(L)) of an action sequence with K = 1.
-[[nodiscard]] inline Schedule rotor_to_schedule(const std::vector<RotorAction>& actions, std::size_t length) {
-    const ChainIds id = chain_ids(length);
-    Schedule out;
-    out.reserve(actions.size() * 2);
-    for (const RotorAction& a : actions) {
-        switch (a.kind) {
-            case RotorAction::Kind::forward_nograd: out.push_back(Step::run(id.fwd.at(a.stage))); break;
-            case RotorAction::Kind::forward: out.push_back(Step::run(id.fwd_grad.at(a.stage))); break;
-            case RotorAction::Kind::loss: out.push_back(Step::run(id.loss)); break;
-            case RotorAction::Kind::backward:
-                out.push_back(Step::run(id.bwd.at(a.stage)));
-                out.push_back(Step::free(id.g.at(a.stage)));
-                out.push_back(Step::free(id.s.at(a.stage)));
-                out.push_back(Step::free(id.a.at(a.stage)));
-                break;
-            case RotorAction::Kind::free_activation: out.push_back(Step::free(id.a.at(a.stage))); break;
-        }
-    }
-    return out;
-}
-
 namespace detail {
 
 // Rounds up for any sign (unit > 0): the conservative direction for memory.
@@ -3073,16 +2991,100 @@ struct RotorUnits {
     return u;
 }
 
-// Branch of the recursion for sub-chain (a, b): the leaf with option k (a == b), F_all
-// with option k, or F_ck at a followed by F∅ up to the checkpoint a_{j-1}.
-struct RotorChoice {
-    enum class Kind : unsigned char { none, leaf, all, ck };
-    Kind kind = Kind::none;
-    std::uint32_t index = 0;  // option k, or j (validate() and the size caps keep both below 2^32)
+[[nodiscard]] inline Bytes rotor_gcd(const RotorChain& chain) {
+    Bytes g = 0;
+    const auto add = [&](Bytes v) { g = std::gcd(g, v < 0 ? -v : v); };
+    add(chain.input_bytes);
+    add(chain.gradient_bytes(0));
+    add(chain.loss_overhead);
+    for (const RotorStage& s : chain.stages) {
+        add(s.out_bytes);
+        add(s.grad_bytes.value_or(0));
+        add(s.nograd_overhead);
+        for (const RotorOption& o : s.options) {
+            add(o.saved_bytes);
+            add(o.fwd_overhead);
+            add(o.bwd_overhead);
+        }
+    }
+    return g;
+}
 
-    RotorChoice() = default;
-    RotorChoice(Kind k, std::size_t i) : kind(k), index(static_cast<std::uint32_t>(i)) {}
-};
+// The slot size: a fixed one, or ⌈budget/slots⌉ rounded up to a multiple of the sizes' gcd
+// (computed without overflow for any budget up to 2^63 - 1).
+[[nodiscard]] inline Bytes rotor_slot(const RotorChain& chain, Bytes budget, const RotorOptions& options) {
+    if (options.slot_bytes) {
+        if (*options.slot_bytes < 1) throw InvalidInput("rotor: slot_bytes must be at least 1");
+        return *options.slot_bytes;
+    }
+    if (options.slots == 0) throw InvalidInput("rotor: slots must be at least 1");
+    const Bytes g = std::max<Bytes>(1, rotor_gcd(chain));
+    const auto slots = static_cast<Bytes>(std::min<std::size_t>(options.slots, std::numeric_limits<Bytes>::max()));
+    const Bytes b = std::max<Bytes>(budget, 0);
+    const Bytes base = b / slots + (b % slots != 0 ? 1 : 0);
+    return g * std::max<Bytes>(1, base / g + (base % g != 0 ? 1 : 0));  // ≤ max(g, base + g - 1)
+}
+
+}  // namespace detail
+
+}  // namespace remat
+// ---- end remat/solvers/rotor/chain.hpp ----
+// ---- begin remat/solvers/rotor/expansion.hpp ----
+// remat/solvers/rotor/expansion.hpp — the last phase of a Rotor solve: the choices of the
+// time table (rotor/table.hpp) or of the least-memory precomputation (rotor/least_memory.hpp)
+// turned into the actions of a RotorSequence (expand_rotor()); the least-memory schedule
+// used when slot rounding leaves the table no plan (rotor_least_memory()); and the store-all
+// sequence, which nothing beats when it fits (store_all_actions()).
+//
+// Part of the Rotor solver (solvers/rotor.hpp; Beaumont et al. 2019, "Optimal checkpointing
+// for heterogeneous chains": a leaf runs forward, [loss], backward; F_all runs the forward
+// with grad above its sub-chain and the backward after it; F_ck runs the no-grad forwards
+// up to the checkpoint, the part above it, then the part below; docs/design.md §4.2). The
+// actions follow the memory model of rotor/chain.hpp.
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+// ---- begin remat/solvers/rotor/least_memory.hpp ----
+// remat/solvers/rotor/least_memory.hpp — the first phase of a Rotor solve: the least memory
+// (in units) with which every sub-chain (a, b) can be back-propagated by a persistent
+// schedule (RotorNeeds, compute_needs()), with the branch of the fastest such schedule; and
+// RotorChoice, the branches of the recursion that every phase names.
+//
+// Part of the Rotor solver (solvers/rotor.hpp; Beaumont et al. 2019, "Optimal checkpointing
+// for heterogeneous chains", whose branches F_all, F_ck and F∅ the min-max recursion ranges
+// over; docs/design.md §4.2). The time table (rotor/table.hpp) skips every memory below a
+// sub-chain's need; the expansion (rotor/expansion.hpp) turns the choices into the
+// least-memory schedule when slot rounding leaves the table no plan; rotor_smallest_budget()
+// is need(1, L) in bytes. O(K·L² + L³) time, L(L+1)/2 entries of 24 bytes.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+// ---- begin remat/solvers/rotor/limits.hpp ----
+// remat/solvers/rotor/limits.hpp — the limits of one Rotor solve (RotorLimits): the memory
+// cap of each of the DP's tables (RotorOptions::max_table_mib) and the time limit, which the
+// least-memory precomputation (rotor/least_memory.hpp) and the time table (rotor/table.hpp)
+// share, checked column by column. Either stops the solve with TooLarge, whose message
+// suggests fewer slots or a solver that scales to long chains.
+//
+// Part of the Rotor solver (solvers/rotor.hpp; Beaumont et al. 2019, "Optimal checkpointing
+// for heterogeneous chains"; docs/design.md §4.2): its work grows as L³ times the memory
+// slots and its tables as L², which is what these limits bound. TooLarge is exit code 4 of
+// the command-line tools (docs/formats.md §9 (exit codes)).
+
+#include <chrono>
+#include <cstddef>
+#include <cstdio>
+#include <optional>
+#include <string>
+
+
+namespace remat::detail {
 
 // The limits of one solve: the memory cap of each table and the time limit, which all phases
 // share (checked column by column). Both stop the solve with TooLarge.
@@ -3134,6 +3136,22 @@ struct RotorLimits {
                        std::to_string(done) + " of " + std::to_string(total) + " columns done); raise the limit, " +
                        "or use fewer slots; " + hint(stages));
     }
+};
+
+}  // namespace remat::detail
+// ---- end remat/solvers/rotor/limits.hpp ----
+
+namespace remat::detail {
+
+// Branch of the recursion for sub-chain (a, b): the leaf with option k (a == b), F_all
+// with option k, or F_ck at a followed by F∅ up to the checkpoint a_{j-1}.
+struct RotorChoice {
+    enum class Kind : unsigned char { none, leaf, all, ck };
+    Kind kind = Kind::none;
+    std::uint32_t index = 0;  // option k, or j (validate() and the size caps keep both below 2^32)
+
+    RotorChoice() = default;
+    RotorChoice(Kind k, std::size_t i) : kind(k), index(static_cast<std::uint32_t>(i)) {}
 };
 
 // Least memory (in units) with which sub-chain (a, b) can be back-propagated by a
@@ -3222,6 +3240,128 @@ struct RotorNeed {
     }
     return n;
 }
+
+}  // namespace remat::detail
+// ---- end remat/solvers/rotor/least_memory.hpp ----
+
+namespace remat::detail {
+
+// Expands choices into actions. `next(a, b, m)` gives the choice of sub-chain (a, b) at
+// memory m (m is ignored by the least-memory fallback). Iterative: chains can be long.
+template <class Choose>
+[[nodiscard]] std::vector<RotorAction> expand_rotor(const RotorUnits& u, Bytes M, Choose&& next) {
+    struct Item {
+        bool is_task = false;
+        std::size_t a = 0, b = 0;
+        Bytes m = 0;
+        RotorAction action;
+    };
+    using K = RotorAction::Kind;
+    std::vector<RotorAction> out;
+    std::vector<Item> stack{{true, 1, u.L, M, {}}};
+    std::vector<Item> pending;  // items of one expansion, pushed in reverse
+    while (!stack.empty()) {
+        const Item item = stack.back();
+        stack.pop_back();
+        if (!item.is_task) {
+            out.push_back(item.action);
+            continue;
+        }
+        const std::size_t a = item.a, b = item.b;
+        const RotorChoice c = next(a, b, item.m);
+        pending.clear();
+        const auto act = [&](K kind, std::size_t stage, std::size_t option = 0) {
+            pending.push_back({false, 0, 0, 0, RotorAction{kind, stage, option}});
+        };
+        switch (c.kind) {
+            case RotorChoice::Kind::leaf:
+                act(K::forward, a, c.index);
+                if (a == u.L) act(K::loss, 0);
+                act(K::backward, a, c.index);
+                break;
+            case RotorChoice::Kind::all:
+                act(K::forward, a, c.index);
+                pending.push_back({true, a + 1, b, item.m - u.x[a - 1] - u.options[a][c.index].extra, {}});
+                act(K::backward, a, c.index);
+                break;
+            case RotorChoice::Kind::ck: {
+                const std::size_t j = c.index;
+                act(K::forward_nograd, a);
+                for (std::size_t l = a + 1; l < j; ++l) {
+                    act(K::forward_nograd, l);
+                    act(K::free_activation, l - 1);
+                }
+                pending.push_back({true, j, b, item.m - u.x[a - 1], {}});
+                act(K::free_activation, j - 1);
+                pending.push_back({true, a, j - 1, item.m, {}});
+                break;
+            }
+            case RotorChoice::Kind::none:
+                throw SolverError("rotor: no branch realises sub-chain (" + std::to_string(a) + ", " + std::to_string(b) +
+                                  ") at " + std::to_string(item.m) + " slots (this is a bug in the solver; please report it)");
+        }
+        for (auto it = pending.rbegin(); it != pending.rend(); ++it) stack.push_back(*it);
+    }
+    return out;
+}
+
+// Rounding left no plan: the exact least-memory schedule when the budget allows it.
+[[nodiscard]] inline std::vector<RotorAction> rotor_least_memory(const RotorChain& chain, Bytes budget, Bytes unit,
+                                                                 Bytes need, Bytes smallest, const RotorUnits& u,
+                                                                 const RotorNeeds& n, const RotorOptions& options) {
+    if (options.slot_bytes) {
+        const Bytes least = need * unit;
+        throw Infeasible("rotor with slots of " + std::to_string(unit) + " bytes needs at least " + std::to_string(least) +
+                             " bytes for '" + printable(chain.name) + "', above the budget of " + std::to_string(budget) +
+                             " bytes" +
+                             (least > smallest ? " (exact sizes would need " + std::to_string(smallest) +
+                                                     "; use a smaller slot_bytes)"
+                                               : ""),
+                         budget, least);
+    }
+    return expand_rotor(u, 0, [&](std::size_t a, std::size_t b, Bytes) { return n.choice[n.at(a, b)]; });
+}
+
+// Every stage with grad, fastest option, no recomputation.
+[[nodiscard]] inline std::vector<RotorAction> store_all_actions(const RotorChain& chain) {
+    using K = RotorAction::Kind;
+    const std::size_t L = chain.length();
+    std::vector<std::size_t> best(L + 1, 0);
+    for (std::size_t l = 1; l <= L; ++l) {
+        const auto& opts = chain.stages[l - 1].options;
+        for (std::size_t k = 1; k < opts.size(); ++k)
+            if (opts[k].fwd_time + opts[k].bwd_time < opts[best[l]].fwd_time + opts[best[l]].bwd_time) best[l] = k;
+    }
+    std::vector<RotorAction> actions;
+    actions.reserve(2 * L + 1);
+    for (std::size_t l = 1; l <= L; ++l) actions.push_back({K::forward, l, best[l]});
+    actions.push_back({K::loss, 0, 0});
+    for (std::size_t l = L; l >= 1; --l) actions.push_back({K::backward, l, best[l]});
+    return actions;
+}
+
+}  // namespace remat::detail
+// ---- end remat/solvers/rotor/expansion.hpp ----
+// ---- begin remat/solvers/rotor/table.hpp ----
+// remat/solvers/rotor/table.hpp — the second phase of a Rotor solve: the DP's time table
+// (RotorTable), for every sub-chain (a, b) and every memory m = 0..M the least time of a
+// persistent schedule, filled column by column by two vectorised kernels, and the branch
+// that realises each entry (RotorTable::choose, read by rotor/expansion.hpp).
+//
+// Part of the Rotor solver (solvers/rotor.hpp): the recursion Opt[m][a][b] of Beaumont et
+// al. 2019, "Optimal checkpointing for heterogeneous chains", with the K options per stage
+// of Rockmate (Zhao et al., ICML 2023) in its F_all branch (docs/design.md §4.2). It works
+// on the chain in units (rotor/chain.hpp), skips memories below each sub-chain's need
+// (rotor/least_memory.hpp) and stops at the limits of rotor/limits.hpp.
+
+#include <algorithm>
+#include <cstddef>
+#include <limits>
+#include <string>
+#include <vector>
+
+
+namespace remat::detail {
 
 // The DP's hot loops. Rows hold, for every memory m, the least time of a sub-chain minus
 // its lower bound (below), in single precision: half the memory traffic of doubles, which
@@ -3433,106 +3573,184 @@ private:
     std::vector<float> table_;
 };
 
-// Expands choices into actions. `next(a, b, m)` gives the choice of sub-chain (a, b) at
-// memory m (m is ignored by the least-memory fallback). Iterative: chains can be long.
-template <class Choose>
-[[nodiscard]] std::vector<RotorAction> expand_rotor(const RotorUnits& u, Bytes M, Choose&& next) {
-    struct Item {
-        bool is_task = false;
-        std::size_t a = 0, b = 0;
-        Bytes m = 0;
-        RotorAction action;
+}  // namespace remat::detail
+// ---- end remat/solvers/rotor/table.hpp ----
+
+namespace remat {
+
+/// What a RotorSequence costs under the memory model of rotor/chain.hpp (exact bytes): valid
+/// or the first invalid action and why. For a plain chain this equals simulate() on the
+/// translated schedule.
+struct RotorEvaluation {
+    bool valid = false;
+    std::string error;
+    double time = 0.0;
+    Bytes peak = 0;
+};
+
+namespace detail {
+
+// rotor_evaluate's walk through a sequence: what is live, and the time and peak so far. Each
+// action is checked before it changes anything; a step returns why its action is invalid,
+// or an empty string.
+class RotorEvaluator {
+public:
+    explicit RotorEvaluator(const RotorChain& chain)
+        : chain_(chain), L_(chain.length()), act_(L_ + 1, 0), grad_(L_ + 1, 0), backward_done_(L_ + 1, 0),
+          saved_(L_ + 1), mem_(chain.activation_bytes(0)) {
+        act_[0] = 1;
+        ev_.peak = mem_;
+    }
+
+    [[nodiscard]] const RotorEvaluation& evaluation() const noexcept { return ev_; }
+
+    [[nodiscard]] std::string run(const RotorAction& a) {
+        using K = RotorAction::Kind;
+        const std::size_t l = a.stage;
+        if (a.kind != K::loss && (l > L_ || (l == 0 && a.kind != K::free_activation)))
+            return "stage " + std::to_string(l) + " does not exist";
+        Bytes during = mem_;
+        std::string why;
+        switch (a.kind) {
+            case K::forward_nograd: why = forward_nograd(l, during); break;
+            case K::forward: why = forward(l, a.option, during); break;
+            case K::loss: why = loss(during); break;
+            case K::backward: why = backward(l, a.option, during); break;
+            case K::free_activation: why = free_activation(l); break;
+        }
+        if (why.empty()) ev_.peak = std::max({ev_.peak, during, mem_});
+        return why;
+    }
+
+    // After the last action: what the sequence left undone.
+    [[nodiscard]] std::string missing() const {
+        if (!loss_done_) return "the loss never ran";
+        for (std::size_t l = 1; l <= L_; ++l)
+            if (!backward_done_[l]) return "backward of stage " + std::to_string(l) + " never ran";
+        if (!grad_[0]) return "g0 is not live at the end";
+        return {};
+    }
+
+private:
+    [[nodiscard]] Bytes x(std::size_t l) const { return chain_.activation_bytes(l); }
+    [[nodiscard]] Bytes y(std::size_t l) const { return chain_.gradient_bytes(l); }
+
+    std::string forward_nograd(std::size_t l, Bytes& during) {
+        const std::string sl = std::to_string(l);
+        if (!act_[l - 1]) return "forward of stage " + sl + " without its input";
+        if (act_[l]) return "forward of stage " + sl + " while its output is live";
+        during = mem_ + x(l) + chain_.stages[l - 1].nograd_overhead;
+        mem_ += x(l);
+        act_[l] = 1;
+        ev_.time += chain_.stages[l - 1].nograd_time;
+        return {};
+    }
+
+    std::string forward(std::size_t l, std::size_t option, Bytes& during) {
+        const std::string sl = std::to_string(l);
+        if (option >= chain_.stages[l - 1].options.size()) return "stage " + sl + " has no such option";
+        const RotorOption& o = chain_.stages[l - 1].options[option];
+        if (!act_[l - 1]) return "forward of stage " + sl + " without its input";
+        if (act_[l]) return "forward of stage " + sl + " while its output is live";
+        during = mem_ + o.saved_bytes + o.fwd_overhead;
+        mem_ += o.saved_bytes;
+        act_[l] = 1;
+        saved_[l] = option;
+        ev_.time += o.fwd_time;
+        return {};
+    }
+
+    std::string loss(Bytes& during) {
+        if (loss_done_) return "the loss runs twice";
+        if (!act_[L_]) return "loss without the chain output";
+        during = mem_ + y(L_) + chain_.loss_overhead;
+        mem_ += y(L_);
+        grad_[L_] = 1;
+        loss_done_ = true;
+        ev_.time += chain_.loss_time;
+        return {};
+    }
+
+    std::string backward(std::size_t l, std::size_t option, Bytes& during) {
+        const std::string sl = std::to_string(l);
+        if (backward_done_[l]) return "backward of stage " + sl + " runs twice";
+        if (!saved_[l] || *saved_[l] != option)
+            return "backward of stage " + sl + " without the saved data of option " + std::to_string(option);
+        if (!grad_[l]) return "backward of stage " + sl + " without its output gradient";
+        if (!act_[l - 1]) return "backward of stage " + sl + " without its input";
+        const RotorOption& o = chain_.stages[l - 1].options[option];
+        during = mem_ + y(l - 1) + o.bwd_overhead;
+        mem_ += y(l - 1) - o.saved_bytes - y(l);
+        grad_[l - 1] = 1;
+        grad_[l] = 0;
+        act_[l] = 0;
+        saved_[l].reset();
+        backward_done_[l] = 1;
+        ev_.time += o.bwd_time;
+        return {};
+    }
+
+    std::string free_activation(std::size_t l) {
+        const std::string sl = std::to_string(l);
+        if (l == 0) return "the chain input a0 belongs to the caller and is never freed";
+        if (!act_[l]) return "free of a" + sl + ", which is not live";
+        if (saved_[l]) return "free of a" + sl + " while the saved data of stage " + sl + " hold it";
+        mem_ -= x(l);
+        act_[l] = 0;
+        return {};
+    }
+
+    const RotorChain& chain_;
+    std::size_t L_;
+    std::vector<char> act_, grad_, backward_done_;
+    std::vector<std::optional<std::size_t>> saved_;
+    bool loss_done_ = false;
+    Bytes mem_;
+    RotorEvaluation ev_;
+};
+
+}  // namespace detail
+
+[[nodiscard]] inline RotorEvaluation rotor_evaluate(const RotorChain& chain, const std::vector<RotorAction>& actions) {
+    detail::RotorEvaluator walk(chain);
+    const auto fail = [&](std::size_t i, const std::string& why) {
+        RotorEvaluation ev = walk.evaluation();
+        ev.valid = false;
+        ev.error = "action " + std::to_string(i) + ": " + why;
+        return ev;
     };
-    using K = RotorAction::Kind;
-    std::vector<RotorAction> out;
-    std::vector<Item> stack{{true, 1, u.L, M, {}}};
-    std::vector<Item> pending;  // items of one expansion, pushed in reverse
-    while (!stack.empty()) {
-        const Item item = stack.back();
-        stack.pop_back();
-        if (!item.is_task) {
-            out.push_back(item.action);
-            continue;
+    for (std::size_t i = 0; i < actions.size(); ++i)
+        if (const std::string why = walk.run(actions[i]); !why.empty()) return fail(i, why);
+    if (const std::string why = walk.missing(); !why.empty()) return fail(actions.size(), why);
+    RotorEvaluation ev = walk.evaluation();
+    ev.valid = true;
+    return ev;
+}
+
+/// The plain-chain schedule (ids of chain_ids(L)) of an action sequence with K = 1.
+[[nodiscard]] inline Schedule rotor_to_schedule(const std::vector<RotorAction>& actions, std::size_t length) {
+    const ChainIds id = chain_ids(length);
+    Schedule out;
+    out.reserve(actions.size() * 2);
+    for (const RotorAction& a : actions) {
+        switch (a.kind) {
+            case RotorAction::Kind::forward_nograd: out.push_back(Step::run(id.fwd.at(a.stage))); break;
+            case RotorAction::Kind::forward: out.push_back(Step::run(id.fwd_grad.at(a.stage))); break;
+            case RotorAction::Kind::loss: out.push_back(Step::run(id.loss)); break;
+            case RotorAction::Kind::backward:
+                out.push_back(Step::run(id.bwd.at(a.stage)));
+                out.push_back(Step::free(id.g.at(a.stage)));
+                out.push_back(Step::free(id.s.at(a.stage)));
+                out.push_back(Step::free(id.a.at(a.stage)));
+                break;
+            case RotorAction::Kind::free_activation: out.push_back(Step::free(id.a.at(a.stage))); break;
         }
-        const std::size_t a = item.a, b = item.b;
-        const RotorChoice c = next(a, b, item.m);
-        pending.clear();
-        const auto act = [&](K kind, std::size_t stage, std::size_t option = 0) {
-            pending.push_back({false, 0, 0, 0, RotorAction{kind, stage, option}});
-        };
-        switch (c.kind) {
-            case RotorChoice::Kind::leaf:
-                act(K::forward, a, c.index);
-                if (a == u.L) act(K::loss, 0);
-                act(K::backward, a, c.index);
-                break;
-            case RotorChoice::Kind::all:
-                act(K::forward, a, c.index);
-                pending.push_back({true, a + 1, b, item.m - u.x[a - 1] - u.options[a][c.index].extra, {}});
-                act(K::backward, a, c.index);
-                break;
-            case RotorChoice::Kind::ck: {
-                const std::size_t j = c.index;
-                act(K::forward_nograd, a);
-                for (std::size_t l = a + 1; l < j; ++l) {
-                    act(K::forward_nograd, l);
-                    act(K::free_activation, l - 1);
-                }
-                pending.push_back({true, j, b, item.m - u.x[a - 1], {}});
-                act(K::free_activation, j - 1);
-                pending.push_back({true, a, j - 1, item.m, {}});
-                break;
-            }
-            case RotorChoice::Kind::none:
-                throw SolverError("rotor: no branch realises sub-chain (" + std::to_string(a) + ", " + std::to_string(b) +
-                                  ") at " + std::to_string(item.m) + " slots (this is a bug in the solver; please report it)");
-        }
-        for (auto it = pending.rbegin(); it != pending.rend(); ++it) stack.push_back(*it);
     }
     return out;
 }
 
-// Every stage with grad, fastest option, no recomputation.
-[[nodiscard]] inline std::vector<RotorAction> store_all_actions(const RotorChain& chain) {
-    using K = RotorAction::Kind;
-    const std::size_t L = chain.length();
-    std::vector<std::size_t> best(L + 1, 0);
-    for (std::size_t l = 1; l <= L; ++l) {
-        const auto& opts = chain.stages[l - 1].options;
-        for (std::size_t k = 1; k < opts.size(); ++k)
-            if (opts[k].fwd_time + opts[k].bwd_time < opts[best[l]].fwd_time + opts[best[l]].bwd_time) best[l] = k;
-    }
-    std::vector<RotorAction> actions;
-    actions.reserve(2 * L + 1);
-    for (std::size_t l = 1; l <= L; ++l) actions.push_back({K::forward, l, best[l]});
-    actions.push_back({K::loss, 0, 0});
-    for (std::size_t l = L; l >= 1; --l) actions.push_back({K::backward, l, best[l]});
-    return actions;
-}
-
-[[nodiscard]] inline Bytes rotor_gcd(const RotorChain& chain) {
-    Bytes g = 0;
-    const auto add = [&](Bytes v) { g = std::gcd(g, v < 0 ? -v : v); };
-    add(chain.input_bytes);
-    add(chain.gradient_bytes(0));
-    add(chain.loss_overhead);
-    for (const RotorStage& s : chain.stages) {
-        add(s.out_bytes);
-        add(s.grad_bytes.value_or(0));
-        add(s.nograd_overhead);
-        for (const RotorOption& o : s.options) {
-            add(o.saved_bytes);
-            add(o.fwd_overhead);
-            add(o.bwd_overhead);
-        }
-    }
-    return g;
-}
-
-}  // namespace detail
-
 /// The least peak (bytes, exact) of any persistent schedule of `chain` under the memory
-/// model above: the smallest budget for which Rotor with exact sizes has a plan. Computed
+/// model of rotor/chain.hpp: the smallest budget for which Rotor with exact sizes has a plan. Computed
 /// by a min-max recursion over the same branches as the DP (O(K·L² + L³)); the options'
 /// time limit and memory cap apply (TooLarge).
 [[nodiscard]] inline Bytes rotor_smallest_budget(const RotorChain& chain, const RotorOptions& options = {}) {
@@ -3542,42 +3760,6 @@ template <class Choose>
     const detail::RotorNeeds n = detail::compute_needs(u, limits);
     return n.need[n.at(1, chain.length())];
 }
-
-namespace detail {
-
-// The slot size: a fixed one, or ⌈budget/slots⌉ rounded up to a multiple of the sizes' gcd
-// (computed without overflow for any budget up to 2^63 - 1).
-[[nodiscard]] inline Bytes rotor_slot(const RotorChain& chain, Bytes budget, const RotorOptions& options) {
-    if (options.slot_bytes) {
-        if (*options.slot_bytes < 1) throw InvalidInput("rotor: slot_bytes must be at least 1");
-        return *options.slot_bytes;
-    }
-    if (options.slots == 0) throw InvalidInput("rotor: slots must be at least 1");
-    const Bytes g = std::max<Bytes>(1, rotor_gcd(chain));
-    const auto slots = static_cast<Bytes>(std::min<std::size_t>(options.slots, std::numeric_limits<Bytes>::max()));
-    const Bytes b = std::max<Bytes>(budget, 0);
-    const Bytes base = b / slots + (b % slots != 0 ? 1 : 0);
-    return g * std::max<Bytes>(1, base / g + (base % g != 0 ? 1 : 0));  // ≤ max(g, base + g - 1)
-}
-
-// Rounding left no plan: the exact least-memory schedule when the budget allows it.
-[[nodiscard]] inline std::vector<RotorAction> rotor_least_memory(const RotorChain& chain, Bytes budget, Bytes unit,
-                                                                 Bytes need, Bytes smallest, const RotorUnits& u,
-                                                                 const RotorNeeds& n, const RotorOptions& options) {
-    if (options.slot_bytes) {
-        const Bytes least = need * unit;
-        throw Infeasible("rotor with slots of " + std::to_string(unit) + " bytes needs at least " + std::to_string(least) +
-                             " bytes for '" + printable(chain.name) + "', above the budget of " + std::to_string(budget) +
-                             " bytes" +
-                             (least > smallest ? " (exact sizes would need " + std::to_string(smallest) +
-                                                     "; use a smaller slot_bytes)"
-                                               : ""),
-                         budget, least);
-    }
-    return expand_rotor(u, 0, [&](std::size_t a, std::size_t b, Bytes) { return n.choice[n.at(a, b)]; });
-}
-
-}  // namespace detail
 
 /// The fastest persistent schedule of `chain` within `budget` bytes (the DP of
 /// Beaumont et al. 2019, with K options per stage). Throws Infeasible with the smallest
