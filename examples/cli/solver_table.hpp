@@ -198,18 +198,18 @@ inline HRockmateOptions hrockmate_options(const SolveOptions& o) {
     return [first, choice, p = std::make_shared<const Problem>(problem)](Bytes budget) -> Plan {
         std::optional<Bytes> chosen_least, greedy_least;
         try {
-            return remat::detail::auto_solver::tagged(first(budget), to_string(choice));
+            return remat::detail::automatic::tagged(first(budget), to_string(choice));
         } catch (const Infeasible& e) {
             chosen_least = e.smallest_budget();
         } catch (const SolverError&) {
         }
         try {
-            return remat::detail::auto_solver::tagged(Greedy(HRockmateOptions::default_greedy()).solve(*p, budget),
+            return remat::detail::automatic::tagged(Greedy(HRockmateOptions::default_greedy()).solve(*p, budget),
                                                       "greedy (last resort)");
         } catch (const Infeasible& e) {
             greedy_least = e.smallest_budget();
         }
-        throw remat::detail::auto_solver::infeasible(*p, budget, to_string(choice), chosen_least, greedy_least);
+        throw remat::detail::automatic::infeasible(*p, budget, to_string(choice), chosen_least, greedy_least);
     };
 }
 

@@ -682,7 +682,7 @@ struct ChainIds {
     return ids;
 }
 
-namespace detail {
+namespace detail::chain {
 // "F" + "3" + "+" built by appending: GCC 12 warns falsely (-Wrestrict) on
 // `const char* + std::string` once inlined.
 [[nodiscard]] inline std::string stage_name(std::string_view prefix, std::size_t stage, std::string_view suffix = {}) {
@@ -690,7 +690,7 @@ namespace detail {
     name.append(std::to_string(stage)).append(suffix);
     return name;
 }
-}  // namespace detail
+}  // namespace detail::chain
 
 /// Display names of the chain's units for Plan::explain and the timeline (ExplainOptions::
 /// labels): unit "3" (the ops F3, B3, ... of to_problem) shows as stage 3's name, prefixed
@@ -715,24 +715,26 @@ namespace detail {
     a[0] = b.add_data("a0", chain.input_bytes);
     for (std::size_t l = 1; l <= L; ++l) {
         const Stage& st = chain.stages[l - 1];
-        a[l] = b.add_data(detail::stage_name("a", l), st.out_bytes);
-        s[l] = b.add_data(detail::stage_name("s", l), st.saved_bytes - st.out_bytes);
-        g[l] = b.add_data(detail::stage_name("g", l), st.out_bytes);
+        a[l] = b.add_data(detail::chain::stage_name("a", l), st.out_bytes);
+        s[l] = b.add_data(detail::chain::stage_name("s", l), st.saved_bytes - st.out_bytes);
+        g[l] = b.add_data(detail::chain::stage_name("g", l), st.out_bytes);
     }
     g[0] = b.add_data("g0", chain.input_bytes);
     std::vector<OpId> order;
     for (std::size_t l = 1; l <= L; ++l) {
         const Stage& st = chain.stages[l - 1];
-        b.add_op({detail::stage_name("F", l), st.fwd_time, st.fwd_overhead, {a[l - 1]}, {a[l]}, false});
+        b.add_op({detail::chain::stage_name("F", l), st.fwd_time, st.fwd_overhead, {a[l - 1]}, {a[l]}, false});
         order.push_back(
-            b.add_op({detail::stage_name("F", l, "+"), st.fwd_time, st.fwd_overhead, {a[l - 1]}, {a[l], s[l]}, false}));
+            b.add_op({detail::chain::stage_name("F", l, "+"), st.fwd_time, st.fwd_overhead, {a[l - 1]}, {a[l], s[l]},
+                      false}));
     }
     const OpId loss = b.add_op({"loss", 0.0, 0, {a[L]}, {g[L]}, true});
     order.push_back(loss);
     for (std::size_t l = L; l >= 1; --l) {
         const Stage& st = chain.stages[l - 1];
         order.push_back(
-            b.add_op({detail::stage_name("B", l), st.bwd_time, st.bwd_overhead, {g[l], s[l], a[l], a[l - 1]}, {g[l - 1]}, true}));
+            b.add_op({detail::chain::stage_name("B", l), st.bwd_time, st.bwd_overhead, {g[l], s[l], a[l], a[l - 1]},
+                      {g[l - 1]}, true}));
     }
     b.add_initial(a[0]);
     b.add_final(g[0]);
@@ -751,10 +753,10 @@ namespace detail {
     if (problem.op_count() != 3 * L + 1) return std::nullopt;
     Chain chain{problem.name(), problem.data(*a0).bytes, {}};
     for (std::size_t l = 1; l <= L; ++l) {
-        const auto fwd = problem.find_op(detail::stage_name("F", l, "+"));
-        const auto bwd = problem.find_op(detail::stage_name("B", l));
-        const auto a = problem.find_data(detail::stage_name("a", l));
-        const auto s = problem.find_data(detail::stage_name("s", l));
+        const auto fwd = problem.find_op(detail::chain::stage_name("F", l, "+"));
+        const auto bwd = problem.find_op(detail::chain::stage_name("B", l));
+        const auto a = problem.find_data(detail::chain::stage_name("a", l));
+        const auto s = problem.find_data(detail::chain::stage_name("s", l));
         if (!fwd || !bwd || !a || !s) return std::nullopt;
         const Op& f = problem.op(*fwd);
         const Op& bw = problem.op(*bwd);
@@ -1919,7 +1921,7 @@ namespace remat::graph {
 
 namespace remat {
 
-namespace detail {
+namespace detail::store_all {
 
 // The ops store-all runs when a problem has no `autograd` order: every exactly-once op, plus
 // one writer for every data they (transitively) need and for every final data. A data's
@@ -2006,13 +2008,13 @@ inline std::vector<OpId> choose_store_all_order(const Problem& p) {
     return order_store_all_ops(p, levels, choose_store_all_ops(p, levels));
 }
 
-}  // namespace detail
+}  // namespace detail::store_all
 
 /// The order store-all runs: the problem's `autograd` order, or one chosen as described above.
 [[nodiscard]] inline std::vector<OpId> store_all_order(const Problem& problem) {
     const auto given = problem.autograd_order();
     if (!given.empty()) return {given.begin(), given.end()};
-    return detail::choose_store_all_order(problem);
+    return detail::store_all::choose_store_all_order(problem);
 }
 
 /// Runs `order` once and frees each data right after its last read (or right after it is
@@ -2128,7 +2130,7 @@ struct ExhaustiveOptions {
     double weight = 1.0;
 };
 
-namespace detail {
+namespace detail::exhaustive {
 
 /// A set of up to 128 data, by id.
 struct DataMask {
@@ -2440,7 +2442,7 @@ private:
     std::uint64_t all_done_ = 0;
 };
 
-}  // namespace detail
+}  // namespace detail::exhaustive
 
 /// Exact optimum over all schedules, for small problems (≤ 128 data, ≤ 64 exactly-once ops).
 class Exhaustive {
@@ -2465,10 +2467,11 @@ public:
 
     [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
         const auto start = std::chrono::steady_clock::now();
-        const detail::ExhaustiveSearch search(problem, options_);
-        auto result = search.run(detail::SearchGoal::least_time, budget);
+        const detail::exhaustive::ExhaustiveSearch search(problem, options_);
+        auto result = search.run(detail::exhaustive::SearchGoal::least_time, budget);
         if (!result.found) {
-            const Bytes smallest = search.run(detail::SearchGoal::least_peak, std::numeric_limits<Bytes>::max()).peak;
+            const Bytes smallest =
+                search.run(detail::exhaustive::SearchGoal::least_peak, std::numeric_limits<Bytes>::max()).peak;
             throw Infeasible("no schedule of '" + problem.name() + "' fits " + std::to_string(budget) +
                                  " bytes; the smallest feasible budget is " + std::to_string(smallest) + " bytes",
                              budget, smallest);
@@ -2484,8 +2487,8 @@ public:
         return smallest_budget(problem);
     }
     [[nodiscard]] Bytes smallest_budget(const Problem& problem) const {
-        const detail::ExhaustiveSearch search(problem, options_);
-        const auto result = search.run(detail::SearchGoal::least_peak, std::numeric_limits<Bytes>::max());
+        const detail::exhaustive::ExhaustiveSearch search(problem, options_);
+        const auto result = search.run(detail::exhaustive::SearchGoal::least_peak, std::numeric_limits<Bytes>::max());
         if (!result.found) throw InvalidInput("problem '" + problem.name() + "' has no valid schedule at all");
         return result.peak;
     }
@@ -2652,7 +2655,7 @@ private:
 // scales to long chains (greedy, hrockmate, auto). Times enter the float table scaled when
 // they are so large that a float could overflow, so any finite times plan.
 //
-// Where each phase lives (namespace detail, under solvers/rotor/):
+// Where each phase lives (namespace detail::rotor, under solvers/rotor/):
 //   chain.hpp         RotorChain and its memory model, the actions, RotorOptions, validate(),
 //                     to_rotor_chain(); the chain in integer units and the slot size;
 //   limits.hpp        the memory cap of the tables and the time limit, shared by both phases;
@@ -2829,7 +2832,7 @@ struct RotorOptions {
     std::size_t max_table_mib = 2048;
 };
 
-namespace detail {
+namespace detail::rotor {
 
 [[nodiscard]] inline Bytes magnitude(Bytes v) noexcept { return v < 0 ? -v : v; }
 
@@ -2875,7 +2878,7 @@ inline void check_rotor_totals(const RotorChain& chain, const std::string& who) 
                            ", too large for sums of recomputations to stay finite; give the times in a coarser unit");
 }
 
-}  // namespace detail
+}  // namespace detail::rotor
 
 /// Throws InvalidInput naming the stage and option when a RotorChain breaks the rules above.
 inline void validate(const RotorChain& chain) {
@@ -2913,7 +2916,7 @@ inline void validate(const RotorChain& chain) {
                                    " puts the backward peak below its start or end state");
         }
     }
-    detail::check_rotor_totals(chain, who);
+    detail::rotor::check_rotor_totals(chain, who);
 }
 
 /// A plain chain as a RotorChain with one option per stage (K = 1).
@@ -2928,7 +2931,7 @@ inline void validate(const RotorChain& chain) {
     return out;
 }
 
-namespace detail {
+namespace detail::rotor {
 
 // Rounds up for any sign (unit > 0): the conservative direction for memory.
 [[nodiscard]] constexpr Bytes ceil_units(Bytes v, Bytes unit) noexcept {
@@ -3025,7 +3028,7 @@ struct RotorUnits {
     return g * std::max<Bytes>(1, base / g + (base % g != 0 ? 1 : 0));  // ≤ max(g, base + g - 1)
 }
 
-}  // namespace detail
+}  // namespace detail::rotor
 
 }  // namespace remat
 // ---- end remat/solvers/rotor/chain.hpp ----
@@ -3084,7 +3087,7 @@ struct RotorUnits {
 #include <string>
 
 
-namespace remat::detail {
+namespace remat::detail::rotor {
 
 // The limits of one solve: the memory cap of each table and the time limit, which all phases
 // share (checked column by column). Both stop the solve with TooLarge.
@@ -3138,10 +3141,10 @@ struct RotorLimits {
     }
 };
 
-}  // namespace remat::detail
+}  // namespace remat::detail::rotor
 // ---- end remat/solvers/rotor/limits.hpp ----
 
-namespace remat::detail {
+namespace remat::detail::rotor {
 
 // Branch of the recursion for sub-chain (a, b): the leaf with option k (a == b), F_all
 // with option k, or F_ck at a followed by F∅ up to the checkpoint a_{j-1}.
@@ -3241,10 +3244,10 @@ struct RotorNeed {
     return n;
 }
 
-}  // namespace remat::detail
+}  // namespace remat::detail::rotor
 // ---- end remat/solvers/rotor/least_memory.hpp ----
 
-namespace remat::detail {
+namespace remat::detail::rotor {
 
 // Expands choices into actions. `next(a, b, m)` gives the choice of sub-chain (a, b) at
 // memory m (m is ignored by the least-memory fallback). Iterative: chains can be long.
@@ -3340,7 +3343,7 @@ template <class Choose>
     return actions;
 }
 
-}  // namespace remat::detail
+}  // namespace remat::detail::rotor
 // ---- end remat/solvers/rotor/expansion.hpp ----
 // ---- begin remat/solvers/rotor/table.hpp ----
 // remat/solvers/rotor/table.hpp — the second phase of a Rotor solve: the DP's time table
@@ -3361,7 +3364,7 @@ template <class Choose>
 #include <vector>
 
 
-namespace remat::detail {
+namespace remat::detail::rotor {
 
 // The DP's hot loops. Rows hold, for every memory m, the least time of a sub-chain minus
 // its lower bound (below), in single precision: half the memory traffic of doubles, which
@@ -3573,7 +3576,7 @@ private:
     std::vector<float> table_;
 };
 
-}  // namespace remat::detail
+}  // namespace remat::detail::rotor
 // ---- end remat/solvers/rotor/table.hpp ----
 
 namespace remat {
@@ -3588,7 +3591,7 @@ struct RotorEvaluation {
     Bytes peak = 0;
 };
 
-namespace detail {
+namespace detail::rotor {
 
 // rotor_evaluate's walk through a sequence: what is live, and the time and peak so far. Each
 // action is checked before it changes anything; a step returns why its action is invalid,
@@ -3709,10 +3712,10 @@ private:
     RotorEvaluation ev_;
 };
 
-}  // namespace detail
+}  // namespace detail::rotor
 
 [[nodiscard]] inline RotorEvaluation rotor_evaluate(const RotorChain& chain, const std::vector<RotorAction>& actions) {
-    detail::RotorEvaluator walk(chain);
+    detail::rotor::RotorEvaluator walk(chain);
     const auto fail = [&](std::size_t i, const std::string& why) {
         RotorEvaluation ev = walk.evaluation();
         ev.valid = false;
@@ -3755,9 +3758,9 @@ private:
 /// time limit and memory cap apply (TooLarge).
 [[nodiscard]] inline Bytes rotor_smallest_budget(const RotorChain& chain, const RotorOptions& options = {}) {
     validate(chain);
-    const detail::RotorLimits limits(chain.length(), options);
-    const detail::RotorUnits u = detail::make_units(chain, 1);
-    const detail::RotorNeeds n = detail::compute_needs(u, limits);
+    const detail::rotor::RotorLimits limits(chain.length(), options);
+    const detail::rotor::RotorUnits u = detail::rotor::make_units(chain, 1);
+    const detail::rotor::RotorNeeds n = detail::rotor::compute_needs(u, limits);
     return n.need[n.at(1, chain.length())];
 }
 
@@ -3770,38 +3773,39 @@ private:
 [[nodiscard]] inline RotorSequence rotor_plan(const RotorChain& chain, Bytes budget, const RotorOptions& options = {}) {
     validate(chain);
     const std::size_t L = chain.length();
-    const detail::RotorLimits limits(L, options);
+    const detail::rotor::RotorLimits limits(L, options);
     const auto stats_line = [&](Bytes unit, std::size_t M) {
         return "rotor chain '" + printable(chain.name) + "': " + std::to_string(L) + " stages, slot " +
                std::to_string(unit) + " bytes, " + std::to_string(M) + " slots";
     };
-    const Bytes unit = detail::rotor_slot(chain, budget, options);
+    const Bytes unit = detail::rotor::rotor_slot(chain, budget, options);
     const Bytes M = budget < 0 ? -1 : budget / unit;
-    if (M >= 0) detail::RotorTable::check_size(L, static_cast<std::size_t>(M) + 1, limits);
-    const detail::RotorUnits exact_units = detail::make_units(chain, 1);
-    const detail::RotorNeeds exact_needs = detail::compute_needs(exact_units, limits);
+    if (M >= 0) detail::rotor::RotorTable::check_size(L, static_cast<std::size_t>(M) + 1, limits);
+    const detail::rotor::RotorUnits exact_units = detail::rotor::make_units(chain, 1);
+    const detail::rotor::RotorNeeds exact_needs = detail::rotor::compute_needs(exact_units, limits);
     const Bytes smallest = exact_needs.need[exact_needs.at(1, L)];
     if (!options.slot_bytes && budget < smallest)
         throw Infeasible("rotor needs at least " + std::to_string(smallest) + " bytes for '" + printable(chain.name) +
                              "' (the least peak of any persistent schedule), above the budget of " +
                              std::to_string(budget) + " bytes",
                          budget, smallest);
-    const detail::RotorUnits units = unit == 1 ? exact_units : detail::make_units(chain, unit);
-    const detail::RotorNeeds needs = unit == 1 ? exact_needs : detail::compute_needs(units, limits);
+    const detail::rotor::RotorUnits units = unit == 1 ? exact_units : detail::rotor::make_units(chain, unit);
+    const detail::rotor::RotorNeeds needs = unit == 1 ? exact_needs : detail::rotor::compute_needs(units, limits);
     const Bytes need = needs.need[needs.at(1, L)];
 
     RotorSequence seq;
     seq.slot_bytes = unit;
     if (M < need) {
-        seq.actions = detail::rotor_least_memory(chain, budget, unit, need, smallest, exact_units, exact_needs, options);
+        seq.actions =
+            detail::rotor::rotor_least_memory(chain, budget, unit, need, smallest, exact_units, exact_needs, options);
         seq.optimal = false;
         seq.slots = 0;
         report_progress(options.progress, stats_line(unit, 0) + ": slot rounding left no plan, least-memory schedule");
     } else {
         const auto width = static_cast<std::size_t>(M);
         report_progress(options.progress, stats_line(unit, width));
-        const detail::RotorTable table(units, needs, width, options, limits);
-        seq.actions = detail::expand_rotor(units, M, [&](std::size_t a, std::size_t b, Bytes m) {
+        const detail::rotor::RotorTable table(units, needs, width, options, limits);
+        seq.actions = detail::rotor::expand_rotor(units, M, [&](std::size_t a, std::size_t b, Bytes m) {
             return table.choose(a, b, static_cast<std::size_t>(m));
         });
         seq.slots = width;
@@ -3814,7 +3818,7 @@ private:
     seq.time = ev.time;
     seq.peak = ev.peak;
     // Rounding can hide that storing everything fits; when it does, nothing is faster.
-    const std::vector<RotorAction> all = detail::store_all_actions(chain);
+    const std::vector<RotorAction> all = detail::rotor::store_all_actions(chain);
     const RotorEvaluation store_all = rotor_evaluate(chain, all);
     if (store_all.valid && store_all.peak <= budget && store_all.time < seq.time) {
         seq.actions = all;
@@ -3853,8 +3857,9 @@ public:
         if (!options_.slot_bytes) return rotor_smallest_budget(chain, options_);
         if (*options_.slot_bytes < 1) throw InvalidInput("rotor: slot_bytes must be at least 1");
         validate(chain);
-        const detail::RotorUnits u = detail::make_units(chain, *options_.slot_bytes);
-        const detail::RotorNeeds n = detail::compute_needs(u, detail::RotorLimits(chain.length(), options_));
+        const detail::rotor::RotorUnits u = detail::rotor::make_units(chain, *options_.slot_bytes);
+        const detail::rotor::RotorNeeds n =
+            detail::rotor::compute_needs(u, detail::rotor::RotorLimits(chain.length(), options_));
         return n.need[n.at(1, chain.length())] * *options_.slot_bytes;
     }
 
@@ -7472,18 +7477,19 @@ struct SearchLimits {
 // What a search on an abstract problem ended with: a schedule, none at all (proven), or a
 // limit that stopped it.
 struct SearchOutcome {
-    std::optional<ExhaustiveSearch::Result> result;
+    std::optional<exhaustive::ExhaustiveSearch::Result> result;
     bool stopped = false;
 };
 
-[[nodiscard]] inline SearchOutcome search_outcome(const AbstractProblem& a, SearchGoal goal, Bytes budget, SearchLimits limits) {
+[[nodiscard]] inline SearchOutcome search_outcome(const AbstractProblem& a, exhaustive::SearchGoal goal, Bytes budget,
+                                                  SearchLimits limits) {
     try {
         ExhaustiveOptions o;
         o.max_states = limits.max_states;
         o.time_limit_seconds = limits.seconds;
         o.weight = limits.weight;
-        const ExhaustiveSearch s(a.problem, o, a.choice_groups);
-        ExhaustiveSearch::Result r = s.run(goal, budget);
+        const exhaustive::ExhaustiveSearch s(a.problem, o, a.choice_groups);
+        exhaustive::ExhaustiveSearch::Result r = s.run(goal, budget);
         if (!r.found) return {};
         return {std::move(r), false};
     } catch (const Error&) {
@@ -7492,19 +7498,22 @@ struct SearchOutcome {
 }
 
 // The exact search on an abstract problem; nullopt when no schedule fits or a limit stopped it.
-[[nodiscard]] inline std::optional<ExhaustiveSearch::Result> search(const AbstractProblem& a, SearchGoal goal, Bytes budget,
-                                                                    SearchLimits limits) {
+[[nodiscard]] inline std::optional<exhaustive::ExhaustiveSearch::Result> search(const AbstractProblem& a,
+                                                                                exhaustive::SearchGoal goal,
+                                                                                Bytes budget, SearchLimits limits) {
     return search_outcome(a, goal, budget, limits).result;
 }
 
 // The exact search, and when its limits stop it, the weighted search (bounded suboptimal,
 // far fewer states) with the same limits.
-[[nodiscard]] inline std::optional<ExhaustiveSearch::Result> search_or_weighted(const AbstractProblem& a, Bytes budget,
-                                                                                SearchLimits limits, double weight) {
-    SearchOutcome exact = search_outcome(a, SearchGoal::least_time, budget, limits);
+[[nodiscard]] inline std::optional<exhaustive::ExhaustiveSearch::Result> search_or_weighted(const AbstractProblem& a,
+                                                                                            Bytes budget,
+                                                                                            SearchLimits limits,
+                                                                                            double weight) {
+    SearchOutcome exact = search_outcome(a, exhaustive::SearchGoal::least_time, budget, limits);
     if (exact.result || !exact.stopped || weight <= 1.0) return std::move(exact.result);
     limits.weight = weight;
-    return search_outcome(a, SearchGoal::least_time, budget, limits).result;
+    return search_outcome(a, exhaustive::SearchGoal::least_time, budget, limits).result;
 }
 
 // An abstract problem with only each cluster child's fastest option: a plain problem (no
@@ -7609,7 +7618,8 @@ public:
     /// The smallest budget H-Rockmate (hierarchy or greedy) plans for.
     [[nodiscard]] Bytes smallest_budget(const HRockmateModel& model) const {
         Bytes least = std::numeric_limits<Bytes>::max();
-        if (const auto top = top_search(model, detail::SearchGoal::least_peak, std::numeric_limits<Bytes>::max()))
+        if (const auto top =
+                top_search(model, detail::exhaustive::SearchGoal::least_peak, std::numeric_limits<Bytes>::max()))
             least = top->peak;
         if (options_.compare_with_greedy) least = std::min(least, Greedy{options_.greedy}.smallest_budget(model.problem));
         if (model.rockmate) {
@@ -7776,7 +7786,7 @@ private:
         if (base.problem.data_count() > 128) return {};
         const Bytes unlimited = std::numeric_limits<Bytes>::max() / 4;
         ++model.searches;
-        const auto fastest = search(base, detail::SearchGoal::least_time, unlimited, limits());
+        const auto fastest = search(base, detail::exhaustive::SearchGoal::least_time, unlimited, limits());
         if (!fastest) {
             ++model.failed_searches;
             return {};
@@ -7805,7 +7815,7 @@ private:
                     continue;
                 const AbstractProblem a = abstract_problem(p, f, children, {}, false, peak - saved, name);
                 ++model.searches;
-                if (const auto r = search(a, detail::SearchGoal::least_time, peak, limits())) {
+                if (const auto r = search(a, detail::exhaustive::SearchGoal::least_time, peak, limits())) {
                     if (auto o = option_of(p, f, sub, a, children, r->schedule)) options.push_back(std::move(*o));
                     continue;
                 }
@@ -7848,8 +7858,8 @@ private:
 
     // ---------------------------------------------------------------- the top
 
-    [[nodiscard]] std::optional<detail::ExhaustiveSearch::Result> top_search(const HRockmateModel& model,
-                                                                            detail::SearchGoal goal, Bytes budget) const {
+    [[nodiscard]] std::optional<detail::exhaustive::ExhaustiveSearch::Result> top_search(
+        const HRockmateModel& model, detail::exhaustive::SearchGoal goal, Bytes budget) const {
         using namespace detail::hrockmate;
         const std::vector<Child> children = children_of(model, model.hierarchy.top);
         const AbstractProblem a =
@@ -7930,8 +7940,8 @@ private:
             ExhaustiveOptions o;
             o.max_states = options_.flat_max_states;
             o.time_limit_seconds = options_.flat_time_limit_seconds;
-            const detail::ExhaustiveSearch s(problem, o);
-            detail::ExhaustiveSearch::Result r = s.run(detail::SearchGoal::least_time, budget);
+            const detail::exhaustive::ExhaustiveSearch s(problem, o);
+            detail::exhaustive::ExhaustiveSearch::Result r = s.run(detail::exhaustive::SearchGoal::least_time, budget);
             if (!r.found) return std::nullopt;
             return finished(problem, std::move(r.schedule), budget, "exact");
         } catch (const Error&) {
@@ -8079,7 +8089,7 @@ inline constexpr double auto_default_rockmate_seconds = 60.0;
                                    static_cast<double>(std::max<std::size_t>(blocks, 1)));
 }
 
-namespace detail::auto_solver {
+namespace detail::automatic {
 
 // Why no solver Auto tried has a plan: below the proven lower bound, or only beyond their
 // reach, naming the one that reaches lower.
@@ -8111,7 +8121,7 @@ namespace detail::auto_solver {
     return plan;
 }
 
-}  // namespace detail::auto_solver
+}  // namespace detail::automatic
 
 /// What Auto derives from a problem before the budget comes in: its choice and the chosen
 /// solver's analysis (Rockmate's blocks or H-Rockmate's clusters), reusable at any budget —
@@ -8162,7 +8172,7 @@ public:
     [[nodiscard]] Plan solve(const AutoModel& model, Bytes budget) const {
         std::optional<Bytes> chosen_least, greedy_least;
         try {
-            return detail::auto_solver::tagged(solve_chosen(model, budget), to_string(model.choice));
+            return detail::automatic::tagged(solve_chosen(model, budget), to_string(model.choice));
         } catch (const Infeasible& e) {
             chosen_least = e.smallest_budget();
             if (!options_.greedy_fallback) throw;
@@ -8172,12 +8182,12 @@ public:
                                                    e.what() + "); trying the greedy");
         }
         try {
-            return detail::auto_solver::tagged(Greedy(HRockmateOptions::default_greedy()).solve(model.problem, budget),
+            return detail::automatic::tagged(Greedy(HRockmateOptions::default_greedy()).solve(model.problem, budget),
                                                "greedy (last resort)");
         } catch (const Infeasible& e) {
             greedy_least = e.smallest_budget();
         }
-        throw detail::auto_solver::infeasible(model.problem, budget, to_string(model.choice), chosen_least,
+        throw detail::automatic::infeasible(model.problem, budget, to_string(model.choice), chosen_least,
                                               greedy_least);
     }
 
@@ -8986,7 +8996,7 @@ struct BudgetSpec {
     return BudgetSpec{BudgetSpec::Kind::above_smallest, 0, percent, false, BudgetSpec::Counts::activations, 0};
 }
 
-namespace detail::budget_impl {
+namespace detail::budget {
 
 struct SizeUnit {
     std::string_view name;
@@ -9055,15 +9065,15 @@ inline std::string_view trim(std::string_view text) {
     return text;
 }
 
-}  // namespace detail::budget_impl
+}  // namespace detail::budget
 
 /// Parses "25088", "512MiB", "1.5 GiB", "100KB" or "40%". Throws InvalidInput naming the text.
 [[nodiscard]] inline BudgetSpec parse_budget_spec(std::string_view text) {
-    const std::string_view t = detail::budget_impl::trim(text);
-    if (t.empty()) detail::budget_impl::bad_budget(text, "it is empty");
-    if (t.front() == '-') detail::budget_impl::bad_budget(text, "a budget cannot be negative");
-    const detail::budget_impl::Number n = detail::budget_impl::parse_number(text, t);
-    const std::string unit = detail::budget_impl::lower(detail::budget_impl::trim(n.rest));
+    const std::string_view t = detail::budget::trim(text);
+    if (t.empty()) detail::budget::bad_budget(text, "it is empty");
+    if (t.front() == '-') detail::budget::bad_budget(text, "a budget cannot be negative");
+    const detail::budget::Number n = detail::budget::parse_number(text, t);
+    const std::string unit = detail::budget::lower(detail::budget::trim(n.rest));
     if (unit == "%") {
         double scale = 1;
         for (std::size_t i = 0; i < n.fraction_digits; ++i) scale *= 10;
@@ -9072,19 +9082,19 @@ inline std::string_view trim(std::string_view text) {
     }
     Bytes multiplier = 0;
     if (unit.empty()) multiplier = 1;
-    for (const auto& u : detail::budget_impl::size_units)
+    for (const auto& u : detail::budget::size_units)
         if (u.name == unit) multiplier = u.multiplier;
-    if (multiplier == 0) detail::budget_impl::bad_budget(text, "unknown unit '" + std::string(detail::budget_impl::trim(n.rest)) +
+    if (multiplier == 0) detail::budget::bad_budget(text, "unknown unit '" + std::string(detail::budget::trim(n.rest)) +
                                                       "' (known: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB, %)");
-    if (multiplier == 1 && n.fraction != 0) detail::budget_impl::bad_budget(text, "a number of bytes must be whole");
+    if (multiplier == 1 && n.fraction != 0) detail::budget::bad_budget(text, "a number of bytes must be whole");
     const auto max = static_cast<std::uint64_t>(std::numeric_limits<Bytes>::max());
     const auto m = static_cast<std::uint64_t>(multiplier);
-    if (n.whole > max / m) detail::budget_impl::bad_budget(text, "the size is too large");
+    if (n.whole > max / m) detail::budget::bad_budget(text, "the size is too large");
     std::uint64_t pow10 = 1;
     for (std::size_t i = 0; i < n.fraction_digits; ++i) pow10 *= 10;
     // fraction < 10^6 and m <= 2^40, so the product stays below 2^63.
     const std::uint64_t part = n.fraction * m / pow10;
-    if (n.whole * m > max - part) detail::budget_impl::bad_budget(text, "the size is too large");
+    if (n.whole * m > max - part) detail::budget::bad_budget(text, "the size is too large");
     return BudgetSpec{BudgetSpec::Kind::bytes, static_cast<Bytes>(n.whole * m + part), 0, false, BudgetSpec::Counts::activations, 0};
 }
 
@@ -9096,7 +9106,7 @@ inline std::string_view trim(std::string_view text) {
 /// A size in bytes; a percentage is an error here.
 [[nodiscard]] inline Bytes parse_bytes(std::string_view text) {
     const BudgetSpec spec = parse_budget_spec(text);
-    if (spec.is_percent()) detail::budget_impl::bad_budget(text, "a percentage is not a size here");
+    if (spec.is_percent()) detail::budget::bad_budget(text, "a percentage is not a size here");
     return spec.bytes;
 }
 
@@ -9209,7 +9219,7 @@ struct TimelineChart {
     int height = 480;
 };
 
-namespace detail::svg_impl {
+namespace detail::svg {
 
 inline std::string xml_escape(std::string_view text) {
     std::string out;
@@ -9482,11 +9492,11 @@ inline void draw_legend(std::string& svg, const Frame& f) {
     svg += "</g>\n";
 }
 
-}  // namespace detail::svg_impl
+}  // namespace detail::svg
 
 /// The SVG picture of a simulated schedule.
 [[nodiscard]] inline std::string timeline_svg(const SimulationReport& report, const TimelineChart& chart) {
-    using namespace detail::svg_impl;
+    using namespace detail::svg;
     const Frame f = make_frame(report, chart);
     std::string svg;
     draw_heading(svg, f, chart);
@@ -9528,10 +9538,10 @@ inline void draw_legend(std::string& svg, const Frame& f) {
     chart.title = problem.name() + " \u2014 " + plan.stats.solver + " (" + std::string(to_string(plan.stats.status)) +
                   (plan.stats.options.empty() ? "" : ", " + plan.stats.options) + ")";
     chart.subtitle = std::to_string(plan.schedule.size()) + " steps, time " +
-                     detail::svg_impl::format_number(report.time) + ", budget " + format_bytes(plan.budget) +
+                     detail::svg::format_number(report.time) + ", budget " + format_bytes(plan.budget) +
                      ", peak " + format_bytes(report.peak);
     if (reference_peak && *reference_peak > 0)
-        chart.subtitle += " (" + detail::svg_impl::format_number(100.0 * static_cast<double>(report.peak) /
+        chart.subtitle += " (" + detail::svg::format_number(100.0 * static_cast<double>(report.peak) /
                                                                      static_cast<double>(*reference_peak),
                                                                  "%.1f") +
                           " % of the store-all peak)";
@@ -9638,7 +9648,7 @@ struct SweepPoint {
 /// per plan, infeasible budgets marked on the axis.
 [[nodiscard]] inline std::string sweep_svg(const std::vector<SweepPoint>& points, const Reference& reference,
                                            const std::string& title) {
-    using detail::svg_impl::coord;
+    using detail::svg::coord;
     const double width = 720, height = 420, x0 = 80, x1 = width - 24, y0 = 64, y1 = height - 64;
     const auto percent_of_ref = [&](Bytes b) {
         return 100.0 * static_cast<double>(b) / static_cast<double>(std::max<Bytes>(reference.peak, 1));
@@ -9653,7 +9663,7 @@ struct SweepPoint {
     x_low = std::max(0.0, std::floor(x_low / 10.0) * 10.0);
     x_high = std::ceil(x_high / 10.0) * 10.0;
     if (x_high <= x_low) x_high = x_low + 10.0;
-    const double y_tick = detail::svg_impl::time_tick(y_high * 1.1);
+    const double y_tick = detail::svg::time_tick(y_high * 1.1);
     const double y_top = std::ceil(y_high * 1.1 / y_tick) * y_tick;
     const auto x = [&](double percent) { return x0 + (x1 - x0) * (percent - x_low) / (x_high - x_low); };
     const auto y = [&](double over) { return y1 - (y1 - y0) * over / y_top; };
@@ -9661,23 +9671,23 @@ struct SweepPoint {
     std::string svg = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + coord(width) + "\" height=\"" +
                       coord(height) + "\" viewBox=\"0 0 " + coord(width) + " " + coord(height) +
                       "\" font-family=\"Helvetica, Arial, sans-serif\" font-size=\"12\">\n";
-    svg += "<title>" + detail::svg_impl::xml_escape(title) + "</title>\n";
+    svg += "<title>" + detail::svg::xml_escape(title) + "</title>\n";
     svg += "<rect x=\"0\" y=\"0\" width=\"" + coord(width) + "\" height=\"" + coord(height) + "\" fill=\"white\"/>\n";
     svg += "<text x=\"" + coord(x0) + "\" y=\"24\" font-size=\"16\" font-weight=\"bold\">" +
-           detail::svg_impl::xml_escape(title) + "</text>\n";
+           detail::svg::xml_escape(title) + "</text>\n";
     svg += "<text x=\"" + coord(x0) + "\" y=\"44\" fill=\"#444\">overhead over store-all time against the budget</text>\n";
     svg += "<g class=\"y-axis\" fill=\"#444\" text-anchor=\"end\">\n";
     for (double v = 0.0; v <= y_top * (1 + 1e-9); v += y_tick) {
         svg += "<line x1=\"" + coord(x0) + "\" y1=\"" + coord(y(v)) + "\" x2=\"" + coord(x1) + "\" y2=\"" + coord(y(v)) +
                "\" stroke=\"#e4e4e4\"/>\n";
-        svg += "<text x=\"" + coord(x0 - 6) + "\" y=\"" + coord(y(v) + 4) + "\">+" + detail::svg_impl::format_number(v) +
+        svg += "<text x=\"" + coord(x0 - 6) + "\" y=\"" + coord(y(v) + 4) + "\">+" + detail::svg::format_number(v) +
                " %</text>\n";
     }
     svg += "<text transform=\"translate(18 " + coord((y0 + y1) / 2) +
            ") rotate(-90)\" text-anchor=\"middle\">overhead (% of store-all time)</text>\n</g>\n";
     svg += "<g class=\"x-axis\" fill=\"#444\" text-anchor=\"middle\">\n";
     for (double v = x_low; v <= x_high + 1e-9; v += 10.0)
-        svg += "<text x=\"" + coord(x(v)) + "\" y=\"" + coord(y1 + 18) + "\">" + detail::svg_impl::format_number(v) +
+        svg += "<text x=\"" + coord(x(v)) + "\" y=\"" + coord(y1 + 18) + "\">" + detail::svg::format_number(v) +
                " %</text>\n";
     svg += "<text x=\"" + coord((x0 + x1) / 2) + "\" y=\"" + coord(y1 + 38) +
            "\">budget (% of the store-all peak)</text>\n</g>\n";
@@ -9690,7 +9700,7 @@ struct SweepPoint {
         const std::string px = coord(x(percent_of_ref(p.budget))), py = coord(y(overhead(*p.plan)));
         path += (path.empty() ? "M" : " L") + px + " " + py;
         svg += "<circle cx=\"" + px + "\" cy=\"" + py + "\" r=\"3.5\"><title>budget " + format_bytes(p.budget) +
-               ": overhead +" + detail::svg_impl::format_number(overhead(*p.plan)) + " %, peak " +
+               ": overhead +" + detail::svg::format_number(overhead(*p.plan)) + " %, peak " +
                format_bytes(p.plan->peak) + "</title></circle>\n";
     }
     svg += "</g>\n";

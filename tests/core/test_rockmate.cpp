@@ -490,7 +490,7 @@ TEST_CASE("rotor with gradient sizes distinct from activation sizes: the DP's pl
             chain.stages.push_back(std::move(s));
         }
         const Bytes least = rotor_smallest_budget(chain);
-        const RotorEvaluation all = rotor_evaluate(chain, detail::store_all_actions(chain));
+        const RotorEvaluation all = rotor_evaluate(chain, detail::rotor::store_all_actions(chain));
         REQUIRE(all.valid);
         double previous = std::numeric_limits<double>::infinity();
         for (const Bytes budget : sweep(least, std::max(least, all.peak), 6)) {
@@ -539,7 +539,7 @@ TEST_CASE("rockmate plans are valid and fit on generated op-level networks") {
         // most a few percent above P_ref (Rotor's model keeps a block input until the block
         // before runs its backward, also when the block after has freed it).
         const RotorChain chain = model.rotor_chain();
-        const RotorEvaluation all = rotor_evaluate(chain, detail::store_all_actions(chain));
+        const RotorEvaluation all = rotor_evaluate(chain, detail::rotor::store_all_actions(chain));
         REQUIRE(all.valid);
         CHECK(all.peak <= ref.peak + ref.peak / 20);
         CHECK(rockmate.solve(model, std::max(all.peak, least)).time == Approx(ref.time));

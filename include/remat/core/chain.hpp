@@ -105,7 +105,7 @@ struct ChainIds {
     return ids;
 }
 
-namespace detail {
+namespace detail::chain {
 // "F" + "3" + "+" built by appending: GCC 12 warns falsely (-Wrestrict) on
 // `const char* + std::string` once inlined.
 [[nodiscard]] inline std::string stage_name(std::string_view prefix, std::size_t stage, std::string_view suffix = {}) {
@@ -113,7 +113,7 @@ namespace detail {
     name.append(std::to_string(stage)).append(suffix);
     return name;
 }
-}  // namespace detail
+}  // namespace detail::chain
 
 /// Display names of the chain's units for Plan::explain and the timeline (ExplainOptions::
 /// labels): unit "3" (the ops F3, B3, ... of to_problem) shows as stage 3's name, prefixed
@@ -138,24 +138,26 @@ namespace detail {
     a[0] = b.add_data("a0", chain.input_bytes);
     for (std::size_t l = 1; l <= L; ++l) {
         const Stage& st = chain.stages[l - 1];
-        a[l] = b.add_data(detail::stage_name("a", l), st.out_bytes);
-        s[l] = b.add_data(detail::stage_name("s", l), st.saved_bytes - st.out_bytes);
-        g[l] = b.add_data(detail::stage_name("g", l), st.out_bytes);
+        a[l] = b.add_data(detail::chain::stage_name("a", l), st.out_bytes);
+        s[l] = b.add_data(detail::chain::stage_name("s", l), st.saved_bytes - st.out_bytes);
+        g[l] = b.add_data(detail::chain::stage_name("g", l), st.out_bytes);
     }
     g[0] = b.add_data("g0", chain.input_bytes);
     std::vector<OpId> order;
     for (std::size_t l = 1; l <= L; ++l) {
         const Stage& st = chain.stages[l - 1];
-        b.add_op({detail::stage_name("F", l), st.fwd_time, st.fwd_overhead, {a[l - 1]}, {a[l]}, false});
+        b.add_op({detail::chain::stage_name("F", l), st.fwd_time, st.fwd_overhead, {a[l - 1]}, {a[l]}, false});
         order.push_back(
-            b.add_op({detail::stage_name("F", l, "+"), st.fwd_time, st.fwd_overhead, {a[l - 1]}, {a[l], s[l]}, false}));
+            b.add_op({detail::chain::stage_name("F", l, "+"), st.fwd_time, st.fwd_overhead, {a[l - 1]}, {a[l], s[l]},
+                      false}));
     }
     const OpId loss = b.add_op({"loss", 0.0, 0, {a[L]}, {g[L]}, true});
     order.push_back(loss);
     for (std::size_t l = L; l >= 1; --l) {
         const Stage& st = chain.stages[l - 1];
         order.push_back(
-            b.add_op({detail::stage_name("B", l), st.bwd_time, st.bwd_overhead, {g[l], s[l], a[l], a[l - 1]}, {g[l - 1]}, true}));
+            b.add_op({detail::chain::stage_name("B", l), st.bwd_time, st.bwd_overhead, {g[l], s[l], a[l], a[l - 1]},
+                      {g[l - 1]}, true}));
     }
     b.add_initial(a[0]);
     b.add_final(g[0]);
@@ -174,10 +176,10 @@ namespace detail {
     if (problem.op_count() != 3 * L + 1) return std::nullopt;
     Chain chain{problem.name(), problem.data(*a0).bytes, {}};
     for (std::size_t l = 1; l <= L; ++l) {
-        const auto fwd = problem.find_op(detail::stage_name("F", l, "+"));
-        const auto bwd = problem.find_op(detail::stage_name("B", l));
-        const auto a = problem.find_data(detail::stage_name("a", l));
-        const auto s = problem.find_data(detail::stage_name("s", l));
+        const auto fwd = problem.find_op(detail::chain::stage_name("F", l, "+"));
+        const auto bwd = problem.find_op(detail::chain::stage_name("B", l));
+        const auto a = problem.find_data(detail::chain::stage_name("a", l));
+        const auto s = problem.find_data(detail::chain::stage_name("s", l));
         if (!fwd || !bwd || !a || !s) return std::nullopt;
         const Op& f = problem.op(*fwd);
         const Op& bw = problem.op(*bwd);

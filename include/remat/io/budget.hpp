@@ -114,7 +114,7 @@ struct BudgetSpec {
     return BudgetSpec{BudgetSpec::Kind::above_smallest, 0, percent, false, BudgetSpec::Counts::activations, 0};
 }
 
-namespace detail::budget_impl {
+namespace detail::budget {
 
 struct SizeUnit {
     std::string_view name;
@@ -183,15 +183,15 @@ inline std::string_view trim(std::string_view text) {
     return text;
 }
 
-}  // namespace detail::budget_impl
+}  // namespace detail::budget
 
 /// Parses "25088", "512MiB", "1.5 GiB", "100KB" or "40%". Throws InvalidInput naming the text.
 [[nodiscard]] inline BudgetSpec parse_budget_spec(std::string_view text) {
-    const std::string_view t = detail::budget_impl::trim(text);
-    if (t.empty()) detail::budget_impl::bad_budget(text, "it is empty");
-    if (t.front() == '-') detail::budget_impl::bad_budget(text, "a budget cannot be negative");
-    const detail::budget_impl::Number n = detail::budget_impl::parse_number(text, t);
-    const std::string unit = detail::budget_impl::lower(detail::budget_impl::trim(n.rest));
+    const std::string_view t = detail::budget::trim(text);
+    if (t.empty()) detail::budget::bad_budget(text, "it is empty");
+    if (t.front() == '-') detail::budget::bad_budget(text, "a budget cannot be negative");
+    const detail::budget::Number n = detail::budget::parse_number(text, t);
+    const std::string unit = detail::budget::lower(detail::budget::trim(n.rest));
     if (unit == "%") {
         double scale = 1;
         for (std::size_t i = 0; i < n.fraction_digits; ++i) scale *= 10;
@@ -200,19 +200,19 @@ inline std::string_view trim(std::string_view text) {
     }
     Bytes multiplier = 0;
     if (unit.empty()) multiplier = 1;
-    for (const auto& u : detail::budget_impl::size_units)
+    for (const auto& u : detail::budget::size_units)
         if (u.name == unit) multiplier = u.multiplier;
-    if (multiplier == 0) detail::budget_impl::bad_budget(text, "unknown unit '" + std::string(detail::budget_impl::trim(n.rest)) +
+    if (multiplier == 0) detail::budget::bad_budget(text, "unknown unit '" + std::string(detail::budget::trim(n.rest)) +
                                                       "' (known: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB, %)");
-    if (multiplier == 1 && n.fraction != 0) detail::budget_impl::bad_budget(text, "a number of bytes must be whole");
+    if (multiplier == 1 && n.fraction != 0) detail::budget::bad_budget(text, "a number of bytes must be whole");
     const auto max = static_cast<std::uint64_t>(std::numeric_limits<Bytes>::max());
     const auto m = static_cast<std::uint64_t>(multiplier);
-    if (n.whole > max / m) detail::budget_impl::bad_budget(text, "the size is too large");
+    if (n.whole > max / m) detail::budget::bad_budget(text, "the size is too large");
     std::uint64_t pow10 = 1;
     for (std::size_t i = 0; i < n.fraction_digits; ++i) pow10 *= 10;
     // fraction < 10^6 and m <= 2^40, so the product stays below 2^63.
     const std::uint64_t part = n.fraction * m / pow10;
-    if (n.whole * m > max - part) detail::budget_impl::bad_budget(text, "the size is too large");
+    if (n.whole * m > max - part) detail::budget::bad_budget(text, "the size is too large");
     return BudgetSpec{BudgetSpec::Kind::bytes, static_cast<Bytes>(n.whole * m + part), 0, false, BudgetSpec::Counts::activations, 0};
 }
 
@@ -224,7 +224,7 @@ inline std::string_view trim(std::string_view text) {
 /// A size in bytes; a percentage is an error here.
 [[nodiscard]] inline Bytes parse_bytes(std::string_view text) {
     const BudgetSpec spec = parse_budget_spec(text);
-    if (spec.is_percent()) detail::budget_impl::bad_budget(text, "a percentage is not a size here");
+    if (spec.is_percent()) detail::budget::bad_budget(text, "a percentage is not a size here");
     return spec.bytes;
 }
 

@@ -61,7 +61,7 @@ struct SavedSchedule {
     friend bool operator==(const SavedSchedule&, const SavedSchedule&) = default;
 };
 
-namespace detail {
+namespace detail::json {
 
 using json = nlohmann::json;
 using ordered_json = nlohmann::ordered_json;
@@ -784,59 +784,59 @@ inline std::string read_text_file(const std::filesystem::path& path) {
     return std::move(text).str();
 }
 
-}  // namespace detail
+}  // namespace detail::json
 
 // ------------------------------------------------------------------------------ readers
 
 /// Reads a `remat.problem/1` document. `source` (a file name) starts every error message.
 [[nodiscard]] inline Problem parse_problem(std::string_view text, std::string_view source = "<input>") {
     const std::string src(source);
-    return detail::read_problem(detail::parse_document(text, src), src);
+    return detail::json::read_problem(detail::json::parse_document(text, src), src);
 }
 
 /// Reads a `remat.chain/1` document.
 [[nodiscard]] inline Chain parse_chain(std::string_view text, std::string_view source = "<input>") {
     const std::string src(source);
-    return detail::read_chain(detail::parse_document(text, src), src);
+    return detail::json::read_chain(detail::json::parse_document(text, src), src);
 }
 
 /// Reads either a problem or a chain (expanded with to_problem, docs/formats.md §5 (chains)), as its
 /// "format" field says.
 [[nodiscard]] inline Problem parse_any(std::string_view text, std::string_view source = "<input>") {
     const std::string src(source);
-    const nlohmann::json document = detail::parse_document(text, src);
-    const detail::Reader r(src);
+    const nlohmann::json document = detail::json::parse_document(text, src);
+    const detail::json::Reader r(src);
     const std::string format =
-        r.format(detail::Node{document, "", "the document"}, "remat.problem/1 or remat.chain/1");
-    if (format == chain_format) return to_problem(detail::read_chain(document, src));
+        r.format(detail::json::Node{document, "", "the document"}, "remat.problem/1 or remat.chain/1");
+    if (format == chain_format) return to_problem(detail::json::read_chain(document, src));
     if (format == schedule_format)
         r.fail("/format", "this is a schedule (remat.schedule/1); expected a problem (remat.problem/1) or a chain "
                           "(remat.chain/1)");
-    return detail::read_problem(document, src);
+    return detail::json::read_problem(document, src);
 }
 
 /// Reads a `remat.schedule/1` document whose names refer to `problem`.
 [[nodiscard]] inline SavedSchedule parse_schedule(const Problem& problem, std::string_view text,
                                                   std::string_view source = "<input>") {
     const std::string src(source);
-    return detail::read_schedule(problem, detail::parse_document(text, src), src);
+    return detail::json::read_schedule(problem, detail::json::parse_document(text, src), src);
 }
 
 /// A problem or chain file; the file name starts every error message.
 [[nodiscard]] inline Problem load_problem(const std::filesystem::path& path) {
-    return parse_any(detail::read_text_file(path), path.string());
+    return parse_any(detail::json::read_text_file(path), path.string());
 }
 [[nodiscard]] inline Chain load_chain(const std::filesystem::path& path) {
-    return parse_chain(detail::read_text_file(path), path.string());
+    return parse_chain(detail::json::read_text_file(path), path.string());
 }
 [[nodiscard]] inline SavedSchedule load_schedule(const Problem& problem, const std::filesystem::path& path) {
-    return parse_schedule(problem, detail::read_text_file(path), path.string());
+    return parse_schedule(problem, detail::json::read_text_file(path), path.string());
 }
 
 // ------------------------------------------------------------------------------ writers
 
 [[nodiscard]] inline std::string to_json(const Problem& problem) {
-    using detail::ordered_json;
+    using detail::json::ordered_json;
     ordered_json doc;
     doc["format"] = problem_format;
     doc["name"] = problem.name();
@@ -865,11 +865,11 @@ inline std::string read_text_file(const std::filesystem::path& path) {
         for (const OpId id : problem.autograd_order()) order.push_back(problem.op(id).name);
         doc["autograd"] = std::move(order);
     }
-    return detail::write_document(doc);
+    return detail::json::write_document(doc);
 }
 
 [[nodiscard]] inline std::string to_json(const Chain& chain) {
-    using detail::ordered_json;
+    using detail::json::ordered_json;
     ordered_json doc;
     doc["format"] = chain_format;
     doc["name"] = chain.name;
@@ -884,12 +884,12 @@ inline std::string read_text_file(const std::filesystem::path& path) {
                                       {"fwd_overhead", s.fwd_overhead},
                                       {"bwd_overhead", s.bwd_overhead}});
     doc["stages"] = std::move(stages);
-    return detail::write_document(doc);
+    return detail::json::write_document(doc);
 }
 
 /// A schedule file for `saved.steps`, whose ids index into `problem`.
 [[nodiscard]] inline std::string to_json(const Problem& problem, const SavedSchedule& saved) {
-    using detail::ordered_json;
+    using detail::json::ordered_json;
     ordered_json doc;
     doc["format"] = schedule_format;
     doc["problem"] = saved.problem.empty() ? problem.name() : saved.problem;
@@ -902,7 +902,7 @@ inline std::string read_text_file(const std::filesystem::path& path) {
     }
     doc["steps"] = std::move(steps);
     if (saved.predicted) doc["predicted"] = ordered_json{{"time", saved.predicted->time}, {"peak", saved.predicted->peak}};
-    return detail::write_document(doc);
+    return detail::json::write_document(doc);
 }
 
 /// The schedule file of a plan: its steps, solver, budget and simulated time and peak.

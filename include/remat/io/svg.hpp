@@ -45,7 +45,7 @@ struct TimelineChart {
     int height = 480;
 };
 
-namespace detail::svg_impl {
+namespace detail::svg {
 
 inline std::string xml_escape(std::string_view text) {
     std::string out;
@@ -318,11 +318,11 @@ inline void draw_legend(std::string& svg, const Frame& f) {
     svg += "</g>\n";
 }
 
-}  // namespace detail::svg_impl
+}  // namespace detail::svg
 
 /// The SVG picture of a simulated schedule.
 [[nodiscard]] inline std::string timeline_svg(const SimulationReport& report, const TimelineChart& chart) {
-    using namespace detail::svg_impl;
+    using namespace detail::svg;
     const Frame f = make_frame(report, chart);
     std::string svg;
     draw_heading(svg, f, chart);
@@ -364,10 +364,10 @@ inline void draw_legend(std::string& svg, const Frame& f) {
     chart.title = problem.name() + " \u2014 " + plan.stats.solver + " (" + std::string(to_string(plan.stats.status)) +
                   (plan.stats.options.empty() ? "" : ", " + plan.stats.options) + ")";
     chart.subtitle = std::to_string(plan.schedule.size()) + " steps, time " +
-                     detail::svg_impl::format_number(report.time) + ", budget " + format_bytes(plan.budget) +
+                     detail::svg::format_number(report.time) + ", budget " + format_bytes(plan.budget) +
                      ", peak " + format_bytes(report.peak);
     if (reference_peak && *reference_peak > 0)
-        chart.subtitle += " (" + detail::svg_impl::format_number(100.0 * static_cast<double>(report.peak) /
+        chart.subtitle += " (" + detail::svg::format_number(100.0 * static_cast<double>(report.peak) /
                                                                      static_cast<double>(*reference_peak),
                                                                  "%.1f") +
                           " % of the store-all peak)";

@@ -92,7 +92,7 @@ struct SweepPoint {
 /// per plan, infeasible budgets marked on the axis.
 [[nodiscard]] inline std::string sweep_svg(const std::vector<SweepPoint>& points, const Reference& reference,
                                            const std::string& title) {
-    using detail::svg_impl::coord;
+    using detail::svg::coord;
     const double width = 720, height = 420, x0 = 80, x1 = width - 24, y0 = 64, y1 = height - 64;
     const auto percent_of_ref = [&](Bytes b) {
         return 100.0 * static_cast<double>(b) / static_cast<double>(std::max<Bytes>(reference.peak, 1));
@@ -107,7 +107,7 @@ struct SweepPoint {
     x_low = std::max(0.0, std::floor(x_low / 10.0) * 10.0);
     x_high = std::ceil(x_high / 10.0) * 10.0;
     if (x_high <= x_low) x_high = x_low + 10.0;
-    const double y_tick = detail::svg_impl::time_tick(y_high * 1.1);
+    const double y_tick = detail::svg::time_tick(y_high * 1.1);
     const double y_top = std::ceil(y_high * 1.1 / y_tick) * y_tick;
     const auto x = [&](double percent) { return x0 + (x1 - x0) * (percent - x_low) / (x_high - x_low); };
     const auto y = [&](double over) { return y1 - (y1 - y0) * over / y_top; };
@@ -115,23 +115,23 @@ struct SweepPoint {
     std::string svg = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + coord(width) + "\" height=\"" +
                       coord(height) + "\" viewBox=\"0 0 " + coord(width) + " " + coord(height) +
                       "\" font-family=\"Helvetica, Arial, sans-serif\" font-size=\"12\">\n";
-    svg += "<title>" + detail::svg_impl::xml_escape(title) + "</title>\n";
+    svg += "<title>" + detail::svg::xml_escape(title) + "</title>\n";
     svg += "<rect x=\"0\" y=\"0\" width=\"" + coord(width) + "\" height=\"" + coord(height) + "\" fill=\"white\"/>\n";
     svg += "<text x=\"" + coord(x0) + "\" y=\"24\" font-size=\"16\" font-weight=\"bold\">" +
-           detail::svg_impl::xml_escape(title) + "</text>\n";
+           detail::svg::xml_escape(title) + "</text>\n";
     svg += "<text x=\"" + coord(x0) + "\" y=\"44\" fill=\"#444\">overhead over store-all time against the budget</text>\n";
     svg += "<g class=\"y-axis\" fill=\"#444\" text-anchor=\"end\">\n";
     for (double v = 0.0; v <= y_top * (1 + 1e-9); v += y_tick) {
         svg += "<line x1=\"" + coord(x0) + "\" y1=\"" + coord(y(v)) + "\" x2=\"" + coord(x1) + "\" y2=\"" + coord(y(v)) +
                "\" stroke=\"#e4e4e4\"/>\n";
-        svg += "<text x=\"" + coord(x0 - 6) + "\" y=\"" + coord(y(v) + 4) + "\">+" + detail::svg_impl::format_number(v) +
+        svg += "<text x=\"" + coord(x0 - 6) + "\" y=\"" + coord(y(v) + 4) + "\">+" + detail::svg::format_number(v) +
                " %</text>\n";
     }
     svg += "<text transform=\"translate(18 " + coord((y0 + y1) / 2) +
            ") rotate(-90)\" text-anchor=\"middle\">overhead (% of store-all time)</text>\n</g>\n";
     svg += "<g class=\"x-axis\" fill=\"#444\" text-anchor=\"middle\">\n";
     for (double v = x_low; v <= x_high + 1e-9; v += 10.0)
-        svg += "<text x=\"" + coord(x(v)) + "\" y=\"" + coord(y1 + 18) + "\">" + detail::svg_impl::format_number(v) +
+        svg += "<text x=\"" + coord(x(v)) + "\" y=\"" + coord(y1 + 18) + "\">" + detail::svg::format_number(v) +
                " %</text>\n";
     svg += "<text x=\"" + coord((x0 + x1) / 2) + "\" y=\"" + coord(y1 + 38) +
            "\">budget (% of the store-all peak)</text>\n</g>\n";
@@ -144,7 +144,7 @@ struct SweepPoint {
         const std::string px = coord(x(percent_of_ref(p.budget))), py = coord(y(overhead(*p.plan)));
         path += (path.empty() ? "M" : " L") + px + " " + py;
         svg += "<circle cx=\"" + px + "\" cy=\"" + py + "\" r=\"3.5\"><title>budget " + format_bytes(p.budget) +
-               ": overhead +" + detail::svg_impl::format_number(overhead(*p.plan)) + " %, peak " +
+               ": overhead +" + detail::svg::format_number(overhead(*p.plan)) + " %, peak " +
                format_bytes(p.plan->peak) + "</title></circle>\n";
     }
     svg += "</g>\n";

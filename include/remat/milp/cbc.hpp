@@ -39,7 +39,7 @@
 
 namespace remat::milp {
 
-namespace detail {
+namespace detail::cbc {
 
 struct CbcDeleter {
     void operator()(Cbc_Model* model) const noexcept {
@@ -126,7 +126,7 @@ inline CbcColumns column_major(const Model& model) {
     return c;
 }
 
-}  // namespace detail
+}  // namespace detail::cbc
 
 class Cbc {
 public:
@@ -169,7 +169,7 @@ private:
     }
 
     [[noreturn]] void child_main(const Model& model, int fd) const {
-        detail::CbcWire head;
+        detail::cbc::CbcWire head;
         std::vector<double> values;
         std::string message;
         try {
@@ -185,9 +185,9 @@ private:
         }
         head.values = values.size();
         head.message = message.size();
-        const bool ok = detail::write_all(fd, &head, sizeof head) &&
-                        detail::write_all(fd, values.data(), values.size() * sizeof(double)) &&
-                        detail::write_all(fd, message.data(), message.size());
+        const bool ok = detail::cbc::write_all(fd, &head, sizeof head) &&
+                        detail::cbc::write_all(fd, values.data(), values.size() * sizeof(double)) &&
+                        detail::cbc::write_all(fd, message.data(), message.size());
         ::close(fd);
         ::_exit(ok ? 0 : 1);
     }
@@ -224,7 +224,7 @@ private:
     }
 
     [[nodiscard]] static Result decode(const std::string& bytes, std::chrono::steady_clock::time_point start) {
-        detail::CbcWire head;
+        detail::cbc::CbcWire head;
         if (bytes.size() < sizeof head)
             throw SolverError("cbc: the solving process ended without an answer (killed, or out of memory?)");
         std::memcpy(&head, bytes.data(), sizeof head);
@@ -243,8 +243,8 @@ private:
 
     [[nodiscard]] Result solve_here(const Model& model) const {
         const auto start = std::chrono::steady_clock::now();
-        const detail::CbcColumns columns = detail::column_major(model);
-        const detail::CbcHandle cbc = load(model, columns);
+        const detail::cbc::CbcColumns columns = detail::cbc::column_major(model);
+        const detail::cbc::CbcHandle cbc = load(model, columns);
         set_parameters(cbc.get(), model.parameters());
         const bool use_start = columns.has_integers && model.start().has_value() && model.is_feasible(*model.start());
         if (use_start) set_mip_start(cbc.get(), model);
@@ -257,10 +257,10 @@ private:
     }
 
     // A silenced Cbc_Model holding the model, to be minimised.
-    [[nodiscard]] static detail::CbcHandle load(const Model& model, const detail::CbcColumns& c) {
+    [[nodiscard]] static detail::cbc::CbcHandle load(const Model& model, const detail::cbc::CbcColumns& c) {
         const auto& vars = model.variables();
         const std::size_t n = vars.size();
-        detail::CbcHandle cbc(Cbc_newModel());
+        detail::cbc::CbcHandle cbc(Cbc_newModel());
         if (!cbc) throw SolverError("cbc: Cbc_newModel failed (out of memory?)");
         Cbc_setLogLevel(cbc.get(), 0);
         Cbc_setParameter(cbc.get(), "log", "0");
@@ -280,12 +280,12 @@ private:
             const double seconds = std::max(0.01, par.time_limit_seconds);
             Cbc_setMaximumSeconds(cbc, seconds);
             Cbc_setParameter(cbc, "timeMode", "elapsed");
-            Cbc_setParameter(cbc, "sec", detail::cbc_number(seconds).c_str());
+            Cbc_setParameter(cbc, "sec", detail::cbc::cbc_number(seconds).c_str());
         }
         Cbc_setAllowableFractionGap(cbc, par.relative_gap);
         Cbc_setAllowableGap(cbc, par.absolute_gap);
-        Cbc_setParameter(cbc, "ratioGap", detail::cbc_number(par.relative_gap).c_str());
-        Cbc_setParameter(cbc, "allowableGap", detail::cbc_number(par.absolute_gap).c_str());
+        Cbc_setParameter(cbc, "ratioGap", detail::cbc::cbc_number(par.relative_gap).c_str());
+        Cbc_setParameter(cbc, "allowableGap", detail::cbc::cbc_number(par.absolute_gap).c_str());
         Cbc_setParameter(cbc, "threads", "1");
         // CBC 2.10's preprocessing can shrink a model to under three rows, on which its
         // heuristics abort in OsiClpSolverInterface::crunch (coin-or/Cbc#684).

@@ -26,7 +26,7 @@
 
 namespace remat::milp {
 
-namespace detail {
+namespace detail::lp_solve {
 
 struct LpDeleter {
     void operator()(lprec* lp) const noexcept {
@@ -50,7 +50,7 @@ inline int __WINAPI lp_solve_abort(lprec* /*lp*/, void* handle) {
     return 0;
 }
 
-}  // namespace detail
+}  // namespace detail::lp_solve
 
 class LpSolve {
 public:
@@ -64,19 +64,19 @@ public:
         };
         if (model.variables().empty()) return finish(empty_model_result(model));
 
-        const detail::LpHandle lp = load(model);
+        const detail::lp_solve::LpHandle lp = load(model);
         const Parameters& par = model.parameters();
         set_mip_gap(lp.get(), TRUE, std::max(par.absolute_gap, 1e-11));
         set_mip_gap(lp.get(), FALSE, std::max(par.relative_gap, 1e-11));
         // The abort callback reads the deadline, which must outlive ::solve.
-        detail::LpDeadline deadline;
+        detail::lp_solve::LpDeadline deadline;
         if (std::isfinite(par.time_limit_seconds)) {
             deadline.limited = true;
             deadline.end = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                        std::chrono::duration<double>(std::max(0.0, par.time_limit_seconds)));
             set_timeout(lp.get(), static_cast<long>(std::ceil(std::max(1.0, par.time_limit_seconds))) + 1);
         }
-        put_abortfunc(lp.get(), &detail::lp_solve_abort, &deadline);
+        put_abortfunc(lp.get(), &detail::lp_solve::lp_solve_abort, &deadline);
         const bool use_start = model.start().has_value() && model.is_feasible(*model.start());
         if (use_start) set_cutoff(lp.get(), model);
 
@@ -98,9 +98,9 @@ private:
 
     // A silenced lprec holding the model: its columns (bounds, integrality, objective, to
     // be minimised) and its rows.
-    [[nodiscard]] static detail::LpHandle load(const Model& model) {
+    [[nodiscard]] static detail::lp_solve::LpHandle load(const Model& model) {
         const int n = static_cast<int>(model.variables().size());
-        detail::LpHandle lp(make_lp(0, n));
+        detail::lp_solve::LpHandle lp(make_lp(0, n));
         if (!lp) throw SolverError("lp_solve: make_lp failed for a model of " + std::to_string(n) + " variables (out of memory?)");
         char no_output[] = "";
         set_outputfile(lp.get(), no_output);

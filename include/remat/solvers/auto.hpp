@@ -98,7 +98,7 @@ inline constexpr double auto_default_rockmate_seconds = 60.0;
                                    static_cast<double>(std::max<std::size_t>(blocks, 1)));
 }
 
-namespace detail::auto_solver {
+namespace detail::automatic {
 
 // Why no solver Auto tried has a plan: below the proven lower bound, or only beyond their
 // reach, naming the one that reaches lower.
@@ -130,7 +130,7 @@ namespace detail::auto_solver {
     return plan;
 }
 
-}  // namespace detail::auto_solver
+}  // namespace detail::automatic
 
 /// What Auto derives from a problem before the budget comes in: its choice and the chosen
 /// solver's analysis (Rockmate's blocks or H-Rockmate's clusters), reusable at any budget —
@@ -181,7 +181,7 @@ public:
     [[nodiscard]] Plan solve(const AutoModel& model, Bytes budget) const {
         std::optional<Bytes> chosen_least, greedy_least;
         try {
-            return detail::auto_solver::tagged(solve_chosen(model, budget), to_string(model.choice));
+            return detail::automatic::tagged(solve_chosen(model, budget), to_string(model.choice));
         } catch (const Infeasible& e) {
             chosen_least = e.smallest_budget();
             if (!options_.greedy_fallback) throw;
@@ -191,12 +191,12 @@ public:
                                                    e.what() + "); trying the greedy");
         }
         try {
-            return detail::auto_solver::tagged(Greedy(HRockmateOptions::default_greedy()).solve(model.problem, budget),
+            return detail::automatic::tagged(Greedy(HRockmateOptions::default_greedy()).solve(model.problem, budget),
                                                "greedy (last resort)");
         } catch (const Infeasible& e) {
             greedy_least = e.smallest_budget();
         }
-        throw detail::auto_solver::infeasible(model.problem, budget, to_string(model.choice), chosen_least,
+        throw detail::automatic::infeasible(model.problem, budget, to_string(model.choice), chosen_least,
                                               greedy_least);
     }
 

@@ -48,7 +48,7 @@ struct ExhaustiveOptions {
     double weight = 1.0;
 };
 
-namespace detail {
+namespace detail::exhaustive {
 
 /// A set of up to 128 data, by id.
 struct DataMask {
@@ -360,7 +360,7 @@ private:
     std::uint64_t all_done_ = 0;
 };
 
-}  // namespace detail
+}  // namespace detail::exhaustive
 
 /// Exact optimum over all schedules, for small problems (≤ 128 data, ≤ 64 exactly-once ops).
 class Exhaustive {
@@ -385,10 +385,11 @@ public:
 
     [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
         const auto start = std::chrono::steady_clock::now();
-        const detail::ExhaustiveSearch search(problem, options_);
-        auto result = search.run(detail::SearchGoal::least_time, budget);
+        const detail::exhaustive::ExhaustiveSearch search(problem, options_);
+        auto result = search.run(detail::exhaustive::SearchGoal::least_time, budget);
         if (!result.found) {
-            const Bytes smallest = search.run(detail::SearchGoal::least_peak, std::numeric_limits<Bytes>::max()).peak;
+            const Bytes smallest =
+                search.run(detail::exhaustive::SearchGoal::least_peak, std::numeric_limits<Bytes>::max()).peak;
             throw Infeasible("no schedule of '" + problem.name() + "' fits " + std::to_string(budget) +
                                  " bytes; the smallest feasible budget is " + std::to_string(smallest) + " bytes",
                              budget, smallest);
@@ -404,8 +405,8 @@ public:
         return smallest_budget(problem);
     }
     [[nodiscard]] Bytes smallest_budget(const Problem& problem) const {
-        const detail::ExhaustiveSearch search(problem, options_);
-        const auto result = search.run(detail::SearchGoal::least_peak, std::numeric_limits<Bytes>::max());
+        const detail::exhaustive::ExhaustiveSearch search(problem, options_);
+        const auto result = search.run(detail::exhaustive::SearchGoal::least_peak, std::numeric_limits<Bytes>::max());
         if (!result.found) throw InvalidInput("problem '" + problem.name() + "' has no valid schedule at all");
         return result.peak;
     }

@@ -148,18 +148,19 @@ struct SearchLimits {
 // What a search on an abstract problem ended with: a schedule, none at all (proven), or a
 // limit that stopped it.
 struct SearchOutcome {
-    std::optional<ExhaustiveSearch::Result> result;
+    std::optional<exhaustive::ExhaustiveSearch::Result> result;
     bool stopped = false;
 };
 
-[[nodiscard]] inline SearchOutcome search_outcome(const AbstractProblem& a, SearchGoal goal, Bytes budget, SearchLimits limits) {
+[[nodiscard]] inline SearchOutcome search_outcome(const AbstractProblem& a, exhaustive::SearchGoal goal, Bytes budget,
+                                                  SearchLimits limits) {
     try {
         ExhaustiveOptions o;
         o.max_states = limits.max_states;
         o.time_limit_seconds = limits.seconds;
         o.weight = limits.weight;
-        const ExhaustiveSearch s(a.problem, o, a.choice_groups);
-        ExhaustiveSearch::Result r = s.run(goal, budget);
+        const exhaustive::ExhaustiveSearch s(a.problem, o, a.choice_groups);
+        exhaustive::ExhaustiveSearch::Result r = s.run(goal, budget);
         if (!r.found) return {};
         return {std::move(r), false};
     } catch (const Error&) {
@@ -168,19 +169,22 @@ struct SearchOutcome {
 }
 
 // The exact search on an abstract problem; nullopt when no schedule fits or a limit stopped it.
-[[nodiscard]] inline std::optional<ExhaustiveSearch::Result> search(const AbstractProblem& a, SearchGoal goal, Bytes budget,
-                                                                    SearchLimits limits) {
+[[nodiscard]] inline std::optional<exhaustive::ExhaustiveSearch::Result> search(const AbstractProblem& a,
+                                                                                exhaustive::SearchGoal goal,
+                                                                                Bytes budget, SearchLimits limits) {
     return search_outcome(a, goal, budget, limits).result;
 }
 
 // The exact search, and when its limits stop it, the weighted search (bounded suboptimal,
 // far fewer states) with the same limits.
-[[nodiscard]] inline std::optional<ExhaustiveSearch::Result> search_or_weighted(const AbstractProblem& a, Bytes budget,
-                                                                                SearchLimits limits, double weight) {
-    SearchOutcome exact = search_outcome(a, SearchGoal::least_time, budget, limits);
+[[nodiscard]] inline std::optional<exhaustive::ExhaustiveSearch::Result> search_or_weighted(const AbstractProblem& a,
+                                                                                            Bytes budget,
+                                                                                            SearchLimits limits,
+                                                                                            double weight) {
+    SearchOutcome exact = search_outcome(a, exhaustive::SearchGoal::least_time, budget, limits);
     if (exact.result || !exact.stopped || weight <= 1.0) return std::move(exact.result);
     limits.weight = weight;
-    return search_outcome(a, SearchGoal::least_time, budget, limits).result;
+    return search_outcome(a, exhaustive::SearchGoal::least_time, budget, limits).result;
 }
 
 // An abstract problem with only each cluster child's fastest option: a plain problem (no
@@ -285,7 +289,8 @@ public:
     /// The smallest budget H-Rockmate (hierarchy or greedy) plans for.
     [[nodiscard]] Bytes smallest_budget(const HRockmateModel& model) const {
         Bytes least = std::numeric_limits<Bytes>::max();
-        if (const auto top = top_search(model, detail::SearchGoal::least_peak, std::numeric_limits<Bytes>::max()))
+        if (const auto top =
+                top_search(model, detail::exhaustive::SearchGoal::least_peak, std::numeric_limits<Bytes>::max()))
             least = top->peak;
         if (options_.compare_with_greedy) least = std::min(least, Greedy{options_.greedy}.smallest_budget(model.problem));
         if (model.rockmate) {
@@ -452,7 +457,7 @@ private:
         if (base.problem.data_count() > 128) return {};
         const Bytes unlimited = std::numeric_limits<Bytes>::max() / 4;
         ++model.searches;
-        const auto fastest = search(base, detail::SearchGoal::least_time, unlimited, limits());
+        const auto fastest = search(base, detail::exhaustive::SearchGoal::least_time, unlimited, limits());
         if (!fastest) {
             ++model.failed_searches;
             return {};
@@ -481,7 +486,7 @@ private:
                     continue;
                 const AbstractProblem a = abstract_problem(p, f, children, {}, false, peak - saved, name);
                 ++model.searches;
-                if (const auto r = search(a, detail::SearchGoal::least_time, peak, limits())) {
+                if (const auto r = search(a, detail::exhaustive::SearchGoal::least_time, peak, limits())) {
                     if (auto o = option_of(p, f, sub, a, children, r->schedule)) options.push_back(std::move(*o));
                     continue;
                 }
@@ -524,8 +529,8 @@ private:
 
     // ---------------------------------------------------------------- the top
 
-    [[nodiscard]] std::optional<detail::ExhaustiveSearch::Result> top_search(const HRockmateModel& model,
-                                                                            detail::SearchGoal goal, Bytes budget) const {
+    [[nodiscard]] std::optional<detail::exhaustive::ExhaustiveSearch::Result> top_search(
+        const HRockmateModel& model, detail::exhaustive::SearchGoal goal, Bytes budget) const {
         using namespace detail::hrockmate;
         const std::vector<Child> children = children_of(model, model.hierarchy.top);
         const AbstractProblem a =
@@ -606,8 +611,8 @@ private:
             ExhaustiveOptions o;
             o.max_states = options_.flat_max_states;
             o.time_limit_seconds = options_.flat_time_limit_seconds;
-            const detail::ExhaustiveSearch s(problem, o);
-            detail::ExhaustiveSearch::Result r = s.run(detail::SearchGoal::least_time, budget);
+            const detail::exhaustive::ExhaustiveSearch s(problem, o);
+            detail::exhaustive::ExhaustiveSearch::Result r = s.run(detail::exhaustive::SearchGoal::least_time, budget);
             if (!r.found) return std::nullopt;
             return finished(problem, std::move(r.schedule), budget, "exact");
         } catch (const Error&) {

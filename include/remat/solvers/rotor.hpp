@@ -32,7 +32,7 @@
 // scales to long chains (greedy, hrockmate, auto). Times enter the float table scaled when
 // they are so large that a float could overflow, so any finite times plan.
 //
-// Where each phase lives (namespace detail, under solvers/rotor/):
+// Where each phase lives (namespace detail::rotor, under solvers/rotor/):
 //   chain.hpp         RotorChain and its memory model, the actions, RotorOptions, validate(),
 //                     to_rotor_chain(); the chain in integer units and the slot size;
 //   limits.hpp        the memory cap of the tables and the time limit, shared by both phases;
@@ -85,7 +85,7 @@ struct RotorEvaluation {
     Bytes peak = 0;
 };
 
-namespace detail {
+namespace detail::rotor {
 
 // rotor_evaluate's walk through a sequence: what is live, and the time and peak so far. Each
 // action is checked before it changes anything; a step returns why its action is invalid,
@@ -206,10 +206,10 @@ private:
     RotorEvaluation ev_;
 };
 
-}  // namespace detail
+}  // namespace detail::rotor
 
 [[nodiscard]] inline RotorEvaluation rotor_evaluate(const RotorChain& chain, const std::vector<RotorAction>& actions) {
-    detail::RotorEvaluator walk(chain);
+    detail::rotor::RotorEvaluator walk(chain);
     const auto fail = [&](std::size_t i, const std::string& why) {
         RotorEvaluation ev = walk.evaluation();
         ev.valid = false;
@@ -252,9 +252,9 @@ private:
 /// time limit and memory cap apply (TooLarge).
 [[nodiscard]] inline Bytes rotor_smallest_budget(const RotorChain& chain, const RotorOptions& options = {}) {
     validate(chain);
-    const detail::RotorLimits limits(chain.length(), options);
-    const detail::RotorUnits u = detail::make_units(chain, 1);
-    const detail::RotorNeeds n = detail::compute_needs(u, limits);
+    const detail::rotor::RotorLimits limits(chain.length(), options);
+    const detail::rotor::RotorUnits u = detail::rotor::make_units(chain, 1);
+    const detail::rotor::RotorNeeds n = detail::rotor::compute_needs(u, limits);
     return n.need[n.at(1, chain.length())];
 }
 
@@ -267,38 +267,39 @@ private:
 [[nodiscard]] inline RotorSequence rotor_plan(const RotorChain& chain, Bytes budget, const RotorOptions& options = {}) {
     validate(chain);
     const std::size_t L = chain.length();
-    const detail::RotorLimits limits(L, options);
+    const detail::rotor::RotorLimits limits(L, options);
     const auto stats_line = [&](Bytes unit, std::size_t M) {
         return "rotor chain '" + printable(chain.name) + "': " + std::to_string(L) + " stages, slot " +
                std::to_string(unit) + " bytes, " + std::to_string(M) + " slots";
     };
-    const Bytes unit = detail::rotor_slot(chain, budget, options);
+    const Bytes unit = detail::rotor::rotor_slot(chain, budget, options);
     const Bytes M = budget < 0 ? -1 : budget / unit;
-    if (M >= 0) detail::RotorTable::check_size(L, static_cast<std::size_t>(M) + 1, limits);
-    const detail::RotorUnits exact_units = detail::make_units(chain, 1);
-    const detail::RotorNeeds exact_needs = detail::compute_needs(exact_units, limits);
+    if (M >= 0) detail::rotor::RotorTable::check_size(L, static_cast<std::size_t>(M) + 1, limits);
+    const detail::rotor::RotorUnits exact_units = detail::rotor::make_units(chain, 1);
+    const detail::rotor::RotorNeeds exact_needs = detail::rotor::compute_needs(exact_units, limits);
     const Bytes smallest = exact_needs.need[exact_needs.at(1, L)];
     if (!options.slot_bytes && budget < smallest)
         throw Infeasible("rotor needs at least " + std::to_string(smallest) + " bytes for '" + printable(chain.name) +
                              "' (the least peak of any persistent schedule), above the budget of " +
                              std::to_string(budget) + " bytes",
                          budget, smallest);
-    const detail::RotorUnits units = unit == 1 ? exact_units : detail::make_units(chain, unit);
-    const detail::RotorNeeds needs = unit == 1 ? exact_needs : detail::compute_needs(units, limits);
+    const detail::rotor::RotorUnits units = unit == 1 ? exact_units : detail::rotor::make_units(chain, unit);
+    const detail::rotor::RotorNeeds needs = unit == 1 ? exact_needs : detail::rotor::compute_needs(units, limits);
     const Bytes need = needs.need[needs.at(1, L)];
 
     RotorSequence seq;
     seq.slot_bytes = unit;
     if (M < need) {
-        seq.actions = detail::rotor_least_memory(chain, budget, unit, need, smallest, exact_units, exact_needs, options);
+        seq.actions =
+            detail::rotor::rotor_least_memory(chain, budget, unit, need, smallest, exact_units, exact_needs, options);
         seq.optimal = false;
         seq.slots = 0;
         report_progress(options.progress, stats_line(unit, 0) + ": slot rounding left no plan, least-memory schedule");
     } else {
         const auto width = static_cast<std::size_t>(M);
         report_progress(options.progress, stats_line(unit, width));
-        const detail::RotorTable table(units, needs, width, options, limits);
-        seq.actions = detail::expand_rotor(units, M, [&](std::size_t a, std::size_t b, Bytes m) {
+        const detail::rotor::RotorTable table(units, needs, width, options, limits);
+        seq.actions = detail::rotor::expand_rotor(units, M, [&](std::size_t a, std::size_t b, Bytes m) {
             return table.choose(a, b, static_cast<std::size_t>(m));
         });
         seq.slots = width;
@@ -311,7 +312,7 @@ private:
     seq.time = ev.time;
     seq.peak = ev.peak;
     // Rounding can hide that storing everything fits; when it does, nothing is faster.
-    const std::vector<RotorAction> all = detail::store_all_actions(chain);
+    const std::vector<RotorAction> all = detail::rotor::store_all_actions(chain);
     const RotorEvaluation store_all = rotor_evaluate(chain, all);
     if (store_all.valid && store_all.peak <= budget && store_all.time < seq.time) {
         seq.actions = all;
@@ -350,8 +351,9 @@ public:
         if (!options_.slot_bytes) return rotor_smallest_budget(chain, options_);
         if (*options_.slot_bytes < 1) throw InvalidInput("rotor: slot_bytes must be at least 1");
         validate(chain);
-        const detail::RotorUnits u = detail::make_units(chain, *options_.slot_bytes);
-        const detail::RotorNeeds n = detail::compute_needs(u, detail::RotorLimits(chain.length(), options_));
+        const detail::rotor::RotorUnits u = detail::rotor::make_units(chain, *options_.slot_bytes);
+        const detail::rotor::RotorNeeds n =
+            detail::rotor::compute_needs(u, detail::rotor::RotorLimits(chain.length(), options_));
         return n.need[n.at(1, chain.length())] * *options_.slot_bytes;
     }
 

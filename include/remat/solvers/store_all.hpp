@@ -25,7 +25,7 @@
 
 namespace remat {
 
-namespace detail {
+namespace detail::store_all {
 
 // The ops store-all runs when a problem has no `autograd` order: every exactly-once op, plus
 // one writer for every data they (transitively) need and for every final data. A data's
@@ -112,13 +112,13 @@ inline std::vector<OpId> choose_store_all_order(const Problem& p) {
     return order_store_all_ops(p, levels, choose_store_all_ops(p, levels));
 }
 
-}  // namespace detail
+}  // namespace detail::store_all
 
 /// The order store-all runs: the problem's `autograd` order, or one chosen as described above.
 [[nodiscard]] inline std::vector<OpId> store_all_order(const Problem& problem) {
     const auto given = problem.autograd_order();
     if (!given.empty()) return {given.begin(), given.end()};
-    return detail::choose_store_all_order(problem);
+    return detail::store_all::choose_store_all_order(problem);
 }
 
 /// Runs `order` once and frees each data right after its last read (or right after it is

@@ -77,7 +77,7 @@ inline void accumulate_gradients(const std::vector<at::Tensor>& parameters, Step
     }
 }
 
-namespace detail {
+namespace detail::executor {
 
 enum class OpKind : unsigned char { forward, forward_grad, loss, backward };
 enum class DataKind : unsigned char { activation, saved, gradient };
@@ -154,7 +154,7 @@ struct ExecutorCore {
     mutable std::vector<BufferSnapshot> recompute_snapshots;
 };
 
-}  // namespace detail
+}  // namespace detail::executor
 
 template <MemoryProbe Probe = CpuMemoryProbe>
 class ChainExecutor;
@@ -173,7 +173,7 @@ private:
     explicit ExecutablePlan(ExecutionPlan plan) : ExecutionPlan(std::move(plan)) {}
 };
 
-namespace detail {
+namespace detail::executor {
 
 /// One chain step's tensors, run for the engine (exec/backend.hpp): activations a_l, the
 /// stages' autograd graphs s_l, gradients g_l, the parameter gradients collected so far.
@@ -293,7 +293,7 @@ struct ProbeReader {
     void reset_peak() { probe->reset_peak(); }
 };
 
-}  // namespace detail
+}  // namespace detail::executor
 
 /// One training step in two phases: forward() runs the plan up to `loss` and returns the
 /// chain's output; backward(grad) runs the rest and returns the gradients. A step that
@@ -304,11 +304,14 @@ class ChainStep {
 public:
     /// `continuous`: the caller runs both phases back to back (the backward phase is measured
     /// from the start of the step, not calibrated at its own start).
-    ChainStep(std::shared_ptr<detail::ExecutorCore<Probe>> core, std::shared_ptr<const Executor<detail::ChainBackend<Probe>,
-              detail::ProbeReader<Probe>>> engine, ExecutablePlan plan, const at::Tensor& input, bool continuous)
-        : reader_(std::make_unique<detail::ProbeReader<Probe>>(detail::ProbeReader<Probe>{&core->probe})),
-          step_(engine->start(std::move(plan), detail::ChainBackend<Probe>(check_input(core, input), input), *reader_,
-                              continuous)) {}
+    ChainStep(std::shared_ptr<detail::executor::ExecutorCore<Probe>> core,
+              std::shared_ptr<const Executor<detail::executor::ChainBackend<Probe>,
+                                             detail::executor::ProbeReader<Probe>>> engine,
+              ExecutablePlan plan, const at::Tensor& input, bool continuous)
+        : reader_(std::make_unique<detail::executor::ProbeReader<Probe>>(
+              detail::executor::ProbeReader<Probe>{&core->probe})),
+          step_(engine->start(std::move(plan), detail::executor::ChainBackend<Probe>(check_input(core, input), input),
+                              *reader_, continuous)) {}
 
     ChainStep(ChainStep&&) noexcept = default;
     ChainStep& operator=(ChainStep&&) noexcept = default;
@@ -339,8 +342,8 @@ public:
     [[nodiscard]] const std::vector<double>& step_seconds() const noexcept { return step_.step_seconds(); }
 
 private:
-    static std::shared_ptr<detail::ExecutorCore<Probe>> check_input(std::shared_ptr<detail::ExecutorCore<Probe>> core,
-                                                                     const at::Tensor& input) {
+    static std::shared_ptr<detail::executor::ExecutorCore<Probe>> check_input(
+        std::shared_ptr<detail::executor::ExecutorCore<Probe>> core, const at::Tensor& input) {
         if (!matches(core->profile, input))
             throw InvalidInput("chain '" + core->profile.chain.name + "' was profiled for inputs of shape " +
                                detail::sizes_string(core->profile.input_sizes) + " (" +
@@ -351,8 +354,8 @@ private:
         return core;
     }
 
-    std::unique_ptr<detail::ProbeReader<Probe>> reader_;
-    ExecutionStep<detail::ChainBackend<Probe>, detail::ProbeReader<Probe>> step_;
+    std::unique_ptr<detail::executor::ProbeReader<Probe>> reader_;
+    ExecutionStep<detail::executor::ChainBackend<Probe>, detail::executor::ProbeReader<Probe>> step_;
 };
 
 /// The outcome of ChainExecutor::step.
@@ -367,7 +370,8 @@ template <MemoryProbe Probe>
 class ChainExecutor {
 public:
     ChainExecutor(StageList stages, ChainProfile profile, Probe probe = Probe{})
-        : core_(std::make_shared<detail::ExecutorCore<Probe>>(std::move(stages), std::move(profile), std::move(probe))),
+        : core_(std::make_shared<detail::executor::ExecutorCore<Probe>>(std::move(stages), std::move(profile),
+                                                                        std::move(probe))),
           engine_(std::make_shared<const Engine>(core_->problem, core_->measured, core_->execution)) {}
 
     [[nodiscard]] const Chain& chain() const noexcept { return core_->profile.chain; }
@@ -419,8 +423,8 @@ public:
     }
 
 private:
-    using Engine = Executor<detail::ChainBackend<Probe>, detail::ProbeReader<Probe>>;
-    std::shared_ptr<detail::ExecutorCore<Probe>> core_;
+    using Engine = Executor<detail::executor::ChainBackend<Probe>, detail::executor::ProbeReader<Probe>>;
+    std::shared_ptr<detail::executor::ExecutorCore<Probe>> core_;
     std::shared_ptr<const Engine> engine_;
 };
 

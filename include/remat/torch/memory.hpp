@@ -43,7 +43,7 @@ concept MemoryProbe = requires(P& probe, const P& const_probe) {
     { const_probe.device_type() } -> std::convertible_to<c10::DeviceType>;
 };
 
-namespace detail {
+namespace detail::memory {
 
 // Wraps the allocator that was installed before it. Every block carries a 64-byte header
 // holding its size, so that the deleter — a plain function pointer, the only thing c10
@@ -127,7 +127,7 @@ private:
     mutable std::atomic<std::uint64_t> allocations_{0};
 };
 
-}  // namespace detail
+}  // namespace detail::memory
 
 /// Live bytes of CPU tensor storage allocated through c10's CPU allocator. Constructing the
 /// first probe installs the tracking allocator; tensors allocated before that are invisible
@@ -136,7 +136,7 @@ private:
 /// outside c10 (oneDNN scratch space, BLAS workspaces) are not seen.
 class CpuMemoryProbe {
 public:
-    CpuMemoryProbe() : allocator_(&detail::TrackingCpuAllocator::instance()) { allocator_->install(); }
+    CpuMemoryProbe() : allocator_(&detail::memory::TrackingCpuAllocator::instance()) { allocator_->install(); }
 
     [[nodiscard]] Bytes current() const noexcept { return allocator_->current(); }
     [[nodiscard]] Bytes peak() const noexcept { return allocator_->peak(); }
@@ -149,7 +149,7 @@ public:
     [[nodiscard]] static constexpr c10::DeviceType device_type() noexcept { return c10::DeviceType::CPU; }
 
 private:
-    detail::TrackingCpuAllocator* allocator_;
+    detail::memory::TrackingCpuAllocator* allocator_;
 };
 
 #if REMAT_WITH_CUDA

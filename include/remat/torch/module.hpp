@@ -100,7 +100,7 @@ using remat::budget_above_smallest;
 using remat::budget_bytes;
 using remat::budget_percent;
 
-namespace detail {
+namespace detail::module {
 
 inline constexpr const char* capsule_key = "remat.step";
 
@@ -133,7 +133,7 @@ struct PlannedChain : ::torch::autograd::Function<PlannedChain<Probe>> {
     }
 };
 
-}  // namespace detail
+}  // namespace detail::module
 
 /// The module; use it through Checkpointed<S, Probe> (a ModuleHolder) or checkpoint().
 template <Solver S = StoreAll, MemoryProbe Probe = CpuMemoryProbe>
@@ -170,7 +170,7 @@ public:
         }
         const std::shared_ptr<Compiled> compiled = plan_for(input);
         auto step = std::make_shared<ChainStep<Probe>>(compiled->executor.start(compiled->plan, input, false));
-        return detail::PlannedChain<Probe>::apply(input, at::TensorList(compiled->executor.parameters()),
+        return detail::module::PlannedChain<Probe>::apply(input, at::TensorList(compiled->executor.parameters()),
                                                   detail::StepHandle<ChainStep<Probe>>{std::move(step), last_report_});
     }
 

@@ -94,6 +94,10 @@ inline double median(std::vector<double> values) {
 
 using remat::seconds_since;
 
+}  // namespace detail
+
+namespace detail::profile {
+
 /// Puts the model's buffers and the random generators back as they were, whatever happens
 /// in between: profiling must leave no trace on the model.
 class ModelStateGuard {
@@ -119,8 +123,7 @@ private:
     std::vector<BufferSnapshot> buffers_;
 };
 
-
-}  // namespace detail
+}  // namespace detail::profile
 
 /// The chain's problem (docs/formats.md §5 (chains), the same data, ops and ids as to_problem) with each
 /// forward's own measured overhead: F_l the no-grad one, F_l+ the with-grad one. Solvers
@@ -159,7 +162,7 @@ private:
 /// generators are left as they were.
 [[nodiscard]] inline StageList fuse_aliasing_stages(StageList stages, const at::Tensor& sample) {
     if (stages.empty()) throw InvalidInput("fuse_aliasing_stages: no stages");
-    const detail::ModelStateGuard guard(stages, sample.device());
+    const detail::profile::ModelStateGuard guard(stages, sample.device());
     for (bool changed = true; changed;) {
         changed = false;
         at::Tensor x = sample.detach().clone();
@@ -204,7 +207,7 @@ template <MemoryProbe Probe = CpuMemoryProbe>
                                           " stages, " + std::to_string(options.warmup) + " + " +
                                           std::to_string(options.repeats) + " runs each)");
     const c10::Device device = sample.device();
-    const detail::ModelStateGuard guard(stages, device);
+    const detail::profile::ModelStateGuard guard(stages, device);
     const detail::ParameterTable table(stages);
 
     ChainProfile result;

@@ -28,7 +28,7 @@
 
 namespace remat::torch {
 
-namespace detail {
+namespace detail::sequential {
 
 inline std::string short_type_name(const ::torch::nn::Module& module) {
     const std::string& full = module.name();
@@ -38,7 +38,7 @@ inline std::string short_type_name(const ::torch::nn::Module& module) {
     return name;
 }
 
-}  // namespace detail
+}  // namespace detail::sequential
 
 template <class M>
 concept TensorModule = std::derived_from<M, ::torch::nn::Module> && requires(M& m, const at::Tensor& x) {
@@ -91,7 +91,8 @@ template <TensorModule M>
     StageList stages;
     std::size_t index = 0;
     for (const ::torch::nn::AnyModule& any : *sequential) {
-        stages.push_back(make_stage(std::to_string(index) + ":" + detail::short_type_name(*any.ptr()), any));
+        stages.push_back(
+            make_stage(std::to_string(index) + ":" + detail::sequential::short_type_name(*any.ptr()), any));
         ++index;
     }
     return stages;
@@ -101,7 +102,8 @@ template <TensorModule M>
 [[nodiscard]] inline StageList stages_of(const std::vector<::torch::nn::AnyModule>& modules) {
     StageList stages;
     for (std::size_t i = 0; i < modules.size(); ++i)
-        stages.push_back(make_stage(std::to_string(i) + ":" + detail::short_type_name(*modules[i].ptr()), modules[i]));
+        stages.push_back(make_stage(std::to_string(i) + ":" + detail::sequential::short_type_name(*modules[i].ptr()),
+                                    modules[i]));
     if (stages.empty()) throw InvalidInput("stages_of: the module list is empty; a chain needs at least one stage");
     return stages;
 }

@@ -44,7 +44,7 @@ struct ChainStage {
 
 using StageList = std::vector<ChainStage>;
 
-namespace detail {
+namespace detail::stage {
 
 inline void append_unique(std::vector<at::Tensor>& into, const std::vector<at::Tensor>& from) {
     for (const at::Tensor& t : from) {
@@ -54,7 +54,7 @@ inline void append_unique(std::vector<at::Tensor>& into, const std::vector<at::T
     }
 }
 
-}  // namespace detail
+}  // namespace detail::stage
 
 /// A stage from a function and the tensors it trains and updates.
 [[nodiscard]] inline ChainStage make_stage(std::string name, std::function<at::Tensor(const at::Tensor&)> forward,
@@ -75,8 +75,8 @@ inline void append_unique(std::vector<at::Tensor>& into, const std::vector<at::T
     for (std::size_t i = first; i < last; ++i) {
         fused.name += (i == first ? "" : "+") + stages[i].name;
         parts.push_back(stages[i].forward);
-        detail::append_unique(fused.parameters, stages[i].parameters);
-        detail::append_unique(fused.buffers, stages[i].buffers);
+        detail::stage::append_unique(fused.parameters, stages[i].parameters);
+        detail::stage::append_unique(fused.buffers, stages[i].buffers);
         fused.modules.insert(fused.modules.end(), stages[i].modules.begin(), stages[i].modules.end());
     }
     fused.forward = [parts = std::move(parts)](const at::Tensor& x) {

@@ -153,7 +153,7 @@ struct RotorOptions {
     std::size_t max_table_mib = 2048;
 };
 
-namespace detail {
+namespace detail::rotor {
 
 [[nodiscard]] inline Bytes magnitude(Bytes v) noexcept { return v < 0 ? -v : v; }
 
@@ -199,7 +199,7 @@ inline void check_rotor_totals(const RotorChain& chain, const std::string& who) 
                            ", too large for sums of recomputations to stay finite; give the times in a coarser unit");
 }
 
-}  // namespace detail
+}  // namespace detail::rotor
 
 /// Throws InvalidInput naming the stage and option when a RotorChain breaks the rules above.
 inline void validate(const RotorChain& chain) {
@@ -237,7 +237,7 @@ inline void validate(const RotorChain& chain) {
                                    " puts the backward peak below its start or end state");
         }
     }
-    detail::check_rotor_totals(chain, who);
+    detail::rotor::check_rotor_totals(chain, who);
 }
 
 /// A plain chain as a RotorChain with one option per stage (K = 1).
@@ -252,7 +252,7 @@ inline void validate(const RotorChain& chain) {
     return out;
 }
 
-namespace detail {
+namespace detail::rotor {
 
 // Rounds up for any sign (unit > 0): the conservative direction for memory.
 [[nodiscard]] constexpr Bytes ceil_units(Bytes v, Bytes unit) noexcept {
@@ -349,6 +349,6 @@ struct RotorUnits {
     return g * std::max<Bytes>(1, base / g + (base % g != 0 ? 1 : 0));  // ≤ max(g, base + g - 1)
 }
 
-}  // namespace detail
+}  // namespace detail::rotor
 
 }  // namespace remat

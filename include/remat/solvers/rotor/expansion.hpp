@@ -20,7 +20,7 @@
 #include "chain.hpp"
 #include "least_memory.hpp"
 
-namespace remat::detail {
+namespace remat::detail::rotor {
 
 // Expands choices into actions. `next(a, b, m)` gives the choice of sub-chain (a, b) at
 // memory m (m is ignored by the least-memory fallback). Iterative: chains can be long.
@@ -116,4 +116,4 @@ template <class Choose>
     return actions;
 }
 
-}  // namespace remat::detail
+}  // namespace remat::detail::rotor

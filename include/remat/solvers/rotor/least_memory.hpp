@@ -21,7 +21,7 @@
 #include "chain.hpp"
 #include "limits.hpp"
 
-namespace remat::detail {
+namespace remat::detail::rotor {
 
 // Branch of the recursion for sub-chain (a, b): the leaf with option k (a == b), F_all
 // with option k, or F_ck at a followed by F∅ up to the checkpoint a_{j-1}.
@@ -121,4 +121,4 @@ struct RotorNeed {
     return n;
 }
 
-}  // namespace remat::detail
+}  // namespace remat::detail::rotor

@@ -20,7 +20,7 @@
 #include "../../core/timing.hpp"
 #include "chain.hpp"
 
-namespace remat::detail {
+namespace remat::detail::rotor {
 
 // The limits of one solve: the memory cap of each table and the time limit, which all phases
 // share (checked column by column). Both stop the solve with TooLarge.
@@ -74,4 +74,4 @@ struct RotorLimits {
     }
 };
 
-}  // namespace remat::detail
+}  // namespace remat::detail::rotor

@@ -23,7 +23,7 @@
 #include "least_memory.hpp"
 #include "limits.hpp"
 
-namespace remat::detail {
+namespace remat::detail::rotor {
 
 // The DP's hot loops. Rows hold, for every memory m, the least time of a sub-chain minus
 // its lower bound (below), in single precision: half the memory traffic of doubles, which
@@ -235,4 +235,4 @@ private:
     std::vector<float> table_;
 };
 
-}  // namespace remat::detail
+}  // namespace remat::detail::rotor
