@@ -707,18 +707,27 @@ TEST_CASE("rockmate's analysis is reusable: the same plans as fresh solves, in t
     }
 }
 
-TEST_CASE("rockmate solves structurally identical blocks once") {
-    // Six identical MLP blocks: one solve, five re-timed copies; the same plan as solving all.
-    testing::OpLevelBuilder g("mlp6");
+namespace {
+
+// `layers` identical MLP blocks (a linear layer, then an in-place activation).
+Problem identical_mlp_blocks(const std::string& name, int layers) {
+    testing::OpLevelBuilder g(name);
     auto a = g.input("x", 64, true);
-    for (int i = 0; i < 6; ++i) {
+    for (int i = 0; i < layers; ++i) {
         const std::string p = testing::numbered("l", static_cast<std::size_t>(i), ".");
         testing::OpLevelBuilder::OpDesc fc{p + "fc", {a}, {{p + "fc", 128}}, 64, 2.0, 4.0, 0, 32, true, false};
         const auto h = g.op1(fc);
         testing::OpLevelBuilder::OpDesc act{p + "act", {h}, {{p + "act", 64}}, 0, 1.0, 1.0, 0, 0, false, true};
         a = g.op1(act);
     }
-    const Problem p = g.finish(a);
+    return g.finish(a);
+}
+
+}  // namespace
+
+TEST_CASE("rockmate solves structurally identical blocks once") {
+    // Six identical MLP blocks: one solve, five re-timed copies; the same plan as solving all.
+    const Problem p = identical_mlp_blocks("mlp6", 6);
     RockmateOptions shared = quiet_options();
     RockmateOptions separate = shared;
     separate.sharing = BlockSharing::none;
@@ -770,16 +779,7 @@ TEST_CASE("rockmate's block solves stop when the block's time limit does (TimeBo
     CHECK(time_bounded(Exhaustive{}, -1.0).options().time_limit_seconds > 0);  // out of time: stops at once
     (void)time_bounded(StoreAll{}, 1.0);  // no limit to tighten: the solver itself
 
-    testing::OpLevelBuilder g("mlp3");
-    auto a = g.input("x", 64, true);
-    for (int i = 0; i < 3; ++i) {
-        const std::string p = testing::numbered("l", static_cast<std::size_t>(i), ".");
-        testing::OpLevelBuilder::OpDesc fc{p + "fc", {a}, {{p + "fc", 128}}, 64, 2.0, 4.0, 0, 32, true, false};
-        const auto h = g.op1(fc);
-        testing::OpLevelBuilder::OpDesc act{p + "act", {h}, {{p + "act", 64}}, 0, 1.0, 1.0, 0, 0, false, true};
-        a = g.op1(act);
-    }
-    const Problem p = g.finish(a);
+    const Problem p = identical_mlp_blocks("mlp3", 3);
     RockmateOptions options = quiet_options();
     options.sharing = BlockSharing::none;
     options.block_time_limit_seconds = 0.05;
