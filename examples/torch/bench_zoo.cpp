@@ -3,8 +3,7 @@
 // scripts/zoo exports torchvision and torch.nn models in train mode, traced and scripted
 // (scripts/lib/zoo_export.py), and runs this program on its manifest. For each model:
 //   - capture (remat/torch/script.hpp): ops, blocks between 1-separators, capture time;
-//   - the store-all peak P_ref and the share of it taken by the final data (the parameters'
-//     gradients, in every plan's peak), a proven lower bound on any plan's peak (core/bounds.hpp, with
+//   - the store-all peak P_ref, a proven lower bound on any plan's peak (core/bounds.hpp, with
 //     what forces it: when it is close to P_ref, the model — what capture counts, such as
 //     convolution workspaces that scale with the weights — not the planner sets the floor),
 //     and the smallest budget remat::Auto (solvers/auto.hpp: Rockmate or H-Rockmate here, by
@@ -284,15 +283,10 @@ void run_entry(const Entry& e, const Options& o) {
     const Planner planner = analyse(problem, o.time_limit);
     const double analysis = seconds_since(t0);
     const remat::MemoryLowerBound bound = remat::memory_lower_bound(problem);
-    // The final data (the parameters' gradients, held until the step ends) are in every plan's
-    // peak: a high smallest budget next to a high share here is the model, not the planner.
-    Bytes final_bytes = 0;
-    for (const remat::DataId d : problem.final_data()) final_bytes += problem.data(d).bytes;
-    std::printf("%-34s  %5zu ops %4zu blocks  capture %6.1f s  P_ref %9s (gradients %4s)  smallest: auto (%s) %4s "
-                "greedy %4s, lower bound %4s (%s) (analysis %.1f s)\n",
+    std::printf("%-34s  %5zu ops %4zu blocks  capture %6.1f s  P_ref %9s  smallest: auto (%s) %4s greedy %4s, "
+                "lower bound %4s (%s) (analysis %.1f s)\n",
                 title.c_str(), problem.op_count(), remat::partition_blocks(problem).blocks.size(), cap.seconds(),
-                remat::format_bytes(reference.peak).c_str(), percent(final_bytes, reference.peak).c_str(),
-                std::string(remat::to_string(planner.model.choice)).c_str(),
+                remat::format_bytes(reference.peak).c_str(), std::string(remat::to_string(planner.model.choice)).c_str(),
                 percent(planner.auto_smallest, reference.peak).c_str(),
                 percent(planner.greedy_smallest, reference.peak).c_str(), percent(bound.bytes, reference.peak).c_str(),
                 bound.reason.c_str(), analysis);
