@@ -1240,6 +1240,7 @@ concept Solver = requires(const S& solver, const Problem& problem, Bytes budget)
 // whose time limit is the smaller of its own and `seconds`. `time_bounded(solver, seconds)`
 // gives that copy, or the solver itself when it has no time limit to tighten.
 
+#include <algorithm>
 #include <concepts>
 
 
@@ -1249,6 +1250,13 @@ template <class S>
 concept TimeBoundedSolver = Solver<S> && requires(const S& solver, double seconds) {
     { solver.with_time_limit_at_most(seconds) } -> std::same_as<S>;
 };
+
+/// The time limit `own` tightened to at most `at_most`. A limit that has already run out
+/// (at_most <= 0) becomes the smallest positive one, which solvers accept and which stops
+/// them at their first time check.
+[[nodiscard]] constexpr double tightened_time_limit(double own, double at_most) noexcept {
+    return std::max(std::min(own, at_most), 1e-9);
+}
 
 /// `solver` with a time limit of at most `seconds` when it has one to tighten, else itself.
 template <Solver S>
@@ -2457,11 +2465,10 @@ public:
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "exhaustive"; }
     [[nodiscard]] const ExhaustiveOptions& options() const noexcept { return options_; }
 
-    /// A copy whose time limit is at most `seconds` (models TimeBoundedSolver; a limit that
-    /// has already run out becomes the smallest positive one, so the search stops at once).
+    /// A copy whose time limit is at most `seconds` (models TimeBoundedSolver).
     [[nodiscard]] Exhaustive with_time_limit_at_most(double seconds) const {
         ExhaustiveOptions o = options_;
-        o.time_limit_seconds = std::max(std::min(o.time_limit_seconds, seconds), 1e-9);
+        o.time_limit_seconds = tightened_time_limit(o.time_limit_seconds, seconds);
         return Exhaustive(o);
     }
 

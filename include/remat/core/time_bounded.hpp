@@ -7,6 +7,7 @@
 // gives that copy, or the solver itself when it has no time limit to tighten.
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 
 #include "solver.hpp"
@@ -17,6 +18,13 @@ template <class S>
 concept TimeBoundedSolver = Solver<S> && requires(const S& solver, double seconds) {
     { solver.with_time_limit_at_most(seconds) } -> std::same_as<S>;
 };
+
+/// The time limit `own` tightened to at most `at_most`. A limit that has already run out
+/// (at_most <= 0) becomes the smallest positive one, which solvers accept and which stops
+/// them at their first time check.
+[[nodiscard]] constexpr double tightened_time_limit(double own, double at_most) noexcept {
+    return std::max(std::min(own, at_most), 1e-9);
+}
 
 /// `solver` with a time limit of at most `seconds` when it has one to tighten, else itself.
 template <Solver S>

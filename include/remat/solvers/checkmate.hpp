@@ -76,6 +76,7 @@
 #include "../core/schedule.hpp"
 #include "../core/simulate.hpp"
 #include "../core/solver.hpp"
+#include "../core/time_bounded.hpp"
 #include "../core/timing.hpp"
 #include "../milp/backend.hpp"
 #include "../milp/model.hpp"
@@ -141,7 +142,7 @@ public:
     /// A copy whose time limit is at most `seconds` (models TimeBoundedSolver).
     [[nodiscard]] Checkmate with_time_limit_at_most(double seconds) const {
         CheckmateOptions o = options_;
-        o.time_limit_seconds = std::max(std::min(o.time_limit_seconds, seconds), 1e-9);
+        o.time_limit_seconds = tightened_time_limit(o.time_limit_seconds, seconds);
         return Checkmate(o, backend_);
     }
     [[nodiscard]] const CheckmateOptions& options() const noexcept { return options_; }

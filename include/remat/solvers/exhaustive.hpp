@@ -33,6 +33,7 @@
 #include "../core/schedule.hpp"
 #include "../core/simulate.hpp"
 #include "../core/solver.hpp"
+#include "../core/time_bounded.hpp"
 #include "../core/timing.hpp"
 
 namespace remat {
@@ -375,11 +376,10 @@ public:
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "exhaustive"; }
     [[nodiscard]] const ExhaustiveOptions& options() const noexcept { return options_; }
 
-    /// A copy whose time limit is at most `seconds` (models TimeBoundedSolver; a limit that
-    /// has already run out becomes the smallest positive one, so the search stops at once).
+    /// A copy whose time limit is at most `seconds` (models TimeBoundedSolver).
     [[nodiscard]] Exhaustive with_time_limit_at_most(double seconds) const {
         ExhaustiveOptions o = options_;
-        o.time_limit_seconds = std::max(std::min(o.time_limit_seconds, seconds), 1e-9);
+        o.time_limit_seconds = tightened_time_limit(o.time_limit_seconds, seconds);
         return Exhaustive(o);
     }
 

@@ -204,7 +204,7 @@ public:
     [[nodiscard]] std::string explain() const {
         ExplainOptions options;
         options.labels = stage_labels(chain());
-        options.reference_time = store_all_reference(problem()).time;
+        options.reference_time = store_all_time();
         return plan().explain(problem(), options);
     }
     [[nodiscard]] const ExecutablePlan& executable_plan() const noexcept { return current_->plan; }
