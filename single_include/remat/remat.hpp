@@ -4787,6 +4787,8 @@ namespace remat::detail {
 #include <algorithm>
 #include <cstddef>
 #include <limits>
+#include <optional>
+#include <utility>
 #include <vector>
 
 
@@ -4797,6 +4799,9 @@ struct ImproveOptions {
     double time_limit_seconds = 1.0;
     /// Candidate moves tried per pass at most (the largest savings first).
     std::size_t max_candidates = 4096;
+    /// Where keeping a data does not fit, also try freeing another one across the overflow and
+    /// recomputing it (detail::improve::Exchange).
+    bool exchanges = true;
 };
 
 namespace detail::improve {
@@ -4959,6 +4964,116 @@ struct Move {
     return out;
 }
 
+// Where each data is live and read in a schedule: per data, its live intervals [from, to)
+// (from: the run that makes it live, to: the step that frees it, or the end) and the sorted
+// positions of the runs that read it.
+struct Liveness {
+    std::vector<std::vector<std::pair<std::size_t, std::size_t>>> intervals;
+    std::vector<std::vector<std::size_t>> reads;
+
+    [[nodiscard]] bool live_at(DataId d, std::size_t at) const {
+        const auto& v = intervals[d.index];
+        const auto it = std::upper_bound(v.begin(), v.end(), at, [](std::size_t x, const auto& iv) { return x < iv.first; });
+        return it != v.begin() && at < std::prev(it)->second;
+    }
+    // The interval holding `at`, when the data is live there.
+    [[nodiscard]] std::optional<std::pair<std::size_t, std::size_t>> interval_at(DataId d, std::size_t at) const {
+        const auto& v = intervals[d.index];
+        const auto it = std::upper_bound(v.begin(), v.end(), at, [](std::size_t x, const auto& iv) { return x < iv.first; });
+        if (it == v.begin() || at >= std::prev(it)->second) return std::nullopt;
+        return *std::prev(it);
+    }
+};
+
+[[nodiscard]] inline Liveness liveness(const Problem& p, const Schedule& s) {
+    Liveness l{std::vector<std::vector<std::pair<std::size_t, std::size_t>>>(p.data_count()),
+               std::vector<std::vector<std::size_t>>(p.data_count())};
+    std::vector<std::size_t> since(p.data_count(), nowhere);
+    for (const DataId d : p.initial()) since[d.index] = 0;
+    for (std::size_t i = 0; i < s.size(); ++i) {
+        if (s[i].is_free()) {
+            const std::size_t d = s[i].data().index;
+            if (since[d] != nowhere) l.intervals[d].emplace_back(since[d], i);
+            since[d] = nowhere;
+            continue;
+        }
+        const Op& op = p.op(s[i].op());
+        for (const DataId r : op.reads) l.reads[r.index].push_back(i);
+        for (const DataId w : op.writes)
+            if (since[w.index] == nowhere) since[w.index] = i;
+    }
+    for (std::size_t d = 0; d < p.data_count(); ++d)
+        if (since[d] != nowhere) l.intervals[d].emplace_back(since[d], s.size());
+    return l;
+}
+
+// A "keep this, recompute that" move: where a keep-instead-of-recompute move `keep` does not
+// fit, another data is freed across the steps where it would overflow and recomputed by its
+// cheapest writer right before its next read, when that costs less than `keep` saves. The
+// exchange Checkmate's integer program weighs between pairs of data, which single moves
+// cannot make once the budget is tight.
+struct Exchange {
+    std::size_t free_after = 0;  // the freed data's last touch before the overflow
+    DataId freed{};
+    std::size_t run_before = 0;  // its next read after the overflow
+    OpId writer{};
+};
+
+[[nodiscard]] inline std::optional<Exchange> exchange_for(const Problem& p, const Schedule& s, const Move& keep,
+                                                          const SimulationReport& current, const Liveness& l, Bytes budget) {
+    const std::size_t from = *std::min_element(keep.frees.begin(), keep.frees.end());
+    std::size_t lo = nowhere, hi = 0;
+    Bytes need = 0;
+    for (std::size_t i = from; i < keep.run && i < current.timeline.size(); ++i) {
+        const Bytes over = current.timeline[i].during + keep.bytes - budget;
+        if (over <= 0) continue;
+        lo = std::min(lo, i);
+        hi = i;
+        need = std::max(need, over);
+    }
+    if (lo == nowhere) return std::nullopt;
+    std::vector<char> kept(p.data_count(), 0);
+    for (const DataId w : p.op(s[keep.run].op()).writes) kept[w.index] = 1;
+    std::optional<Exchange> best;
+    double best_cost = keep.saving;
+    for (std::size_t d = 0; d < p.data_count(); ++d) {
+        const DataId id{d};
+        if (kept[d] || p.data(id).bytes < need || p.is_initial(id)) continue;
+        const auto iv = l.interval_at(id, lo);
+        if (!iv || iv->second <= hi) continue;
+        const auto& reads = l.reads[d];
+        const auto next = std::lower_bound(reads.begin(), reads.end(), lo);
+        if (next != reads.end() && *next <= hi) continue;  // read inside the overflow
+        const std::size_t run_before = next == reads.end() ? s.size() : *next;
+        if (run_before >= iv->second && !(run_before == s.size() && p.is_final(id))) continue;
+        std::size_t last_touch = iv->first;
+        if (next != reads.begin() && *std::prev(next) >= iv->first) last_touch = std::max(last_touch, *std::prev(next));
+        for (const OpId w : p.writers(id)) {
+            const Op& op = p.op(w);
+            if (op.exactly_once || !(op.time < best_cost)) continue;
+            const bool inputs_live = std::all_of(op.reads.begin(), op.reads.end(), [&](DataId r) {
+                return r != id && l.live_at(r, run_before == 0 ? 0 : run_before - 1) && l.live_at(r, run_before);
+            });
+            if (!inputs_live) continue;
+            best = Exchange{last_touch, id, run_before, w};
+            best_cost = op.time;
+        }
+    }
+    return best;
+}
+
+[[nodiscard]] inline Schedule with_exchange(const Schedule& s, const Move& keep, const Exchange& x) {
+    Schedule out;
+    out.reserve(s.size() + 2);
+    for (std::size_t i = 0; i <= s.size(); ++i) {
+        if (i == x.run_before) out.push_back(Step::run(x.writer));
+        if (i == s.size()) break;
+        if (i != keep.run && std::find(keep.frees.begin(), keep.frees.end(), i) == keep.frees.end()) out.push_back(s[i]);
+        if (i == x.free_after) out.push_back(Step::free(x.freed));
+    }
+    return out;
+}
+
 }  // namespace detail::improve
 
 /// The schedule without dead or idle runs, with every free as early as it can be (see the
@@ -4989,17 +5104,27 @@ struct Move {
     schedule = tidy_schedule(problem, std::move(schedule));
     SimulationReport current = simulate(problem, schedule);
     if (!current.fits(budget)) return schedule;
+    std::optional<Liveness> live;  // of the current schedule, computed when an exchange is first tried
     for (bool progress = true; progress && clock.seconds() < options.time_limit_seconds;) {
         progress = false;
         const std::vector<Move> moves = recompute_moves(problem, schedule);
         for (std::size_t c = 0; c < moves.size() && c < options.max_candidates; ++c) {
             if (clock.seconds() > options.time_limit_seconds) break;
-            if (!may_fit(moves[c], current, budget)) continue;
-            Schedule candidate = tidy_schedule(problem, without(schedule, moves[c]));
+            Schedule candidate;
+            if (may_fit(moves[c], current, budget)) {
+                candidate = tidy_schedule(problem, without(schedule, moves[c]));
+            } else {
+                if (!options.exchanges) continue;
+                if (!live) live = liveness(problem, schedule);
+                const auto x = exchange_for(problem, schedule, moves[c], current, *live, budget);
+                if (!x) continue;
+                candidate = tidy_schedule(problem, with_exchange(schedule, moves[c], *x));
+            }
             SimulationReport r = simulate(problem, candidate);
             if (!r.fits(budget) || !(r.time < current.time)) continue;
             schedule = std::move(candidate);
             current = std::move(r);
+            live.reset();
             progress = true;
             break;
         }
@@ -6759,10 +6884,13 @@ private:
 //      child as a choice group, solves it at a grid of (peak, saved) budgets — the saved
 //      budget imposed through the boundary's overhead, as Rockmate does — and every solution,
 //      flattened and measured by the simulator on the cluster's real sub-problem, becomes an
-//      option of the cluster (Pareto-distinct ones kept, at most `max_options` spread over
-//      the saved bytes offered to the parent);
+//      option of the cluster; the greedy on the cluster's own ops adds lean options on the
+//      same grid (Pareto-distinct ones kept, at most `max_options` offered to the parent:
+//      the fastest, the leanest, the one that keeps least, others spread over saved bytes);
 //   2. structurally equal clusters (same ops, sizes and edges) are planned once;
-//   3. the top is planned at the user's budget, flattened, and checked by the simulator.
+//   3. the top is planned at the user's budget by the exact search and by a coordinate
+//      descent over which option each child gets (the greedy planning each assignment),
+//      flattened, and checked by the simulator.
 // Where the reference solves every cluster with an integer program (up to 24 MILPs of 60 s
 // per cluster with Gurobi, hours for a 2,500-node transformer), remat's clusters are small
 // enough for an exact search that settles each grid point in milliseconds (docs/design.md §4.4 (exhaustive search)
@@ -7373,19 +7501,37 @@ inline void prune(std::vector<Option>& options) {
     options = std::move(kept);
 }
 
-/// At most `count` options: the fastest, and the others spread evenly over the saved bytes
-/// from the most to the least (the one that keeps the least included).
+/// What an option adds to its parent's memory at its worst moment: its saved bytes, plus the
+/// larger of its two overheads.
+[[nodiscard]] inline Bytes footprint(const Option& o) { return o.saved + std::max(o.forward_overhead, o.backward_overhead); }
+
+/// At most `count` options: the fastest, the leanest (least footprint), the one that keeps the
+/// least (ties: the leanest), and the others spread evenly over the saved bytes from the most
+/// to the least. The first three are what a parent needs at a large, a small and a squeezed
+/// budget; without the leanest, a parent at a low budget sees only options whose backward
+/// recomputes with a large peak.
 [[nodiscard]] inline std::vector<Option> spread(std::vector<Option> options, std::size_t count) {
     if (options.size() <= count) return options;
     const auto time = [](const Option& o) { return o.forward_time + o.backward_time; };
-    const auto fastest = std::min_element(options.begin(), options.end(),
-                                          [&](const Option& x, const Option& y) { return time(x) < time(y); });
-    std::vector<Option> out{std::move(*fastest)};
-    options.erase(fastest);
+    std::vector<Option> out;
+    const auto take = [&](auto better) {
+        if (out.size() >= count || options.empty()) return;
+        const auto at = std::min_element(options.begin(), options.end(), better);
+        out.push_back(std::move(*at));
+        options.erase(at);
+    };
+    take([&](const Option& x, const Option& y) { return time(x) < time(y); });
+    take([&](const Option& x, const Option& y) {
+        return footprint(x) < footprint(y) || (footprint(x) == footprint(y) && time(x) < time(y));
+    });
+    take([&](const Option& x, const Option& y) {
+        return x.saved < y.saved || (x.saved == y.saved && footprint(x) < footprint(y));
+    });
+    if (out.size() >= count || options.empty()) return out;
     std::sort(options.begin(), options.end(), [](const Option& x, const Option& y) { return x.saved > y.saved; });
-    const std::size_t more = count - 1;
+    const std::size_t more = std::min(count - out.size(), options.size());
     for (std::size_t i = 0; i < more; ++i) {
-        const std::size_t at = more == 1 ? options.size() - 1 : i * (options.size() - 1) / (more - 1);
+        const std::size_t at = more == 1 ? options.size() / 2 : i * (options.size() - 1) / (more - 1);
         out.push_back(options[at]);
     }
     return out;
@@ -7428,11 +7574,14 @@ struct HRockmateOptions {
     /// Problems of at most this many data are not partitioned: the top is the whole problem,
     /// searched exactly (as the reference solves graphs of 40 nodes or fewer with one ILP).
     std::size_t flat_up_to_data = 64;
-    /// Limits of that exact search (also run on partitioned problems of at most 128 data):
-    /// the state limit bounds its memory; the time limit is generous, so that the answer does
-    /// not depend on how loaded the machine is.
+    /// Limits of that exact search: the state limit bounds its memory; the time limit is
+    /// generous, so that the answer does not depend on how loaded the machine is.
     std::size_t flat_max_states = 2'000'000;
     double flat_time_limit_seconds = 30.0;
+    /// The same search is tried on partitioned problems of at most 128 data, as one component
+    /// among others: within this many seconds (and the state limit above), as it seldom
+    /// finishes there at low budgets and would otherwise hold up every budget of a sweep.
+    double exact_component_seconds = 2.0;
     /// Also plan with the greedy at the same budget and keep the faster plan.
     bool compare_with_greedy = true;
     /// The greedy used then: a portfolio of eviction scores, improved (greedy.hpp).
@@ -7552,7 +7701,8 @@ public:
         if (options_.peak_budgets == 0 || options_.saved_budgets == 0 || options_.max_options == 0)
             throw InvalidInput("hrockmate: peak_budgets, saved_budgets and max_options must be at least 1");
         if (!(options_.search_time_limit_seconds > 0) || !(options_.cluster_time_limit_seconds > 0) ||
-            !(options_.time_limit_seconds > 0) || !(options_.top_time_limit_seconds > 0))
+            !(options_.time_limit_seconds > 0) || !(options_.top_time_limit_seconds > 0) ||
+            !(options_.exact_component_seconds > 0))
             throw InvalidInput("hrockmate: time limits must be positive numbers of seconds");
     }
 
@@ -7831,7 +7981,43 @@ private:
                     infeasible.emplace_back(peak, saved);
             }
         }
+        add_real_greedy_options(p, f, sub, name, floor_saved, peak_hi, saved_hi, options);
         return options;
+    }
+
+    // The greedy on the cluster's own ops (its real sub-problem, not its children's few
+    // options) at a grid of (peak, saved) budgets from the least peak it reaches: the lean
+    // options. The abstract grid cannot find them when every child's exported options
+    // recompute with a large peak, and without them a parent at a low budget finds no plan.
+    void add_real_greedy_options(const Problem& p, const detail::hrockmate::Interface& f,
+                                 const detail::hrockmate::SubProblem& sub, const std::string& name, Bytes floor_saved,
+                                 Bytes peak_hi, Bytes saved_hi, std::vector<detail::hrockmate::Option>& options) const {
+        using namespace detail::hrockmate;
+        const Greedy greedy;
+        Bytes peak_lo = 0;
+        try {
+            peak_lo = greedy.smallest_budget(sub.problem);
+        } catch (const Error&) {
+            return;
+        }
+        if (peak_lo > peak_hi) peak_hi = peak_lo;
+        const auto step = [](Bytes lo, Bytes hi, std::size_t i, std::size_t count) {
+            return count <= 1 ? lo : lo + (hi - lo) * static_cast<Bytes>(i) / static_cast<Bytes>(count - 1);
+        };
+        for (std::size_t i = 0; i < options_.peak_budgets; ++i) {
+            const Bytes peak = step(peak_lo, peak_hi, i, options_.peak_budgets);
+            const Bytes top = std::min(peak, std::max(saved_hi, floor_saved));
+            for (std::size_t j = 0; j < options_.saved_budgets; ++j) {
+                const Bytes saved = step(floor_saved, top, j, options_.saved_budgets);
+                const SubProblem squeezed = sub_problem(p, f, false, std::max<Bytes>(0, peak - saved), name);
+                try {
+                    const Plan plan = greedy.solve(squeezed.problem, peak);
+                    if (auto o = option_from(p, sub, f, plan.schedule)) options.push_back(std::move(*o));
+                } catch (const Error&) {
+                    break;  // a smaller saved budget at this peak does not fit either
+                }
+            }
+        }
     }
 
     // The greedy on the abstract problem with each child's fastest option (boundary overhead
@@ -7912,12 +8098,114 @@ private:
                 best_time = sim.time;
             }
         }
+        if (!flat)
+            if (auto assigned = top_by_assignment(model, budget, clock); assigned && (!best || assigned->second < best_time)) {
+                best = std::move(assigned->first);
+                best_time = assigned->second;
+            }
         std::optional<Plan> plan;
         if (best) plan = finished(model.problem, *std::move(best), budget, "hierarchy");
         report("hrockmate: top of '" + model.problem.name() + "' at " + std::to_string(budget) + " bytes: " +
                (plan ? "plan of time " + std::to_string(plan->time) : std::string("no plan")) + " in " +
                std::to_string(clock.seconds()) + " s");
         return plan;
+    }
+
+    // The top with one option per cluster child, planned by the greedy (which may still run a
+    // child's fast forward or its option again to recompute): the exact search of the top
+    // explodes at low budgets, where each child's forward options and their phantoms combine
+    // into millions of live sets, while this plans in milliseconds. Which option each child
+    // gets is found by coordinate descent from two starts, every child with its fastest option
+    // and every child with its leanest; each assignment is flattened, tidied and simulated on
+    // the whole problem, and the fastest schedule that fits is returned with its time.
+    // Bounded by the top's time limit (`clock` counts from the start of the top).
+    [[nodiscard]] std::optional<std::pair<Schedule, double>> top_by_assignment(const HRockmateModel& model, Bytes budget,
+                                                                              const Stopwatch& clock) const {
+        using namespace detail::hrockmate;
+        const std::vector<Child> children = children_of(model, model.hierarchy.top);
+        const std::vector<DataId> initial(model.problem.initial().begin(), model.problem.initial().end());
+        std::optional<std::pair<Schedule, double>> best;
+        std::map<std::vector<std::size_t>, double> seen;  // assignment → time of its plan (infinity: none)
+        const auto evaluate = [&](const std::vector<std::size_t>& assignment) {
+            if (const auto it = seen.find(assignment); it != seen.end()) return it->second;
+            double time = std::numeric_limits<double>::infinity();
+            if (auto steps = assigned_top(model, children, assignment, budget, initial)) {
+                time = simulate(model.problem, *steps).time;
+                if (!best || time < best->second) best = std::make_pair(std::move(*steps), time);
+            }
+            seen.emplace(assignment, time);
+            return time;
+        };
+        const auto out_of_time = [&] { return clock.seconds() > options_.top_time_limit_seconds; };
+        for (const bool lean : {false, true}) {
+            std::vector<std::size_t> assignment = start_assignment(children, lean);
+            double current = evaluate(assignment);
+            for (bool improved = true; improved && !out_of_time();) {
+                improved = false;
+                for (std::size_t c = 0; c < children.size() && !out_of_time(); ++c) {
+                    if (children[c].real_ops) continue;
+                    for (std::size_t o = 0; o < children[c].options->options.size() && !out_of_time(); ++o) {
+                        if (o == assignment[c]) continue;
+                        std::vector<std::size_t> next = assignment;
+                        next[c] = o;
+                        const double time = evaluate(next);
+                        if (time < current) {
+                            current = time;
+                            assignment = std::move(next);
+                            improved = true;
+                        }
+                    }
+                }
+            }
+            if (out_of_time()) break;
+        }
+        return best;
+    }
+
+    // Per child: its fastest option (the first), or its leanest (least footprint).
+    [[nodiscard]] static std::vector<std::size_t> start_assignment(const std::vector<detail::hrockmate::Child>& children,
+                                                                   bool lean) {
+        std::vector<std::size_t> assignment(children.size(), 0);
+        for (std::size_t c = 0; c < children.size() && lean; ++c) {
+            if (children[c].real_ops) continue;
+            const auto& options = children[c].options->options;
+            for (std::size_t o = 1; o < options.size(); ++o)
+                if (detail::hrockmate::footprint(options[o]) < detail::hrockmate::footprint(options[assignment[c]]))
+                    assignment[c] = o;
+        }
+        return assignment;
+    }
+
+    // The greedy's schedule of the top with the given option of each cluster child, flattened
+    // and tidied; nullopt when the greedy finds none or the real schedule does not fit.
+    [[nodiscard]] static std::optional<Schedule> assigned_top(const HRockmateModel& model,
+                                                              const std::vector<detail::hrockmate::Child>& children,
+                                                              const std::vector<std::size_t>& assignment, Bytes budget,
+                                                              const std::vector<DataId>& initial) {
+        using namespace detail::hrockmate;
+        std::vector<NodeOptions> storage;
+        storage.reserve(children.size());
+        std::vector<Child> single;
+        for (std::size_t c = 0; c < children.size(); ++c) {
+            if (children[c].real_ops) {
+                single.push_back(children[c]);
+                continue;
+            }
+            NodeOptions n = *children[c].options;
+            n.options = {n.options.at(assignment[c])};
+            storage.push_back(std::move(n));
+            single.push_back(Child{std::nullopt, &storage.back()});
+        }
+        const AbstractProblem a =
+            abstract_problem(model.problem, model.top, single, model.hierarchy.top_ops, true, 0, model.problem.name());
+        try {
+            const Plan plan = Greedy{}.solve(a.problem, budget);
+            Schedule steps = tidy_schedule(model.problem, flatten(model.problem, a, single, plan.schedule, initial).steps);
+            if (!simulate(model.problem, steps).fits(budget)) return std::nullopt;
+            return steps;
+        } catch (const Error&) {
+            return std::nullopt;
+        }
     }
 
     // Rockmate's blocks and options when the problem is a sequence of at least two blocks,
@@ -7940,13 +8228,13 @@ private:
     }
 
     // The exact search on the whole problem when it is small enough for it (at most 128 data)
-    // but was partitioned: within the flat limits, else nothing.
+    // but was partitioned: within exact_component_seconds, else nothing.
     [[nodiscard]] std::optional<Plan> exact_plan(const Problem& problem, Bytes budget) const {
         if (problem.data_count() > 128) return std::nullopt;
         try {
             ExhaustiveOptions o;
             o.max_states = options_.flat_max_states;
-            o.time_limit_seconds = options_.flat_time_limit_seconds;
+            o.time_limit_seconds = options_.exact_component_seconds;
             const detail::exhaustive::ExhaustiveSearch s(problem, o);
             detail::exhaustive::ExhaustiveSearch::Result r = s.run(detail::exhaustive::SearchGoal::least_time, budget);
             if (!r.found) return std::nullopt;

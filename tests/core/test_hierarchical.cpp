@@ -403,6 +403,43 @@ TEST_CASE("improve: tidied and improved schedules stay valid, within budget and 
     }
 }
 
+TEST_CASE("improve: an exchange keeps one data and recomputes a cheaper one where keeping alone does not fit",
+          "[hierarchical]") {
+    // A is recomputed (5 s) after a window where M needs the room; Y (1 s to recompute) sits
+    // unread across that window. Keeping A alone goes 8 bytes over; freeing Y across the window
+    // and recomputing it before its last read fits, 4 s faster.
+    ProblemBuilder b("exchange");
+    const DataId x = b.add_data("x", 1), y = b.add_data("Y", 10), a = b.add_data("A", 10), m = b.add_data("M", 10);
+    const DataId q = b.add_data("Q", 1), pd = b.add_data("P", 1), r = b.add_data("R", 1), sd = b.add_data("S", 1),
+                 t = b.add_data("T", 1);
+    const OpId fy = b.add_op({"fY", 1.0, 0, {x}, {y}, false});
+    const OpId fa = b.add_op({"fA", 5.0, 0, {x}, {a}, false});
+    const OpId r2 = b.add_op({"r2", 1.0, 0, {y}, {q}, true});
+    const OpId r1 = b.add_op({"r1", 1.0, 0, {a}, {pd}, true});
+    const OpId fm = b.add_op({"m", 1.0, 0, {x}, {m}, true});
+    const OpId n = b.add_op({"n", 1.0, 0, {m}, {r}, true});
+    const OpId r3 = b.add_op({"r3", 1.0, 0, {a}, {sd}, true});
+    const OpId r4 = b.add_op({"r4", 1.0, 0, {y}, {t}, true});
+    b.add_initial(x);
+    for (const DataId d : {q, pd, r, sd, t}) b.add_final(d);
+    b.set_loss(r4);
+    const Problem p = b.build();
+    const Schedule s{Step::run(fy), Step::run(r2), Step::run(fa), Step::run(r1), Step::free(a), Step::run(fm), Step::run(n),
+                     Step::free(m),  Step::run(fa), Step::run(r3), Step::free(a), Step::run(r4), Step::free(y)};
+    const SimulationReport before = simulate(p, s);
+    REQUIRE(before.fits(25));
+    CHECK(before.peak == 25);
+    ImproveOptions keep_only;
+    keep_only.exchanges = false;
+    CHECK(simulate(p, improve_schedule(p, s, 25, keep_only)).time == Approx(before.time));
+    const Schedule improved = improve_schedule(p, s, 25);
+    const SimulationReport after = simulate(p, improved);
+    REQUIRE(after.fits(25));
+    CHECK(after.time == Approx(before.time - 4.0));
+    CHECK(std::count(improved.begin(), improved.end(), Step::run(fy)) == 2);
+    CHECK(std::count(improved.begin(), improved.end(), Step::run(fa)) == 1);
+}
+
 TEST_CASE("greedy portfolio: never slower than the plain rules, and deterministic for a seed", "[hierarchical]") {
     UNetShape u;
     u.levels = 3;

@@ -146,6 +146,9 @@ private:
         const auto start = std::chrono::steady_clock::now();
         int fds[2];
         if (::pipe(fds) != 0) return solve_here(model);
+        // Output buffered in this process would otherwise be written twice: CBC flushes
+        // the child's copy of the buffers.
+        std::fflush(nullptr);
         const pid_t child = ::fork();
         if (child < 0) {
             ::close(fds[0]);

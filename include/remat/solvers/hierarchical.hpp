@@ -12,10 +12,13 @@
 //      child as a choice group, solves it at a grid of (peak, saved) budgets — the saved
 //      budget imposed through the boundary's overhead, as Rockmate does — and every solution,
 //      flattened and measured by the simulator on the cluster's real sub-problem, becomes an
-//      option of the cluster (Pareto-distinct ones kept, at most `max_options` spread over
-//      the saved bytes offered to the parent);
+//      option of the cluster; the greedy on the cluster's own ops adds lean options on the
+//      same grid (Pareto-distinct ones kept, at most `max_options` offered to the parent:
+//      the fastest, the leanest, the one that keeps least, others spread over saved bytes);
 //   2. structurally equal clusters (same ops, sizes and edges) are planned once;
-//   3. the top is planned at the user's budget, flattened, and checked by the simulator.
+//   3. the top is planned at the user's budget by the exact search and by a coordinate
+//      descent over which option each child gets (the greedy planning each assignment),
+//      flattened, and checked by the simulator.
 // Where the reference solves every cluster with an integer program (up to 24 MILPs of 60 s
 // per cluster with Gurobi, hours for a 2,500-node transformer), remat's clusters are small
 // enough for an exact search that settles each grid point in milliseconds (docs/design.md §4.4 (exhaustive search)
@@ -92,11 +95,14 @@ struct HRockmateOptions {
     /// Problems of at most this many data are not partitioned: the top is the whole problem,
     /// searched exactly (as the reference solves graphs of 40 nodes or fewer with one ILP).
     std::size_t flat_up_to_data = 64;
-    /// Limits of that exact search (also run on partitioned problems of at most 128 data):
-    /// the state limit bounds its memory; the time limit is generous, so that the answer does
-    /// not depend on how loaded the machine is.
+    /// Limits of that exact search: the state limit bounds its memory; the time limit is
+    /// generous, so that the answer does not depend on how loaded the machine is.
     std::size_t flat_max_states = 2'000'000;
     double flat_time_limit_seconds = 30.0;
+    /// The same search is tried on partitioned problems of at most 128 data, as one component
+    /// among others: within this many seconds (and the state limit above), as it seldom
+    /// finishes there at low budgets and would otherwise hold up every budget of a sweep.
+    double exact_component_seconds = 2.0;
     /// Also plan with the greedy at the same budget and keep the faster plan.
     bool compare_with_greedy = true;
     /// The greedy used then: a portfolio of eviction scores, improved (greedy.hpp).
@@ -216,7 +222,8 @@ public:
         if (options_.peak_budgets == 0 || options_.saved_budgets == 0 || options_.max_options == 0)
             throw InvalidInput("hrockmate: peak_budgets, saved_budgets and max_options must be at least 1");
         if (!(options_.search_time_limit_seconds > 0) || !(options_.cluster_time_limit_seconds > 0) ||
-            !(options_.time_limit_seconds > 0) || !(options_.top_time_limit_seconds > 0))
+            !(options_.time_limit_seconds > 0) || !(options_.top_time_limit_seconds > 0) ||
+            !(options_.exact_component_seconds > 0))
             throw InvalidInput("hrockmate: time limits must be positive numbers of seconds");
     }
 
@@ -495,7 +502,43 @@ private:
                     infeasible.emplace_back(peak, saved);
             }
         }
+        add_real_greedy_options(p, f, sub, name, floor_saved, peak_hi, saved_hi, options);
         return options;
+    }
+
+    // The greedy on the cluster's own ops (its real sub-problem, not its children's few
+    // options) at a grid of (peak, saved) budgets from the least peak it reaches: the lean
+    // options. The abstract grid cannot find them when every child's exported options
+    // recompute with a large peak, and without them a parent at a low budget finds no plan.
+    void add_real_greedy_options(const Problem& p, const detail::hrockmate::Interface& f,
+                                 const detail::hrockmate::SubProblem& sub, const std::string& name, Bytes floor_saved,
+                                 Bytes peak_hi, Bytes saved_hi, std::vector<detail::hrockmate::Option>& options) const {
+        using namespace detail::hrockmate;
+        const Greedy greedy;
+        Bytes peak_lo = 0;
+        try {
+            peak_lo = greedy.smallest_budget(sub.problem);
+        } catch (const Error&) {
+            return;
+        }
+        if (peak_lo > peak_hi) peak_hi = peak_lo;
+        const auto step = [](Bytes lo, Bytes hi, std::size_t i, std::size_t count) {
+            return count <= 1 ? lo : lo + (hi - lo) * static_cast<Bytes>(i) / static_cast<Bytes>(count - 1);
+        };
+        for (std::size_t i = 0; i < options_.peak_budgets; ++i) {
+            const Bytes peak = step(peak_lo, peak_hi, i, options_.peak_budgets);
+            const Bytes top = std::min(peak, std::max(saved_hi, floor_saved));
+            for (std::size_t j = 0; j < options_.saved_budgets; ++j) {
+                const Bytes saved = step(floor_saved, top, j, options_.saved_budgets);
+                const SubProblem squeezed = sub_problem(p, f, false, std::max<Bytes>(0, peak - saved), name);
+                try {
+                    const Plan plan = greedy.solve(squeezed.problem, peak);
+                    if (auto o = option_from(p, sub, f, plan.schedule)) options.push_back(std::move(*o));
+                } catch (const Error&) {
+                    break;  // a smaller saved budget at this peak does not fit either
+                }
+            }
+        }
     }
 
     // The greedy on the abstract problem with each child's fastest option (boundary overhead
@@ -576,12 +619,114 @@ private:
                 best_time = sim.time;
             }
         }
+        if (!flat)
+            if (auto assigned = top_by_assignment(model, budget, clock); assigned && (!best || assigned->second < best_time)) {
+                best = std::move(assigned->first);
+                best_time = assigned->second;
+            }
         std::optional<Plan> plan;
         if (best) plan = finished(model.problem, *std::move(best), budget, "hierarchy");
         report("hrockmate: top of '" + model.problem.name() + "' at " + std::to_string(budget) + " bytes: " +
                (plan ? "plan of time " + std::to_string(plan->time) : std::string("no plan")) + " in " +
                std::to_string(clock.seconds()) + " s");
         return plan;
+    }
+
+    // The top with one option per cluster child, planned by the greedy (which may still run a
+    // child's fast forward or its option again to recompute): the exact search of the top
+    // explodes at low budgets, where each child's forward options and their phantoms combine
+    // into millions of live sets, while this plans in milliseconds. Which option each child
+    // gets is found by coordinate descent from two starts, every child with its fastest option
+    // and every child with its leanest; each assignment is flattened, tidied and simulated on
+    // the whole problem, and the fastest schedule that fits is returned with its time.
+    // Bounded by the top's time limit (`clock` counts from the start of the top).
+    [[nodiscard]] std::optional<std::pair<Schedule, double>> top_by_assignment(const HRockmateModel& model, Bytes budget,
+                                                                              const Stopwatch& clock) const {
+        using namespace detail::hrockmate;
+        const std::vector<Child> children = children_of(model, model.hierarchy.top);
+        const std::vector<DataId> initial(model.problem.initial().begin(), model.problem.initial().end());
+        std::optional<std::pair<Schedule, double>> best;
+        std::map<std::vector<std::size_t>, double> seen;  // assignment → time of its plan (infinity: none)
+        const auto evaluate = [&](const std::vector<std::size_t>& assignment) {
+            if (const auto it = seen.find(assignment); it != seen.end()) return it->second;
+            double time = std::numeric_limits<double>::infinity();
+            if (auto steps = assigned_top(model, children, assignment, budget, initial)) {
+                time = simulate(model.problem, *steps).time;
+                if (!best || time < best->second) best = std::make_pair(std::move(*steps), time);
+            }
+            seen.emplace(assignment, time);
+            return time;
+        };
+        const auto out_of_time = [&] { return clock.seconds() > options_.top_time_limit_seconds; };
+        for (const bool lean : {false, true}) {
+            std::vector<std::size_t> assignment = start_assignment(children, lean);
+            double current = evaluate(assignment);
+            for (bool improved = true; improved && !out_of_time();) {
+                improved = false;
+                for (std::size_t c = 0; c < children.size() && !out_of_time(); ++c) {
+                    if (children[c].real_ops) continue;
+                    for (std::size_t o = 0; o < children[c].options->options.size() && !out_of_time(); ++o) {
+                        if (o == assignment[c]) continue;
+                        std::vector<std::size_t> next = assignment;
+                        next[c] = o;
+                        const double time = evaluate(next);
+                        if (time < current) {
+                            current = time;
+                            assignment = std::move(next);
+                            improved = true;
+                        }
+                    }
+                }
+            }
+            if (out_of_time()) break;
+        }
+        return best;
+    }
+
+    // Per child: its fastest option (the first), or its leanest (least footprint).
+    [[nodiscard]] static std::vector<std::size_t> start_assignment(const std::vector<detail::hrockmate::Child>& children,
+                                                                   bool lean) {
+        std::vector<std::size_t> assignment(children.size(), 0);
+        for (std::size_t c = 0; c < children.size() && lean; ++c) {
+            if (children[c].real_ops) continue;
+            const auto& options = children[c].options->options;
+            for (std::size_t o = 1; o < options.size(); ++o)
+                if (detail::hrockmate::footprint(options[o]) < detail::hrockmate::footprint(options[assignment[c]]))
+                    assignment[c] = o;
+        }
+        return assignment;
+    }
+
+    // The greedy's schedule of the top with the given option of each cluster child, flattened
+    // and tidied; nullopt when the greedy finds none or the real schedule does not fit.
+    [[nodiscard]] static std::optional<Schedule> assigned_top(const HRockmateModel& model,
+                                                              const std::vector<detail::hrockmate::Child>& children,
+                                                              const std::vector<std::size_t>& assignment, Bytes budget,
+                                                              const std::vector<DataId>& initial) {
+        using namespace detail::hrockmate;
+        std::vector<NodeOptions> storage;
+        storage.reserve(children.size());
+        std::vector<Child> single;
+        for (std::size_t c = 0; c < children.size(); ++c) {
+            if (children[c].real_ops) {
+                single.push_back(children[c]);
+                continue;
+            }
+            NodeOptions n = *children[c].options;
+            n.options = {n.options.at(assignment[c])};
+            storage.push_back(std::move(n));
+            single.push_back(Child{std::nullopt, &storage.back()});
+        }
+        const AbstractProblem a =
+            abstract_problem(model.problem, model.top, single, model.hierarchy.top_ops, true, 0, model.problem.name());
+        try {
+            const Plan plan = Greedy{}.solve(a.problem, budget);
+            Schedule steps = tidy_schedule(model.problem, flatten(model.problem, a, single, plan.schedule, initial).steps);
+            if (!simulate(model.problem, steps).fits(budget)) return std::nullopt;
+            return steps;
+        } catch (const Error&) {
+            return std::nullopt;
+        }
     }
 
     // Rockmate's blocks and options when the problem is a sequence of at least two blocks,
@@ -604,13 +749,13 @@ private:
     }
 
     // The exact search on the whole problem when it is small enough for it (at most 128 data)
-    // but was partitioned: within the flat limits, else nothing.
+    // but was partitioned: within exact_component_seconds, else nothing.
     [[nodiscard]] std::optional<Plan> exact_plan(const Problem& problem, Bytes budget) const {
         if (problem.data_count() > 128) return std::nullopt;
         try {
             ExhaustiveOptions o;
             o.max_states = options_.flat_max_states;
-            o.time_limit_seconds = options_.flat_time_limit_seconds;
+            o.time_limit_seconds = options_.exact_component_seconds;
             const detail::exhaustive::ExhaustiveSearch s(problem, o);
             detail::exhaustive::ExhaustiveSearch::Result r = s.run(detail::exhaustive::SearchGoal::least_time, budget);
             if (!r.found) return std::nullopt;

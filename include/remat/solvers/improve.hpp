@@ -21,6 +21,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <limits>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "../core/errors.hpp"
@@ -36,6 +38,9 @@ struct ImproveOptions {
     double time_limit_seconds = 1.0;
     /// Candidate moves tried per pass at most (the largest savings first).
     std::size_t max_candidates = 4096;
+    /// Where keeping a data does not fit, also try freeing another one across the overflow and
+    /// recomputing it (detail::improve::Exchange).
+    bool exchanges = true;
 };
 
 namespace detail::improve {
@@ -198,6 +203,116 @@ struct Move {
     return out;
 }
 
+// Where each data is live and read in a schedule: per data, its live intervals [from, to)
+// (from: the run that makes it live, to: the step that frees it, or the end) and the sorted
+// positions of the runs that read it.
+struct Liveness {
+    std::vector<std::vector<std::pair<std::size_t, std::size_t>>> intervals;
+    std::vector<std::vector<std::size_t>> reads;
+
+    [[nodiscard]] bool live_at(DataId d, std::size_t at) const {
+        const auto& v = intervals[d.index];
+        const auto it = std::upper_bound(v.begin(), v.end(), at, [](std::size_t x, const auto& iv) { return x < iv.first; });
+        return it != v.begin() && at < std::prev(it)->second;
+    }
+    // The interval holding `at`, when the data is live there.
+    [[nodiscard]] std::optional<std::pair<std::size_t, std::size_t>> interval_at(DataId d, std::size_t at) const {
+        const auto& v = intervals[d.index];
+        const auto it = std::upper_bound(v.begin(), v.end(), at, [](std::size_t x, const auto& iv) { return x < iv.first; });
+        if (it == v.begin() || at >= std::prev(it)->second) return std::nullopt;
+        return *std::prev(it);
+    }
+};
+
+[[nodiscard]] inline Liveness liveness(const Problem& p, const Schedule& s) {
+    Liveness l{std::vector<std::vector<std::pair<std::size_t, std::size_t>>>(p.data_count()),
+               std::vector<std::vector<std::size_t>>(p.data_count())};
+    std::vector<std::size_t> since(p.data_count(), nowhere);
+    for (const DataId d : p.initial()) since[d.index] = 0;
+    for (std::size_t i = 0; i < s.size(); ++i) {
+        if (s[i].is_free()) {
+            const std::size_t d = s[i].data().index;
+            if (since[d] != nowhere) l.intervals[d].emplace_back(since[d], i);
+            since[d] = nowhere;
+            continue;
+        }
+        const Op& op = p.op(s[i].op());
+        for (const DataId r : op.reads) l.reads[r.index].push_back(i);
+        for (const DataId w : op.writes)
+            if (since[w.index] == nowhere) since[w.index] = i;
+    }
+    for (std::size_t d = 0; d < p.data_count(); ++d)
+        if (since[d] != nowhere) l.intervals[d].emplace_back(since[d], s.size());
+    return l;
+}
+
+// A "keep this, recompute that" move: where a keep-instead-of-recompute move `keep` does not
+// fit, another data is freed across the steps where it would overflow and recomputed by its
+// cheapest writer right before its next read, when that costs less than `keep` saves. The
+// exchange Checkmate's integer program weighs between pairs of data, which single moves
+// cannot make once the budget is tight.
+struct Exchange {
+    std::size_t free_after = 0;  // the freed data's last touch before the overflow
+    DataId freed{};
+    std::size_t run_before = 0;  // its next read after the overflow
+    OpId writer{};
+};
+
+[[nodiscard]] inline std::optional<Exchange> exchange_for(const Problem& p, const Schedule& s, const Move& keep,
+                                                          const SimulationReport& current, const Liveness& l, Bytes budget) {
+    const std::size_t from = *std::min_element(keep.frees.begin(), keep.frees.end());
+    std::size_t lo = nowhere, hi = 0;
+    Bytes need = 0;
+    for (std::size_t i = from; i < keep.run && i < current.timeline.size(); ++i) {
+        const Bytes over = current.timeline[i].during + keep.bytes - budget;
+        if (over <= 0) continue;
+        lo = std::min(lo, i);
+        hi = i;
+        need = std::max(need, over);
+    }
+    if (lo == nowhere) return std::nullopt;
+    std::vector<char> kept(p.data_count(), 0);
+    for (const DataId w : p.op(s[keep.run].op()).writes) kept[w.index] = 1;
+    std::optional<Exchange> best;
+    double best_cost = keep.saving;
+    for (std::size_t d = 0; d < p.data_count(); ++d) {
+        const DataId id{d};
+        if (kept[d] || p.data(id).bytes < need || p.is_initial(id)) continue;
+        const auto iv = l.interval_at(id, lo);
+        if (!iv || iv->second <= hi) continue;
+        const auto& reads = l.reads[d];
+        const auto next = std::lower_bound(reads.begin(), reads.end(), lo);
+        if (next != reads.end() && *next <= hi) continue;  // read inside the overflow
+        const std::size_t run_before = next == reads.end() ? s.size() : *next;
+        if (run_before >= iv->second && !(run_before == s.size() && p.is_final(id))) continue;
+        std::size_t last_touch = iv->first;
+        if (next != reads.begin() && *std::prev(next) >= iv->first) last_touch = std::max(last_touch, *std::prev(next));
+        for (const OpId w : p.writers(id)) {
+            const Op& op = p.op(w);
+            if (op.exactly_once || !(op.time < best_cost)) continue;
+            const bool inputs_live = std::all_of(op.reads.begin(), op.reads.end(), [&](DataId r) {
+                return r != id && l.live_at(r, run_before == 0 ? 0 : run_before - 1) && l.live_at(r, run_before);
+            });
+            if (!inputs_live) continue;
+            best = Exchange{last_touch, id, run_before, w};
+            best_cost = op.time;
+        }
+    }
+    return best;
+}
+
+[[nodiscard]] inline Schedule with_exchange(const Schedule& s, const Move& keep, const Exchange& x) {
+    Schedule out;
+    out.reserve(s.size() + 2);
+    for (std::size_t i = 0; i <= s.size(); ++i) {
+        if (i == x.run_before) out.push_back(Step::run(x.writer));
+        if (i == s.size()) break;
+        if (i != keep.run && std::find(keep.frees.begin(), keep.frees.end(), i) == keep.frees.end()) out.push_back(s[i]);
+        if (i == x.free_after) out.push_back(Step::free(x.freed));
+    }
+    return out;
+}
+
 }  // namespace detail::improve
 
 /// The schedule without dead or idle runs, with every free as early as it can be (see the
@@ -228,17 +343,27 @@ struct Move {
     schedule = tidy_schedule(problem, std::move(schedule));
     SimulationReport current = simulate(problem, schedule);
     if (!current.fits(budget)) return schedule;
+    std::optional<Liveness> live;  // of the current schedule, computed when an exchange is first tried
     for (bool progress = true; progress && clock.seconds() < options.time_limit_seconds;) {
         progress = false;
         const std::vector<Move> moves = recompute_moves(problem, schedule);
         for (std::size_t c = 0; c < moves.size() && c < options.max_candidates; ++c) {
             if (clock.seconds() > options.time_limit_seconds) break;
-            if (!may_fit(moves[c], current, budget)) continue;
-            Schedule candidate = tidy_schedule(problem, without(schedule, moves[c]));
+            Schedule candidate;
+            if (may_fit(moves[c], current, budget)) {
+                candidate = tidy_schedule(problem, without(schedule, moves[c]));
+            } else {
+                if (!options.exchanges) continue;
+                if (!live) live = liveness(problem, schedule);
+                const auto x = exchange_for(problem, schedule, moves[c], current, *live, budget);
+                if (!x) continue;
+                candidate = tidy_schedule(problem, with_exchange(schedule, moves[c], *x));
+            }
             SimulationReport r = simulate(problem, candidate);
             if (!r.fits(budget) || !(r.time < current.time)) continue;
             schedule = std::move(candidate);
             current = std::move(r);
+            live.reset();
             progress = true;
             break;
         }

@@ -589,19 +589,37 @@ inline void prune(std::vector<Option>& options) {
     options = std::move(kept);
 }
 
-/// At most `count` options: the fastest, and the others spread evenly over the saved bytes
-/// from the most to the least (the one that keeps the least included).
+/// What an option adds to its parent's memory at its worst moment: its saved bytes, plus the
+/// larger of its two overheads.
+[[nodiscard]] inline Bytes footprint(const Option& o) { return o.saved + std::max(o.forward_overhead, o.backward_overhead); }
+
+/// At most `count` options: the fastest, the leanest (least footprint), the one that keeps the
+/// least (ties: the leanest), and the others spread evenly over the saved bytes from the most
+/// to the least. The first three are what a parent needs at a large, a small and a squeezed
+/// budget; without the leanest, a parent at a low budget sees only options whose backward
+/// recomputes with a large peak.
 [[nodiscard]] inline std::vector<Option> spread(std::vector<Option> options, std::size_t count) {
     if (options.size() <= count) return options;
     const auto time = [](const Option& o) { return o.forward_time + o.backward_time; };
-    const auto fastest = std::min_element(options.begin(), options.end(),
-                                          [&](const Option& x, const Option& y) { return time(x) < time(y); });
-    std::vector<Option> out{std::move(*fastest)};
-    options.erase(fastest);
+    std::vector<Option> out;
+    const auto take = [&](auto better) {
+        if (out.size() >= count || options.empty()) return;
+        const auto at = std::min_element(options.begin(), options.end(), better);
+        out.push_back(std::move(*at));
+        options.erase(at);
+    };
+    take([&](const Option& x, const Option& y) { return time(x) < time(y); });
+    take([&](const Option& x, const Option& y) {
+        return footprint(x) < footprint(y) || (footprint(x) == footprint(y) && time(x) < time(y));
+    });
+    take([&](const Option& x, const Option& y) {
+        return x.saved < y.saved || (x.saved == y.saved && footprint(x) < footprint(y));
+    });
+    if (out.size() >= count || options.empty()) return out;
     std::sort(options.begin(), options.end(), [](const Option& x, const Option& y) { return x.saved > y.saved; });
-    const std::size_t more = count - 1;
+    const std::size_t more = std::min(count - out.size(), options.size());
     for (std::size_t i = 0; i < more; ++i) {
-        const std::size_t at = more == 1 ? options.size() - 1 : i * (options.size() - 1) / (more - 1);
+        const std::size_t at = more == 1 ? options.size() / 2 : i * (options.size() - 1) / (more - 1);
         out.push_back(options[at]);
     }
     return out;
