@@ -367,6 +367,7 @@ private:
             const bool in_time = analysis.seconds() < options_.time_limit_seconds;
             n.options = in_time ? grid_options(model, n.interface, sub, children, name, clock) : std::vector<Option>{};
             if (n.options.empty()) n.options = store_all_options(p, n.interface, sub, children, name);
+            if (in_time) add_real_greedy_options(p, n.interface, sub, name, n.options);
             planned.emplace(key, node);
             ++model.unique_clusters;
             how = std::to_string(n.options.size()) + " options";
@@ -502,17 +503,17 @@ private:
                     infeasible.emplace_back(peak, saved);
             }
         }
-        add_real_greedy_options(p, f, sub, name, floor_saved, peak_hi, saved_hi, options);
         return options;
     }
 
     // The greedy on the cluster's own ops (its real sub-problem, not its children's few
-    // options) at a grid of (peak, saved) budgets from the least peak it reaches: the lean
-    // options. The abstract grid cannot find them when every child's exported options
-    // recompute with a large peak, and without them a parent at a low budget finds no plan.
+    // options) at a grid of (peak, saved) budgets from the least peak it reaches to its
+    // store-all peak: the lean options. The abstract grid cannot find them when every child's
+    // exported options recompute with a large peak, nor at all when the cluster is too large
+    // for the search; without them a parent at a low budget finds no plan.
     void add_real_greedy_options(const Problem& p, const detail::hrockmate::Interface& f,
-                                 const detail::hrockmate::SubProblem& sub, const std::string& name, Bytes floor_saved,
-                                 Bytes peak_hi, Bytes saved_hi, std::vector<detail::hrockmate::Option>& options) const {
+                                 const detail::hrockmate::SubProblem& sub, const std::string& name,
+                                 std::vector<detail::hrockmate::Option>& options) const {
         using namespace detail::hrockmate;
         const Greedy greedy;
         Bytes peak_lo = 0;
@@ -521,7 +522,9 @@ private:
         } catch (const Error&) {
             return;
         }
-        if (peak_lo > peak_hi) peak_hi = peak_lo;
+        const Bytes peak_hi = std::max(peak_lo, store_all_reference(sub.problem).peak);
+        const Bytes floor_saved = bytes_of(p, f.inputs) + bytes_of(p, f.outputs) + bytes_of(p, f.output_grads);
+        const Bytes saved_hi = peak_hi;
         const auto step = [](Bytes lo, Bytes hi, std::size_t i, std::size_t count) {
             return count <= 1 ? lo : lo + (hi - lo) * static_cast<Bytes>(i) / static_cast<Bytes>(count - 1);
         };
