@@ -4971,11 +4971,7 @@ struct Liveness {
     std::vector<std::vector<std::pair<std::size_t, std::size_t>>> intervals;
     std::vector<std::vector<std::size_t>> reads;
 
-    [[nodiscard]] bool live_at(DataId d, std::size_t at) const {
-        const auto& v = intervals[d.index];
-        const auto it = std::upper_bound(v.begin(), v.end(), at, [](std::size_t x, const auto& iv) { return x < iv.first; });
-        return it != v.begin() && at < std::prev(it)->second;
-    }
+    [[nodiscard]] bool live_at(DataId d, std::size_t at) const { return interval_at(d, at).has_value(); }
     // The interval holding `at`, when the data is live there.
     [[nodiscard]] std::optional<std::pair<std::size_t, std::size_t>> interval_at(DataId d, std::size_t at) const {
         const auto& v = intervals[d.index];
@@ -5047,7 +5043,7 @@ struct Exchange {
         const std::size_t run_before = next == reads.end() ? s.size() : *next;
         if (run_before >= iv->second && !(run_before == s.size() && p.is_final(id))) continue;
         std::size_t last_touch = iv->first;
-        if (next != reads.begin() && *std::prev(next) >= iv->first) last_touch = std::max(last_touch, *std::prev(next));
+        if (next != reads.begin() && *std::prev(next) >= iv->first) last_touch = *std::prev(next);
         for (const OpId w : p.writers(id)) {
             const Op& op = p.op(w);
             if (op.exactly_once || !(op.time < best_cost)) continue;
@@ -7672,24 +7668,32 @@ struct SearchOutcome {
     return search_outcome(a, exhaustive::SearchGoal::least_time, budget, limits).result;
 }
 
-// An abstract problem with only each cluster child's fastest option: a plain problem (no
-// choice group has two members), which store-all and the greedy can plan.
-[[nodiscard]] inline std::vector<Child> fastest_only(const std::vector<Child>& children,
+// The children with one option each, `assignment[c]` for cluster child c (atoms as they are):
+// a plain problem (no choice group has two members), which store-all and the greedy can plan.
+// `storage` holds the reduced options the result points into.
+[[nodiscard]] inline std::vector<Child> with_options(const std::vector<Child>& children,
+                                                     const std::vector<std::size_t>& assignment,
                                                      std::vector<NodeOptions>& storage) {
     storage.clear();
     storage.reserve(children.size());
     std::vector<Child> out;
-    for (const Child& c : children) {
-        if (c.real_ops) {
-            out.push_back(c);
+    for (std::size_t c = 0; c < children.size(); ++c) {
+        if (children[c].real_ops) {
+            out.push_back(children[c]);
             continue;
         }
-        NodeOptions n = *c.options;
-        n.options.resize(std::min<std::size_t>(1, n.options.size()));
+        NodeOptions n = *children[c].options;
+        if (!n.options.empty()) n.options = {n.options.at(assignment[c])};
         storage.push_back(std::move(n));
         out.push_back(Child{std::nullopt, &storage.back()});
     }
     return out;
+}
+
+// Each cluster child with its fastest option (the first).
+[[nodiscard]] inline std::vector<Child> fastest_only(const std::vector<Child>& children,
+                                                     std::vector<NodeOptions>& storage) {
+    return with_options(children, std::vector<std::size_t>(children.size(), 0), storage);
 }
 
 }  // namespace detail::hrockmate
@@ -8003,15 +8007,13 @@ private:
         }
         const Bytes peak_hi = std::max(peak_lo, store_all_reference(sub.problem).peak);
         const Bytes floor_saved = bytes_of(p, f.inputs) + bytes_of(p, f.outputs) + bytes_of(p, f.output_grads);
-        const Bytes saved_hi = peak_hi;
         const auto step = [](Bytes lo, Bytes hi, std::size_t i, std::size_t count) {
             return count <= 1 ? lo : lo + (hi - lo) * static_cast<Bytes>(i) / static_cast<Bytes>(count - 1);
         };
         for (std::size_t i = 0; i < options_.peak_budgets; ++i) {
             const Bytes peak = step(peak_lo, peak_hi, i, options_.peak_budgets);
-            const Bytes top = std::min(peak, std::max(saved_hi, floor_saved));
             for (std::size_t j = 0; j < options_.saved_budgets; ++j) {
-                const Bytes saved = step(floor_saved, top, j, options_.saved_budgets);
+                const Bytes saved = step(floor_saved, peak, j, options_.saved_budgets);
                 const SubProblem squeezed = sub_problem(p, f, false, std::max<Bytes>(0, peak - saved), name);
                 try {
                     const Plan plan = greedy.solve(squeezed.problem, peak);
@@ -8187,18 +8189,7 @@ private:
                                                               const std::vector<DataId>& initial) {
         using namespace detail::hrockmate;
         std::vector<NodeOptions> storage;
-        storage.reserve(children.size());
-        std::vector<Child> single;
-        for (std::size_t c = 0; c < children.size(); ++c) {
-            if (children[c].real_ops) {
-                single.push_back(children[c]);
-                continue;
-            }
-            NodeOptions n = *children[c].options;
-            n.options = {n.options.at(assignment[c])};
-            storage.push_back(std::move(n));
-            single.push_back(Child{std::nullopt, &storage.back()});
-        }
+        const std::vector<Child> single = with_options(children, assignment, storage);
         const AbstractProblem a =
             abstract_problem(model.problem, model.top, single, model.hierarchy.top_ops, true, 0, model.problem.name());
         try {

@@ -193,24 +193,32 @@ struct SearchOutcome {
     return search_outcome(a, exhaustive::SearchGoal::least_time, budget, limits).result;
 }
 
-// An abstract problem with only each cluster child's fastest option: a plain problem (no
-// choice group has two members), which store-all and the greedy can plan.
-[[nodiscard]] inline std::vector<Child> fastest_only(const std::vector<Child>& children,
+// The children with one option each, `assignment[c]` for cluster child c (atoms as they are):
+// a plain problem (no choice group has two members), which store-all and the greedy can plan.
+// `storage` holds the reduced options the result points into.
+[[nodiscard]] inline std::vector<Child> with_options(const std::vector<Child>& children,
+                                                     const std::vector<std::size_t>& assignment,
                                                      std::vector<NodeOptions>& storage) {
     storage.clear();
     storage.reserve(children.size());
     std::vector<Child> out;
-    for (const Child& c : children) {
-        if (c.real_ops) {
-            out.push_back(c);
+    for (std::size_t c = 0; c < children.size(); ++c) {
+        if (children[c].real_ops) {
+            out.push_back(children[c]);
             continue;
         }
-        NodeOptions n = *c.options;
-        n.options.resize(std::min<std::size_t>(1, n.options.size()));
+        NodeOptions n = *children[c].options;
+        if (!n.options.empty()) n.options = {n.options.at(assignment[c])};
         storage.push_back(std::move(n));
         out.push_back(Child{std::nullopt, &storage.back()});
     }
     return out;
+}
+
+// Each cluster child with its fastest option (the first).
+[[nodiscard]] inline std::vector<Child> fastest_only(const std::vector<Child>& children,
+                                                     std::vector<NodeOptions>& storage) {
+    return with_options(children, std::vector<std::size_t>(children.size(), 0), storage);
 }
 
 }  // namespace detail::hrockmate
@@ -524,15 +532,13 @@ private:
         }
         const Bytes peak_hi = std::max(peak_lo, store_all_reference(sub.problem).peak);
         const Bytes floor_saved = bytes_of(p, f.inputs) + bytes_of(p, f.outputs) + bytes_of(p, f.output_grads);
-        const Bytes saved_hi = peak_hi;
         const auto step = [](Bytes lo, Bytes hi, std::size_t i, std::size_t count) {
             return count <= 1 ? lo : lo + (hi - lo) * static_cast<Bytes>(i) / static_cast<Bytes>(count - 1);
         };
         for (std::size_t i = 0; i < options_.peak_budgets; ++i) {
             const Bytes peak = step(peak_lo, peak_hi, i, options_.peak_budgets);
-            const Bytes top = std::min(peak, std::max(saved_hi, floor_saved));
             for (std::size_t j = 0; j < options_.saved_budgets; ++j) {
-                const Bytes saved = step(floor_saved, top, j, options_.saved_budgets);
+                const Bytes saved = step(floor_saved, peak, j, options_.saved_budgets);
                 const SubProblem squeezed = sub_problem(p, f, false, std::max<Bytes>(0, peak - saved), name);
                 try {
                     const Plan plan = greedy.solve(squeezed.problem, peak);
@@ -708,18 +714,7 @@ private:
                                                               const std::vector<DataId>& initial) {
         using namespace detail::hrockmate;
         std::vector<NodeOptions> storage;
-        storage.reserve(children.size());
-        std::vector<Child> single;
-        for (std::size_t c = 0; c < children.size(); ++c) {
-            if (children[c].real_ops) {
-                single.push_back(children[c]);
-                continue;
-            }
-            NodeOptions n = *children[c].options;
-            n.options = {n.options.at(assignment[c])};
-            storage.push_back(std::move(n));
-            single.push_back(Child{std::nullopt, &storage.back()});
-        }
+        const std::vector<Child> single = with_options(children, assignment, storage);
         const AbstractProblem a =
             abstract_problem(model.problem, model.top, single, model.hierarchy.top_ops, true, 0, model.problem.name());
         try {

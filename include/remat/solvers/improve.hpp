@@ -210,11 +210,7 @@ struct Liveness {
     std::vector<std::vector<std::pair<std::size_t, std::size_t>>> intervals;
     std::vector<std::vector<std::size_t>> reads;
 
-    [[nodiscard]] bool live_at(DataId d, std::size_t at) const {
-        const auto& v = intervals[d.index];
-        const auto it = std::upper_bound(v.begin(), v.end(), at, [](std::size_t x, const auto& iv) { return x < iv.first; });
-        return it != v.begin() && at < std::prev(it)->second;
-    }
+    [[nodiscard]] bool live_at(DataId d, std::size_t at) const { return interval_at(d, at).has_value(); }
     // The interval holding `at`, when the data is live there.
     [[nodiscard]] std::optional<std::pair<std::size_t, std::size_t>> interval_at(DataId d, std::size_t at) const {
         const auto& v = intervals[d.index];
@@ -286,7 +282,7 @@ struct Exchange {
         const std::size_t run_before = next == reads.end() ? s.size() : *next;
         if (run_before >= iv->second && !(run_before == s.size() && p.is_final(id))) continue;
         std::size_t last_touch = iv->first;
-        if (next != reads.begin() && *std::prev(next) >= iv->first) last_touch = std::max(last_touch, *std::prev(next));
+        if (next != reads.begin() && *std::prev(next) >= iv->first) last_touch = *std::prev(next);
         for (const OpId w : p.writers(id)) {
             const Op& op = p.op(w);
             if (op.exactly_once || !(op.time < best_cost)) continue;
