@@ -12,9 +12,11 @@
 // Greedy{} (DTR and Belady, the faster), "hrockmate" the plan H-Rockmate returns, with the
 // component that made it ("hier": the hierarchy's top; "greedy": its greedy portfolio;
 // "rockmate"; "exact": the exact search on small graphs) and its overhead as a ratio of plain
-// DTR's, "hierarchy alone" H-Rockmate with every other component turned off.
+// DTR's, "hierarchy alone" H-Rockmate with every other component turned off, "bound" the
+// proven lower bound on the overhead of any plan (bounds/time_lower_bound.hpp, budgets up to
+// 60 %) and "floor" that bound as a ratio of DTR's overhead: no solver's ratio can be lower.
 //
-//   bench_hierarchical [--quick] [--sizes 200,1000,2500] [--checkmate-limit S] [--no-rockmate]
+//   bench_hierarchical [--quick] [--sizes 200,1000,2500] [--checkmate-limit S] [--bound-limit S] [--no-rockmate]
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
@@ -33,6 +35,7 @@
 #include <remat/solvers/rockmate.hpp>
 #include <remat/solvers/store_all.hpp>
 #if REMAT_WITH_LPSOLVE || REMAT_WITH_CBC
+#include <remat/bounds/time_lower_bound.hpp>
 #include <remat/solvers/checkmate.hpp>
 #if REMAT_WITH_CBC
 #include <remat/milp/cbc.hpp>
@@ -51,6 +54,7 @@ struct Options {
     bool quick = false;
     std::vector<int> sizes{200, 1000, 2500};
     double checkmate_limit = 60.0;
+    double bound_limit = 20.0;
     bool rockmate = true;
 };
 
@@ -154,6 +158,34 @@ std::string checkmate_cell(const remat::Problem& p, Bytes budget, double t_ref, 
     return "";
 }
 
+// The proven lower bound on any plan's overhead and its ratio to DTR's ("floor"), up to 60 %.
+std::string bound_cells(const remat::Problem& p, Bytes budget, int percent, double t_ref, const Result& dtr, const Options& o) {
+#if REMAT_WITH_LPSOLVE || REMAT_WITH_CBC
+    if (o.bound_limit <= 0 || percent > 60) return "                - |    - ";
+    remat::TimeLowerBoundOptions bo;
+    bo.time_limit_seconds = o.bound_limit;
+#if REMAT_WITH_CBC
+    const remat::milp::Cbc backend;
+#else
+    const remat::milp::LpSolve backend;
+#endif
+    const remat::TimeLowerBound b = remat::time_lower_bound(p, budget, backend, bo);
+    char text[64];
+    if (b.budget_infeasible) {
+        std::snprintf(text, sizeof text, " no plan %6.1fs |    - ", b.seconds);
+        return text;
+    }
+    Result lower;
+    lower.overhead = b.time / t_ref - 1.0;
+    std::snprintf(text, sizeof text, " %6.1f%%%c %5.1fs | %s", 100.0 * *lower.overhead, b.relaxation_solved ? ' ' : '+',
+                  b.seconds, ratio(lower, dtr).c_str());
+    return text;
+#else
+    (void)p, (void)budget, (void)percent, (void)t_ref, (void)dtr, (void)o;
+    return "";
+#endif
+}
+
 void budget_row(const remat::Problem& p, const remat::Reference& ref, int percent, const Solvers& s, const Options& o) {
     const Bytes budget = remat::percent_of(ref.peak, percent);
     remat::GreedyOptions plain;
@@ -163,9 +195,10 @@ void budget_row(const remat::Problem& p, const remat::Reference& ref, int percen
     const Result full = run([&] { return s.full.solve(s.model, budget); }, ref.time);
     const Result hier = run([&] { return s.hierarchy_only.solve(s.hierarchy_model, budget); }, ref.time);
     const Result rm = s.rock ? run([&] { return remat::Rockmate<>().solve(*s.rock, budget); }, ref.time) : Result{};
-    std::printf("  %5d%% | %s | %s | %s | %-8s %s | %s | %s |%s\n", percent, cell(dtr).c_str(), cell(both).c_str(),
+    std::printf("  %5d%% | %s | %s | %s | %-8s %s | %s | %s |%s |%s\n", percent, cell(dtr).c_str(), cell(both).c_str(),
                 cell(full).c_str(), component(full).c_str(), ratio(full, dtr).c_str(), cell(hier).c_str(),
-                s.rock ? cell(rm).c_str() : "     (n/a)      ", checkmate_cell(p, budget, ref.time, o).c_str());
+                s.rock ? cell(rm).c_str() : "     (n/a)      ", bound_cells(p, budget, percent, ref.time, dtr, o).c_str(),
+                checkmate_cell(p, budget, ref.time, o).c_str());
     std::fflush(stdout);
 }
 
@@ -212,7 +245,8 @@ void bench(const Graph& g, const Options& o) {
         } catch (const remat::Error&) {
         }
     }
-    std::printf("  budget | greedy (dtr)     | greedy (both)    | hrockmate        | won by   ratio | hierarchy alone  | rockmate         |%s\n",
+    std::printf("  budget | greedy (dtr)     | greedy (both)    | hrockmate        | won by   ratio | hierarchy alone  | rockmate         |"
+                " bound           | floor |%s\n",
                 o.checkmate_limit > 0 && p.op_count() <= 400 ? " checkmate" : "");
     const Solvers s{hrockmate, hierarchy, model, hierarchy_model, std::move(rock)};
     const std::vector<int> percents = o.quick ? std::vector<int>{30, 50, 80} : std::vector<int>{20, 30, 40, 50, 60, 80, 100};
@@ -229,17 +263,21 @@ int main(int argc, char** argv) {
             o.quick = true;
             o.sizes = {200};
             o.checkmate_limit = 0;
+            o.bound_limit = 2.0;
         } else if (a == "--sizes" && i + 1 < argc) {
             o.sizes.clear();
             std::stringstream in(argv[++i]);
             for (std::string part; std::getline(in, part, ',');) o.sizes.push_back(std::stoi(part));
         } else if (a == "--checkmate-limit" && i + 1 < argc) {
             o.checkmate_limit = std::stod(argv[++i]);
+        } else if (a == "--bound-limit" && i + 1 < argc) {
+            o.bound_limit = std::stod(argv[++i]);
         } else if (a == "--no-rockmate") {
             o.rockmate = false;
         } else {
             std::fprintf(stderr,
-                         "usage: bench_hierarchical [--quick] [--sizes 200,1000,2500] [--checkmate-limit S] [--no-rockmate]\n");
+                         "usage: bench_hierarchical [--quick] [--sizes 200,1000,2500] [--checkmate-limit S] [--bound-limit S] "
+                         "[--no-rockmate]\n");
             return 2;
         }
     }

@@ -41,7 +41,7 @@ inline constexpr int exit_too_large = 4;
     std::string u =
         "usage: remat-plan FILE.json --budget B [--solver NAME[:VARIANT]] [--out SCHEDULE.json] [--json]\n"
         "                  [--svg TIMELINE.svg] [--explain] [--sweep N] [--sweep-csv F.csv]\n"
-        "                  [--sweep-svg F.svg] [--time-limit S] [--verbose] [--quiet]\n"
+        "                  [--sweep-svg F.svg] [--time-limit S] [--bound] [--verbose] [--quiet]\n"
         "       remat-plan FILE.json --check SCHEDULE.json [--budget B] [--json]\n"
         "       remat-plan --help | --version\n"
         "\n"
@@ -68,7 +68,10 @@ inline constexpr int exit_too_large = 4;
         "  --sweep-csv FILE  write the sweep as CSV (budget, % of P_ref, time, overhead, peak)\n"
         "  --sweep-svg FILE  draw the sweep: overhead against budget, the curve to choose a budget from\n"
         "  --explain         the plan per layer: what is recomputed, at what cost, and what is kept\n"
-        "  --time-limit S    give up after S seconds (solvers that search)\n"
+        "  --time-limit S    give up after S seconds (solvers that search; also the limit of --bound)\n"
+        "  --bound           also prove a lower bound on the time of any schedule within the budget, and say\n"
+        "                    how far the plan can be from the optimum (a small integer program; 10 s at most\n"
+        "                    unless --time-limit; needs a build with lp_solve or CBC)\n"
         "  --check SCHEDULE  simulate SCHEDULE.json on FILE.json and print its time and peak: exit 0 when it\n"
         "                    is valid (and fits --budget when given, and its 'predicted' figures are right),\n"
         "                    1 with the first invalid step otherwise\n"
@@ -101,6 +104,7 @@ struct PlanArgs {
     bool help = false;
     bool version = false;
     bool explain = false;
+    bool bound = false;
     std::optional<std::string> sweep_csv;
     std::optional<std::string> sweep_svg;
 };
@@ -170,6 +174,10 @@ inline PlanArgs parse_plan_args(const std::vector<std::string>& args) {
             no_value();
             a.explain = true;
         }
+        else if (flag == "--bound") {
+            no_value();
+            a.bound = true;
+        }
         else if (flag == "--check") once(a.check, value());
         else if (flag == "--sweep") once(a.sweep, parse_count(flag, value()));
         else if (flag == "--time-limit") once(a.time_limit, parse_seconds(flag, value()));
@@ -192,13 +200,14 @@ inline PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     }
     if (a.help || a.version) return a;
     if (a.file.empty()) throw UsageError{"no problem file given"};
-    if (a.check && (a.out || a.svg || a.sweep || a.solver || a.time_limit || a.explain || a.sweep_csv || a.sweep_svg))
+    if (a.check && (a.out || a.svg || a.sweep || a.solver || a.time_limit || a.explain || a.bound || a.sweep_csv || a.sweep_svg))
         throw UsageError{"--check takes only --budget, --json and --quiet besides the problem file"};
     if (a.check) return a;
     if (!a.budget && !a.sweep) throw UsageError{"--budget is required (or --sweep N)"};
     if (!a.budget && (a.out || a.svg)) throw UsageError{"--out and --svg need --budget"};
     if (!a.sweep && (a.sweep_csv || a.sweep_svg)) throw UsageError{"--sweep-csv and --sweep-svg need --sweep N"};
     if (a.explain && !a.budget) throw UsageError{"--explain needs --budget"};
+    if (a.bound && !a.budget) throw UsageError{"--bound needs --budget"};
     return a;
 }
 
@@ -368,6 +377,7 @@ struct PlanRun {
     std::optional<Infeasible> infeasible;
     std::optional<Bytes> smallest;
     std::vector<SweepPoint> rows;
+    std::optional<TimeLowerBound> bound;  // with --bound
 };
 
 inline void print_json(std::ostream& out, const PlanArgs& a, const Reference& ref, const PlanRun& run) {
@@ -389,6 +399,14 @@ inline void print_json(std::ostream& out, const PlanArgs& a, const Reference& re
         line["solve_seconds"] = run.plan ? run.plan->stats.solve_seconds : 0.0;
         line["status"] = run.plan ? std::string(to_string(run.plan->stats.status)) : std::string("infeasible");
         line["gap"] = run.plan && run.plan->stats.gap ? ordered_json(*run.plan->stats.gap) : ordered_json(nullptr);
+    }
+    if (run.bound) {
+        ordered_json b;
+        b["time"] = run.bound->budget_infeasible ? ordered_json(nullptr) : ordered_json(run.bound->time);
+        b["no_schedule_fits"] = run.bound->budget_infeasible;
+        b["relaxation_solved"] = run.bound->relaxation_solved;
+        b["seconds"] = run.bound->seconds;
+        line["time_lower_bound"] = std::move(b);
     }
     if (run.infeasible || a.sweep) line["smallest_budget"] = run.smallest ? ordered_json(*run.smallest) : ordered_json(nullptr);
     if (a.sweep) {
@@ -423,6 +441,24 @@ inline void print_plan(std::ostream& out, const PlanArgs& a, const Reference& re
     if (a.sweep_svg) out << "  wrote     " << *a.sweep_svg << "\n";
 }
 
+// --bound: the proven lower bound, and how far above it the plan is.
+inline void print_bound(std::ostream& out, const Reference& ref, const PlanRun& run) {
+    const TimeLowerBound& b = *run.bound;
+    const std::string how = std::string(b.relaxation_solved ? "" : " (at the time limit; a solved bound may be higher)") +
+                            ", " + std::to_string(b.cuts.size()) + (b.cuts.size() == 1 ? " cut, " : " cuts, ") + number(b.seconds, "%.2f") + " s";
+    if (b.budget_infeasible) {
+        out << "  bound     no schedule fits this budget (proven)" << how << "\n";
+        return;
+    }
+    out << "  bound     time >= " << number(b.time) << ", overhead >= " << signed_percent(b.time, ref.time)
+        << " vs T_ref for any schedule within the budget" << how << "\n";
+    if (run.plan && run.plan->time <= b.time * (1.0 + 1e-9))
+        out << "  optimum   this plan is optimal: its time meets the bound\n";
+    else if (run.plan)
+        out << "  optimum   this plan is at most " << number(100.0 * (run.plan->time / std::max(b.time, 1e-300) - 1.0), "%.2f")
+            << " % slower than the best schedule\n";
+}
+
 inline void print_summary(std::ostream& out, const PlanArgs& a, const Problem& problem, const Reference& ref,
                           const PlanRun& run) {
     const auto chain = as_chain(problem);
@@ -439,6 +475,7 @@ inline void print_summary(std::ostream& out, const PlanArgs& a, const Problem& p
         out << "\n" << run.plan->explain(problem, explain_options);
     }
     else if (run.infeasible) out << "  solver    " << run.solver_name << ": infeasible at " << bytes_both(run.budget) << "\n";
+    if (run.bound) print_bound(out, ref, run);
     if (!a.sweep) return;
     out << "\nsweep: " << run.solver_name << ", " << run.rows.size() << " budgets from the smallest feasible ";
     out << (run.smallest ? bytes_both(*run.smallest) : std::string("(unknown)")) << " to P_ref\n";
@@ -487,6 +524,7 @@ inline int run_plan(const PlanArgs& a, std::ostream& out, std::ostream& err) {
             run.infeasible = e;
         }
     }
+    if (a.bound) run.bound = proven_time_bound(problem, run.budget, options);
     if (a.sweep) {
         if (run.infeasible && run.infeasible->smallest_budget()) {
             run.smallest = run.infeasible->smallest_budget();

@@ -24,6 +24,7 @@
 #include <remat/solvers/hierarchical.hpp>
 #include <remat/partition/blocks.hpp>
 #include <remat/core/bounds.hpp>
+#include <remat/bounds/time_lower_bound.hpp>
 #ifdef REMAT_WITH_LPSOLVE
 #include <remat/milp/lp_solve.hpp>
 #include <remat/solvers/checkmate.hpp>
@@ -414,6 +415,23 @@ inline HRockmateOptions hrockmate_options(const SolveOptions& o) {
         (feasible(mid) ? hi : lo) = mid;
     }
     return hi;
+}
+
+/// The proven lower bound on the time of any schedule within `budget`
+/// (bounds/time_lower_bound.hpp), with the MILP backend this build has (CBC first).
+[[nodiscard]] inline TimeLowerBound proven_time_bound(const Problem& problem, Bytes budget, const SolveOptions& options) {
+    TimeLowerBoundOptions o;
+    if (options.time_limit) o.time_limit_seconds = *options.time_limit;
+    o.progress = options.progress;
+#if defined(REMAT_WITH_CBC)
+    return time_lower_bound(problem, budget, milp::Cbc{}, o);
+#elif defined(REMAT_WITH_LPSOLVE)
+    return time_lower_bound(problem, budget, milp::LpSolve{}, o);
+#else
+    (void)problem, (void)budget, (void)o;
+    throw InvalidInput("--bound solves a small integer program, and this remat-plan was built without a MILP backend; "
+                       "rebuild with lp_solve or CBC (liblpsolve55-dev, coinor-libcbc-dev)");
+#endif
 }
 
 }  // namespace remat::cli

@@ -1,6 +1,6 @@
 // remat/remat.hpp — umbrella header: everything of remat that needs only the standard
-// library (problem, chain, schedule, simulator, memory bounds, graph utilities, solvers, MILP
-// model, partitioning, the hierarchy, H-Rockmate and the execution engine).
+// library (problem, chain, schedule, simulator, memory and time bounds, graph utilities, solvers,
+// MILP model, partitioning, the hierarchy, H-Rockmate and the execution engine).
 //
 // Optional layers are included on their own: remat/io/json.hpp (nlohmann/json),
 // remat/milp/lp_solve.hpp and remat/milp/cbc.hpp (MILP backends), remat/torch/*.hpp.
@@ -35,6 +35,7 @@
 #include "partition/hierarchy.hpp"
 #include "solvers/hierarchical.hpp"
 #include "solvers/auto.hpp"
+#include "bounds/time_lower_bound.hpp"
 #include "exec/report.hpp"
 #include "exec/plan.hpp"
 #include "exec/backend.hpp"

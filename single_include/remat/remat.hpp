@@ -5,8 +5,8 @@
 #pragma once
 // ---- begin remat/remat.hpp ----
 // remat/remat.hpp — umbrella header: everything of remat that needs only the standard
-// library (problem, chain, schedule, simulator, memory bounds, graph utilities, solvers, MILP
-// model, partitioning, the hierarchy, H-Rockmate and the execution engine).
+// library (problem, chain, schedule, simulator, memory and time bounds, graph utilities, solvers,
+// MILP model, partitioning, the hierarchy, H-Rockmate and the execution engine).
 //
 // Optional layers are included on their own: remat/io/json.hpp (nlohmann/json),
 // remat/milp/lp_solve.hpp and remat/milp/cbc.hpp (MILP backends), remat/torch/*.hpp.
@@ -8533,6 +8533,870 @@ static_assert(Solver<Auto>);
 
 }  // namespace remat
 // ---- end remat/solvers/auto.hpp ----
+// ---- begin remat/bounds/time_lower_bound.hpp ----
+// remat/bounds/time_lower_bound.hpp — a proven lower bound on the time of every schedule that
+// fits a budget: how close a plan is to the optimum when no exact solver finishes.
+//
+// core/bounds.hpp bounds the peak; this header bounds the time. The bound comes from a
+// relaxation of the scheduling problem that keeps only what happens at a few instants the
+// graph fixes, "cuts": the start of the loss (the turn from forward to backward) and the
+// starts of some exactly-once ops after it, chosen along the longest chain of exactly-once
+// ops that must follow one another (each cut must run before the next). Every valid schedule
+// maps onto the relaxation:
+//   k[d,i] = 1  data d is live when cut i starts;
+//   r[o,i] = 1  op o runs at least once between cut i and cut i+1 (after the last cut: to the end).
+// Rows, all true of every schedule that fits the budget:
+//   - the data a cut reads are live when it starts;
+//   - at each cut, the live data + what must also be live then (below) + the cut's own writes
+//     and overhead fit the budget (docs/formats.md §3: memory while an op runs);
+//   - a data live at cut i+1 was live at cut i or was written between them;
+//   - an op that runs between two cuts read data that were live at the first or were written
+//     in between (by another op);
+//   - the data an exactly-once op after cut i reads were live at cut i or are written after it.
+// What must also be live at a cut: the initial data, the data the cut reads that only ops
+// after the loss write, and every such data an exactly-once op already run wrote and an op
+// still to come (or the end) reads: no op can write it again.
+// The objective, the least time of the runs after the loss, is minimised by a MILP backend
+// (milp/backend.hpp); it is added to what every schedule runs anyway: each exactly-once op
+// once, and, before the loss, a writer of each data the loss needs (shared among the data one
+// op writes). Only ops that run after the loss can be counted in r, and nothing limits the
+// memory between cuts or before the loss, so the bound can be far below the optimum at low
+// budgets on graphs whose recomputation happens in the forward phase; it is tight where the
+// cost is in keeping the loss's and the backward's inputs. When the backend stops at its
+// time limit, its best proven bound on the relaxation is used, which is still a bound.
+//
+// Checkmate (Jain et al., MLSys 2020) proves optimality with the full MILP over every pass;
+// that model does not finish on graphs of hundreds of ops and its LP bound is weak. This
+// relaxation is far smaller (one stage per cut, no op order inside a stage), so it gives a
+// useful bound on thousands of ops in seconds. Standard library only, plus the backend.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+// ---- begin remat/milp/backend.hpp ----
+// remat/milp/backend.hpp — the MilpBackend concept: what a MILP library must offer remat.
+//
+// The integer programs of Checkmate (Jain et al., MLSys 2020) and Rockmate (Zhao et al.,
+// ICML 2023) are solved through this concept, so the solvers are templates over the
+// backend and no library is forced on a user. A backend takes a milp::Model (variables,
+// rows, objective to minimise, time limit, MIP gap, optional starting solution) and returns
+// a milp::Result (status, solution, objective, best bound, seconds). It must honour the
+// time limit, print nothing, keep no global mutable state, and throw remat::SolverError
+// when the library itself fails. Two backends ship: milp::LpSolve (lp_solve.hpp) and
+// milp::Cbc (cbc.hpp); a user may write their own.
+
+#include <concepts>
+#include <string_view>
+
+// ---- begin remat/milp/model.hpp ----
+// remat/milp/model.hpp — a small backend-neutral mixed-integer linear program.
+//
+// The integer programs of Checkmate (Jain et al., "Checkmate: breaking the memory wall with
+// optimal tensor rematerialization", MLSys 2020) and Rockmate (Zhao et al., ICML 2023) are
+// written once against this builder and solved by any type that models milp::MilpBackend
+// (backend.hpp): lp_solve (lp_solve.hpp) or CBC (cbc.hpp). A Model is a plain value:
+// bounded binary / integer / continuous variables, sparse rows, a linear objective to
+// minimise, solve parameters (time limit, MIP gap) and an optional starting solution.
+// A Result says how the solve ended, with the best solution, its objective and the best
+// proven bound.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+
+namespace remat::milp {
+
+inline constexpr double infinity = std::numeric_limits<double>::infinity();
+
+enum class VarType : unsigned char { continuous, integer, binary };
+
+/// Dense index of a variable in its Model.
+struct Var {
+    std::size_t index = 0;
+    friend bool operator==(const Var&, const Var&) = default;
+};
+
+struct Term {
+    Var var;
+    double coef = 0.0;
+};
+
+enum class Sense : unsigned char { less_equal, greater_equal, equal };
+
+struct Variable {
+    VarType type = VarType::continuous;
+    double lower = 0.0;
+    double upper = infinity;
+    double objective = 0.0;
+    std::string name;
+};
+
+struct Row {
+    std::vector<Term> terms;
+    Sense sense = Sense::less_equal;
+    double rhs = 0.0;
+    std::string name;
+};
+
+/// How long and how precisely to solve.
+struct Parameters {
+    /// Wall-clock seconds for the whole solve; infinity for none.
+    double time_limit_seconds = infinity;
+    /// Stop when (objective − bound) ≤ relative_gap × |objective| ...
+    double relative_gap = 1e-9;
+    /// ... or when (objective − bound) ≤ absolute_gap.
+    double absolute_gap = 1e-9;
+};
+
+class Model {
+public:
+    Var add_var(VarType type, double lower, double upper, double objective = 0.0, std::string name = {}) {
+        if (type == VarType::binary) {
+            lower = std::max(lower, 0.0);
+            upper = std::min(upper, 1.0);
+        }
+        if (std::isnan(lower) || std::isnan(upper) || lower > upper || lower == infinity || upper == -infinity)
+            throw InvalidInput("milp: variable '" + name + "' has empty bounds [" + std::to_string(lower) + ", " +
+                               std::to_string(upper) + "]");
+        if (!std::isfinite(objective))
+            throw InvalidInput("milp: variable '" + name + "' has a non-finite objective coefficient");
+        variables_.push_back(Variable{type, lower, upper, objective, std::move(name)});
+        return Var{variables_.size() - 1};
+    }
+    Var add_binary(double objective = 0.0, std::string name = {}) {
+        return add_var(VarType::binary, 0.0, 1.0, objective, std::move(name));
+    }
+    Var add_integer(double lower, double upper, double objective = 0.0, std::string name = {}) {
+        return add_var(VarType::integer, lower, upper, objective, std::move(name));
+    }
+    Var add_continuous(double lower, double upper, double objective = 0.0, std::string name = {}) {
+        return add_var(VarType::continuous, lower, upper, objective, std::move(name));
+    }
+
+    /// Adds Σ terms (sense) rhs. Terms on the same variable are merged; zero terms dropped.
+    void add_row(std::vector<Term> terms, Sense sense, double rhs, std::string name = {}) {
+        if (!std::isfinite(rhs)) throw InvalidInput("milp: row '" + name + "' has a non-finite right-hand side");
+        for (const Term& t : terms) {
+            if (t.var.index >= variables_.size())
+                throw InvalidInput("milp: row '" + name + "' uses variable #" + std::to_string(t.var.index) +
+                                   ", which does not exist");
+            if (!std::isfinite(t.coef)) throw InvalidInput("milp: row '" + name + "' has a non-finite coefficient");
+        }
+        std::sort(terms.begin(), terms.end(), [](const Term& a, const Term& b) { return a.var.index < b.var.index; });
+        std::vector<Term> merged;
+        merged.reserve(terms.size());
+        for (const Term& t : terms) {
+            if (!merged.empty() && merged.back().var == t.var)
+                merged.back().coef += t.coef;
+            else
+                merged.push_back(t);
+        }
+        std::erase_if(merged, [](const Term& t) { return t.coef == 0.0; });
+        rows_.push_back(Row{std::move(merged), sense, rhs, std::move(name)});
+    }
+
+    void set_objective(Var var, double coef) { variables_.at(var.index).objective = coef; }
+    /// A constant added to the objective (backends see only the linear part).
+    void set_objective_offset(double offset) { objective_offset_ = offset; }
+
+    void set_parameters(Parameters parameters) { parameters_ = parameters; }
+    void set_time_limit(double seconds) { parameters_.time_limit_seconds = seconds; }
+    void set_relative_gap(double gap) { parameters_.relative_gap = gap; }
+
+    /// A known feasible assignment of every variable. Backends that accept one start from
+    /// it; the others use its objective as a cutoff and return it when they find nothing
+    /// better, so a solve with a start never ends without a solution.
+    void set_start(std::vector<double> values) {
+        if (values.size() != variables_.size())
+            throw InvalidInput("milp: a starting solution needs " + std::to_string(variables_.size()) +
+                               " values, got " + std::to_string(values.size()));
+        start_ = std::move(values);
+    }
+    void clear_start() { start_.reset(); }
+
+    [[nodiscard]] const std::vector<Variable>& variables() const noexcept { return variables_; }
+    [[nodiscard]] const std::vector<Row>& rows() const noexcept { return rows_; }
+    [[nodiscard]] const Variable& variable(Var v) const { return variables_.at(v.index); }
+    [[nodiscard]] double objective_offset() const noexcept { return objective_offset_; }
+    [[nodiscard]] const Parameters& parameters() const noexcept { return parameters_; }
+    [[nodiscard]] const std::optional<std::vector<double>>& start() const noexcept { return start_; }
+
+    [[nodiscard]] std::size_t variable_count() const noexcept { return variables_.size(); }
+    [[nodiscard]] std::size_t row_count() const noexcept { return rows_.size(); }
+    [[nodiscard]] std::size_t integer_count() const noexcept {
+        return static_cast<std::size_t>(std::count_if(variables_.begin(), variables_.end(),
+                                                      [](const Variable& v) { return v.type != VarType::continuous; }));
+    }
+    [[nodiscard]] std::size_t nonzero_count() const noexcept {
+        std::size_t n = 0;
+        for (const Row& r : rows_) n += r.terms.size();
+        return n;
+    }
+
+    /// The same model with every variable continuous: its optimum is the LP bound.
+    [[nodiscard]] Model relaxation() const {
+        Model copy = *this;
+        for (Variable& v : copy.variables_) v.type = VarType::continuous;
+        return copy;
+    }
+
+    /// Objective of an assignment (offset included).
+    [[nodiscard]] double objective_value(const std::vector<double>& values) const {
+        double total = objective_offset_;
+        for (std::size_t i = 0; i < variables_.size() && i < values.size(); ++i)
+            total += variables_[i].objective * values[i];
+        return total;
+    }
+
+    /// Whether an assignment satisfies bounds, integrality and rows within `tolerance`
+    /// (scaled by each row's magnitude).
+    [[nodiscard]] bool is_feasible(const std::vector<double>& values, double tolerance = 1e-6) const {
+        if (values.size() != variables_.size()) return false;
+        for (std::size_t i = 0; i < variables_.size(); ++i) {
+            const Variable& v = variables_[i];
+            const double x = values[i];
+            if (!std::isfinite(x) || x < v.lower - tolerance || x > v.upper + tolerance) return false;
+            if (v.type != VarType::continuous && std::abs(x - std::round(x)) > tolerance) return false;
+        }
+        for (const Row& r : rows_) {
+            double activity = 0.0;
+            double scale = std::max(1.0, std::abs(r.rhs));
+            for (const Term& t : r.terms) {
+                activity += t.coef * values[t.var.index];
+                scale = std::max(scale, std::abs(t.coef * values[t.var.index]));
+            }
+            const double slack = tolerance * scale;
+            if (r.sense == Sense::less_equal && activity > r.rhs + slack) return false;
+            if (r.sense == Sense::greater_equal && activity < r.rhs - slack) return false;
+            if (r.sense == Sense::equal && std::abs(activity - r.rhs) > slack) return false;
+        }
+        return true;
+    }
+
+private:
+    std::vector<Variable> variables_;
+    std::vector<Row> rows_;
+    double objective_offset_ = 0.0;
+    Parameters parameters_;
+    std::optional<std::vector<double>> start_;
+};
+
+/// How a solve ended.
+enum class Status : unsigned char {
+    optimal,                 ///< proven optimal (within the gap parameters)
+    feasible,                ///< a solution, optimality not proven when the time limit hit
+    infeasible,              ///< proven to have no solution
+    time_limit_no_solution,  ///< the time limit hit before any solution was found
+};
+
+[[nodiscard]] constexpr std::string_view to_string(Status status) noexcept {
+    switch (status) {
+        case Status::optimal: return "optimal";
+        case Status::feasible: return "feasible";
+        case Status::infeasible: return "infeasible";
+        case Status::time_limit_no_solution: return "time-limit-no-solution";
+    }
+    return "unknown";
+}
+
+struct Result {
+    Status status = Status::time_limit_no_solution;
+    /// One value per variable when has_solution().
+    std::vector<double> values;
+    /// Objective of `values` (offset included); +infinity without a solution.
+    double objective = infinity;
+    /// Best proven lower bound on the optimum (offset included); −infinity when unknown.
+    double best_bound = -infinity;
+    double seconds = 0.0;
+
+    [[nodiscard]] bool has_solution() const noexcept {
+        return status == Status::optimal || status == Status::feasible;
+    }
+    /// (objective − bound) / |objective|: 0 when optimal, +infinity when no bound or no solution.
+    [[nodiscard]] double gap() const noexcept {
+        if (status == Status::optimal) return 0.0;
+        if (!has_solution() || !std::isfinite(best_bound)) return infinity;
+        const double diff = std::max(0.0, objective - best_bound);
+        if (diff == 0.0) return 0.0;
+        return diff / std::max(std::abs(objective), 1e-12);
+    }
+    [[nodiscard]] double value(Var v) const { return values.at(v.index); }
+};
+
+}  // namespace remat::milp
+// ---- end remat/milp/model.hpp ----
+
+namespace remat::milp {
+
+template <class B>
+concept MilpBackend = requires(const B& backend, const Model& model) {
+    { backend.solve(model) } -> std::same_as<Result>;
+    { backend.name() } -> std::convertible_to<std::string_view>;
+};
+
+}  // namespace remat::milp
+// ---- end remat/milp/backend.hpp ----
+// ---- begin remat/solvers/checkmate/analysis.hpp ----
+// remat/solvers/checkmate/analysis.hpp — what Checkmate learns about a problem before it
+// chooses a number of passes: the op order, the exactly-once ops and the order the graph
+// forces on them, the memory unit and a lower bound on the peak.
+//
+// Part of the Checkmate solver (solvers/checkmate.hpp; Jain et al., MLSys 2020, on the
+// data/op graph of Rockmate, Zhao et al., ICML 2023). The order forced on exactly-once ops
+// is what confines each of them to a window of passes (checkmate/layout.hpp); the lower
+// bound is core/bounds.hpp's.
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+
+namespace remat::detail::checkmate {
+
+inline constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
+
+// A set of exactly-once ops, by their exactly-once index.
+class Bits {
+public:
+    Bits() = default;
+    explicit Bits(std::size_t size) : words_((size + 63) / 64, 0) {}
+    void set(std::size_t i) { words_[i / 64] |= std::uint64_t{1} << (i % 64); }
+    [[nodiscard]] bool test(std::size_t i) const { return (words_[i / 64] >> (i % 64)) & 1U; }
+    void unite(const Bits& o) {
+        for (std::size_t w = 0; w < words_.size(); ++w) words_[w] |= o.words_[w];
+    }
+    void intersect(const Bits& o) {
+        for (std::size_t w = 0; w < words_.size(); ++w) words_[w] &= o.words_[w];
+    }
+    [[nodiscard]] std::size_t count() const {
+        std::size_t c = 0;
+        for (const std::uint64_t w : words_) c += static_cast<std::size_t>(std::popcount(w));
+        return c;
+    }
+    friend bool operator==(const Bits&, const Bits&) = default;
+
+private:
+    std::vector<std::uint64_t> words_;
+};
+
+// What Checkmate needs to know about a problem, whatever the number of passes.
+struct Analysis {
+    std::size_t n = 0;               // ops
+    std::size_t m = 0;               // data
+    std::vector<std::size_t> order;  // position → op
+    std::vector<std::size_t> pos;    // op → position
+    std::vector<std::size_t> eo_index;  // op → exactly-once index, or none
+    std::vector<std::size_t> eo_ops;    // exactly-once index → op
+    std::vector<Bits> eo_pred;          // exactly-once ops that must run before (by exactly-once index)
+    std::vector<std::size_t> n_pred, n_succ;  // per exactly-once index
+    std::vector<std::pair<std::size_t, std::size_t>> direct_prec;  // (before, after) exactly-once indices
+    Bytes scale = 1;          // gcd of all sizes: memory rows are exact integers in this unit
+    Bytes initial_bytes = 0;  // always live
+    Bytes lower_bound = 0;    // no schedule has a smaller peak
+    std::string lower_bound_reason;
+};
+
+// Checkmate's op numbering (one topological order) and the exactly-once ops in it.
+inline void number_ops(const Problem& p, Analysis& a) {
+    a.order = graph::op_order(p);
+    a.pos.assign(a.n, 0);
+    for (std::size_t i = 0; i < a.n; ++i) a.pos[a.order[i]] = i;
+    a.eo_index.assign(a.n, none);
+    for (std::size_t k = 0; k < a.n; ++k)
+        if (p.op(OpId{k}).exactly_once) {
+            a.eo_index[k] = a.eo_ops.size();
+            a.eo_ops.push_back(k);
+        }
+}
+
+// Exactly-once ops every derivation of each op goes through (nullopt: the op can never
+// run): the meet over all the ways of producing its reads, iterated to its fixpoint from
+// the initial data.
+inline std::vector<std::optional<Bits>> exactly_once_requirements(const Problem& p, const Analysis& a) {
+    const std::size_t E = a.eo_ops.size();
+    std::vector<std::optional<Bits>> req_data(a.m), req_op(a.n);
+    for (const DataId d : p.initial()) req_data[d.index] = Bits(E);
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (std::size_t k = 0; k < a.n; ++k) {
+            const Op& op = p.op(OpId{k});
+            Bits r(E);
+            bool ready = true;
+            for (const DataId d : op.reads) {
+                if (!req_data[d.index]) {
+                    ready = false;
+                    break;
+                }
+                r.unite(*req_data[d.index]);
+            }
+            if (!ready) continue;
+            if (a.eo_index[k] != none) r.set(a.eo_index[k]);
+            if (!req_op[k] || !(*req_op[k] == r)) {
+                req_op[k] = std::move(r);
+                changed = true;
+            }
+        }
+        for (std::size_t d = 0; d < a.m; ++d) {
+            if (p.is_initial(DataId{d})) continue;
+            std::optional<Bits> r;
+            for (const OpId w : p.writers(DataId{d})) {
+                if (!req_op[w.index]) continue;
+                if (!r)
+                    r = *req_op[w.index];
+                else
+                    r->intersect(*req_op[w.index]);
+            }
+            if (r && (!req_data[d] || !(*req_data[d] == *r))) {
+                req_data[d] = std::move(r);
+                changed = true;
+            }
+        }
+    }
+    return req_op;
+}
+
+// The exactly-once ops each one needs before it, and how many it needs / is needed by.
+inline void order_exactly_once(Analysis& a, const std::vector<std::optional<Bits>>& req_op) {
+    const std::size_t E = a.eo_ops.size();
+    a.eo_pred.assign(E, Bits(E));
+    a.n_pred.assign(E, 0);
+    a.n_succ.assign(E, 0);
+    for (std::size_t e = 0; e < E; ++e) {
+        const auto& r = req_op[a.eo_ops[e]];
+        if (!r) continue;  // cannot run at all; the model will be infeasible
+        for (std::size_t f = 0; f < E; ++f)
+            if (f != e && r->test(f)) {
+                a.eo_pred[e].set(f);
+                ++a.n_pred[e];
+                ++a.n_succ[f];
+            }
+    }
+}
+
+// The precedences between exactly-once ops that no third one implies: the model's
+// precedence rows need only these.
+inline void direct_precedences(Analysis& a) {
+    const std::size_t E = a.eo_ops.size();
+    for (std::size_t e2 = 0; e2 < E; ++e2)
+        for (std::size_t e1 = 0; e1 < E; ++e1) {
+            if (!a.eo_pred[e2].test(e1)) continue;
+            bool direct = true;
+            for (std::size_t e3 = 0; e3 < E && direct; ++e3)
+                if (e3 != e1 && a.eo_pred[e2].test(e3) && a.eo_pred[e3].test(e1)) direct = false;
+            if (direct) a.direct_prec.emplace_back(e1, e2);
+        }
+}
+
+// The gcd of all sizes and overheads, so that the memory rows are exact integers.
+inline Bytes memory_unit(const Problem& p) {
+    Bytes g = 0;
+    for (const Data& d : p.all_data()) g = std::gcd(g, d.bytes);
+    for (const Op& op : p.all_ops()) g = std::gcd(g, op.overhead);
+    return g > 0 ? g : 1;
+}
+
+inline Analysis analyse(const Problem& p) {
+    Analysis a;
+    a.n = p.op_count();
+    a.m = p.data_count();
+    number_ops(p, a);
+    order_exactly_once(a, exactly_once_requirements(p, a));
+    direct_precedences(a);
+    a.scale = memory_unit(p);
+    a.initial_bytes = p.initial_bytes();
+
+    // No schedule has a smaller peak (core/bounds.hpp).
+    MemoryLowerBound bound = memory_lower_bound(p);
+    a.lower_bound = bound.bytes;
+    a.lower_bound_reason = std::move(bound.reason);
+    return a;
+}
+
+}  // namespace remat::detail::checkmate
+// ---- end remat/solvers/checkmate/analysis.hpp ----
+
+namespace remat {
+
+struct TimeLowerBoundOptions {
+    /// Exactly-once ops after the loss at which memory is checked, at most, spread along the
+    /// longest chain of ops that must follow one another. More cuts give a tighter bound and a
+    /// larger MILP (about (cuts + 1) × (data + ops) binaries); 0 checks the loss only.
+    std::size_t cuts = 8;
+    /// Seconds for all the relaxations together; past them the best bound so far is used
+    /// (at least the loss-only relaxation is always run, to its own proven bound).
+    double time_limit_seconds = 10.0;
+    ProgressCallback progress;
+};
+
+struct TimeLowerBound {
+    /// No schedule that fits the budget takes less time (seconds, as the problem's op times).
+    double time = 0.0;
+    /// The relaxation has no solution: no schedule fits the budget at all.
+    bool budget_infeasible = false;
+    /// Whether the backend solved the relaxation to optimality (otherwise `time` uses its best
+    /// proven bound at the time limit, which is lower).
+    bool relaxation_solved = false;
+    /// The cuts of the relaxation that gave `time`, the loss first.
+    std::vector<std::string> cuts;
+    double seconds = 0.0;
+};
+
+namespace detail::time_bound {
+
+inline constexpr std::size_t none = detail::checkmate::none;
+
+// Which ops can only run after the loss started (every way of running them goes through the
+// loss), which of them are exactly-once, and which exactly-once ops must precede which.
+struct Phases {
+    detail::checkmate::Analysis order;  // eo_index, eo_ops, eo_pred: the forced order
+    std::vector<char> can_run;          // op: some derivation of it exists
+    std::vector<char> after_loss_op;    // op: every run of it follows the loss
+    std::vector<char> after_loss_data;  // data: only ops after the loss write it
+};
+
+[[nodiscard]] inline Phases phases(const Problem& p, OpId loss) {
+    Phases ph;
+    ph.order.n = p.op_count();
+    ph.order.m = p.data_count();
+    detail::checkmate::number_ops(p, ph.order);
+    const auto requirements = detail::checkmate::exactly_once_requirements(p, ph.order);
+    detail::checkmate::order_exactly_once(ph.order, requirements);
+    const std::size_t loss_eo = ph.order.eo_index[loss.index];
+    ph.can_run.assign(p.op_count(), 0);
+    ph.after_loss_op.assign(p.op_count(), 0);
+    for (std::size_t k = 0; k < p.op_count(); ++k) {
+        ph.can_run[k] = requirements[k].has_value();
+        ph.after_loss_op[k] = requirements[k] && requirements[k]->test(loss_eo);
+    }
+    ph.after_loss_data.assign(p.data_count(), 0);
+    for (std::size_t d = 0; d < p.data_count(); ++d) {
+        const auto writers = p.writers(DataId{d});
+        ph.after_loss_data[d] = !writers.empty() && std::all_of(writers.begin(), writers.end(), [&](OpId w) {
+            return ph.after_loss_op[w.index] != 0;
+        });
+    }
+    return ph;
+}
+
+// Whether exactly-once op `before` must run before exactly-once op `after`.
+[[nodiscard]] inline bool must_precede(const Phases& ph, OpId before, OpId after) {
+    const std::size_t b = ph.order.eo_index[before.index], a = ph.order.eo_index[after.index];
+    return b != none && a != none && ph.order.eo_pred[a].test(b);
+}
+
+// The loss, then up to `count` exactly-once ops spread along the longest chain of exactly-once
+// ops after the loss in which each must precede the next.
+[[nodiscard]] inline std::vector<OpId> choose_cuts(const Phases& ph, OpId loss, std::size_t count) {
+    const auto& a = ph.order;
+    std::vector<std::size_t> chain_ops;  // exactly-once indices after the loss
+    for (std::size_t e = 0; e < a.eo_ops.size(); ++e)
+        if (ph.after_loss_op[a.eo_ops[e]] && a.eo_ops[e] != loss.index) chain_ops.push_back(e);
+    // Fewer forced predecessors first: a topological order of "must precede".
+    std::stable_sort(chain_ops.begin(), chain_ops.end(),
+                     [&](std::size_t x, std::size_t y) { return a.n_pred[x] < a.n_pred[y]; });
+    std::vector<std::size_t> length(chain_ops.size(), 1), previous(chain_ops.size(), none);
+    std::size_t end = none;
+    for (std::size_t j = 0; j < chain_ops.size(); ++j) {
+        for (std::size_t i = 0; i < j; ++i)
+            if (a.eo_pred[chain_ops[j]].test(chain_ops[i]) && length[i] + 1 > length[j]) {
+                length[j] = length[i] + 1;
+                previous[j] = i;
+            }
+        if (end == none || length[j] > length[end]) end = j;
+    }
+    std::vector<OpId> chain;
+    for (std::size_t j = end; j != none; j = previous[j]) chain.push_back(OpId{a.eo_ops[chain_ops[j]]});
+    std::reverse(chain.begin(), chain.end());
+    std::vector<OpId> cuts{loss};
+    const std::size_t taken = std::min(count, chain.size());
+    for (std::size_t j = 1; j <= taken; ++j) {
+        const OpId at = chain[j * chain.size() / taken - 1];
+        if (cuts.back() != at) cuts.push_back(at);
+    }
+    return cuts;
+}
+
+// What every schedule runs anyway: each exactly-once op once, and before the loss a writer of
+// each data the loss needs (the loss's reads, and what all writers of such a data read), the
+// writer's time shared among the needed data it writes. Data with an exactly-once writer are
+// left out: that op is already counted.
+[[nodiscard]] inline double time_run_anyway(const Problem& p, const std::optional<OpId>& loss) {
+    double total = 0.0;
+    for (const Op& op : p.all_ops())
+        if (op.exactly_once) total += op.time;
+    std::vector<char> needed(p.data_count(), 0);
+    std::vector<std::size_t> stack;
+    const auto need = [&](DataId d) {
+        if (p.is_initial(d) || needed[d.index]) return;
+        needed[d.index] = 1;
+        stack.push_back(d.index);
+    };
+    if (loss) {
+        for (const DataId d : p.op(*loss).reads) need(d);
+    } else {
+        for (const Op& op : p.all_ops())
+            if (op.exactly_once)
+                for (const DataId d : op.reads) need(d);
+        for (const DataId d : p.final_data()) need(d);
+    }
+    while (!stack.empty()) {
+        const DataId d{stack.back()};
+        stack.pop_back();
+        if (!p.writers(d).empty())
+            for (const DataId r : detail::bounds::common_reads(p, d)) need(r);
+    }
+    for (std::size_t d = 0; d < p.data_count(); ++d) {
+        const auto writers = p.writers(DataId{d});
+        if (!needed[d] || writers.empty()) continue;
+        double least = std::numeric_limits<double>::infinity();
+        for (const OpId w : writers) {
+            const Op& op = p.op(w);
+            if (op.exactly_once) {
+                least = 0.0;
+                break;
+            }
+            const auto shared = std::count_if(op.writes.begin(), op.writes.end(), [&](DataId x) { return needed[x.index]; });
+            least = std::min(least, op.time / static_cast<double>(shared));
+        }
+        total += least;
+    }
+    return total;
+}
+
+// The relaxation's variables: k[cut][data] and r[cut][op] where they exist.
+struct Variables {
+    std::vector<std::vector<std::optional<milp::Var>>> live, runs;
+};
+
+[[nodiscard]] inline Variables add_variables(milp::Model& model, const Problem& p, const Phases& ph, std::size_t cuts) {
+    Variables v;
+    v.live.assign(cuts, std::vector<std::optional<milp::Var>>(p.data_count()));
+    v.runs.assign(cuts, std::vector<std::optional<milp::Var>>(p.op_count()));
+    for (std::size_t i = 0; i < cuts; ++i) {
+        for (std::size_t d = 0; d < p.data_count(); ++d)
+            if (!ph.after_loss_data[d] && !p.is_initial(DataId{d})) v.live[i][d] = model.add_binary();
+        for (std::size_t k = 0; k < p.op_count(); ++k) {
+            const Op& op = p.op(OpId{k});
+            if (!ph.can_run[k] || ph.after_loss_op[k]) continue;
+            // An exactly-once op before the loss is counted once already; a run after costs nothing more here.
+            v.runs[i][k] = model.add_binary(op.exactly_once ? 0.0 : op.time);
+        }
+    }
+    return v;
+}
+
+// Terms of "d is written between cut `first` and cut `last` (inclusive)", by a writer other than `self`.
+[[nodiscard]] inline std::vector<milp::Term> written(const Problem& p, const Variables& v, DataId d, std::size_t first,
+                                                     std::size_t last, std::size_t self = none) {
+    std::vector<milp::Term> terms;
+    for (std::size_t i = first; i <= last; ++i)
+        for (const OpId w : p.writers(d))
+            if (v.runs[i][w.index] && w.index != self) terms.push_back({*v.runs[i][w.index], 1.0});
+    return terms;
+}
+
+// Bytes that must be live when cut `at` starts beyond the variables: the initial data, the
+// after-loss data the cut reads or that an exactly-once op already run wrote for a later op
+// or the end, and the cut's own new writes and overhead. Nullopt when they alone exceed the budget.
+[[nodiscard]] inline Bytes forced_bytes(const Problem& p, const Phases& ph, const std::vector<OpId>& cuts, std::size_t at) {
+    const OpId cut = cuts[at];
+    const Op& op = p.op(cut);
+    Bytes total = p.initial_bytes() + op.overhead;
+    std::vector<char> counted(p.data_count(), 0);
+    const auto count = [&](DataId d) {
+        if (p.is_initial(d) || counted[d.index]) return;
+        counted[d.index] = 1;
+        total += p.data(d).bytes;
+    };
+    for (const DataId d : op.reads)
+        if (ph.after_loss_data[d.index]) count(d);
+    for (const DataId d : op.writes) {
+        const auto writers = p.writers(d);
+        if (writers.size() == 1 && std::find(op.reads.begin(), op.reads.end(), d) == op.reads.end()) count(d);
+    }
+    for (std::size_t d = 0; d < p.data_count(); ++d) {
+        const DataId id{d};
+        if (!ph.after_loss_data[d] || counted[d]) continue;
+        const auto writers = p.writers(id);
+        const bool written_for_good = std::all_of(writers.begin(), writers.end(), [&](OpId w) {
+            return p.op(w).exactly_once && must_precede(ph, w, cut);
+        });
+        if (!written_for_good) continue;
+        bool read_later = p.is_final(id);
+        for (const OpId r : p.readers(id))
+            read_later = read_later || (p.op(r).exactly_once && r != cut && must_precede(ph, cut, r));
+        if (read_later) count(id);
+    }
+    return total;
+}
+
+// The last cut that must run before exactly-once op q (the loss always does), or q itself.
+[[nodiscard]] inline std::size_t last_cut_before(const Phases& ph, const std::vector<OpId>& cuts, OpId q) {
+    std::size_t last = 0;
+    for (std::size_t i = 0; i < cuts.size(); ++i)
+        if (cuts[i] == q || must_precede(ph, cuts[i], q)) last = i;
+    return last;
+}
+
+// The rows listed in the header comment. False when a cut's forced bytes alone exceed the budget.
+[[nodiscard]] inline bool add_rows(milp::Model& model, const Problem& p, const Phases& ph, const std::vector<OpId>& cuts,
+                                   const Variables& v, Bytes budget, double unit) {
+    const std::size_t n = cuts.size();
+    for (std::size_t i = 0; i < n; ++i) {
+        const Bytes forced = forced_bytes(p, ph, cuts, i);
+        if (forced > budget) return false;
+        std::vector<milp::Term> memory;
+        for (std::size_t d = 0; d < p.data_count(); ++d)
+            if (v.live[i][d]) memory.push_back({*v.live[i][d], static_cast<double>(p.data(DataId{d}).bytes) / unit});
+        model.add_row(std::move(memory), milp::Sense::less_equal, static_cast<double>(budget - forced) / unit);
+        for (const DataId d : p.op(cuts[i]).reads)
+            if (v.live[i][d.index]) model.add_row({{*v.live[i][d.index], 1.0}}, milp::Sense::equal, 1.0);
+        for (std::size_t d = 0; d < p.data_count() && i + 1 < n; ++d) {
+            if (!v.live[i][d]) continue;
+            auto terms = written(p, v, DataId{d}, i, i);
+            terms.push_back({*v.live[i][d], 1.0});
+            terms.push_back({*v.live[i + 1][d], -1.0});
+            model.add_row(std::move(terms), milp::Sense::greater_equal, 0.0);
+        }
+        for (std::size_t k = 0; k < p.op_count(); ++k) {
+            if (!v.runs[i][k]) continue;
+            for (const DataId d : p.op(OpId{k}).reads) {
+                if (!v.live[i][d.index]) continue;
+                auto terms = written(p, v, d, i, i, k);
+                terms.push_back({*v.live[i][d.index], 1.0});
+                terms.push_back({*v.runs[i][k], -1.0});
+                model.add_row(std::move(terms), milp::Sense::greater_equal, 0.0);
+            }
+        }
+    }
+    // Exactly-once ops after the loss (cuts included: their reads are also pinned above) and the
+    // end: the data they read are live at the last cut before them or are written after it.
+    std::vector<std::vector<char>> needed(n, std::vector<char>(p.data_count(), 0));
+    for (std::size_t k = 0; k < p.op_count(); ++k) {
+        const Op& op = p.op(OpId{k});
+        if (!op.exactly_once || !ph.after_loss_op[k]) continue;
+        const std::size_t i = last_cut_before(ph, cuts, OpId{k});
+        for (const DataId d : op.reads) needed[i][d.index] = 1;
+    }
+    for (const DataId d : p.final_data()) needed[n - 1][d.index] = 1;
+    for (std::size_t i = 0; i < n; ++i)
+        for (std::size_t d = 0; d < p.data_count(); ++d) {
+            if (!needed[i][d] || !v.live[i][d]) continue;
+            auto terms = written(p, v, DataId{d}, i, n - 1);
+            terms.push_back({*v.live[i][d], 1.0});
+            model.add_row(std::move(terms), milp::Sense::greater_equal, 1.0);
+        }
+    return true;
+}
+
+}  // namespace detail::time_bound
+
+namespace detail::time_bound {
+
+// One relaxation's answer: the time it adds to what runs anyway, or that nothing fits.
+struct Stage {
+    double extra = 0.0;
+    bool solved = false;
+    bool infeasible = false;
+    std::vector<OpId> cuts;
+};
+
+// The relaxation with up to `cut_count` cuts after the loss, solved within `seconds`.
+template <milp::MilpBackend Backend>
+[[nodiscard]] Stage solve_stage(const Problem& p, const Phases& ph, OpId loss, Bytes budget, std::size_t cut_count,
+                                double seconds, const Backend& backend, const ProgressCallback& progress) {
+    Stage stage;
+    stage.cuts = choose_cuts(ph, loss, cut_count);
+    milp::Model model;
+    const Variables v = add_variables(model, p, ph, stage.cuts.size());
+    const double unit = static_cast<double>(detail::checkmate::memory_unit(p));
+    if (!add_rows(model, p, ph, stage.cuts, v, budget, unit)) {
+        stage.infeasible = stage.solved = true;
+        return stage;
+    }
+    model.set_time_limit(seconds);
+    model.set_relative_gap(1e-6);
+    report_progress(progress, "time bound: " + std::to_string(stage.cuts.size()) + " cuts, " +
+                                  std::to_string(model.variable_count()) + " binaries, " +
+                                  std::to_string(model.row_count()) + " rows, " + std::string(backend.name()));
+    const milp::Result result = backend.solve(model);
+    stage.solved = result.status == milp::Status::optimal || result.status == milp::Status::infeasible;
+    stage.infeasible = result.status == milp::Status::infeasible;
+    // Within the relative gap of the optimum when solved; the backend's proven bound otherwise.
+    double extra = std::isfinite(result.best_bound) ? result.best_bound : 0.0;
+    if (result.status == milp::Status::optimal)
+        extra = std::min(result.objective, std::max(extra, result.objective * (1.0 - 1e-6)));
+    stage.extra = std::max(0.0, extra);
+    return stage;
+}
+
+}  // namespace detail::time_bound
+
+/// A proven lower bound on the time of every valid schedule of `problem` whose peak is at most
+/// `budget` (see the header comment). The relaxation is solved with the loss alone as a cut,
+/// then with 1, 2, 4, ... up to `options.cuts` cuts while the time limit lasts, and the
+/// largest bound is kept (each is a bound; more cuts are tighter once solved, but slower).
+/// Needs the problem's loss for the cuts; without one, the bound is what every schedule runs
+/// anyway. Throws what the backend throws (SolverError).
+template <milp::MilpBackend Backend>
+[[nodiscard]] TimeLowerBound time_lower_bound(const Problem& problem, Bytes budget, const Backend& backend,
+                                              const TimeLowerBoundOptions& options = {}) {
+    namespace tb = detail::time_bound;
+    const auto start = std::chrono::steady_clock::now();
+    const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+    TimeLowerBound out;
+    // The cuts need a loss that runs exactly once (it then splits every schedule in two).
+    std::optional<OpId> loss = problem.loss();
+    if (loss && !problem.op(*loss).exactly_once) loss.reset();
+    const double anyway = tb::time_run_anyway(problem, loss);
+    out.time = anyway;
+    out.relaxation_solved = true;
+    if (loss) {
+        const tb::Phases ph = tb::phases(problem, *loss);
+        std::optional<tb::Stage> best;
+        for (std::size_t count = 0;; count = count == 0 ? 1 : 2 * count) {
+            const std::size_t cuts = std::min(count, options.cuts);
+            const double left = options.time_limit_seconds - elapsed();
+            if (best && left <= 0.0) break;
+            tb::Stage stage = tb::solve_stage(problem, ph, *loss, budget, cuts, std::max(left, 0.0), backend, options.progress);
+            if (stage.infeasible || !best || stage.extra > best->extra) best = std::move(stage);
+            if (best->infeasible || cuts == options.cuts) break;
+        }
+        out.time = anyway + best->extra;
+        out.budget_infeasible = best->infeasible;
+        out.relaxation_solved = best->solved;
+        for (const OpId c : best->cuts) out.cuts.push_back(problem.op(c).name);
+    }
+    out.seconds = elapsed();
+    report_progress(options.progress,
+                    out.budget_infeasible
+                        ? std::string("time bound: no schedule fits the budget")
+                        : "time bound: " + std::to_string(out.time) +
+                              (out.relaxation_solved ? " (solved, " : " (at the time limit, ") +
+                              std::to_string(out.cuts.size()) + " cuts) in " + std::to_string(out.seconds) + " s");
+    return out;
+}
+
+}  // namespace remat
+// ---- end remat/bounds/time_lower_bound.hpp ----
 // ---- begin remat/exec/report.hpp ----
 // remat/exec/report.hpp — what one executed step cost, measured, next to what its plan
 // predicted (exec/executor.hpp fills it; every framework's executor reports the same way).

@@ -49,3 +49,20 @@ TEST_CASE("remat-plan --solver checkmate: infeasible budgets exit 3, unknown bac
     r = remat_plan({diamond, "--budget", "50%", "--solver", "checkmate", "--time-limit", "0"});
     CHECK(r.code == 2);
 }
+
+TEST_CASE("remat-plan --bound proves a lower bound no plan beats, in the summary and the --json line", "[cli]") {
+    // At the diamond's smallest budget Checkmate's proven optimum is 23.5; the bound is at most that.
+    CliResult r = remat_plan({diamond, "--budget", "38797312", "--solver", "checkmate", "--bound", "--json"});
+    REQUIRE(r.code == 0);
+    const auto line = nlohmann::json::parse(r.out);
+    const auto& bound = line.at("time_lower_bound");
+    CHECK(bound.at("no_schedule_fits") == false);
+    CHECK(bound.at("time").get<double>() <= 23.5 + 1e-9);
+    CHECK(bound.at("time").get<double>() >= line.at("T_ref").get<double>() - 1e-9);
+    r = remat_plan({diamond, "--budget", "85%", "--bound"});
+    REQUIRE(r.code == 0);
+    CHECK_THAT(r.out, Catch::Contains("bound     time >= ") && Catch::Contains("optimum   this plan is optimal: its time meets the bound"));
+    r = remat_plan({diamond, "--sweep", "3", "--bound"});
+    CHECK(r.code == 2);
+    CHECK_THAT(r.err, Catch::Contains("--bound needs --budget"));
+}
