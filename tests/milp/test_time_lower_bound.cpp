@@ -164,3 +164,28 @@ TEST_CASE("time_lower_bound is exact where the loss forces one recomputation") {
     CHECK(none.budget_infeasible);
     CHECK_THROWS_AS(Exhaustive().solve(p, 11), Infeasible);
 }
+
+TEST_CASE("time_lower_bound proves a budget infeasible where a gradient must be held across a backward op") {
+    // B1b writes k (read by B2) and k2 (read by B3, after B2): when B2 runs, x, h1, k, k2 and
+    // B2's output h2 are all live, 41 bytes, while no single op needs more than 31.
+    ProblemBuilder pb("held-gradient");
+    const DataId x = pb.add_data("x", 1), a = pb.add_data("a", 10), g = pb.add_data("g", 1);
+    const DataId h1 = pb.add_data("h1", 10), k = pb.add_data("k", 10), k2 = pb.add_data("k2", 10);
+    const DataId h2 = pb.add_data("h2", 10), gx = pb.add_data("gx", 1);
+    pb.add_op({"A", 1.0, 0, {x}, {a}, false});
+    pb.set_loss(pb.add_op({"loss", 0.0, 0, {a}, {g}, true}));
+    pb.add_op({"B1", 1.0, 0, {g, a}, {h1}, true});
+    pb.add_op({"B1b", 1.0, 0, {g}, {k, k2}, true});
+    pb.add_op({"B2", 1.0, 0, {h1, k}, {h2}, true});
+    pb.add_op({"B3", 1.0, 0, {h2, k2}, {gx}, true});
+    pb.add_initial(x);
+    pb.add_final(gx);
+    const Problem p = pb.build();
+    REQUIRE(memory_lower_bound(p).bytes == 31);
+    const TimeLowerBound bound = time_lower_bound(p, 35, Backend{});
+    CHECK(bound.budget_infeasible);
+    CHECK_THROWS_AS(Exhaustive().solve(p, 35), Infeasible);
+    const TimeLowerBound fits = time_lower_bound(p, 41, Backend{});
+    CHECK_FALSE(fits.budget_infeasible);
+    CHECK(fits.time <= Exhaustive().solve(p, 41).time + 1e-9);
+}

@@ -368,7 +368,8 @@ template <milp::MilpBackend Backend>
 }  // namespace detail::time_bound
 
 /// A proven lower bound on the time of every valid schedule of `problem` whose peak is at most
-/// `budget` (see the header comment). The relaxation is solved with the loss alone as a cut,
+/// `budget` (see the header comment). A budget below core/bounds.hpp's memory lower bound is
+/// reported as `budget_infeasible` at once. The relaxation is solved with the loss alone as a cut,
 /// then with 1, 2, 4, ... up to `options.cuts` cuts while the time limit lasts, and the
 /// largest bound is kept (each is a bound; more cuts are tighter once solved, but slower).
 /// Needs the problem's loss for the cuts; without one, the bound is what every schedule runs
@@ -386,7 +387,9 @@ template <milp::MilpBackend Backend>
     const double anyway = tb::time_run_anyway(problem, loss);
     out.time = anyway;
     out.relaxation_solved = true;
-    if (loss) {
+    if (budget < memory_lower_bound(problem).bytes) {
+        out.budget_infeasible = true;  // below core/bounds.hpp's bound on every schedule's peak
+    } else if (loss) {
         const tb::Phases ph = tb::phases(problem, *loss);
         std::optional<tb::Stage> best;
         for (std::size_t count = 0;; count = count == 0 ? 1 : 2 * count) {
