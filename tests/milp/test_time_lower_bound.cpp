@@ -62,26 +62,26 @@ TEST_CASE("time_lower_bound is never above the exact optimum, and says infeasibl
         const Problem& p = c.problem;
         const Bytes smallest = exhaustive.smallest_budget(p);
         const Reference reference = store_all_reference(p);
-        for (const std::size_t cuts : {std::size_t{0}, std::size_t{8}}) {
-            TimeLowerBoundOptions o;
-            o.cuts = cuts;
-            o.time_limit_seconds = 30.0;
-            for (const double fraction : {0.0, 0.25, 0.5, 0.75, 1.0}) {
-                const Bytes budget = smallest + static_cast<Bytes>(static_cast<double>(reference.peak - smallest) * fraction);
+        for (const double fraction : {0.0, 0.25, 0.5, 0.75, 1.0}) {
+            const Bytes budget = smallest + static_cast<Bytes>(static_cast<double>(reference.peak - smallest) * fraction);
+            const Plan best = exhaustive.solve(p, budget);
+            for (const std::size_t cuts : {std::size_t{0}, std::size_t{8}}) {
                 INFO("budget " << budget << ", cuts " << cuts);
-                const Plan best = exhaustive.solve(p, budget);
+                TimeLowerBoundOptions o;
+                o.cuts = cuts;
+                o.time_limit_seconds = 30.0;
                 const TimeLowerBound bound = time_lower_bound(p, budget, backend, o);
                 CHECK_FALSE(bound.budget_infeasible);
                 CHECK(bound.time <= best.time * (1.0 + 1e-9));
                 ++compared;
                 if (bound.time >= best.time * (1.0 - 1e-6)) ++exact;
             }
-            // Below the smallest budget the bound may prove infeasibility; it must not claim a plan exists.
-            if (smallest > 0) (void)time_lower_bound(p, smallest - 1, backend, o);
         }
+        // Below the smallest budget the bound may prove infeasibility; it must not fail.
+        if (smallest > 0) (void)time_lower_bound(p, smallest - 1, backend);
     }
     WARN("time_lower_bound equals the optimum in " << exact << " of " << compared << " cases");
-    CHECK(exact > 0);
+    CHECK(exact * 2 > compared);  // tight in most cases (446 of 700 when written)
 }
 
 TEST_CASE("time_lower_bound is T_ref at the store-all peak of op-level graphs and below every plan at lower budgets") {
@@ -102,6 +102,8 @@ TEST_CASE("time_lower_bound is T_ref at the store-all peak of op-level graphs an
     GreedyOptions go;
     go.improve_seconds = 0.5;
     const Greedy greedy(go);
+    TimeLowerBoundOptions quick;
+    quick.time_limit_seconds = 2.0;  // a bound at the limit is still a bound
     for (const Problem& p : problems) {
         INFO(p.name());
         const Reference reference = store_all_reference(p);
@@ -113,7 +115,7 @@ TEST_CASE("time_lower_bound is T_ref at the store-all peak of op-level graphs an
         for (const double fraction : {0.3, 0.5, 0.7, 0.9}) {
             const Bytes budget = static_cast<Bytes>(static_cast<double>(reference.peak) * fraction);
             INFO("budget " << fraction);
-            const TimeLowerBound bound = time_lower_bound(p, budget, backend);
+            const TimeLowerBound bound = time_lower_bound(p, budget, backend, quick);
             try {
                 const Plan plan = greedy.solve(p, budget);
                 CHECK_FALSE(bound.budget_infeasible);

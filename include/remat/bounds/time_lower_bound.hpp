@@ -369,9 +369,10 @@ template <milp::MilpBackend Backend>
 
 /// A proven lower bound on the time of every valid schedule of `problem` whose peak is at most
 /// `budget` (see the header comment). A budget below core/bounds.hpp's memory lower bound is
-/// reported as `budget_infeasible` at once. The relaxation is solved with the loss alone as a cut,
-/// then with 1, 2, 4, ... up to `options.cuts` cuts while the time limit lasts, and the
-/// largest bound is kept (each is a bound; more cuts are tighter once solved, but slower).
+/// reported as `budget_infeasible` at once. The relaxation is solved with the loss alone as a
+/// cut (small, usually solved in well under a second), then with `options.cuts` cuts in the
+/// time left, and the larger bound is kept (each is a bound; more cuts are tighter once solved,
+/// but the larger model may stop at the time limit with a weaker proven bound).
 /// Needs the problem's loss for the cuts; without one, the bound is what every schedule runs
 /// anyway. Throws what the backend throws (SolverError).
 template <milp::MilpBackend Backend>
@@ -392,13 +393,12 @@ template <milp::MilpBackend Backend>
     } else if (loss) {
         const tb::Phases ph = tb::phases(problem, *loss);
         std::optional<tb::Stage> best;
-        for (std::size_t count = 0;; count = count == 0 ? 1 : 2 * count) {
-            const std::size_t cuts = std::min(count, options.cuts);
+        for (const std::size_t cuts : {std::size_t{0}, options.cuts}) {
             const double left = options.time_limit_seconds - elapsed();
-            if (best && left <= 0.0) break;
+            if (best && (left <= 0.0 || cuts == 0)) break;
             tb::Stage stage = tb::solve_stage(problem, ph, *loss, budget, cuts, std::max(left, 0.0), backend, options.progress);
             if (stage.infeasible || !best || stage.extra > best->extra) best = std::move(stage);
-            if (best->infeasible || cuts == options.cuts) break;
+            if (best->infeasible) break;
         }
         out.time = anyway + best->extra;
         out.budget_infeasible = best->infeasible;
