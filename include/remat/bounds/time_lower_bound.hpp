@@ -230,11 +230,10 @@ struct Variables {
     return terms;
 }
 
-// Bytes that must be live when cut `at` starts beyond the variables: the initial data, the
+// Bytes that must be live when `cut` starts beyond the variables: the initial data, the
 // after-loss data the cut reads or that an exactly-once op already run wrote for a later op
-// or the end, and the cut's own new writes and overhead. Nullopt when they alone exceed the budget.
-[[nodiscard]] inline Bytes forced_bytes(const Problem& p, const Phases& ph, const std::vector<OpId>& cuts, std::size_t at) {
-    const OpId cut = cuts[at];
+// or the end, and the cut's own new writes and overhead.
+[[nodiscard]] inline Bytes forced_bytes(const Problem& p, const Phases& ph, OpId cut) {
     const Op& op = p.op(cut);
     Bytes total = p.initial_bytes() + op.overhead;
     std::vector<char> counted(p.data_count(), 0);
@@ -278,7 +277,7 @@ struct Variables {
                                    const Variables& v, Bytes budget, double unit) {
     const std::size_t n = cuts.size();
     for (std::size_t i = 0; i < n; ++i) {
-        const Bytes forced = forced_bytes(p, ph, cuts, i);
+        const Bytes forced = forced_bytes(p, ph, cuts[i]);
         if (forced > budget) return false;
         std::vector<milp::Term> memory;
         for (std::size_t d = 0; d < p.data_count(); ++d)
