@@ -9186,16 +9186,57 @@ struct Variables {
     std::vector<std::vector<std::optional<milp::Var>>> live, runs;
 };
 
-[[nodiscard]] inline Variables add_variables(milp::Model& model, const Problem& p, const Phases& ph, std::size_t cuts) {
+// What can still matter from the start of `cut` on: the data read by an exactly-once op that
+// may run then or later (the cut itself included; not one that must run before it) or final,
+// and, transitively, the ops before the loss that write such a data and the data they read.
+// Every other k and r of that cut is left out (fixed to 0): mapping a schedule onto the
+// relaxation with those set to 0 breaks no row (a data useful at a later cut is useful at this
+// one, as "must run before" only grows along the cuts; the writers and reads of a useful data
+// are useful), so the bound stays a bound, and the later cuts, deep in the backward, get far
+// fewer variables.
+struct Useful {
+    std::vector<char> data, ops;
+};
+
+[[nodiscard]] inline Useful useful_from(const Problem& p, const Phases& ph, OpId cut) {
+    Useful u{std::vector<char>(p.data_count(), 0), std::vector<char>(p.op_count(), 0)};
+    std::vector<std::size_t> stack;
+    const auto use = [&](DataId d) {
+        if (u.data[d.index]) return;
+        u.data[d.index] = 1;
+        stack.push_back(d.index);
+    };
+    for (std::size_t k = 0; k < p.op_count(); ++k) {
+        const Op& op = p.op(OpId{k});
+        if (op.exactly_once && ph.can_run[k] && OpId{k} != cut && must_precede(ph, OpId{k}, cut)) continue;
+        if (op.exactly_once && ph.can_run[k])
+            for (const DataId d : op.reads) use(d);
+    }
+    for (const DataId d : p.final_data()) use(d);
+    while (!stack.empty()) {
+        const DataId d{stack.back()};
+        stack.pop_back();
+        for (const OpId w : p.writers(d)) {
+            if (u.ops[w.index] || !ph.can_run[w.index] || ph.after_loss_op[w.index]) continue;
+            u.ops[w.index] = 1;
+            for (const DataId r : p.op(w).reads) use(r);
+        }
+    }
+    return u;
+}
+
+[[nodiscard]] inline Variables add_variables(milp::Model& model, const Problem& p, const Phases& ph,
+                                             const std::vector<OpId>& cuts) {
     Variables v;
-    v.live.assign(cuts, std::vector<std::optional<milp::Var>>(p.data_count()));
-    v.runs.assign(cuts, std::vector<std::optional<milp::Var>>(p.op_count()));
-    for (std::size_t i = 0; i < cuts; ++i) {
+    v.live.assign(cuts.size(), std::vector<std::optional<milp::Var>>(p.data_count()));
+    v.runs.assign(cuts.size(), std::vector<std::optional<milp::Var>>(p.op_count()));
+    for (std::size_t i = 0; i < cuts.size(); ++i) {
+        const Useful useful = useful_from(p, ph, cuts[i]);
         for (std::size_t d = 0; d < p.data_count(); ++d)
-            if (!ph.after_loss_data[d] && !p.is_initial(DataId{d})) v.live[i][d] = model.add_binary();
+            if (useful.data[d] && !ph.after_loss_data[d] && !p.is_initial(DataId{d})) v.live[i][d] = model.add_binary();
         for (std::size_t k = 0; k < p.op_count(); ++k) {
             const Op& op = p.op(OpId{k});
-            if (!ph.can_run[k] || ph.after_loss_op[k]) continue;
+            if (!useful.ops[k] || !ph.can_run[k] || ph.after_loss_op[k]) continue;
             // An exactly-once op before the loss is counted once already; a run after costs nothing more here.
             v.runs[i][k] = model.add_binary(op.exactly_once ? 0.0 : op.time);
         }
@@ -9269,7 +9310,7 @@ struct Variables {
         for (const DataId d : p.op(cuts[i]).reads)
             if (v.live[i][d.index]) model.add_row({{*v.live[i][d.index], 1.0}}, milp::Sense::equal, 1.0);
         for (std::size_t d = 0; d < p.data_count() && i + 1 < n; ++d) {
-            if (!v.live[i][d]) continue;
+            if (!v.live[i][d] || !v.live[i + 1][d]) continue;  // of no use after cut i + 1
             auto terms = written(p, v, DataId{d}, i, i);
             terms.push_back({*v.live[i][d], 1.0});
             terms.push_back({*v.live[i + 1][d], -1.0});
@@ -9325,7 +9366,7 @@ template <milp::MilpBackend Backend>
     Stage stage;
     stage.cuts = choose_cuts(ph, loss, cut_count);
     milp::Model model;
-    const Variables v = add_variables(model, p, ph, stage.cuts.size());
+    const Variables v = add_variables(model, p, ph, stage.cuts);
     const double unit = static_cast<double>(detail::checkmate::memory_unit(p));
     if (!add_rows(model, p, ph, stage.cuts, v, budget, unit)) {
         stage.infeasible = stage.solved = true;

@@ -72,6 +72,20 @@ HRockmateOptions hierarchy_only() {
     return o;
 }
 
+// Short limits, for tests of validity rather than of plan quality.
+HRockmateOptions fast_options() {
+    HRockmateOptions fast;
+    fast.greedy.portfolio_seconds = 0.02;
+    fast.greedy.improve_seconds = 0.02;
+    fast.improve.time_limit_seconds = 0.05;
+    fast.top_time_limit_seconds = 0.2;
+    fast.max_states = 20'000;
+    fast.flat_max_states = 50'000;
+    fast.search_time_limit_seconds = 0.5;
+    fast.cluster_time_limit_seconds = 1.0;
+    return fast;
+}
+
 // A plan checked against the simulator at its budget.
 void check_plan(const Problem& p, const Plan& plan, Bytes budget) {
     const SimulationReport r = simulate(p, plan.schedule);
@@ -173,15 +187,7 @@ TEST_CASE("hierarchy: the clusters of hand-built graphs are the expected regions
 
 TEST_CASE("hrockmate: every plan of the greedy and H-Rockmate on random graphs is valid and fits", "[hierarchical][property]") {
     std::mt19937 rng(20240601);
-    HRockmateOptions fast;
-    fast.greedy.portfolio_seconds = 0.02;
-    fast.greedy.improve_seconds = 0.02;
-    fast.improve.time_limit_seconds = 0.05;
-    fast.top_time_limit_seconds = 0.2;
-    fast.max_states = 20'000;
-    fast.flat_max_states = 50'000;
-    fast.search_time_limit_seconds = 0.5;
-    fast.cluster_time_limit_seconds = 1.0;
+    const HRockmateOptions fast = fast_options();
     for (int i = 0; i < 12; ++i) {
         Problem p = [&] {
             if (i % 2 == 0) {
@@ -342,8 +348,7 @@ TEST_CASE("hrockmate: infeasible budgets say whether they are below a proven bou
     std::mt19937 rng(3);
     const Problem p = random_op_level_problem(rng, shape, "net");
     const MemoryLowerBound bound = memory_lower_bound(p);
-    HRockmateOptions o;
-    o.greedy.portfolio_seconds = 0.02;
+    const HRockmateOptions o = fast_options();
     const HRockmate solver(o);
     const HRockmateModel model = solver.analyse(p);
     try {
@@ -501,12 +506,14 @@ TEST_CASE("remat::Auto picks the solver by the graph's shape and never reports a
     const remat::Auto solver(options);
     for (const Problem* p : {&unet, &transformer}) {
         const Reference ref = store_all_reference(*p);
-        const Bytes least = solver.smallest_budget(*p);
+        // One analysis serves every budget, as in a sweep (solve(problem, budget) analyses anew).
+        const remat::AutoModel model = solver.analyse(*p);
+        const Bytes least = solver.smallest_budget(model);
         // Auto is never worse than the greedy alone at its smallest budget.
         CHECK(least <= Greedy(HRockmateOptions::default_greedy()).smallest_budget(*p));
         CHECK(least >= memory_lower_bound(*p).bytes);
         for (const Bytes budget : {least, (least + ref.peak) / 2, ref.peak}) {
-            const Plan plan = solver.solve(*p, budget);
+            const Plan plan = budget == ref.peak ? solver.solve(*p, budget) : solver.solve(model, budget);
             const SimulationReport report = simulate(*p, plan.schedule);
             REQUIRE(report.valid);
             CHECK(report.peak <= budget);
@@ -514,7 +521,7 @@ TEST_CASE("remat::Auto picks the solver by the graph's shape and never reports a
         }
         // Below the proven lower bound: the message says so and carries the smallest budget.
         try {
-            (void)solver.solve(*p, memory_lower_bound(*p).bytes - 1);
+            (void)solver.solve(model, memory_lower_bound(*p).bytes - 1);
             FAIL("a budget below the proven lower bound was planned");
         } catch (const Infeasible& e) {
             CHECK_THAT(std::string(e.what()), Catch::Contains("below a proven lower bound"));
