@@ -239,7 +239,9 @@ private:
         r.objective = head.objective;
         r.best_bound = head.best_bound;
         r.values.resize(head.values);
-        std::memcpy(r.values.data(), bytes.data() + sizeof head, head.values * sizeof(double));
+        // No values (a model without a solution): an empty vector's data() may be null, which
+        // memcpy must not get even for zero bytes.
+        if (head.values > 0) std::memcpy(r.values.data(), bytes.data() + sizeof head, head.values * sizeof(double));
         r.seconds = seconds_since(start);
         return r;
     }
