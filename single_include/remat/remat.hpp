@@ -9208,9 +9208,9 @@ struct Useful {
     };
     for (std::size_t k = 0; k < p.op_count(); ++k) {
         const Op& op = p.op(OpId{k});
-        if (op.exactly_once && ph.can_run[k] && OpId{k} != cut && must_precede(ph, OpId{k}, cut)) continue;
-        if (op.exactly_once && ph.can_run[k])
-            for (const DataId d : op.reads) use(d);
+        if (!op.exactly_once || !ph.can_run[k]) continue;
+        if (OpId{k} != cut && must_precede(ph, OpId{k}, cut)) continue;  // it has run by then
+        for (const DataId d : op.reads) use(d);
     }
     for (const DataId d : p.final_data()) use(d);
     while (!stack.empty()) {
