@@ -22,6 +22,7 @@
 #include <remat/solvers/greedy.hpp>
 #include <remat/solvers/rockmate.hpp>
 #include <remat/solvers/hierarchical.hpp>
+#include <remat/solvers/auto.hpp>
 #include <remat/partition/blocks.hpp>
 #include <remat/core/bounds.hpp>
 #include <remat/bounds/time_lower_bound.hpp>
@@ -169,48 +170,24 @@ inline HRockmateOptions hrockmate_options(const SolveOptions& o) {
 /// What --solver auto picks for a problem (remat::auto_choice, solvers/auto.hpp).
 [[nodiscard]] inline std::string auto_choice(const Problem& problem) { return std::string(to_string(remat::auto_choice(problem))); }
 
-/// --solver auto bound to one problem: what remat::Auto does (solvers/auto.hpp), with the
-/// chosen solver's analysis done once for all the budgets of a sweep, and Rockmate's blocks
-/// solved by the MILP when lp_solve is built in.
+/// --solver auto bound to one problem: remat::Auto itself (solvers/auto.hpp), the library's
+/// one auto path, with its analysis run once for all the budgets of a sweep — and not at all
+/// for a budget below the proven lower bound, which is answered at once.
 [[nodiscard]] inline std::function<Plan(Bytes)> auto_planner(const Problem& problem, const SolveOptions& o) {
-    const AutoChoice choice = remat::auto_choice(problem);
-    if (o.progress) o.progress("auto: " + std::string(to_string(choice)) + " for '" + problem.name() + "'");
-    SolveOptions inner = o;
-    inner.variant.clear();
-    std::function<Plan(Bytes)> first;
-    if (choice == AutoChoice::rotor) {
-        RotorOptions r;
-        r.time_limit_seconds = o.time_limit;
-        r.progress = o.progress;
-        first = [r, p = std::make_shared<const Problem>(problem)](Bytes budget) { return Rotor(r).solve(*p, budget); };
-    } else if (choice == AutoChoice::greedy) {
-        first = [p = std::make_shared<const Problem>(problem)](Bytes budget) {
-            return Greedy(HRockmateOptions::default_greedy()).solve(*p, budget);
-        };
-    } else {
-        try {  // the analysis runs here; a graph beyond it goes to the greedy below
-            if (choice == AutoChoice::rockmate)  // the limit is shared among the blocks, as in remat::Auto
-                inner.time_limit = auto_block_time_limit(o.time_limit, partition_blocks(problem).blocks.size());
-            first = choice == AutoChoice::rockmate ? rockmate_planner(problem, inner) : hrockmate_planner(problem, inner);
-        } catch (const SolverError& e) {
-            first = [why = std::string(e.what())](Bytes) -> Plan { throw SolverError(why); };
-        }
-    }
-    return [first, choice, p = std::make_shared<const Problem>(problem)](Bytes budget) -> Plan {
-        std::optional<Bytes> chosen_least, greedy_least;
-        try {
-            return remat::detail::automatic::tagged(first(budget), to_string(choice));
-        } catch (const Infeasible& e) {
-            chosen_least = e.smallest_budget();
-        } catch (const SolverError&) {
-        }
-        try {
-            return remat::detail::automatic::tagged(Greedy(HRockmateOptions::default_greedy()).solve(*p, budget),
-                                                      "greedy (last resort)");
-        } catch (const Infeasible& e) {
-            greedy_least = e.smallest_budget();
-        }
-        throw remat::detail::automatic::infeasible(*p, budget, to_string(choice), chosen_least, greedy_least);
+    AutoOptions options;
+    options.time_limit_seconds = o.time_limit;
+    options.progress = o.progress;
+    const Auto solver(std::move(options));
+    return [solver, p = std::make_shared<const Problem>(problem), model = std::shared_ptr<const AutoModel>(),
+            first = true](Bytes budget) mutable -> Plan {
+        if (!model)
+            remat::detail::automatic::refuse_below_bound(
+                *p, budget, [&] { return remat::detail::automatic::smallest_budget_without_analysis(*p); });
+        if (!model) model = std::make_shared<const AutoModel>(solver.analyse(*p));
+        Plan plan = solver.solve(*model, budget);
+        if (first) plan.stats.solve_seconds += model->seconds;
+        first = false;
+        return plan;
     };
 }
 

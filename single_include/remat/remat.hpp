@@ -2477,11 +2477,22 @@ public:
         const detail::exhaustive::ExhaustiveSearch search(problem, options_);
         auto result = search.run(detail::exhaustive::SearchGoal::least_time, budget);
         if (!result.found) {
-            const Bytes smallest =
-                search.run(detail::exhaustive::SearchGoal::least_peak, std::numeric_limits<Bytes>::max()).peak;
-            throw Infeasible("no schedule of '" + problem.name() + "' fits " + std::to_string(budget) +
-                                 " bytes; the smallest feasible budget is " + std::to_string(smallest) + " bytes",
-                             budget, smallest);
+            // The smallest budget, in the time that is left (the limit covers both searches).
+            ExhaustiveOptions rest = options_;
+            rest.time_limit_seconds = tightened_time_limit(options_.time_limit_seconds,
+                                                           options_.time_limit_seconds - seconds_since(start));
+            const std::string none = "no schedule of '" + problem.name() + "' fits " + std::to_string(budget) + " bytes";
+            Bytes smallest = 0;
+            try {
+                smallest = detail::exhaustive::ExhaustiveSearch(problem, rest)
+                               .run(detail::exhaustive::SearchGoal::least_peak, std::numeric_limits<Bytes>::max())
+                               .peak;
+            } catch (const SolverError&) {
+                throw Infeasible(none + "; the time limit ran out before the smallest feasible budget was found",
+                                 budget, std::nullopt);
+            }
+            throw Infeasible(none + "; the smallest feasible budget is " + std::to_string(smallest) + " bytes", budget,
+                             smallest);
         }
         SolverStats stats{std::string(name()), 0.0, options_.weight == 1.0 ? SolveStatus::optimal : SolveStatus::feasible,
                           std::nullopt, options_.weight == 1.0 ? "" : "weight=" + std::to_string(options_.weight)};
@@ -4321,6 +4332,8 @@ private:
     // most one boundary (into `at_`); the op that falls below its lowest block, if any.
     [[nodiscard]] std::optional<std::size_t> place(const std::vector<std::size_t>& upper) {
         at_ = upper;
+        for (std::size_t k = 0; k < no_; ++k)
+            if (is_bwd_[k] && at_[k] < lo_[k]) return k;
         for (bool changed = true; changed;) {
             changed = false;
             for (std::size_t k = 0; k < no_; ++k) {
@@ -4345,16 +4358,18 @@ private:
         return std::nullopt;
     }
 
-    // Final gradients are best written by the first block: written later they stay live
-    // through the rest of the backward pass beside everything Rotor accounts for.
+    // Final gradients are best written by the earliest block their reads allow (the first,
+    // unless they read activations of a later one): written later they stay live through the
+    // rest of the backward pass beside everything Rotor accounts for.
     void cap_final_writers() {
         std::vector<std::size_t> capped = hi_;
         for (const DataId d : p_.final_data()) {
             if (kind_[d.index] != Kind::backward) continue;
             for (const OpId w : p_.writers(d)) {
-                if (capped[w.index] == 1) continue;
+                const std::size_t earliest = lo_[w.index];
+                if (capped[w.index] <= earliest) continue;
                 const std::size_t before = capped[w.index];
-                capped[w.index] = 1;
+                capped[w.index] = earliest;
                 if (place(capped)) capped[w.index] = before;
             }
         }
@@ -8404,6 +8419,26 @@ namespace detail::automatic {
     return Infeasible(message, budget, least);
 }
 
+// A budget below the proven lower bound needs no analysis: no solver can meet it. The answer
+// carries the smallest budget `least` says (called only then).
+template <class Least>
+void refuse_below_bound(const Problem& problem, Bytes budget, Least&& least) {
+    if (budget < memory_lower_bound(problem).bytes) throw infeasible(problem, budget, "auto", least(), std::nullopt);
+}
+
+// The smallest budget known without an analysis: the greedy's, and Rotor's on a chain.
+[[nodiscard]] inline Bytes smallest_budget_without_analysis(const Problem& problem) {
+    Bytes least = Greedy(HRockmateOptions::default_greedy()).smallest_budget(problem);
+    if (const auto chain = as_chain(problem)) {
+        try {
+            least = std::min(least, Rotor{}.smallest_budget(*chain));
+        } catch (const Error&) {
+            // the greedy's answer stands
+        }
+    }
+    return least;
+}
+
 // Says in the plan's options that auto chose the solver that made it (stats.solver names it).
 [[nodiscard]] inline Plan tagged(Plan plan, std::string_view who) {
     plan.stats.options = "chose " + std::string(who) + (plan.stats.options.empty() ? "" : ", " + plan.stats.options);
@@ -8450,7 +8485,10 @@ public:
         return model;
     }
 
+    /// A budget below the proven lower bound (core/bounds.hpp) is refused before any analysis.
     [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
+        detail::automatic::refuse_below_bound(
+            problem, budget, [&] { return detail::automatic::smallest_budget_without_analysis(problem); });
         AutoModel model = analyse(problem);
         Plan plan = solve(model, budget);
         plan.stats.solve_seconds += model.seconds;
@@ -8459,6 +8497,7 @@ public:
 
     /// Plans at `budget` with a model from analyse().
     [[nodiscard]] Plan solve(const AutoModel& model, Bytes budget) const {
+        detail::automatic::refuse_below_bound(model.problem, budget, [&] { return smallest_budget(model); });
         std::optional<Bytes> chosen_least, greedy_least;
         try {
             return detail::automatic::tagged(solve_chosen(model, budget), to_string(model.choice));

@@ -15,6 +15,7 @@
 #include <remat/solvers/rockmate_milp.hpp>
 
 #include "../support/op_level_problems.hpp"
+#include "../support/random_problems.hpp"
 
 using namespace remat;
 
@@ -120,4 +121,30 @@ TEST_CASE("rockmate on small op-level graphs stays within 10 % of checkmate's pr
                                                       << 100.0 * worst << " %");
     CHECK(total / cases <= 0.05);
     CHECK(within10 >= cases - 2);
+}
+
+TEST_CASE("rockmate with exact blocks stops each block at its time limit, search and MILP included") {
+    // One block of a dense random DAG (no separator): its exact search and integer program
+    // would take far longer than the block's limit.
+    std::mt19937 rng(7);
+    testing::DagShape shape;
+    shape.forward_ops = 40;
+    shape.second_input = 0.7;
+    shape.second_output = 0.3;
+    const Problem p = testing::random_dag(rng, shape, "dense-40");
+    const BlockPartition part = partition_blocks(p);
+    std::size_t largest = 0;
+    for (const Block& b : part.blocks) largest = std::max(largest, b.forward_ops.size() + b.backward_ops.size());
+    REQUIRE(largest >= 40);
+    RockmateOptions options;
+    options.block_time_limit_seconds = 0.5;
+    const RockmateMilp<> rockmate(options);
+    const Stopwatch clock;
+    const RockmateModel model = rockmate.analyse(p);
+    const double seconds = clock.seconds();
+    INFO(part.blocks.size() << " blocks, the largest of " << largest << " ops, analysed in " << seconds << " s");
+    CHECK(seconds <= static_cast<double>(part.blocks.size()) * options.block_time_limit_seconds * 1.1 + 0.5);
+    // What it found within the limit still plans.
+    const Reference ref = store_all_reference(p);
+    CHECK(simulate(p, rockmate.solve(model, ref.peak).schedule).fits(ref.peak));
 }

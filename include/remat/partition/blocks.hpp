@@ -387,6 +387,8 @@ private:
     // most one boundary (into `at_`); the op that falls below its lowest block, if any.
     [[nodiscard]] std::optional<std::size_t> place(const std::vector<std::size_t>& upper) {
         at_ = upper;
+        for (std::size_t k = 0; k < no_; ++k)
+            if (is_bwd_[k] && at_[k] < lo_[k]) return k;
         for (bool changed = true; changed;) {
             changed = false;
             for (std::size_t k = 0; k < no_; ++k) {
@@ -411,16 +413,18 @@ private:
         return std::nullopt;
     }
 
-    // Final gradients are best written by the first block: written later they stay live
-    // through the rest of the backward pass beside everything Rotor accounts for.
+    // Final gradients are best written by the earliest block their reads allow (the first,
+    // unless they read activations of a later one): written later they stay live through the
+    // rest of the backward pass beside everything Rotor accounts for.
     void cap_final_writers() {
         std::vector<std::size_t> capped = hi_;
         for (const DataId d : p_.final_data()) {
             if (kind_[d.index] != Kind::backward) continue;
             for (const OpId w : p_.writers(d)) {
-                if (capped[w.index] == 1) continue;
+                const std::size_t earliest = lo_[w.index];
+                if (capped[w.index] <= earliest) continue;
                 const std::size_t before = capped[w.index];
-                capped[w.index] = 1;
+                capped[w.index] = earliest;
                 if (place(capped)) capped[w.index] = before;
             }
         }

@@ -124,6 +124,26 @@ namespace detail::automatic {
     return Infeasible(message, budget, least);
 }
 
+// A budget below the proven lower bound needs no analysis: no solver can meet it. The answer
+// carries the smallest budget `least` says (called only then).
+template <class Least>
+void refuse_below_bound(const Problem& problem, Bytes budget, Least&& least) {
+    if (budget < memory_lower_bound(problem).bytes) throw infeasible(problem, budget, "auto", least(), std::nullopt);
+}
+
+// The smallest budget known without an analysis: the greedy's, and Rotor's on a chain.
+[[nodiscard]] inline Bytes smallest_budget_without_analysis(const Problem& problem) {
+    Bytes least = Greedy(HRockmateOptions::default_greedy()).smallest_budget(problem);
+    if (const auto chain = as_chain(problem)) {
+        try {
+            least = std::min(least, Rotor{}.smallest_budget(*chain));
+        } catch (const Error&) {
+            // the greedy's answer stands
+        }
+    }
+    return least;
+}
+
 // Says in the plan's options that auto chose the solver that made it (stats.solver names it).
 [[nodiscard]] inline Plan tagged(Plan plan, std::string_view who) {
     plan.stats.options = "chose " + std::string(who) + (plan.stats.options.empty() ? "" : ", " + plan.stats.options);
@@ -170,7 +190,10 @@ public:
         return model;
     }
 
+    /// A budget below the proven lower bound (core/bounds.hpp) is refused before any analysis.
     [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
+        detail::automatic::refuse_below_bound(
+            problem, budget, [&] { return detail::automatic::smallest_budget_without_analysis(problem); });
         AutoModel model = analyse(problem);
         Plan plan = solve(model, budget);
         plan.stats.solve_seconds += model.seconds;
@@ -179,6 +202,7 @@ public:
 
     /// Plans at `budget` with a model from analyse().
     [[nodiscard]] Plan solve(const AutoModel& model, Bytes budget) const {
+        detail::automatic::refuse_below_bound(model.problem, budget, [&] { return smallest_budget(model); });
         std::optional<Bytes> chosen_least, greedy_least;
         try {
             return detail::automatic::tagged(solve_chosen(model, budget), to_string(model.choice));

@@ -388,11 +388,22 @@ public:
         const detail::exhaustive::ExhaustiveSearch search(problem, options_);
         auto result = search.run(detail::exhaustive::SearchGoal::least_time, budget);
         if (!result.found) {
-            const Bytes smallest =
-                search.run(detail::exhaustive::SearchGoal::least_peak, std::numeric_limits<Bytes>::max()).peak;
-            throw Infeasible("no schedule of '" + problem.name() + "' fits " + std::to_string(budget) +
-                                 " bytes; the smallest feasible budget is " + std::to_string(smallest) + " bytes",
-                             budget, smallest);
+            // The smallest budget, in the time that is left (the limit covers both searches).
+            ExhaustiveOptions rest = options_;
+            rest.time_limit_seconds = tightened_time_limit(options_.time_limit_seconds,
+                                                           options_.time_limit_seconds - seconds_since(start));
+            const std::string none = "no schedule of '" + problem.name() + "' fits " + std::to_string(budget) + " bytes";
+            Bytes smallest = 0;
+            try {
+                smallest = detail::exhaustive::ExhaustiveSearch(problem, rest)
+                               .run(detail::exhaustive::SearchGoal::least_peak, std::numeric_limits<Bytes>::max())
+                               .peak;
+            } catch (const SolverError&) {
+                throw Infeasible(none + "; the time limit ran out before the smallest feasible budget was found",
+                                 budget, std::nullopt);
+            }
+            throw Infeasible(none + "; the smallest feasible budget is " + std::to_string(smallest) + " bytes", budget,
+                             smallest);
         }
         SolverStats stats{std::string(name()), 0.0, options_.weight == 1.0 ? SolveStatus::optimal : SolveStatus::feasible,
                           std::nullopt, options_.weight == 1.0 ? "" : "weight=" + std::to_string(options_.weight)};

@@ -9,11 +9,14 @@
 #pragma once
 
 #include <cstddef>
+#include <limits>
 #include <string_view>
 
 #include "../core/errors.hpp"
 #include "../core/problem.hpp"
 #include "../core/solver.hpp"
+#include "../core/time_bounded.hpp"
+#include "../core/timing.hpp"
 #include "../milp/backend.hpp"
 #include "../milp/lp_solve.hpp"
 #include "checkmate.hpp"
@@ -30,6 +33,8 @@ struct ExactBlockSolverOptions {
     /// Limits of that search; beyond them the block goes to Checkmate.
     ExhaustiveOptions exhaustive{200'000, 5.0};
     CheckmateOptions checkmate{};
+    /// Limit of one solve, search and MILP together (the MILP gets what the search left).
+    double time_limit_seconds = std::numeric_limits<double>::infinity();
 };
 
 /// Exhaustive on small blocks, Checkmate<Backend> on the others; models remat::Solver.
@@ -41,7 +46,18 @@ public:
 
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "exhaustive+checkmate"; }
 
+    /// A copy whose solves (search and MILP together) stop within `seconds` (models
+    /// TimeBoundedSolver: Rockmate caps each block solve by what is left of the block's time).
+    [[nodiscard]] ExactBlockSolver with_time_limit_at_most(double seconds) const {
+        ExactBlockSolverOptions o = options_;
+        o.time_limit_seconds = tightened_time_limit(o.time_limit_seconds, seconds);
+        o.exhaustive.time_limit_seconds = tightened_time_limit(o.exhaustive.time_limit_seconds, seconds);
+        o.checkmate.time_limit_seconds = tightened_time_limit(o.checkmate.time_limit_seconds, seconds);
+        return ExactBlockSolver(o, checkmate_.backend());
+    }
+
     [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
+        const Stopwatch clock;
         if (small(problem)) {
             try {
                 return exhaustive_.solve(problem, budget);
@@ -49,7 +65,7 @@ public:
                 // Out of states or time: the integer program copes with larger searches.
             }
         }
-        return checkmate_.solve(problem, budget);
+        return time_bounded(checkmate_, options_.time_limit_seconds - clock.seconds()).solve(problem, budget);
     }
 
     [[deprecated("use smallest_budget()")]] [[nodiscard]] Bytes smallest_feasible_budget(const Problem& problem) const {
@@ -76,6 +92,8 @@ private:
     Checkmate<Backend> checkmate_;
     Exhaustive exhaustive_;
 };
+
+static_assert(TimeBoundedSolver<ExactBlockSolver<milp::LpSolve>>);
 
 /// Rockmate as the paper runs it: exact block options (search or MILP, lp_solve by default),
 /// the multi-option Rotor across blocks by default. Rockmate<> in rockmate.hpp defaults to
