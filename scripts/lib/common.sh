@@ -6,7 +6,7 @@ REMAT_BUILD=${REMAT_BUILD:-$REMAT_ROOT/build}
 
 # Debian packages remat builds against. Missing ones are installed when running as root.
 REMAT_PACKAGES=(g++ cmake make ccache pkg-config python3 catch2 nlohmann-json3-dev
-                liblpsolve55-dev coinor-libcbc-dev libtorch-dev)
+                liblpsolve55-dev coinor-libcbc-dev libtorch-dev python3-torch)
 
 remat_install_missing() {
   local missing=()

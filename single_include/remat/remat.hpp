@@ -9607,6 +9607,10 @@ struct PreparedPlan {
     /// Per unit: how many forwards the plan runs. A unit run more than once is recomputed,
     /// so its random numbers are kept at its first run.
     std::vector<std::size_t> forward_runs;
+    /// The units in the order of their first forward run, and whether that run comes before
+    /// the loss.
+    std::vector<std::size_t> first_forward_order;
+    std::vector<char> first_run_before_loss;
 };
 
 /// A prepared plan, shareable between steps and executors of the same problem.
@@ -9656,7 +9660,11 @@ private:
             prepared->loss_step = i;
             found_loss = true;
         } else if (role == ExecOpRole::forward || role == ExecOpRole::forward_grad) {
-            ++prepared->forward_runs.at(table.op_unit[step.op().index]);
+            const std::size_t unit = table.op_unit[step.op().index];
+            if (prepared->forward_runs.at(unit)++ == 0) {
+                prepared->first_forward_order.push_back(unit);
+                prepared->first_run_before_loss.push_back(found_loss ? 0 : 1);
+            }
         }
     }
     if (!found_loss) throw InvalidInput("the plan never runs 'loss'");
@@ -9695,7 +9703,8 @@ private:
 //   - commit() hands the collected parameter gradients over (end of a successful step);
 //     rollback(generators_too) puts back what begin_step() saved, so that a failed step
 //     leaves no trace; clear() drops everything the step holds (both noexcept);
-//   - capture_rng()/restore_rng() read and write every random generator the units draw from.
+//   - capture_rng()/restore_rng() read and write every random generator the units draw from;
+//     a backend that also models DrawsLike lets plans run random units out of the model's order.
 // Memory is measured by a MemoryReader: current and peak bytes of the memory activations live
 // in, with the peak resettable.
 
@@ -9741,6 +9750,17 @@ concept ExecutionBackend = requires(B& backend, const B& const_backend, std::siz
     { const_backend.describe(unit) } -> std::convertible_to<std::string>;
 };
 
+/// A backend that can advance its generators exactly as a unit's forward would, without
+/// making anything live (`draw_like(unit)`), and says in which order the units draw in the
+/// framework's own forward (`draw_rank(unit)`, increasing along it; the unit index when a
+/// backend does not say). With it, the engine gives every unit the random numbers of plain
+/// autograd even when a plan runs random units in another order than the model does.
+template <class B>
+concept DrawsLike = requires(B& backend, const B& const_backend, std::size_t unit) {
+    backend.draw_like(unit);
+    { const_backend.draw_rank(unit) } -> std::convertible_to<std::size_t>;
+};
+
 /// A backend that words exceptions itself (e.g. without a framework's backtrace).
 template <class B>
 concept WordsErrors = requires(const B& backend, const std::exception& e) {
@@ -9768,7 +9788,9 @@ concept HasClock = requires(const B& backend) {
 //     live activations are released before they are rewritten (the simulator counts them
 //     once), outside the measured window;
 //   - random-number replay: the generators' state is read before the measured window at the
-//     first run of a unit the plan recomputes, and put back around each recomputation;
+//     first run of a unit the plan recomputes, and put back around each recomputation; when a
+//     plan runs random units out of the model's order, their states are drawn ahead in the
+//     model's order (DrawsLike) and replayed at every run;
 //   - the plan's timeline against measured memory: the probe's peak while each op runs, minus
 //     the parameter gradients collected so far and what the caller holds, on the simulator's
 //     scale (the step's start plus the inputs);
@@ -9838,10 +9860,13 @@ public:
         backend_.begin_step();
         phase_ = StepPhase::forward;
         const Stopwatch clock;
+        chain_random_draws();
         report_.forward_peak = model_->predicting.initial_bytes();
         forward_reference_ = probe_->current() - model_->predicting.initial_bytes();
         for (std::size_t i = 0; i < loss_step(); ++i) execute(i, forward_reference_, report_.forward_peak);
         sync_or_fail(loss_step());
+        // After a chained forward the generators stand where the model's forward leaves them.
+        if (chain_end_) backend_.restore_rng(*chain_end_);
         report_.forward_seconds = clock.seconds();
         phase_ = StepPhase::between;
     }
@@ -9965,10 +9990,67 @@ private:
     }
 
     // A unit's random state is needed at its first run when the plan runs it again (to
-    // replay), and at a replay (to put the sequence back afterwards).
+    // replay), and at a replay (to put the sequence back afterwards) — every run of a chained
+    // unit is one.
     [[nodiscard]] bool wants_rng(std::size_t unit) const {
         if (!backend_.random(unit)) return false;
-        return ran_[unit] == 0 ? plan_.prepared().forward_runs[unit] > 1 : rng_[unit].has_value();
+        if (rng_[unit]) return true;
+        return ran_[unit] == 0 && plan_.prepared().forward_runs[unit] > 1;
+    }
+
+    [[nodiscard]] std::size_t draw_rank(std::size_t unit) const {
+        if constexpr (DrawsLike<Backend>)
+            return backend_.draw_rank(unit);
+        else
+            return unit;
+    }
+
+    // Whether the plan's first runs of random units draw in the model's order, all before the
+    // loss: then the generators' own sequence gives each unit plain autograd's numbers.
+    [[nodiscard]] bool random_units_in_model_order() const {
+        const PreparedPlan& prepared = plan_.prepared();
+        std::optional<std::size_t> last_rank;
+        for (std::size_t i = 0; i < prepared.first_forward_order.size(); ++i) {
+            const std::size_t unit = prepared.first_forward_order[i];
+            if (!backend_.random(unit)) continue;
+            const std::size_t rank = draw_rank(unit);
+            if (!prepared.first_run_before_loss[i] || (last_rank && rank < *last_rank)) return false;
+            last_rank = rank;
+        }
+        return true;
+    }
+
+    // A plan that runs random units out of the model's order (Rockmate and H-Rockmate may
+    // reorder independent ops) would hand them other numbers than plain autograd. Instead,
+    // each random unit's state is found up front — the units draw in the model's order,
+    // computing nothing (DrawsLike) — and every run of it, the first included, replays it;
+    // the forward phase ends with the generators where the model's forward leaves them.
+    void chain_random_draws() {
+        if (random_units_in_model_order()) return;
+        if constexpr (DrawsLike<Backend>) {
+            std::vector<std::size_t> units;
+            for (std::size_t u = 0; u < table().units; ++u)
+                if (backend_.random(u) && plan_.prepared().forward_runs[u] > 0) units.push_back(u);
+            std::stable_sort(units.begin(), units.end(),
+                             [this](std::size_t a, std::size_t b) { return draw_rank(a) < draw_rank(b); });
+            try {
+                for (const std::size_t u : units) {
+                    rng_[u] = backend_.capture_rng();
+                    backend_.draw_like(u);
+                }
+                chain_end_ = backend_.capture_rng();
+            } catch (...) {
+                fail(0, " (drawing the units' random numbers in the model's order before the forward)");
+            }
+        } else {
+            try {
+                throw ExecutionError("the plan runs units that draw random numbers in another order than the model "
+                                     "(or after the loss), and this backend cannot draw them ahead (DrawsLike, "
+                                     "exec/backend.hpp); the step would not be plain autograd's");
+            } catch (...) {
+                fail(0, "");
+            }
+        }
     }
 
     // Puts the generators back on exit (after a replayed recomputation), exceptions included.
@@ -10008,13 +10090,13 @@ private:
     void run_forward(OpId k, std::size_t unit, bool with_grad, std::optional<typename Backend::RngState> rng_now) {
         const Op& op = model_->predicting.op(k);
         const bool first = ran_[unit] == 0;
+        ran_[unit] = 1;
         RestoreRng restore(backend_);
-        if (first) {
-            ran_[unit] = 1;
-            if (rng_now) rng_[unit] = std::move(rng_now);  // the numbers its later runs replay
-        } else if (rng_[unit] && rng_now) {
+        if (rng_[unit] && rng_now) {  // a recomputation, or any run of a chained unit
             restore.state = &*rng_now;
             backend_.restore_rng(*rng_[unit]);
+        } else if (first && rng_now) {
+            rng_[unit] = std::move(rng_now);  // the numbers its later runs replay
         }
         ++report_.forward_runs;
         backend_.forward(unit, with_grad, first);
@@ -10076,6 +10158,7 @@ private:
     StepPhase phase_ = StepPhase::ready;
     std::vector<char> live_;
     std::vector<std::optional<typename Backend::RngState>> rng_;
+    std::optional<typename Backend::RngState> chain_end_;  // set when the random draws are chained
     std::vector<char> ran_;
     Bytes forward_reference_ = 0;
     StepReport report_;

@@ -538,10 +538,12 @@ TEST_CASE("capture: the problem is valid JSON and its store-all reference matche
     const ScriptCapture again = capture_script(m, {at::randn({2, 3, 8, 8})}, o);
     REQUIRE(op_lines.size() == again.ops().size());
     CHECK(op_lines.front().find("capture op " + again.ops().front().name) != std::string::npos);
-    REQUIRE(lines.size() == 4);
+    REQUIRE(lines.size() == 6);
     CHECK(lines[0].find("interpreted the graph") != std::string::npos);
-    CHECK(lines[2].find("profiled the ops") != std::string::npos);
-    CHECK(lines[3].find("built the problem") != std::string::npos);
+    CHECK(lines[2].find("ran plain autograd") != std::string::npos);
+    CHECK(lines[3].find("profiled the ops") != std::string::npos);
+    CHECK(lines[4].find("built the problem") != std::string::npos);
+    CHECK(lines[5].find("checked the store-all replay against plain autograd") != std::string::npos);
     CHECK(again.problem().op_count() == p.op_count());
 }
 

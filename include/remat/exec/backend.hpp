@@ -18,7 +18,8 @@
 //   - commit() hands the collected parameter gradients over (end of a successful step);
 //     rollback(generators_too) puts back what begin_step() saved, so that a failed step
 //     leaves no trace; clear() drops everything the step holds (both noexcept);
-//   - capture_rng()/restore_rng() read and write every random generator the units draw from.
+//   - capture_rng()/restore_rng() read and write every random generator the units draw from;
+//     a backend that also models DrawsLike lets plans run random units out of the model's order.
 // Memory is measured by a MemoryReader: current and peak bytes of the memory activations live
 // in, with the peak resettable.
 #pragma once
@@ -64,6 +65,17 @@ concept ExecutionBackend = requires(B& backend, const B& const_backend, std::siz
     backend.synchronize();
     /// How messages name a unit: " (stage 3 'fc')".
     { const_backend.describe(unit) } -> std::convertible_to<std::string>;
+};
+
+/// A backend that can advance its generators exactly as a unit's forward would, without
+/// making anything live (`draw_like(unit)`), and says in which order the units draw in the
+/// framework's own forward (`draw_rank(unit)`, increasing along it; the unit index when a
+/// backend does not say). With it, the engine gives every unit the random numbers of plain
+/// autograd even when a plan runs random units in another order than the model does.
+template <class B>
+concept DrawsLike = requires(B& backend, const B& const_backend, std::size_t unit) {
+    backend.draw_like(unit);
+    { const_backend.draw_rank(unit) } -> std::convertible_to<std::size_t>;
 };
 
 /// A backend that words exceptions itself (e.g. without a framework's backtrace).

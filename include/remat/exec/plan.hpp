@@ -69,6 +69,10 @@ struct PreparedPlan {
     /// Per unit: how many forwards the plan runs. A unit run more than once is recomputed,
     /// so its random numbers are kept at its first run.
     std::vector<std::size_t> forward_runs;
+    /// The units in the order of their first forward run, and whether that run comes before
+    /// the loss.
+    std::vector<std::size_t> first_forward_order;
+    std::vector<char> first_run_before_loss;
 };
 
 /// A prepared plan, shareable between steps and executors of the same problem.
@@ -118,7 +122,11 @@ private:
             prepared->loss_step = i;
             found_loss = true;
         } else if (role == ExecOpRole::forward || role == ExecOpRole::forward_grad) {
-            ++prepared->forward_runs.at(table.op_unit[step.op().index]);
+            const std::size_t unit = table.op_unit[step.op().index];
+            if (prepared->forward_runs.at(unit)++ == 0) {
+                prepared->first_forward_order.push_back(unit);
+                prepared->first_run_before_loss.push_back(found_loss ? 0 : 1);
+            }
         }
     }
     if (!found_loss) throw InvalidInput("the plan never runs 'loss'");

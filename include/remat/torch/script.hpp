@@ -5,7 +5,7 @@
 // (Jain et al., MLSys 2020) plan on the graph of a model's forward and backward operations.
 // capture_script() builds that graph from a torch::jit::Module — written in C++ with
 // Module::define, or saved from Python (torch.jit.script or torch.jit.trace) and loaded with
-// torch::jit::load — on example inputs, in four phases, each in its own header
+// torch::jit::load — on example inputs, in five phases, each in its own header
 // (docs/design.md §5, capture):
 //   1. capture/interpret.hpp    run the inlined forward graph once, node by node; evaluate and
 //                               freeze everything that is not tensor work (constants, shapes,
@@ -17,7 +17,10 @@
 //                               and what each backward really reads, with the executor's own
 //                               primitives under a memory probe (docs/design.md §1, principle 2);
 //   4. capture/problem_builder.hpp  write the problem: per op F:G, F+:G (with saved state
-//                               s:G) and B:G (exactly once), gradient contributions g:X<G.
+//                               s:G) and B:G (exactly once), gradient contributions g:X<G;
+//   5. capture/verify.hpp       replay the step with the store-all plan and compare it with
+//                               plain autograd (capture/reference.hpp) from the same random
+//                               state: outputs, loss and every parameter gradient.
 // The captured graph is specialised to the example inputs' shapes, like tracing: plans are
 // valid for inputs of the same shapes, dtypes and devices, in the same training mode.
 // A construct no rematerialization can keep (control flow on tensor values, in-place updates
@@ -46,7 +49,9 @@
 #include "capture/problem_builder.hpp"
 #include "capture/profile_ops.hpp"
 #include "capture/program.hpp"
+#include "capture/reference.hpp"
 #include "capture/trace.hpp"
+#include "capture/verify.hpp"
 #include "detail/runtime.hpp"
 #include "memory.hpp"
 
@@ -67,6 +72,11 @@ public:
     StateGuard& operator=(const StateGuard&) = delete;
     /// Puts the buffers back now (after the interpreting run changed them).
     void restore_buffers() const { snapshot_.restore(buffers_); }
+    /// Puts the buffers and the generators back now: the state capture started from.
+    void restore() const {
+        snapshot_.restore(buffers_);
+        rng_.restore();
+    }
 
 private:
     std::vector<at::Tensor> buffers_;
@@ -141,12 +151,24 @@ template <MemoryProbe Probe = CpuMemoryProbe>
     core->groups = std::move(grouping.groups);
     core->output_tree = grouping.output_tree;
     phase_done("grouped " + std::to_string(core->groups.size()) + " ops");
-    Profile profile = Profiler<Probe>(*core, trace, grouping, inputs, options, probe, who).run();
+    // Plain autograd from the state interpretation started from: the reference of the
+    // gradient coverage check and of the replay check.
+    guard.restore();
+    const ReferenceStep reference = reference_step(core->module, core->output_tree, inputs, core->parameters, who);
+    guard.restore();
+    phase_done("ran plain autograd");
+    Profile profile = Profiler<Probe>(*core, trace, grouping, reference.parameter_grads, options, probe, who).run();
     phase_done("profiled the ops");
     ProblemWriter(*core, trace, grouping, profile, who).run();
     phase_done("built the problem");
+    ScriptCapture capture(core);
+    if (options.verify_replay) {
+        verify_replay(capture, trace, inputs, reference, [&guard] { guard.restore(); }, options.replay_tolerance,
+                      probe, who);
+        phase_done("checked the store-all replay against plain autograd");
+    }
     core->seconds = detail::seconds_since(start);
-    return ScriptCapture(core);
+    return capture;
 }
 
 /// The same, for a forward whose arguments are all tensors.

@@ -312,6 +312,14 @@ private:
                     break;
                 }
         if (group.outputs.empty()) reject(root.node, "produces no tensor; capture cannot make it an op");
+        group.draw_rank = members.front();
+        for (const std::size_t i : closure)
+            if (trace_.flat[i].random && trace_.flat[i].act != ActKind::view) {  // a view draws nothing
+                group.draw_rank = i;  // closures are sorted
+                break;
+            }
+        for (const std::size_t id : group.inputs)
+            group.input_meta.push_back(TensorMeta::of(value(id).value.toTensor()));
         for (const std::size_t id : group.outputs)
             if (!value(id).value.isTensor())
                 reject(trace_.flat[*value(id).producer].node,

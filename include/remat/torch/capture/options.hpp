@@ -27,6 +27,15 @@ struct CaptureOptions {
     /// Loops are unrolled at capture; a capture whose loops run more iterations than this in
     /// total is refused (it would plan a graph that large).
     std::size_t max_loop_iterations = 100000;
+    /// Replay the captured step once with the store-all plan on the example inputs and compare
+    /// its outputs, loss and every parameter gradient with plain autograd's step from the same
+    /// random state (capture/verify.hpp); a difference refuses the capture, naming the first op
+    /// that differs. It costs about two training steps on the example inputs (docs/guide.md,
+    /// "Capturing a TorchScript module"). Buffers and generators are put back afterwards.
+    bool verify_replay = true;
+    /// The largest difference the replay check accepts, relative to the largest absolute value
+    /// of the tensor compared: float noise from another summation order, not another result.
+    double replay_tolerance = 1e-4;
     /// Receives one line per phase of capture (interpretation, grouping, profiling, problem)
     /// with its time (core/progress.hpp).
     ProgressCallback progress;

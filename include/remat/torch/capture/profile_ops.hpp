@@ -50,30 +50,13 @@ struct Profile {
     return distinct_storage_bytes(tensors);
 }
 
-/// Runs plain autograd on the example inputs: every parameter it gives a gradient must be
-/// among `reached` (the parameters some captured backward differentiates), or training
-/// through the capture would silently leave it out. Changes buffers and the generators.
-inline void check_gradient_coverage(const jit::Module& module, const std::vector<c10::IValue>& sample,
-                                    const std::vector<at::Tensor>& parameters, const std::vector<std::string>& names,
+/// Every parameter that plain autograd gives a gradient (`plain_grads`, from the reference
+/// step of reference.hpp) must be among `reached` (the parameters some captured backward
+/// differentiates), or training through the capture would silently leave it out.
+inline void check_gradient_coverage(const std::vector<at::Tensor>& plain_grads, const std::vector<std::string>& names,
                                     const std::unordered_set<std::size_t>& reached, const std::string& who) {
-    std::vector<at::Tensor> roots;
-    {
-        const ::torch::autograd::AutoGradMode grad_mode(true);
-        std::vector<c10::IValue> args(sample.begin(), sample.end());
-        const c10::IValue result = jit::Module(module).forward(std::move(args));
-        std::vector<at::Tensor> outputs;
-        tensors_in(result, outputs);
-        for (const at::Tensor& t : outputs)
-            if (t.defined() && t.requires_grad() && t.is_floating_point()) roots.push_back(t);
-    }
-    if (roots.empty() || parameters.empty()) return;
-    std::vector<at::Tensor> seeds;
-    for (const at::Tensor& t : roots) seeds.push_back(at::ones_like(t));
-    const std::vector<at::Tensor> grads =
-        ::torch::autograd::grad(roots, parameters, seeds, /*retain_graph=*/false, /*create_graph=*/false,
-                                /*allow_unused=*/true);
-    for (std::size_t p = 0; p < grads.size(); ++p)
-        if (grads[p].defined() && !reached.contains(p))
+    for (std::size_t p = 0; p < plain_grads.size(); ++p)
+        if (plain_grads[p].defined() && !reached.contains(p))
             throw InvalidInput(who + ": parameter '" + names.at(p) +
                                "' gets a gradient from plain autograd but from no captured op; training through this "
                                "capture would leave it out. This is a bug in capture: please report it with the model");
@@ -82,10 +65,11 @@ inline void check_gradient_coverage(const jit::Module& module, const std::vector
 template <class Probe>
 class Profiler {
 public:
-    Profiler(Core& core, const Trace& trace, const Grouping& grouping, const std::vector<c10::IValue>& sample,
+    /// `plain_grads`: each parameter's gradient in plain autograd (reference.hpp).
+    Profiler(Core& core, const Trace& trace, const Grouping& grouping, const std::vector<at::Tensor>& plain_grads,
              const CaptureOptions& options, Probe& probe, std::string who)
-        : core_(core), trace_(trace), grouping_(grouping), sample_(sample), options_(options), probe_(probe),
-          who_(std::move(who)), start_buffers_(trace.buffers) {}
+        : core_(core), trace_(trace), grouping_(grouping), plain_grads_(plain_grads),
+          options_(options), probe_(probe), who_(std::move(who)), start_buffers_(trace.buffers) {}
 
     [[nodiscard]] Profile run() {
         check_device();
@@ -401,25 +385,14 @@ private:
             }
     }
 
-    void check_gradient_coverage() {
-        if (trace_.parameters.empty()) return;
-        const RngState rng = RngState::capture(core_.device);
-        try {
-            capture::check_gradient_coverage(core_.module, sample_, trace_.parameters, trace_.parameter_names, reached_,
-                                             who_);
-        } catch (...) {
-            rng.restore();
-            restore_buffers();
-            throw;
-        }
-        rng.restore();
-        restore_buffers();
+    void check_gradient_coverage() const {
+        capture::check_gradient_coverage(plain_grads_, trace_.parameter_names, reached_, who_);
     }
 
     Core& core_;
     const Trace& trace_;
     const Grouping& grouping_;
-    const std::vector<c10::IValue>& sample_;
+    const std::vector<at::Tensor>& plain_grads_;
     const CaptureOptions& options_;
     Probe& probe_;
     std::string who_;

@@ -184,6 +184,18 @@ struct Instr {
 }
 
 /// One op of the problem: the nodes it runs, what it reads and writes, and its ids.
+/// The shape, strides and options of a tensor, to make one like it.
+struct TensorMeta {
+    std::vector<std::int64_t> sizes;
+    std::vector<std::int64_t> strides;
+    at::TensorOptions options;
+    [[nodiscard]] static TensorMeta of(const at::Tensor& t) {
+        return {t.sizes().vec(), t.strides().vec(), t.options().requires_grad(false)};
+    }
+    /// Zeros of this shape and layout: valid input for any op (indices included).
+    [[nodiscard]] at::Tensor zeros() const { return at::zeros(sizes, options).as_strided(sizes, strides); }
+};
+
 struct Group {
     std::string name;
     std::string where;
@@ -201,6 +213,10 @@ struct Group {
     std::vector<at::Tensor> buffers;      // buffers its forward updates (once per step)
     std::vector<const void*> frozen_storages;  // storages of frozen tensors it reads
     bool random = false;
+    /// Where its random numbers come in the module's forward: the position of its first
+    /// random node (of its root when it has none); groups draw in increasing order.
+    std::size_t draw_rank = 0;
+    std::vector<TensorMeta> input_meta;  // aligned with inputs
     bool has_backward = false;
     // Ids in the problem.
     std::optional<OpId> fwd, fwd_grad, bwd;
