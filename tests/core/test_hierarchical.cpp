@@ -20,6 +20,7 @@
 #include <remat/remat.hpp>
 
 #include "../support/op_level_problems.hpp"
+#include "../support/fast_options.hpp"
 #include "../support/random_problems.hpp"
 
 using namespace remat;
@@ -72,19 +73,7 @@ HRockmateOptions hierarchy_only() {
     return o;
 }
 
-// Short limits, for tests of validity rather than of plan quality.
-HRockmateOptions fast_options() {
-    HRockmateOptions fast;
-    fast.greedy.portfolio_seconds = 0.02;
-    fast.greedy.improve_seconds = 0.02;
-    fast.improve.time_limit_seconds = 0.05;
-    fast.top_time_limit_seconds = 0.2;
-    fast.max_states = 20'000;
-    fast.flat_max_states = 50'000;
-    fast.search_time_limit_seconds = 0.5;
-    fast.cluster_time_limit_seconds = 1.0;
-    return fast;
-}
+HRockmateOptions fast_options() { return testing::fast_hrockmate_options(); }
 
 // A plan checked against the simulator at its budget.
 void check_plan(const Problem& p, const Plan& plan, Bytes budget) {

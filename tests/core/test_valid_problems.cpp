@@ -17,6 +17,7 @@
 #include <remat/io/json.hpp>
 #include <remat/remat.hpp>
 
+#include "../support/fast_options.hpp"
 #include "../support/random_problems.hpp"
 #include "../support/remat_plan_in_process.hpp"
 
@@ -40,14 +41,9 @@ Problem dag(std::uint32_t seed) {
     return seed % 7 == 3 ? testing::without_autograd_order(p) : p;
 }
 
+// The short limits of the H-Rockmate tests, and fast components too.
 HRockmateOptions fast_hrockmate() {
-    HRockmateOptions o;
-    o.greedy.portfolio_seconds = 0.02;
-    o.greedy.improve_seconds = 0.02;
-    o.improve.time_limit_seconds = 0.05;
-    o.top_time_limit_seconds = 0.2;
-    o.max_states = 20'000;
-    o.flat_max_states = 50'000;
+    HRockmateOptions o = testing::fast_hrockmate_options();
     o.search_time_limit_seconds = 0.3;
     o.cluster_time_limit_seconds = 0.5;
     o.time_limit_seconds = 0.5;
@@ -146,7 +142,8 @@ TEST_CASE("valid problems: remat-plan never exits 2 on a valid random DAG", "[va
     }
 }
 
-TEST_CASE("valid problems: auto answers a budget below the proven lower bound before any analysis", "[valid][cli]") {
+TEST_CASE("valid problems: auto answers a budget below the proven lower bound before any analysis",
+          "[valid][cli][timing]") {
     const Problem p = dag(2990);  // 3 + 2990 % 43 = 36 forward ops
     const Bytes floor = memory_lower_bound(p).bytes;
     const Stopwatch clock;

@@ -123,7 +123,7 @@ TEST_CASE("rockmate on small op-level graphs stays within 10 % of checkmate's pr
     CHECK(within10 >= cases - 2);
 }
 
-TEST_CASE("rockmate with exact blocks stops each block at its time limit, search and MILP included") {
+TEST_CASE("rockmate with exact blocks stops each block at its time limit, search and MILP included", "[timing]") {
     // One block of a dense random DAG (no separator): its exact search and integer program
     // would take far longer than the block's limit.
     std::mt19937 rng(7);

@@ -129,14 +129,14 @@ public:
     void restore_rng(const RngState& state) const { state.restore(); }
     [[nodiscard]] bool random(std::size_t k) const { return core_->groups[k].random; }
 
-    // DrawsLike (exec/backend.hpp): the group's forward on zeros shaped like its inputs,
-    // without grad and with its buffers put back, draws what its real run draws (the numbers
-    // a random op draws depend on shapes, not values).
+    // DrawsLike (exec/backend.hpp): the group's forward on placeholders shaped like its
+    // inputs, without grad and with its buffers put back, draws what its real run draws (the
+    // numbers a random op draws depend on shapes, not values).
     void draw_like(std::size_t k) {
         const Group& g = core_->groups[k];
         std::vector<at::Tensor> inputs;
         inputs.reserve(g.input_meta.size());
-        for (const TensorMeta& meta : g.input_meta) inputs.push_back(meta.zeros());
+        for (const TensorMeta& meta : g.input_meta) inputs.push_back(meta.placeholder());
         std::optional<BufferGuard> buffers;
         if (!g.buffers.empty()) buffers.emplace(scratch_->recompute[k], g.buffers);
         (void)run_no_grad(*core_, g, inputs);

@@ -192,8 +192,15 @@ struct TensorMeta {
     [[nodiscard]] static TensorMeta of(const at::Tensor& t) {
         return {t.sizes().vec(), t.strides().vec(), t.options().requires_grad(false)};
     }
-    /// Zeros of this shape and layout: valid input for any op (indices included).
-    [[nodiscard]] at::Tensor zeros() const { return at::zeros(sizes, options).as_strided(sizes, strides); }
+    /// A tensor of this shape and layout that any op accepts: ones when floating point (a
+    /// valid probability, divisor or logarithm's argument), zeros otherwise (a valid index).
+    [[nodiscard]] at::Tensor placeholder() const {
+        const at::Tensor t = at::empty_strided(sizes, strides, options);
+        const auto elements = static_cast<std::int64_t>(t.storage().nbytes() / t.element_size());
+        // Filled through a flat view of its whole storage: the strides may overlap (expand).
+        t.as_strided({elements}, {1}, 0).fill_(at::isFloatingType(t.scalar_type()) ? 1 : 0);
+        return t;
+    }
 };
 
 struct Group {
