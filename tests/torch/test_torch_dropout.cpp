@@ -71,14 +71,10 @@ std::vector<Exported> exported_models() {
     return models;
 }
 
+// The loss of the exported step: capture's own reference loss, Σ (output · w) in double.
 Loss weighted(const std::vector<at::Tensor>& weights) {
     return [weights](const std::vector<at::Tensor>& outputs) {
-        at::Tensor total;
-        for (std::size_t o = 0; o < outputs.size(); ++o) {
-            const at::Tensor term = (outputs[o] * weights[o]).sum().to(at::kDouble);
-            total = total.defined() ? total + term : term;
-        }
-        return total;
+        return remat::torch::detail::capture::weighted_loss(outputs, weights);
     };
 }
 
