@@ -4,6 +4,8 @@ torch.jit.script at small input sizes, and a manifest (manifest.json) that says 
 each one. Run with Debian's python3 (python3-torch 1.13, python3-torchvision 0.14).
 
     python3 zoo_export.py OUT_DIR [MODEL ...]
+
+An export already in OUT_DIR is reused; ZOO_FRESH=1 exports every model again.
 """
 import json
 import os
@@ -74,6 +76,24 @@ class UNet(nn.Module):
         return self.head(x)
 
 
+class VAE(nn.Module):
+    """A small variational autoencoder: the reparametrisation draws noise inside the step."""
+
+    def __init__(self, features=784, hidden=256, latent=16):
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU())
+        self.mean = nn.Linear(hidden, latent)
+        self.log_variance = nn.Linear(hidden, latent)
+        self.decoder = nn.Sequential(nn.Linear(latent, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                                     nn.Linear(hidden, features), nn.Sigmoid())
+
+    def forward(self, x):
+        h = self.encoder(x)
+        mean, log_variance = self.mean(h), self.log_variance(h)
+        z = mean + torch.randn_like(mean) * torch.exp(0.5 * log_variance)
+        return self.decoder(z)
+
+
 def image(batch=4, size=64):
     """Large enough that activations, not the weights' workspaces, set the memory."""
     return [{"dtype": "float", "shape": [batch, 3, size, size]}]
@@ -92,7 +112,13 @@ MODELS = {
     "lraspp_mobilenet_v3_large": (
         lambda: torchvision.models.segmentation.lraspp_mobilenet_v3_large(num_classes=4, weights_backbone=None),
         image()),
+    "mobilenet_v2": (lambda: torchvision.models.mobilenet_v2(num_classes=10), image()),
+    "resnext50_32x4d": (lambda: torchvision.models.resnext50_32x4d(num_classes=10), image()),
+    "regnet_y_400mf": (lambda: torchvision.models.regnet_y_400mf(num_classes=10), image()),
+    "shufflenet_v2_x1_0": (lambda: torchvision.models.shufflenet_v2_x1_0(num_classes=10), image()),
+    "mnasnet0_5": (lambda: torchvision.models.mnasnet0_5(num_classes=10), image()),
     "unet": (UNet, image()),
+    "vae": (VAE, [{"dtype": "float", "shape": [32, 784]}]),
     "transformer": (TransformerModel, [{"dtype": "float", "shape": [8, 32, 32]},
                                        {"dtype": "float", "shape": [8, 24, 32]}]),
     "lstm": (LSTMModel, [{"dtype": "long", "shape": [8, 32], "high": 100}]),
@@ -117,6 +143,9 @@ def main():
         args = tuple(example(s) for s in inputs)
         for mode in ("traced", "scripted"):
             path = os.path.join(out, f"{name}.{mode}.pt")
+            if os.path.exists(path) and not os.environ.get("ZOO_FRESH"):
+                manifest.append({"model": name, "mode": mode, "file": os.path.abspath(path), "inputs": inputs})
+                continue
             try:
                 if mode == "traced":
                     module = torch.jit.trace(model, args, check_trace=False, strict=False)

@@ -7568,7 +7568,8 @@ struct HRockmateOptions {
     double search_time_limit_seconds = 1.0;
     /// Limit of the grid of one cluster; the options found by then are kept.
     double cluster_time_limit_seconds = 3.0;
-    /// Limit of the whole analysis: clusters still to plan get their store-all option only.
+    /// Limit of the whole analysis: clusters still to plan get their store-all option only,
+    /// and Rockmate's blocks (use_rockmate) share what is left.
     double time_limit_seconds = 40.0;
     /// The top is searched at the budget times each of these factors: the options' costs are
     /// upper bounds of what their steps use, so a plan made for a larger abstract budget often
@@ -7593,6 +7594,12 @@ struct HRockmateOptions {
     /// among others: within this many seconds (and the state limit above), as it seldom
     /// finishes there at low budgets and would otherwise hold up every budget of a sweep.
     double exact_component_seconds = 2.0;
+    /// Limit of planning at one budget (solve with a model), all components together: each
+    /// gets at most its own limit above and a share of what is left, in the order hierarchy,
+    /// exact search, greedy, Rockmate. The greedy's first replay (milliseconds) and Rockmate's
+    /// table lookup always run, so that a plan is never lost to the clock. None: the
+    /// components' own limits only (about 7 s at most).
+    std::optional<double> budget_time_limit_seconds;
     /// Also plan with the greedy at the same budget and keep the faster plan.
     bool compare_with_greedy = true;
     /// The greedy used then: a portfolio of eviction scores, improved (greedy.hpp).
@@ -7721,7 +7728,8 @@ public:
             throw InvalidInput("hrockmate: peak_budgets, saved_budgets and max_options must be at least 1");
         if (!(options_.search_time_limit_seconds > 0) || !(options_.cluster_time_limit_seconds > 0) ||
             !(options_.time_limit_seconds > 0) || !(options_.top_time_limit_seconds > 0) ||
-            !(options_.exact_component_seconds > 0))
+            !(options_.exact_component_seconds > 0) ||
+            (options_.budget_time_limit_seconds && !(*options_.budget_time_limit_seconds > 0)))
             throw InvalidInput("hrockmate: time limits must be positive numbers of seconds");
     }
 
@@ -7748,7 +7756,7 @@ public:
             top_ops.insert(top_ops.end(), ops.begin(), ops.end());
         }
         model.top = detail::hrockmate::interface_of(problem, std::move(top_ops), gradient);
-        model.rockmate = rockmate_model(problem);
+        model.rockmate = rockmate_model(problem, clock);
         model.seconds = clock.seconds();
         report("hrockmate: analysed '" + problem.name() + "': " + std::to_string(h.atoms.size()) + " atoms, " +
                std::to_string(h.clusters.size()) + " clusters (" + std::to_string(model.unique_clusters) +
@@ -7782,10 +7790,27 @@ public:
                 line << "none";
             report(line.str());
         };
-        consider("hierarchy", solve_top(model, budget));
-        if (!model.hierarchy.clusters.empty()) consider("exact search", exact_plan(model.problem, budget));
-        if (options_.compare_with_greedy) consider("greedy", greedy_plan(model.problem, budget));
-        if (model.rockmate) consider("rockmate", rockmate_plan(*model.rockmate, budget));
+        // Seconds left of budget_time_limit_seconds (infinity without one).
+        const auto left = [&] {
+            return options_.budget_time_limit_seconds ? std::max(0.0, *options_.budget_time_limit_seconds - clock.seconds())
+                                                      : std::numeric_limits<double>::infinity();
+        };
+        // A component's search gets at most a share of what is left, and the local improvement
+        // of its plan a quarter.
+        const auto improve = [&] { return std::min(options_.improve.time_limit_seconds, 0.25 * left()); };
+        // An unpartitioned problem's top is the whole problem: its exact search is the main
+        // component and has the larger share.
+        const bool flat = model.hierarchy.clusters.empty();
+        const double top_seconds = flat ? std::min(options_.flat_time_limit_seconds, 0.6 * left())
+                                        : std::min(options_.top_time_limit_seconds, 0.4 * left());
+        consider("hierarchy", solve_top(model, budget, top_seconds, improve()));
+        if (!model.hierarchy.clusters.empty() && left() > 0)
+            consider("exact search",
+                     exact_plan(model.problem, budget, std::min(options_.exact_component_seconds, 0.5 * left()), improve()));
+        if (options_.compare_with_greedy || !best)
+            consider("greedy", greedy_plan(model.problem, budget, 0.5 * left(), improve()));
+        if (model.rockmate && (left() > 0 || !best))
+            consider("rockmate", rockmate_plan(*model.rockmate, budget, improve()));
         if (!best) throw infeasible(model, budget);
         best->stats.solve_seconds = clock.seconds();
         return *std::move(best);
@@ -7816,10 +7841,11 @@ private:
         return {options_.max_states, options_.search_time_limit_seconds};
     }
 
-    // Limits of a search at the top: an unpartitioned problem gets the flat limits; otherwise
-    // at most half of the top's time left (`left`), so that the weighted fallback has time too.
-    [[nodiscard]] detail::hrockmate::SearchLimits top_limits(bool flat, double left) const {
-        if (flat) return {options_.flat_max_states, options_.flat_time_limit_seconds};
+    // Limits of a search at the top: an unpartitioned problem gets the flat limits (at most the
+    // top's `seconds`); otherwise at most half of the top's time left (`left`), so that the
+    // weighted fallback has time too.
+    [[nodiscard]] detail::hrockmate::SearchLimits top_limits(bool flat, double left, double seconds) const {
+        if (flat) return {options_.flat_max_states, std::min(options_.flat_time_limit_seconds, seconds)};
         detail::hrockmate::SearchLimits l = limits();
         l.seconds = std::min(l.seconds, left / 2);
         return l;
@@ -7862,8 +7888,12 @@ private:
             how = "as cluster " + std::to_string(it->second - h.atoms.size());
         } else {
             const std::vector<Child> children = children_of(model, h.cluster(node).children);
-            const bool in_time = analysis.seconds() < options_.time_limit_seconds;
-            n.options = in_time ? grid_options(model, n.interface, sub, children, name, clock) : std::vector<Option>{};
+            // The grid stops at the cluster's limit or at the analysis', whichever comes first.
+            const double seconds = std::min(options_.cluster_time_limit_seconds,
+                                            options_.time_limit_seconds - analysis.seconds());
+            const bool in_time = seconds > 0;
+            n.options =
+                in_time ? grid_options(model, n.interface, sub, children, name, clock, seconds) : std::vector<Option>{};
             if (n.options.empty()) n.options = store_all_options(p, n.interface, sub, children, name);
             if (in_time) add_real_greedy_options(p, n.interface, sub, name, n.options);
             planned.emplace(key, node);
@@ -7951,19 +7981,26 @@ private:
     // the least the greedy reaches on the abstract problem (each child with its fastest
     // option: proving the least peak exactly is a search over every state) to the peak of the
     // fastest schedule; a grid point the exact search cannot settle within its limits gets the
-    // greedy's plan there.
+    // greedy's plan there. Within `seconds` in all (`clock` counts from the cluster's start).
     [[nodiscard]] std::vector<detail::hrockmate::Option> grid_options(HRockmateModel& model,
                                                                     const detail::hrockmate::Interface& f,
                                                                     const detail::hrockmate::SubProblem& sub,
                                                                     const std::vector<detail::hrockmate::Child>& children,
-                                                                    const std::string& name, const Stopwatch& clock) const {
+                                                                    const std::string& name, const Stopwatch& clock,
+                                                                    double seconds) const {
         using namespace detail::hrockmate;
         const Problem& p = model.problem;
         const AbstractProblem base = abstract_problem(p, f, children, {}, false, 0, name);
         if (base.problem.data_count() > 128) return {};
         const Bytes unlimited = std::numeric_limits<Bytes>::max() / 4;
+        // One search's limits, within what is left of `seconds`.
+        const auto search_limits = [&] {
+            SearchLimits l = limits();
+            l.seconds = std::max(1e-3, std::min(l.seconds, seconds - clock.seconds()));
+            return l;
+        };
         ++model.searches;
-        const auto fastest = search(base, detail::exhaustive::SearchGoal::least_time, unlimited, limits());
+        const auto fastest = search(base, detail::exhaustive::SearchGoal::least_time, unlimited, search_limits());
         if (!fastest) {
             ++model.failed_searches;
             return {};
@@ -7984,7 +8021,7 @@ private:
             const Bytes peak = step(peak_lo, peak_hi, i, options_.peak_budgets);
             const Bytes top = std::min(peak, saved_hi);
             for (std::size_t j = options_.saved_budgets; j-- > 0;) {
-                if (clock.seconds() > options_.cluster_time_limit_seconds) return options;
+                if (clock.seconds() > seconds) return options;
                 const Bytes saved = step(floor_saved, top, j, options_.saved_budgets);
                 if (saved < floor_saved) continue;
                 if (std::any_of(infeasible.begin(), infeasible.end(),
@@ -7992,7 +8029,7 @@ private:
                     continue;
                 const AbstractProblem a = abstract_problem(p, f, children, {}, false, peak - saved, name);
                 ++model.searches;
-                if (const auto r = search(a, detail::exhaustive::SearchGoal::least_time, peak, limits())) {
+                if (const auto r = search(a, detail::exhaustive::SearchGoal::least_time, peak, search_limits())) {
                     if (auto o = option_of(p, f, sub, a, children, r->schedule)) options.push_back(std::move(*o));
                     continue;
                 }
@@ -8078,14 +8115,18 @@ private:
         const AbstractProblem a =
             abstract_problem(model.problem, model.top, children, model.hierarchy.top_ops, true, 0, model.problem.name());
         if (a.problem.data_count() > 128) return std::nullopt;
-        return search(a, goal, budget, top_limits(model.hierarchy.clusters.empty(), options_.top_time_limit_seconds));
+        return search(a, goal, budget,
+                      top_limits(model.hierarchy.clusters.empty(), options_.top_time_limit_seconds,
+                                 options_.flat_time_limit_seconds));
     }
 
     // The top searched at the budget and at the larger abstract budgets of
     // top_budget_factors; each flattened schedule is tidied, and the fastest that fits the
     // real budget is improved and returned. Two misses in a row (a plan over the budget) end
-    // the climb.
-    [[nodiscard]] std::optional<Plan> solve_top(const HRockmateModel& model, Bytes budget) const {
+    // the climb. Within `seconds` (an unpartitioned problem: its flat limit, if lower), and
+    // `improve_seconds` for the improvement.
+    [[nodiscard]] std::optional<Plan> solve_top(const HRockmateModel& model, Bytes budget, double seconds,
+                                                double improve_seconds) const {
         using namespace detail::hrockmate;
         const Stopwatch clock;
         const std::vector<Child> children = children_of(model, model.hierarchy.top);
@@ -8098,13 +8139,13 @@ private:
         const bool flat = model.hierarchy.clusters.empty();  // the abstract problem is the real one
         const std::size_t factors = flat ? 1 : options_.top_budget_factors.size();
         for (std::size_t i = 0; i < factors && misses < 2 && a.problem.data_count() <= 128; ++i) {
-            const double left = options_.top_time_limit_seconds - clock.seconds();
+            const double left = seconds - clock.seconds();
             if (left <= 0 && !flat) break;
             const double factor = flat ? 1.0 : options_.top_budget_factors[i];
             const double scaled = static_cast<double>(budget) * factor;  // saturated: budgets may be near 2^63
             const Bytes abstract_budget =
                 scaled < 9223372036854775808.0 ? static_cast<Bytes>(scaled) : std::numeric_limits<Bytes>::max();
-            const auto r = search_or_weighted(a, abstract_budget, top_limits(flat, left), options_.fallback_weight);
+            const auto r = search_or_weighted(a, abstract_budget, top_limits(flat, left, seconds), options_.fallback_weight);
             if (!r) continue;
             Schedule steps = tidy_schedule(model.problem, flatten(model.problem, a, children, r->schedule, initial).steps);
             const SimulationReport sim = simulate(model.problem, steps);
@@ -8119,12 +8160,13 @@ private:
             }
         }
         if (!flat)
-            if (auto assigned = top_by_assignment(model, budget, clock); assigned && (!best || assigned->second < best_time)) {
+            if (auto assigned = top_by_assignment(model, budget, clock, seconds);
+                assigned && (!best || assigned->second < best_time)) {
                 best = std::move(assigned->first);
                 best_time = assigned->second;
             }
         std::optional<Plan> plan;
-        if (best) plan = finished(model.problem, *std::move(best), budget, "hierarchy");
+        if (best) plan = finished(model.problem, *std::move(best), budget, "hierarchy", improve_seconds);
         report("hrockmate: top of '" + model.problem.name() + "' at " + std::to_string(budget) + " bytes: " +
                (plan ? "plan of time " + std::to_string(plan->time) : std::string("no plan")) + " in " +
                std::to_string(clock.seconds()) + " s");
@@ -8138,9 +8180,9 @@ private:
     // gets is found by coordinate descent from two starts, every child with its fastest option
     // and every child with its leanest; each assignment is flattened, tidied and simulated on
     // the whole problem, and the fastest schedule that fits is returned with its time.
-    // Bounded by the top's time limit (`clock` counts from the start of the top).
+    // Bounded by the top's `seconds` (`clock` counts from the start of the top).
     [[nodiscard]] std::optional<std::pair<Schedule, double>> top_by_assignment(const HRockmateModel& model, Bytes budget,
-                                                                              const Stopwatch& clock) const {
+                                                                              const Stopwatch& clock, double seconds) const {
         using namespace detail::hrockmate;
         const std::vector<Child> children = children_of(model, model.hierarchy.top);
         const std::vector<DataId> initial(model.problem.initial().begin(), model.problem.initial().end());
@@ -8156,7 +8198,7 @@ private:
             seen.emplace(assignment, time);
             return time;
         };
-        const auto out_of_time = [&] { return clock.seconds() > options_.top_time_limit_seconds; };
+        const auto out_of_time = [&] { return clock.seconds() > seconds; };
         for (const bool lean : {false, true}) {
             std::vector<std::size_t> assignment = start_assignment(children, lean);
             double current = evaluate(assignment);
@@ -8219,7 +8261,9 @@ private:
 
     // Rockmate's blocks and options when the problem is a sequence of at least two blocks,
     // each small enough for the exact block solver (rockmate_max_block_ops).
-    [[nodiscard]] std::optional<RockmateModel> rockmate_model(const Problem& problem) const {
+    // Its blocks share what is left of the analysis' time limit (`analysis` counts from its
+    // start), at most RockmateOptions::block_time_limit_seconds each.
+    [[nodiscard]] std::optional<RockmateModel> rockmate_model(const Problem& problem, const Stopwatch& analysis) const {
         if (!options_.use_rockmate) return std::nullopt;
         try {
             const BlockPartition part = partition_blocks(problem, options_.rockmate.partition);
@@ -8227,7 +8271,10 @@ private:
             for (const Block& b : part.blocks)
                 if (b.forward_ops.size() + b.backward_ops.size() > options_.rockmate_max_block_ops) return std::nullopt;
             const Stopwatch clock;
-            RockmateModel model = Rockmate<>(options_.rockmate).analyse(problem);
+            RockmateOptions o = options_.rockmate;
+            const double left = std::max(0.0, options_.time_limit_seconds - analysis.seconds());
+            o.block_time_limit_seconds = std::min(o.block_time_limit_seconds, left / static_cast<double>(part.blocks.size()));
+            RockmateModel model = Rockmate<>(o).analyse(problem);
             report("hrockmate: rockmate on " + std::to_string(model.blocks.size()) + " blocks in " +
                    std::to_string(clock.seconds()) + " s");
             return model;
@@ -8237,47 +8284,61 @@ private:
     }
 
     // The exact search on the whole problem when it is small enough for it (at most 128 data)
-    // but was partitioned: within exact_component_seconds, else nothing.
-    [[nodiscard]] std::optional<Plan> exact_plan(const Problem& problem, Bytes budget) const {
+    // but was partitioned: within `seconds` (and `improve_seconds` for the improvement), else
+    // nothing.
+    [[nodiscard]] std::optional<Plan> exact_plan(const Problem& problem, Bytes budget, double seconds,
+                                                 double improve_seconds) const {
         if (problem.data_count() > 128) return std::nullopt;
         try {
             ExhaustiveOptions o;
             o.max_states = options_.flat_max_states;
-            o.time_limit_seconds = options_.exact_component_seconds;
+            o.time_limit_seconds = seconds;
             const detail::exhaustive::ExhaustiveSearch s(problem, o);
             detail::exhaustive::ExhaustiveSearch::Result r = s.run(detail::exhaustive::SearchGoal::least_time, budget);
             if (!r.found) return std::nullopt;
-            return finished(problem, std::move(r.schedule), budget, "exact");
+            return finished(problem, std::move(r.schedule), budget, "exact", improve_seconds);
         } catch (const Error&) {
             return std::nullopt;
         }
     }
 
-    // Rockmate's plan, improved; nullopt when it has none.
-    [[nodiscard]] std::optional<Plan> rockmate_plan(const RockmateModel& model, Bytes budget) const {
+    // Rockmate's plan, improved within `improve_seconds`; nullopt when it has none.
+    [[nodiscard]] std::optional<Plan> rockmate_plan(const RockmateModel& model, Bytes budget,
+                                                    double improve_seconds) const {
         try {
             Plan r = Rockmate<>(options_.rockmate).solve(model, budget);
-            return finished(model.problem, std::move(r.schedule), budget, "rockmate");
+            return finished(model.problem, std::move(r.schedule), budget, "rockmate", improve_seconds);
         } catch (const Error&) {
             return std::nullopt;
         }
     }
 
-    // The greedy's plan (the portfolio of HRockmateOptions::greedy), improved; nullopt when it
-    // fits no plan at this budget.
-    [[nodiscard]] std::optional<Plan> greedy_plan(const Problem& problem, Bytes budget) const {
+    // The greedy's plan (the portfolio of HRockmateOptions::greedy, its replays and its own
+    // improvement within at most `seconds`), improved within `improve_seconds`; nullopt when
+    // it fits no plan at this budget.
+    [[nodiscard]] std::optional<Plan> greedy_plan(const Problem& problem, Bytes budget, double seconds,
+                                                  double improve_seconds) const {
         try {
-            Plan g = Greedy{options_.greedy}.solve(problem, budget);
-            return finished(problem, std::move(g.schedule), budget, "greedy (" + g.stats.options + ")");
+            GreedyOptions o = options_.greedy;
+            o.portfolio_seconds = std::min(o.portfolio_seconds, 0.6 * seconds);
+            o.improve_seconds = std::min(o.improve_seconds, 0.4 * seconds);
+            Plan g = Greedy{o}.solve(problem, budget);
+            return finished(problem, std::move(g.schedule), budget, "greedy (" + g.stats.options + ")", improve_seconds);
         } catch (const Infeasible&) {
             return std::nullopt;
         }
     }
 
-    // A candidate schedule that fits, locally improved when asked, as a checked plan whose
-    // stats name the component that made it.
-    [[nodiscard]] Plan finished(const Problem& problem, Schedule schedule, Bytes budget, const std::string& component) const {
-        if (options_.improve_plans) schedule = improve_schedule(problem, std::move(schedule), budget, options_.improve);
+    // A candidate schedule that fits, locally improved when asked (within `improve_seconds`,
+    // at most ImproveOptions' limit), as a checked plan whose stats name the component that
+    // made it.
+    [[nodiscard]] Plan finished(const Problem& problem, Schedule schedule, Bytes budget, const std::string& component,
+                                double improve_seconds) const {
+        if (options_.improve_plans) {
+            ImproveOptions o = options_.improve;
+            o.time_limit_seconds = std::max(0.0, std::min(o.time_limit_seconds, improve_seconds));
+            schedule = improve_schedule(problem, std::move(schedule), budget, o);
+        }
         SolverStats stats{std::string(name()), 0.0, SolveStatus::feasible, std::nullopt,
                           "component=" + component + (options_.improve_plans ? ", improved" : "")};
         return make_checked_plan(problem, std::move(schedule), budget, std::move(stats));
@@ -8344,10 +8405,14 @@ enum class AutoChoice { rotor, rockmate, hrockmate, greedy };
 }
 
 struct AutoOptions {
-    /// Limit of the chosen solver's work that does not depend on the budget: Rotor's DP,
-    /// Rockmate's analysis (shared evenly by its blocks; 60 s in all when none is given, see
-    /// auto_block_time_limit), H-Rockmate's whole analysis. The greedy's fallback is fast and
-    /// not limited.
+    /// Limit of one solve(problem, budget), analysis and planning at the budget together.
+    /// Rotor's DP gets all of it. Rockmate's and H-Rockmate's analyses get
+    /// auto_analysis_share of it (Rockmate's shared evenly by its blocks), and planning at a
+    /// budget what the analysis left, at least the rest of the share (so each budget of a
+    /// sweep gets that much); the greedy's fallback plans within what is then left, its first
+    /// replay (milliseconds) always. None: Rotor unlimited, Rockmate's analysis
+    /// auto_default_rockmate_seconds in all, H-Rockmate's its own defaults (40 s, and about
+    /// 7 s per budget).
     std::optional<double> time_limit_seconds;
     /// Receives the choice and the chosen solver's progress lines.
     ProgressCallback progress;
@@ -8379,10 +8444,14 @@ struct AutoOptions {
     return AutoChoice::hrockmate;
 }
 
-/// Rockmate's analysis under Auto when no time limit is given: this many seconds in all.
-/// (On a 50-block MobileNet it once took 260 s at 5 s a block, for 0.8 % less overhead than
-/// with 20 s in all.)
-inline constexpr double auto_default_rockmate_seconds = 60.0;
+/// Rockmate's analysis under Auto when no time limit is given: this many seconds in all, so
+/// that planning stays within a minute. (On a 50-block MobileNet it once took 260 s at 5 s a
+/// block, for 0.8 % less overhead than with 20 s in all.)
+inline constexpr double auto_default_rockmate_seconds = 45.0;
+
+/// The share of AutoOptions::time_limit_seconds that Rockmate's and H-Rockmate's analyses get;
+/// planning at the budget has the rest.
+inline constexpr double auto_analysis_share = 0.75;
 
 /// The time limit of each of Rockmate's `blocks` when Auto has `total` seconds in all
 /// (auto_default_rockmate_seconds when none is given): an even share, and at most
@@ -8475,7 +8544,8 @@ public:
         try {
             if (model.choice == AutoChoice::rockmate)
                 model.rockmate = Rockmate<>(rockmate_options(partition_blocks(problem).blocks.size())).analyse(problem);
-            if (model.choice == AutoChoice::hrockmate) model.hrockmate = HRockmate(hrockmate_options()).analyse(problem);
+            if (model.choice == AutoChoice::hrockmate)
+                model.hrockmate = HRockmate(hrockmate_options(std::nullopt)).analyse(problem);
         } catch (const SolverError& e) {
             // the greedy still plans; solve() says why the chosen solver is missing
             report_progress(options_.progress, "auto: the analysis of " + std::string(to_string(model.choice)) +
@@ -8497,10 +8567,18 @@ public:
 
     /// Plans at `budget` with a model from analyse().
     [[nodiscard]] Plan solve(const AutoModel& model, Bytes budget) const {
+        const Stopwatch clock;
         detail::automatic::refuse_below_bound(model.problem, budget, [&] { return smallest_budget(model); });
+        // Seconds left of the planning's share (see AutoOptions::time_limit_seconds).
+        const auto left = [&]() -> std::optional<double> {
+            if (!options_.time_limit_seconds) return std::nullopt;
+            const double limit = *options_.time_limit_seconds;
+            const double share = std::max((1 - auto_analysis_share) * limit, limit - model.seconds);
+            return std::max(0.0, share - clock.seconds());
+        };
         std::optional<Bytes> chosen_least, greedy_least;
         try {
-            return detail::automatic::tagged(solve_chosen(model, budget), to_string(model.choice));
+            return detail::automatic::tagged(solve_chosen(model, budget, left()), to_string(model.choice));
         } catch (const Infeasible& e) {
             chosen_least = e.smallest_budget();
             if (!options_.greedy_fallback) throw;
@@ -8510,7 +8588,7 @@ public:
                                                    e.what() + "); trying the greedy");
         }
         try {
-            return detail::automatic::tagged(Greedy(HRockmateOptions::default_greedy()).solve(model.problem, budget),
+            return detail::automatic::tagged(Greedy(greedy_options(left())).solve(model.problem, budget),
                                                "greedy (last resort)");
         } catch (const Infeasible& e) {
             greedy_least = e.smallest_budget();
@@ -8529,7 +8607,7 @@ public:
             else if (model.rockmate)
                 least = std::min(least, Rockmate<>(rockmate_options()).smallest_budget(*model.rockmate));
             else if (model.hrockmate)
-                least = std::min(least, HRockmate(hrockmate_options()).smallest_budget(*model.hrockmate));
+                least = std::min(least, HRockmate(hrockmate_options(std::nullopt)).smallest_budget(*model.hrockmate));
         } catch (const Error&) {
             // the greedy's answer stands
         }
@@ -8543,24 +8621,40 @@ private:
         o.progress = options_.progress;
         return o;
     }
-    // Rockmate's limit is per block: a total limit is shared evenly among the blocks.
+    // The analysis' share of the time limit, if any.
+    [[nodiscard]] std::optional<double> analysis_seconds() const {
+        if (!options_.time_limit_seconds) return std::nullopt;
+        return auto_analysis_share * *options_.time_limit_seconds;
+    }
+    // Rockmate's limit is per block: the analysis' share is split evenly among the blocks.
     [[nodiscard]] RockmateOptions rockmate_options(std::size_t blocks = 1) const {
         RockmateOptions o = HRockmateOptions::default_rockmate();
-        o.block_time_limit_seconds = auto_block_time_limit(options_.time_limit_seconds, blocks);
+        o.block_time_limit_seconds = auto_block_time_limit(analysis_seconds(), blocks);
         o.progress = options_.progress;
         return o;
     }
-    [[nodiscard]] HRockmateOptions hrockmate_options() const {
+    // `planning`: seconds left for planning at a budget (none: H-Rockmate's own limits).
+    [[nodiscard]] HRockmateOptions hrockmate_options(const std::optional<double>& planning) const {
         HRockmateOptions o;
-        if (options_.time_limit_seconds) o.time_limit_seconds = *options_.time_limit_seconds;
+        if (const auto analysis = analysis_seconds()) o.time_limit_seconds = *analysis;
+        if (planning) o.budget_time_limit_seconds = std::max(*planning, 1e-3);
         o.progress = options_.progress;
         return o;
     }
-    [[nodiscard]] Plan solve_chosen(const AutoModel& model, Bytes budget) const {
+    // The greedy's portfolio and improvement within `planning` seconds, if given.
+    [[nodiscard]] static GreedyOptions greedy_options(const std::optional<double>& planning) {
+        GreedyOptions o = HRockmateOptions::default_greedy();
+        if (planning) {
+            o.portfolio_seconds = std::min(o.portfolio_seconds, 0.6 * *planning);
+            o.improve_seconds = std::min(o.improve_seconds, 0.4 * *planning);
+        }
+        return o;
+    }
+    [[nodiscard]] Plan solve_chosen(const AutoModel& model, Bytes budget, const std::optional<double>& planning) const {
         if (model.choice == AutoChoice::rotor) return Rotor(rotor_options()).solve(model.problem, budget);
-        if (model.choice == AutoChoice::greedy) return Greedy(HRockmateOptions::default_greedy()).solve(model.problem, budget);
+        if (model.choice == AutoChoice::greedy) return Greedy(greedy_options(planning)).solve(model.problem, budget);
         if (model.rockmate) return Rockmate<>(rockmate_options()).solve(*model.rockmate, budget);
-        if (model.hrockmate) return HRockmate(hrockmate_options()).solve(*model.hrockmate, budget);
+        if (model.hrockmate) return HRockmate(hrockmate_options(planning)).solve(*model.hrockmate, budget);
         throw SolverError("auto: " + std::string(to_string(model.choice)) + " has no analysis of '" +
                           model.problem.name() + "'");
     }

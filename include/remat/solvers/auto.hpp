@@ -49,10 +49,14 @@ enum class AutoChoice { rotor, rockmate, hrockmate, greedy };
 }
 
 struct AutoOptions {
-    /// Limit of the chosen solver's work that does not depend on the budget: Rotor's DP,
-    /// Rockmate's analysis (shared evenly by its blocks; 60 s in all when none is given, see
-    /// auto_block_time_limit), H-Rockmate's whole analysis. The greedy's fallback is fast and
-    /// not limited.
+    /// Limit of one solve(problem, budget), analysis and planning at the budget together.
+    /// Rotor's DP gets all of it. Rockmate's and H-Rockmate's analyses get
+    /// auto_analysis_share of it (Rockmate's shared evenly by its blocks), and planning at a
+    /// budget what the analysis left, at least the rest of the share (so each budget of a
+    /// sweep gets that much); the greedy's fallback plans within what is then left, its first
+    /// replay (milliseconds) always. None: Rotor unlimited, Rockmate's analysis
+    /// auto_default_rockmate_seconds in all, H-Rockmate's its own defaults (40 s, and about
+    /// 7 s per budget).
     std::optional<double> time_limit_seconds;
     /// Receives the choice and the chosen solver's progress lines.
     ProgressCallback progress;
@@ -84,10 +88,14 @@ struct AutoOptions {
     return AutoChoice::hrockmate;
 }
 
-/// Rockmate's analysis under Auto when no time limit is given: this many seconds in all.
-/// (On a 50-block MobileNet it once took 260 s at 5 s a block, for 0.8 % less overhead than
-/// with 20 s in all.)
-inline constexpr double auto_default_rockmate_seconds = 60.0;
+/// Rockmate's analysis under Auto when no time limit is given: this many seconds in all, so
+/// that planning stays within a minute. (On a 50-block MobileNet it once took 260 s at 5 s a
+/// block, for 0.8 % less overhead than with 20 s in all.)
+inline constexpr double auto_default_rockmate_seconds = 45.0;
+
+/// The share of AutoOptions::time_limit_seconds that Rockmate's and H-Rockmate's analyses get;
+/// planning at the budget has the rest.
+inline constexpr double auto_analysis_share = 0.75;
 
 /// The time limit of each of Rockmate's `blocks` when Auto has `total` seconds in all
 /// (auto_default_rockmate_seconds when none is given): an even share, and at most
@@ -180,7 +188,8 @@ public:
         try {
             if (model.choice == AutoChoice::rockmate)
                 model.rockmate = Rockmate<>(rockmate_options(partition_blocks(problem).blocks.size())).analyse(problem);
-            if (model.choice == AutoChoice::hrockmate) model.hrockmate = HRockmate(hrockmate_options()).analyse(problem);
+            if (model.choice == AutoChoice::hrockmate)
+                model.hrockmate = HRockmate(hrockmate_options(std::nullopt)).analyse(problem);
         } catch (const SolverError& e) {
             // the greedy still plans; solve() says why the chosen solver is missing
             report_progress(options_.progress, "auto: the analysis of " + std::string(to_string(model.choice)) +
@@ -202,10 +211,18 @@ public:
 
     /// Plans at `budget` with a model from analyse().
     [[nodiscard]] Plan solve(const AutoModel& model, Bytes budget) const {
+        const Stopwatch clock;
         detail::automatic::refuse_below_bound(model.problem, budget, [&] { return smallest_budget(model); });
+        // Seconds left of the planning's share (see AutoOptions::time_limit_seconds).
+        const auto left = [&]() -> std::optional<double> {
+            if (!options_.time_limit_seconds) return std::nullopt;
+            const double limit = *options_.time_limit_seconds;
+            const double share = std::max((1 - auto_analysis_share) * limit, limit - model.seconds);
+            return std::max(0.0, share - clock.seconds());
+        };
         std::optional<Bytes> chosen_least, greedy_least;
         try {
-            return detail::automatic::tagged(solve_chosen(model, budget), to_string(model.choice));
+            return detail::automatic::tagged(solve_chosen(model, budget, left()), to_string(model.choice));
         } catch (const Infeasible& e) {
             chosen_least = e.smallest_budget();
             if (!options_.greedy_fallback) throw;
@@ -215,7 +232,7 @@ public:
                                                    e.what() + "); trying the greedy");
         }
         try {
-            return detail::automatic::tagged(Greedy(HRockmateOptions::default_greedy()).solve(model.problem, budget),
+            return detail::automatic::tagged(Greedy(greedy_options(left())).solve(model.problem, budget),
                                                "greedy (last resort)");
         } catch (const Infeasible& e) {
             greedy_least = e.smallest_budget();
@@ -234,7 +251,7 @@ public:
             else if (model.rockmate)
                 least = std::min(least, Rockmate<>(rockmate_options()).smallest_budget(*model.rockmate));
             else if (model.hrockmate)
-                least = std::min(least, HRockmate(hrockmate_options()).smallest_budget(*model.hrockmate));
+                least = std::min(least, HRockmate(hrockmate_options(std::nullopt)).smallest_budget(*model.hrockmate));
         } catch (const Error&) {
             // the greedy's answer stands
         }
@@ -248,24 +265,40 @@ private:
         o.progress = options_.progress;
         return o;
     }
-    // Rockmate's limit is per block: a total limit is shared evenly among the blocks.
+    // The analysis' share of the time limit, if any.
+    [[nodiscard]] std::optional<double> analysis_seconds() const {
+        if (!options_.time_limit_seconds) return std::nullopt;
+        return auto_analysis_share * *options_.time_limit_seconds;
+    }
+    // Rockmate's limit is per block: the analysis' share is split evenly among the blocks.
     [[nodiscard]] RockmateOptions rockmate_options(std::size_t blocks = 1) const {
         RockmateOptions o = HRockmateOptions::default_rockmate();
-        o.block_time_limit_seconds = auto_block_time_limit(options_.time_limit_seconds, blocks);
+        o.block_time_limit_seconds = auto_block_time_limit(analysis_seconds(), blocks);
         o.progress = options_.progress;
         return o;
     }
-    [[nodiscard]] HRockmateOptions hrockmate_options() const {
+    // `planning`: seconds left for planning at a budget (none: H-Rockmate's own limits).
+    [[nodiscard]] HRockmateOptions hrockmate_options(const std::optional<double>& planning) const {
         HRockmateOptions o;
-        if (options_.time_limit_seconds) o.time_limit_seconds = *options_.time_limit_seconds;
+        if (const auto analysis = analysis_seconds()) o.time_limit_seconds = *analysis;
+        if (planning) o.budget_time_limit_seconds = std::max(*planning, 1e-3);
         o.progress = options_.progress;
         return o;
     }
-    [[nodiscard]] Plan solve_chosen(const AutoModel& model, Bytes budget) const {
+    // The greedy's portfolio and improvement within `planning` seconds, if given.
+    [[nodiscard]] static GreedyOptions greedy_options(const std::optional<double>& planning) {
+        GreedyOptions o = HRockmateOptions::default_greedy();
+        if (planning) {
+            o.portfolio_seconds = std::min(o.portfolio_seconds, 0.6 * *planning);
+            o.improve_seconds = std::min(o.improve_seconds, 0.4 * *planning);
+        }
+        return o;
+    }
+    [[nodiscard]] Plan solve_chosen(const AutoModel& model, Bytes budget, const std::optional<double>& planning) const {
         if (model.choice == AutoChoice::rotor) return Rotor(rotor_options()).solve(model.problem, budget);
-        if (model.choice == AutoChoice::greedy) return Greedy(HRockmateOptions::default_greedy()).solve(model.problem, budget);
+        if (model.choice == AutoChoice::greedy) return Greedy(greedy_options(planning)).solve(model.problem, budget);
         if (model.rockmate) return Rockmate<>(rockmate_options()).solve(*model.rockmate, budget);
-        if (model.hrockmate) return HRockmate(hrockmate_options()).solve(*model.hrockmate, budget);
+        if (model.hrockmate) return HRockmate(hrockmate_options(planning)).solve(*model.hrockmate, budget);
         throw SolverError("auto: " + std::string(to_string(model.choice)) + " has no analysis of '" +
                           model.problem.name() + "'");
     }

@@ -78,7 +78,8 @@ struct HRockmateOptions {
     double search_time_limit_seconds = 1.0;
     /// Limit of the grid of one cluster; the options found by then are kept.
     double cluster_time_limit_seconds = 3.0;
-    /// Limit of the whole analysis: clusters still to plan get their store-all option only.
+    /// Limit of the whole analysis: clusters still to plan get their store-all option only,
+    /// and Rockmate's blocks (use_rockmate) share what is left.
     double time_limit_seconds = 40.0;
     /// The top is searched at the budget times each of these factors: the options' costs are
     /// upper bounds of what their steps use, so a plan made for a larger abstract budget often
@@ -103,6 +104,12 @@ struct HRockmateOptions {
     /// among others: within this many seconds (and the state limit above), as it seldom
     /// finishes there at low budgets and would otherwise hold up every budget of a sweep.
     double exact_component_seconds = 2.0;
+    /// Limit of planning at one budget (solve with a model), all components together: each
+    /// gets at most its own limit above and a share of what is left, in the order hierarchy,
+    /// exact search, greedy, Rockmate. The greedy's first replay (milliseconds) and Rockmate's
+    /// table lookup always run, so that a plan is never lost to the clock. None: the
+    /// components' own limits only (about 7 s at most).
+    std::optional<double> budget_time_limit_seconds;
     /// Also plan with the greedy at the same budget and keep the faster plan.
     bool compare_with_greedy = true;
     /// The greedy used then: a portfolio of eviction scores, improved (greedy.hpp).
@@ -231,7 +238,8 @@ public:
             throw InvalidInput("hrockmate: peak_budgets, saved_budgets and max_options must be at least 1");
         if (!(options_.search_time_limit_seconds > 0) || !(options_.cluster_time_limit_seconds > 0) ||
             !(options_.time_limit_seconds > 0) || !(options_.top_time_limit_seconds > 0) ||
-            !(options_.exact_component_seconds > 0))
+            !(options_.exact_component_seconds > 0) ||
+            (options_.budget_time_limit_seconds && !(*options_.budget_time_limit_seconds > 0)))
             throw InvalidInput("hrockmate: time limits must be positive numbers of seconds");
     }
 
@@ -258,7 +266,7 @@ public:
             top_ops.insert(top_ops.end(), ops.begin(), ops.end());
         }
         model.top = detail::hrockmate::interface_of(problem, std::move(top_ops), gradient);
-        model.rockmate = rockmate_model(problem);
+        model.rockmate = rockmate_model(problem, clock);
         model.seconds = clock.seconds();
         report("hrockmate: analysed '" + problem.name() + "': " + std::to_string(h.atoms.size()) + " atoms, " +
                std::to_string(h.clusters.size()) + " clusters (" + std::to_string(model.unique_clusters) +
@@ -292,10 +300,27 @@ public:
                 line << "none";
             report(line.str());
         };
-        consider("hierarchy", solve_top(model, budget));
-        if (!model.hierarchy.clusters.empty()) consider("exact search", exact_plan(model.problem, budget));
-        if (options_.compare_with_greedy) consider("greedy", greedy_plan(model.problem, budget));
-        if (model.rockmate) consider("rockmate", rockmate_plan(*model.rockmate, budget));
+        // Seconds left of budget_time_limit_seconds (infinity without one).
+        const auto left = [&] {
+            return options_.budget_time_limit_seconds ? std::max(0.0, *options_.budget_time_limit_seconds - clock.seconds())
+                                                      : std::numeric_limits<double>::infinity();
+        };
+        // A component's search gets at most a share of what is left, and the local improvement
+        // of its plan a quarter.
+        const auto improve = [&] { return std::min(options_.improve.time_limit_seconds, 0.25 * left()); };
+        // An unpartitioned problem's top is the whole problem: its exact search is the main
+        // component and has the larger share.
+        const bool flat = model.hierarchy.clusters.empty();
+        const double top_seconds = flat ? std::min(options_.flat_time_limit_seconds, 0.6 * left())
+                                        : std::min(options_.top_time_limit_seconds, 0.4 * left());
+        consider("hierarchy", solve_top(model, budget, top_seconds, improve()));
+        if (!model.hierarchy.clusters.empty() && left() > 0)
+            consider("exact search",
+                     exact_plan(model.problem, budget, std::min(options_.exact_component_seconds, 0.5 * left()), improve()));
+        if (options_.compare_with_greedy || !best)
+            consider("greedy", greedy_plan(model.problem, budget, 0.5 * left(), improve()));
+        if (model.rockmate && (left() > 0 || !best))
+            consider("rockmate", rockmate_plan(*model.rockmate, budget, improve()));
         if (!best) throw infeasible(model, budget);
         best->stats.solve_seconds = clock.seconds();
         return *std::move(best);
@@ -326,10 +351,11 @@ private:
         return {options_.max_states, options_.search_time_limit_seconds};
     }
 
-    // Limits of a search at the top: an unpartitioned problem gets the flat limits; otherwise
-    // at most half of the top's time left (`left`), so that the weighted fallback has time too.
-    [[nodiscard]] detail::hrockmate::SearchLimits top_limits(bool flat, double left) const {
-        if (flat) return {options_.flat_max_states, options_.flat_time_limit_seconds};
+    // Limits of a search at the top: an unpartitioned problem gets the flat limits (at most the
+    // top's `seconds`); otherwise at most half of the top's time left (`left`), so that the
+    // weighted fallback has time too.
+    [[nodiscard]] detail::hrockmate::SearchLimits top_limits(bool flat, double left, double seconds) const {
+        if (flat) return {options_.flat_max_states, std::min(options_.flat_time_limit_seconds, seconds)};
         detail::hrockmate::SearchLimits l = limits();
         l.seconds = std::min(l.seconds, left / 2);
         return l;
@@ -372,8 +398,12 @@ private:
             how = "as cluster " + std::to_string(it->second - h.atoms.size());
         } else {
             const std::vector<Child> children = children_of(model, h.cluster(node).children);
-            const bool in_time = analysis.seconds() < options_.time_limit_seconds;
-            n.options = in_time ? grid_options(model, n.interface, sub, children, name, clock) : std::vector<Option>{};
+            // The grid stops at the cluster's limit or at the analysis', whichever comes first.
+            const double seconds = std::min(options_.cluster_time_limit_seconds,
+                                            options_.time_limit_seconds - analysis.seconds());
+            const bool in_time = seconds > 0;
+            n.options =
+                in_time ? grid_options(model, n.interface, sub, children, name, clock, seconds) : std::vector<Option>{};
             if (n.options.empty()) n.options = store_all_options(p, n.interface, sub, children, name);
             if (in_time) add_real_greedy_options(p, n.interface, sub, name, n.options);
             planned.emplace(key, node);
@@ -461,19 +491,26 @@ private:
     // the least the greedy reaches on the abstract problem (each child with its fastest
     // option: proving the least peak exactly is a search over every state) to the peak of the
     // fastest schedule; a grid point the exact search cannot settle within its limits gets the
-    // greedy's plan there.
+    // greedy's plan there. Within `seconds` in all (`clock` counts from the cluster's start).
     [[nodiscard]] std::vector<detail::hrockmate::Option> grid_options(HRockmateModel& model,
                                                                     const detail::hrockmate::Interface& f,
                                                                     const detail::hrockmate::SubProblem& sub,
                                                                     const std::vector<detail::hrockmate::Child>& children,
-                                                                    const std::string& name, const Stopwatch& clock) const {
+                                                                    const std::string& name, const Stopwatch& clock,
+                                                                    double seconds) const {
         using namespace detail::hrockmate;
         const Problem& p = model.problem;
         const AbstractProblem base = abstract_problem(p, f, children, {}, false, 0, name);
         if (base.problem.data_count() > 128) return {};
         const Bytes unlimited = std::numeric_limits<Bytes>::max() / 4;
+        // One search's limits, within what is left of `seconds`.
+        const auto search_limits = [&] {
+            SearchLimits l = limits();
+            l.seconds = std::max(1e-3, std::min(l.seconds, seconds - clock.seconds()));
+            return l;
+        };
         ++model.searches;
-        const auto fastest = search(base, detail::exhaustive::SearchGoal::least_time, unlimited, limits());
+        const auto fastest = search(base, detail::exhaustive::SearchGoal::least_time, unlimited, search_limits());
         if (!fastest) {
             ++model.failed_searches;
             return {};
@@ -494,7 +531,7 @@ private:
             const Bytes peak = step(peak_lo, peak_hi, i, options_.peak_budgets);
             const Bytes top = std::min(peak, saved_hi);
             for (std::size_t j = options_.saved_budgets; j-- > 0;) {
-                if (clock.seconds() > options_.cluster_time_limit_seconds) return options;
+                if (clock.seconds() > seconds) return options;
                 const Bytes saved = step(floor_saved, top, j, options_.saved_budgets);
                 if (saved < floor_saved) continue;
                 if (std::any_of(infeasible.begin(), infeasible.end(),
@@ -502,7 +539,7 @@ private:
                     continue;
                 const AbstractProblem a = abstract_problem(p, f, children, {}, false, peak - saved, name);
                 ++model.searches;
-                if (const auto r = search(a, detail::exhaustive::SearchGoal::least_time, peak, limits())) {
+                if (const auto r = search(a, detail::exhaustive::SearchGoal::least_time, peak, search_limits())) {
                     if (auto o = option_of(p, f, sub, a, children, r->schedule)) options.push_back(std::move(*o));
                     continue;
                 }
@@ -588,14 +625,18 @@ private:
         const AbstractProblem a =
             abstract_problem(model.problem, model.top, children, model.hierarchy.top_ops, true, 0, model.problem.name());
         if (a.problem.data_count() > 128) return std::nullopt;
-        return search(a, goal, budget, top_limits(model.hierarchy.clusters.empty(), options_.top_time_limit_seconds));
+        return search(a, goal, budget,
+                      top_limits(model.hierarchy.clusters.empty(), options_.top_time_limit_seconds,
+                                 options_.flat_time_limit_seconds));
     }
 
     // The top searched at the budget and at the larger abstract budgets of
     // top_budget_factors; each flattened schedule is tidied, and the fastest that fits the
     // real budget is improved and returned. Two misses in a row (a plan over the budget) end
-    // the climb.
-    [[nodiscard]] std::optional<Plan> solve_top(const HRockmateModel& model, Bytes budget) const {
+    // the climb. Within `seconds` (an unpartitioned problem: its flat limit, if lower), and
+    // `improve_seconds` for the improvement.
+    [[nodiscard]] std::optional<Plan> solve_top(const HRockmateModel& model, Bytes budget, double seconds,
+                                                double improve_seconds) const {
         using namespace detail::hrockmate;
         const Stopwatch clock;
         const std::vector<Child> children = children_of(model, model.hierarchy.top);
@@ -608,13 +649,13 @@ private:
         const bool flat = model.hierarchy.clusters.empty();  // the abstract problem is the real one
         const std::size_t factors = flat ? 1 : options_.top_budget_factors.size();
         for (std::size_t i = 0; i < factors && misses < 2 && a.problem.data_count() <= 128; ++i) {
-            const double left = options_.top_time_limit_seconds - clock.seconds();
+            const double left = seconds - clock.seconds();
             if (left <= 0 && !flat) break;
             const double factor = flat ? 1.0 : options_.top_budget_factors[i];
             const double scaled = static_cast<double>(budget) * factor;  // saturated: budgets may be near 2^63
             const Bytes abstract_budget =
                 scaled < 9223372036854775808.0 ? static_cast<Bytes>(scaled) : std::numeric_limits<Bytes>::max();
-            const auto r = search_or_weighted(a, abstract_budget, top_limits(flat, left), options_.fallback_weight);
+            const auto r = search_or_weighted(a, abstract_budget, top_limits(flat, left, seconds), options_.fallback_weight);
             if (!r) continue;
             Schedule steps = tidy_schedule(model.problem, flatten(model.problem, a, children, r->schedule, initial).steps);
             const SimulationReport sim = simulate(model.problem, steps);
@@ -629,12 +670,13 @@ private:
             }
         }
         if (!flat)
-            if (auto assigned = top_by_assignment(model, budget, clock); assigned && (!best || assigned->second < best_time)) {
+            if (auto assigned = top_by_assignment(model, budget, clock, seconds);
+                assigned && (!best || assigned->second < best_time)) {
                 best = std::move(assigned->first);
                 best_time = assigned->second;
             }
         std::optional<Plan> plan;
-        if (best) plan = finished(model.problem, *std::move(best), budget, "hierarchy");
+        if (best) plan = finished(model.problem, *std::move(best), budget, "hierarchy", improve_seconds);
         report("hrockmate: top of '" + model.problem.name() + "' at " + std::to_string(budget) + " bytes: " +
                (plan ? "plan of time " + std::to_string(plan->time) : std::string("no plan")) + " in " +
                std::to_string(clock.seconds()) + " s");
@@ -648,9 +690,9 @@ private:
     // gets is found by coordinate descent from two starts, every child with its fastest option
     // and every child with its leanest; each assignment is flattened, tidied and simulated on
     // the whole problem, and the fastest schedule that fits is returned with its time.
-    // Bounded by the top's time limit (`clock` counts from the start of the top).
+    // Bounded by the top's `seconds` (`clock` counts from the start of the top).
     [[nodiscard]] std::optional<std::pair<Schedule, double>> top_by_assignment(const HRockmateModel& model, Bytes budget,
-                                                                              const Stopwatch& clock) const {
+                                                                              const Stopwatch& clock, double seconds) const {
         using namespace detail::hrockmate;
         const std::vector<Child> children = children_of(model, model.hierarchy.top);
         const std::vector<DataId> initial(model.problem.initial().begin(), model.problem.initial().end());
@@ -666,7 +708,7 @@ private:
             seen.emplace(assignment, time);
             return time;
         };
-        const auto out_of_time = [&] { return clock.seconds() > options_.top_time_limit_seconds; };
+        const auto out_of_time = [&] { return clock.seconds() > seconds; };
         for (const bool lean : {false, true}) {
             std::vector<std::size_t> assignment = start_assignment(children, lean);
             double current = evaluate(assignment);
@@ -729,7 +771,9 @@ private:
 
     // Rockmate's blocks and options when the problem is a sequence of at least two blocks,
     // each small enough for the exact block solver (rockmate_max_block_ops).
-    [[nodiscard]] std::optional<RockmateModel> rockmate_model(const Problem& problem) const {
+    // Its blocks share what is left of the analysis' time limit (`analysis` counts from its
+    // start), at most RockmateOptions::block_time_limit_seconds each.
+    [[nodiscard]] std::optional<RockmateModel> rockmate_model(const Problem& problem, const Stopwatch& analysis) const {
         if (!options_.use_rockmate) return std::nullopt;
         try {
             const BlockPartition part = partition_blocks(problem, options_.rockmate.partition);
@@ -737,7 +781,10 @@ private:
             for (const Block& b : part.blocks)
                 if (b.forward_ops.size() + b.backward_ops.size() > options_.rockmate_max_block_ops) return std::nullopt;
             const Stopwatch clock;
-            RockmateModel model = Rockmate<>(options_.rockmate).analyse(problem);
+            RockmateOptions o = options_.rockmate;
+            const double left = std::max(0.0, options_.time_limit_seconds - analysis.seconds());
+            o.block_time_limit_seconds = std::min(o.block_time_limit_seconds, left / static_cast<double>(part.blocks.size()));
+            RockmateModel model = Rockmate<>(o).analyse(problem);
             report("hrockmate: rockmate on " + std::to_string(model.blocks.size()) + " blocks in " +
                    std::to_string(clock.seconds()) + " s");
             return model;
@@ -747,47 +794,61 @@ private:
     }
 
     // The exact search on the whole problem when it is small enough for it (at most 128 data)
-    // but was partitioned: within exact_component_seconds, else nothing.
-    [[nodiscard]] std::optional<Plan> exact_plan(const Problem& problem, Bytes budget) const {
+    // but was partitioned: within `seconds` (and `improve_seconds` for the improvement), else
+    // nothing.
+    [[nodiscard]] std::optional<Plan> exact_plan(const Problem& problem, Bytes budget, double seconds,
+                                                 double improve_seconds) const {
         if (problem.data_count() > 128) return std::nullopt;
         try {
             ExhaustiveOptions o;
             o.max_states = options_.flat_max_states;
-            o.time_limit_seconds = options_.exact_component_seconds;
+            o.time_limit_seconds = seconds;
             const detail::exhaustive::ExhaustiveSearch s(problem, o);
             detail::exhaustive::ExhaustiveSearch::Result r = s.run(detail::exhaustive::SearchGoal::least_time, budget);
             if (!r.found) return std::nullopt;
-            return finished(problem, std::move(r.schedule), budget, "exact");
+            return finished(problem, std::move(r.schedule), budget, "exact", improve_seconds);
         } catch (const Error&) {
             return std::nullopt;
         }
     }
 
-    // Rockmate's plan, improved; nullopt when it has none.
-    [[nodiscard]] std::optional<Plan> rockmate_plan(const RockmateModel& model, Bytes budget) const {
+    // Rockmate's plan, improved within `improve_seconds`; nullopt when it has none.
+    [[nodiscard]] std::optional<Plan> rockmate_plan(const RockmateModel& model, Bytes budget,
+                                                    double improve_seconds) const {
         try {
             Plan r = Rockmate<>(options_.rockmate).solve(model, budget);
-            return finished(model.problem, std::move(r.schedule), budget, "rockmate");
+            return finished(model.problem, std::move(r.schedule), budget, "rockmate", improve_seconds);
         } catch (const Error&) {
             return std::nullopt;
         }
     }
 
-    // The greedy's plan (the portfolio of HRockmateOptions::greedy), improved; nullopt when it
-    // fits no plan at this budget.
-    [[nodiscard]] std::optional<Plan> greedy_plan(const Problem& problem, Bytes budget) const {
+    // The greedy's plan (the portfolio of HRockmateOptions::greedy, its replays and its own
+    // improvement within at most `seconds`), improved within `improve_seconds`; nullopt when
+    // it fits no plan at this budget.
+    [[nodiscard]] std::optional<Plan> greedy_plan(const Problem& problem, Bytes budget, double seconds,
+                                                  double improve_seconds) const {
         try {
-            Plan g = Greedy{options_.greedy}.solve(problem, budget);
-            return finished(problem, std::move(g.schedule), budget, "greedy (" + g.stats.options + ")");
+            GreedyOptions o = options_.greedy;
+            o.portfolio_seconds = std::min(o.portfolio_seconds, 0.6 * seconds);
+            o.improve_seconds = std::min(o.improve_seconds, 0.4 * seconds);
+            Plan g = Greedy{o}.solve(problem, budget);
+            return finished(problem, std::move(g.schedule), budget, "greedy (" + g.stats.options + ")", improve_seconds);
         } catch (const Infeasible&) {
             return std::nullopt;
         }
     }
 
-    // A candidate schedule that fits, locally improved when asked, as a checked plan whose
-    // stats name the component that made it.
-    [[nodiscard]] Plan finished(const Problem& problem, Schedule schedule, Bytes budget, const std::string& component) const {
-        if (options_.improve_plans) schedule = improve_schedule(problem, std::move(schedule), budget, options_.improve);
+    // A candidate schedule that fits, locally improved when asked (within `improve_seconds`,
+    // at most ImproveOptions' limit), as a checked plan whose stats name the component that
+    // made it.
+    [[nodiscard]] Plan finished(const Problem& problem, Schedule schedule, Bytes budget, const std::string& component,
+                                double improve_seconds) const {
+        if (options_.improve_plans) {
+            ImproveOptions o = options_.improve;
+            o.time_limit_seconds = std::max(0.0, std::min(o.time_limit_seconds, improve_seconds));
+            schedule = improve_schedule(problem, std::move(schedule), budget, o);
+        }
         SolverStats stats{std::string(name()), 0.0, SolveStatus::feasible, std::nullopt,
                           "component=" + component + (options_.improve_plans ? ", improved" : "")};
         return make_checked_plan(problem, std::move(schedule), budget, std::move(stats));

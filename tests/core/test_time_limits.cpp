@@ -1,0 +1,100 @@
+// Time limits that cover a whole solve: H-Rockmate's planning at one budget
+// (HRockmateOptions::budget_time_limit_seconds: every component together), and remat::Auto's
+// time limit over analysis and planning (AutoOptions::time_limit_seconds). Wall-time
+// assertions: tagged [timing] and left out of the sanitizer runs.
+#include <catch2/catch.hpp>
+
+#include <random>
+#include <string>
+
+#include <remat/remat.hpp>
+
+#include "../support/random_problems.hpp"
+
+using namespace remat;
+
+namespace {
+
+// A dense random DAG: too large to plan flat (more than 64 data), small enough (at most 128
+// data) that H-Rockmate also tries its exact search at every budget.
+Problem dense_dag(std::uint32_t seed, std::size_t forward_ops) {
+    std::mt19937 rng(seed);
+    testing::DagShape shape;
+    shape.forward_ops = forward_ops;
+    shape.second_input = 0.7;
+    shape.second_output = 0.3;
+    return testing::random_dag(rng, shape, "dense-" + std::to_string(seed));
+}
+
+// A budget that the greedy reaches, low enough that the searches have work to do.
+Bytes low_budget(const Problem& p) {
+    const Bytes least = Greedy{}.smallest_budget(p);
+    return least + (store_all_reference(p).peak - least) / 5;
+}
+
+}  // namespace
+
+TEST_CASE("time limits: H-Rockmate plans at a budget within budget_time_limit_seconds, all components together",
+          "[limits][timing]") {
+    const Problem p = dense_dag(7, 28);
+    REQUIRE(p.data_count() > 64);
+    REQUIRE(p.data_count() <= 128);
+    const Bytes budget = low_budget(p);
+    HRockmateOptions own;  // the components' own limits
+    own.time_limit_seconds = 2.0;
+    const HRockmateModel model = HRockmate(own).analyse(p);
+
+    const Stopwatch unlimited_clock;
+    const Plan unlimited = HRockmate(own).solve(model, budget);
+    const double unlimited_seconds = unlimited_clock.seconds();
+
+    HRockmateOptions limited = own;
+    limited.budget_time_limit_seconds = 0.4;
+    const Stopwatch clock;
+    const Plan plan = HRockmate(limited).solve(model, budget);
+    const double seconds = clock.seconds();
+    INFO("components' own limits: " << unlimited_seconds << " s; limited to 0.4 s: " << seconds << " s");
+    // The components alone take longer than the limit, so the limit is what stops them.
+    REQUIRE(unlimited_seconds > 1.0);
+    CHECK(seconds <= 0.4 * 1.1 + 0.05);
+    const SimulationReport r = simulate(p, plan.schedule);
+    CHECK(r.valid);
+    CHECK(r.peak <= budget);
+    CHECK(simulate(p, unlimited.schedule).peak <= budget);
+}
+
+TEST_CASE("time limits: Auto's limit covers analysis and planning at the budget", "[limits][timing]") {
+    const Problem p = dense_dag(11, 90);
+    REQUIRE(auto_choice(p) == AutoChoice::hrockmate);
+    const Bytes budget = low_budget(p);
+    for (const double limit : {1.0, 3.0}) {
+        AutoOptions options;
+        options.time_limit_seconds = limit;
+        const Stopwatch clock;
+        const Plan plan = Auto(options).solve(p, budget);
+        const double seconds = clock.seconds();
+        INFO("time limit " << limit << " s: solved in " << seconds << " s");
+        CHECK(seconds <= limit * 1.1 + 0.05);
+        const SimulationReport r = simulate(p, plan.schedule);
+        CHECK(r.valid);
+        CHECK(r.peak <= budget);
+    }
+}
+
+TEST_CASE("time limits: a sweep's budgets each get the planning share after one analysis", "[limits][timing]") {
+    const Problem p = dense_dag(11, 90);
+    AutoOptions options;
+    options.time_limit_seconds = 2.0;
+    const Auto solver(options);
+    const AutoModel model = solver.analyse(p);
+    CHECK(model.seconds <= auto_analysis_share * 2.0 * 1.1 + 0.05);
+    const Bytes least = Greedy{}.smallest_budget(p);
+    for (const Bytes budget : {least, (least + store_all_reference(p).peak) / 2}) {
+        const Stopwatch clock;
+        const Plan plan = solver.solve(model, budget);
+        INFO("budget " << budget << ": planned in " << clock.seconds() << " s after an analysis of " << model.seconds
+                       << " s");
+        CHECK(clock.seconds() <= std::max((1 - auto_analysis_share) * 2.0, 2.0 - model.seconds) * 1.1 + 0.05);
+        CHECK(simulate(p, plan.schedule).peak <= budget);
+    }
+}
