@@ -54,9 +54,24 @@ if(REMAT_WITH_CBC)
 endif()
 
 set(REMAT_HAVE_TORCH OFF)
+set(REMAT_HAVE_CUDA OFF)
 if(REMAT_WITH_TORCH)
   find_package(Torch QUIET)
   if(Torch_FOUND OR TORCH_FOUND)
+    # TorchConfig looks for its libraries on the system paths before its own folder: with
+    # Debian's libtorch-dev installed beside a pip wheel's LibTorch it may take Debian's
+    # libc10, and the programs abort at load time. Refuse that mix, with the fix.
+    if(TORCH_LIBRARY AND c10_LIBRARY)
+      get_filename_component(remat_torch_lib_dir "${TORCH_LIBRARY}" DIRECTORY)
+      get_filename_component(remat_c10_lib_dir "${c10_LIBRARY}" DIRECTORY)
+      get_filename_component(remat_torch_lib_dir "${remat_torch_lib_dir}" REALPATH)
+      get_filename_component(remat_c10_lib_dir "${remat_c10_lib_dir}" REALPATH)
+      if(NOT remat_torch_lib_dir STREQUAL remat_c10_lib_dir AND EXISTS "${remat_torch_lib_dir}/libc10.so")
+        message(FATAL_ERROR "remat: LibTorch's configuration took c10 from ${c10_LIBRARY}, another LibTorch than "
+                            "${TORCH_LIBRARY}; configure again in a fresh build folder with the torch folder first in "
+                            "CMAKE_PREFIX_PATH (the folder above lib/, as scripts/test --torch pip does)")
+      endif()
+    endif()
     set(REMAT_HAVE_TORCH ON)
     add_library(remat_torch INTERFACE)
     add_library(remat::torch ALIAS remat_torch)
@@ -64,14 +79,17 @@ if(REMAT_WITH_TORCH)
     target_link_libraries(remat_torch INTERFACE remat ${TORCH_LIBRARIES})
     # The CUDA headers exist even in CPU-only installs but do not compile there:
     # decide from the targets LibTorch really provides.
+    # Only for this build: an installed remat decides again from the LibTorch its user's
+    # project finds (rematConfig.cmake).
     if(TARGET c10_cuda OR TARGET torch_cuda)
-      target_compile_definitions(remat_torch INTERFACE REMAT_WITH_CUDA=1)
+      set(REMAT_HAVE_CUDA ON)
+      target_compile_definitions(remat_torch INTERFACE $<BUILD_INTERFACE:REMAT_WITH_CUDA=1>)
       if(TARGET c10_cuda)
-        target_link_libraries(remat_torch INTERFACE c10_cuda)
+        target_link_libraries(remat_torch INTERFACE $<BUILD_INTERFACE:c10_cuda>)
       endif()
     endif()
     list(APPEND remat_exported remat_torch)
   endif()
 endif()
 
-message(STATUS "remat: json=${REMAT_HAVE_JSON} lp_solve=${REMAT_HAVE_LPSOLVE} cbc=${REMAT_HAVE_CBC} torch=${REMAT_HAVE_TORCH}")
+message(STATUS "remat: json=${REMAT_HAVE_JSON} lp_solve=${REMAT_HAVE_LPSOLVE} cbc=${REMAT_HAVE_CBC} torch=${REMAT_HAVE_TORCH} cuda=${REMAT_HAVE_CUDA}")

@@ -153,22 +153,48 @@ inline at::Tensor conv_weight(std::int64_t out, std::int64_t in, std::int64_t k)
     return at::randn({out, in, k, k}) * std::sqrt(2.0 / static_cast<double>(in * k * k));
 }
 
+// A k x k convolution `name` from `in` to `out` channels, and its batch norm `bn`.
+inline void add_conv_bn(torch::jit::Module& m, const std::string& name, const std::string& bn, std::int64_t out,
+                        std::int64_t in, std::int64_t k) {
+    add_parameter(m, name, conv_weight(out, in, k));
+    add_batch_norm(m, bn, out);
+}
+
+// A residual block's shortcut: x itself, or a strided 1x1 convolution with batch norm where
+// the block changes the shape.
+inline std::string shortcut_of(torch::jit::Module& m, std::int64_t in, std::int64_t out, std::int64_t stride) {
+    if (stride == 1 && in == out) return "x";
+    add_conv_bn(m, "conv_sc", "bn_sc", out, in, 1);
+    return batch_norm(conv("x", "conv_sc", stride, 0), "bn_sc");
+}
+
 inline torch::jit::Module basic_block(std::int64_t in, std::int64_t out, std::int64_t stride) {
     torch::jit::Module m = new_module("BasicBlock");
-    add_parameter(m, "conv1", conv_weight(out, in, 3));
-    add_batch_norm(m, "bn1", out);
-    add_parameter(m, "conv2", conv_weight(out, out, 3));
-    add_batch_norm(m, "bn2", out);
-    std::string shortcut = "x";
-    if (stride != 1 || in != out) {
-        add_parameter(m, "conv_sc", conv_weight(out, in, 1));
-        add_batch_norm(m, "bn_sc", out);
-        shortcut = batch_norm(conv("x", "conv_sc", stride, 0), "bn_sc");
-    }
+    add_conv_bn(m, "conv1", "bn1", out, in, 3);
+    add_conv_bn(m, "conv2", "bn2", out, out, 3);
+    const std::string shortcut = shortcut_of(m, in, out, stride);
     m.define(R"(
 def forward(self, x):
     out = torch.relu()" + batch_norm(conv("x", "conv1", stride, 1), "bn1") + R"()
     out = )" + batch_norm(conv("out", "conv2", 1, 1), "bn2") + R"(
+    return torch.relu(out + )" + shortcut + R"()
+)");
+    return m;
+}
+
+// ResNet-50's bottleneck: 1x1 down to `width`, 3x3 (with the stride), 1x1 up to 4 × width.
+inline torch::jit::Module bottleneck_block(std::int64_t in, std::int64_t width, std::int64_t stride) {
+    const std::int64_t out = 4 * width;
+    torch::jit::Module m = new_module("Bottleneck");
+    add_conv_bn(m, "conv1", "bn1", width, in, 1);
+    add_conv_bn(m, "conv2", "bn2", width, width, 3);
+    add_conv_bn(m, "conv3", "bn3", out, width, 1);
+    const std::string shortcut = shortcut_of(m, in, out, stride);
+    m.define(R"(
+def forward(self, x):
+    out = torch.relu()" + batch_norm(conv("x", "conv1", 1, 0), "bn1") + R"()
+    out = torch.relu()" + batch_norm(conv("out", "conv2", stride, 1), "bn2") + R"()
+    out = )" + batch_norm(conv("out", "conv3", 1, 0), "bn3") + R"(
     return torch.relu(out + )" + shortcut + R"()
 )");
     return m;
@@ -375,6 +401,37 @@ def forward(self, idx):
     m.define(R"(
 def forward(self, x):
     x = torch.relu()" + detail::batch_norm(detail::conv("x", "stem", 1, 1), "bn") + R"()
+)" + body + R"(    x = torch.adaptive_avg_pool2d(x, [1, 1]).flatten(1)
+    return torch.linear(x, self.fc_w, self.fc_b)
+)");
+    return m;
+}
+
+/// ResNet-50 (He et al. 2016) for 224x224 images: a 7x7 stem with max pooling, then 3, 4, 6
+/// and 3 bottleneck blocks of widths 64 to 512, as torchvision builds it.
+[[nodiscard]] inline torch::jit::Module make_resnet50(std::int64_t classes = 1000) {
+    torch::jit::Module m = detail::new_module("ResNet50");
+    detail::add_parameter(m, "stem", detail::conv_weight(64, 3, 7));
+    detail::add_batch_norm(m, "bn", 64);
+    std::string body;
+    std::int64_t channels = 64;
+    const std::int64_t blocks[4] = {3, 4, 6, 3};
+    for (std::int64_t s = 0; s < 4; ++s) {
+        const std::int64_t width = std::int64_t{64} << s;
+        for (std::int64_t b = 0; b < blocks[s]; ++b) {
+            const std::int64_t stride = (s > 0 && b == 0) ? 2 : 1;
+            const std::string name = "layer" + std::to_string(s + 1) + "_" + std::to_string(b);
+            m.register_module(name, detail::bottleneck_block(channels, width, stride));
+            body += "    x = self." + name + ".forward(x)\n";
+            channels = 4 * width;
+        }
+    }
+    detail::add_parameter(m, "fc_w", detail::normal(classes, channels, 1.0 / std::sqrt(static_cast<double>(channels))));
+    detail::add_parameter(m, "fc_b", at::zeros({classes}));
+    m.define(R"(
+def forward(self, x):
+    x = torch.relu()" + detail::batch_norm(detail::conv("x", "stem", 2, 3), "bn") + R"()
+    x = torch.max_pool2d(x, [3, 3], [2, 2], [1, 1], [1, 1], False)
 )" + body + R"(    x = torch.adaptive_avg_pool2d(x, [1, 1]).flatten(1)
     return torch.linear(x, self.fc_w, self.fc_b)
 )");

@@ -101,6 +101,8 @@ def main() -> int:
     parser.add_argument("--cmake", default="cmake")
     parser.add_argument("--generator", default=None)
     parser.add_argument("--cxx", default=None)
+    parser.add_argument("--cmake-arg", action="append", default=[],
+                        help="another option of the snippets' configure (repeatable; e.g. LibTorch's CUDA hints)")
     parser.add_argument("--list", action="store_true", help="list the blocks and exit")
     args = parser.parse_args()
     root = args.source.resolve()
@@ -114,12 +116,16 @@ def main() -> int:
         return 1
     build = args.build.resolve()
     write_project(blocks, build)
-    configure = [args.cmake, "-S", build, "-B", build / "out", f"-DCMAKE_PREFIX_PATH={args.prefix}",
+    prefixes = args.prefix.replace("|", ";").rstrip(";")  # '|' separates several prefixes
+    # Packages are found again each run (a cached Torch_DIR would outlive a change of LibTorch).
+    (build / "out" / "CMakeCache.txt").unlink(missing_ok=True)
+    configure = [args.cmake, "-S", build, "-B", build / "out", f"-DCMAKE_PREFIX_PATH={prefixes}",
                  "-DCMAKE_BUILD_TYPE=Release"]
     if args.generator:
         configure += ["-G", args.generator]
     if args.cxx:
         configure += [f"-DCMAKE_CXX_COMPILER={args.cxx}"]
+    configure += [a for a in args.cmake_arg if a]
     run(configure)
     run([args.cmake, "--build", build / "out", "-j2"])
     failures = []

@@ -142,8 +142,9 @@ inline void require_same_grads(const Grads& a, const Grads& b, double tolerance)
 
 // Runs `plan` through ScriptExecutor::step and checks outputs, loss and every gradient
 // against plain autograd from the same seed; returns the step's report.
-inline remat::torch::StepReport check_against_plain_args(torch::jit::Module& m, const ScriptCapture& cap,
-                                                         const ScriptExecutor<>& ex, const remat::Plan& plan,
+template <class Probe = remat::torch::CpuMemoryProbe>
+remat::torch::StepReport check_against_plain_args(torch::jit::Module& m, const ScriptCapture& cap,
+                                                         const ScriptExecutor<Probe>& ex, const remat::Plan& plan,
                                                          const std::vector<c10::IValue>& arguments, const Loss& loss,
                                                          double tolerance = 0.0) {
     const auto& params = cap.parameters();
@@ -174,8 +175,9 @@ inline remat::torch::StepReport check_against_plain_args(torch::jit::Module& m, 
     return result.report;
 }
 
-inline remat::torch::StepReport check_against_plain(torch::jit::Module& m, const ScriptCapture& cap,
-                                                    const ScriptExecutor<>& ex, const remat::Plan& plan,
+template <class Probe = remat::torch::CpuMemoryProbe>
+remat::torch::StepReport check_against_plain(torch::jit::Module& m, const ScriptCapture& cap,
+                                                    const ScriptExecutor<Probe>& ex, const remat::Plan& plan,
                                                     const std::vector<at::Tensor>& inputs, const Loss& loss,
                                                     double tolerance = 0.0) {
     return check_against_plain_args(m, cap, ex, plan, std::vector<c10::IValue>(inputs.begin(), inputs.end()), loss,

@@ -105,6 +105,22 @@ void require_eager_step(const Exported& e, const ScriptCapture& cap, const Plan&
 
 std::vector<c10::IValue> arguments(const Exported& e) { return {e.inputs.begin(), e.inputs.end()}; }
 
+// Known limit under LibTorch 2.x: torch.jit.script of nn.Transformer and nn.TransformerDecoder
+// (PyTorch 2.11) detects a causal mask by comparing the mask buffer with a generated one and
+// branches on the result (`if is_causal:`), a decision on tensor values that capture refuses.
+// The traced exports of the same models run. Returns true (and checks that the refusal says
+// so) for those exports, which the tests then skip; false everywhere else.
+bool refused_as_known(const Exported& e) {
+    const bool scripted_transformer = e.name == "transformer (scripted)" || e.name == "transformer_decoder (scripted)";
+    if (!remat::torch::detail::compat::torch2 || !scripted_transformer) return false;
+    torch::jit::Module m = torch::jit::load(e.file);
+    m.train();
+    CHECK_THROWS_WITH(capture_script(m, arguments(e), quick(e.name)),
+                      Catch::Contains("if is_causal:") && Catch::Contains("control flow that depends on tensor values"));
+    WARN(e.name << ": refused by capture under LibTorch 2.x (data-dependent `if is_causal:`), as expected");
+    return true;
+}
+
 // The store-all schedule with its forward ops in another topological order: among the ops
 // ready to run, the one that comes last in the module first (the forwards of independent
 // branches run in reverse, random ones included). The frees of the forward part follow its
@@ -149,6 +165,7 @@ remat::Schedule last_ready_first(const Problem& p, const remat::Schedule& store_
 TEST_CASE("dropout models: remat's step is eager PyTorch's, bit for bit, at store-all and when recomputing",
           "[torch][dropout]") {
     for (const Exported& e : exported_models()) {
+        if (refused_as_known(e)) continue;
         SECTION(e.name) {
             torch::jit::Module m = torch::jit::load(e.file);
             m.train();
@@ -219,7 +236,7 @@ TEST_CASE("dropout models: capture leaves the module's graph executor as it was"
     // optimized training graph draws random numbers at p = 0 (eager PyTorch does not). Capture
     // must not make that first call: after it, the module's first call is still eager's step.
     for (const Exported& e : exported_models()) {
-        if (e.name.rfind("transformer_decoder (", 0) != 0) continue;
+        if (e.name.rfind("transformer_decoder (", 0) != 0 || refused_as_known(e)) continue;
         SECTION(e.name) {
             torch::jit::Module m = torch::jit::load(e.file);
             m.train();
@@ -233,7 +250,7 @@ TEST_CASE("dropout models: capture leaves the module's graph executor as it was"
 
 TEST_CASE("dropout models: checkpoint() trains like eager PyTorch", "[torch][dropout]") {
     for (const Exported& e : exported_models()) {
-        if (e.name.rfind("transformer (", 0) != 0) continue;
+        if (e.name.rfind("transformer (", 0) != 0 || refused_as_known(e)) continue;
         SECTION(e.name) {
             torch::jit::Module m = torch::jit::load(e.file);
             m.train();

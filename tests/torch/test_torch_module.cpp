@@ -309,6 +309,21 @@ TEST_CASE("module: inputs of another shape are re-planned, or rejected on reques
     CHECK_NOTHROW(r->forward(torch::randn({5, 8})).sum().backward());
 }
 
+// The meta device stands in for a GPU here: any device other than the model's.
+TEST_CASE("module: an input on another device than the model is a clear error", "[torch][module][device]") {
+    auto model = remat_test::make_mlp(8, 16, 3, 3, 0.0);
+    auto m = rt::checkpoint(remat_test::blocks_of(model), torch::randn({4, 8}), rt::budget_percent(100),
+                            remat::StoreAll{}, quick());
+    const at::Tensor elsewhere = at::empty({4, 8}, at::TensorOptions().device(at::kMeta)).requires_grad_();
+    CHECK_THROWS_AS(m->forward(elsewhere), remat::InvalidInput);
+    CHECK_THROWS_WITH(m->forward(elsewhere), Catch::Contains("the model is on cpu but an input is on meta"));
+    CHECK(m->cached_shapes() == 1);  // nothing was planned for it
+    CHECK_THROWS_WITH(rt::checkpoint(remat_test::blocks_of(model), elsewhere, rt::budget_percent(100),
+                                     remat::StoreAll{}, quick()),
+                      Catch::Contains("an input is on meta"));
+    CHECK_NOTHROW(m->forward(torch::randn({4, 8})).sum().backward());
+}
+
 namespace {
 
 /// Throws from its backward while `armed` is set.
@@ -472,11 +487,36 @@ TEST_CASE("module: gradients asked for the input only leave the parameters alone
 }
 
 #if REMAT_WITH_CUDA
-TEST_CASE("cuda: probe, gradients and measured peak on a GPU", "[torch][cuda]") {
-    if (!torch::cuda::is_available()) {
-        WARN("no CUDA device available: the CUDA tests are skipped");
-        return;
+// Runs in every CUDA build, with a GPU or without: the probe's contract on devices that do
+// not exist is a clear InvalidInput naming the device, never a crash.
+TEST_CASE("cuda probe: a device that does not exist is a clear error", "[torch][cuda-probe]") {
+    const auto devices = static_cast<c10::DeviceIndex>(c10::cuda::device_count());
+    for (const c10::DeviceIndex missing : {devices, static_cast<c10::DeviceIndex>(devices + 3),
+                                           static_cast<c10::DeviceIndex>(-1)}) {
+        INFO("device " << int(missing) << " of " << int(devices));
+        try {
+            const rt::CudaMemoryProbe probe(missing);
+            FAIL("no error for a CUDA device that does not exist");
+        } catch (const remat::InvalidInput& e) {
+            const std::string message = e.what();
+            CHECK(message.find("CUDA device " + std::to_string(missing) + " does not exist") != std::string::npos);
+            CHECK(message.find("sees " + std::to_string(devices) + " CUDA devices") != std::string::npos);
+        }
     }
+    if (devices == 0) {
+        CHECK_FALSE(torch::cuda::is_available());
+        CHECK_THROWS_AS(rt::CudaMemoryProbe(), remat::InvalidInput);
+    }
+}
+
+// The [cuda] tests are hidden from the main run: ctest runs them as remat_cuda_tests, which
+// reports them as skipped (exit 77) where "[cuda-device]" finds no device.
+TEST_CASE("cuda device: this process sees a CUDA device", "[.][cuda-device]") {
+    REQUIRE(torch::cuda::is_available());
+}
+
+TEST_CASE("cuda: probe, gradients and measured peak on a GPU", "[.][torch][cuda]") {
+    REQUIRE(torch::cuda::is_available());
     rt::CudaMemoryProbe probe(0);
     const remat::Bytes before = probe.current();
     {

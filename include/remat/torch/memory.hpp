@@ -22,11 +22,11 @@
 #include <c10/core/DeviceType.h>
 
 #if REMAT_WITH_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
 #include "../core/errors.hpp"
+#include "detail/compat.hpp"
 
 namespace remat::torch {
 
@@ -159,21 +159,40 @@ class CudaMemoryProbe {
 public:
     explicit CudaMemoryProbe(c10::DeviceIndex device = 0) : device_(device) {
         if (device < 0 || device >= static_cast<c10::DeviceIndex>(c10::cuda::device_count()))
-            throw InvalidInput("CudaMemoryProbe: CUDA device " + std::to_string(device) + " does not exist (" +
-                               std::to_string(c10::cuda::device_count()) + " devices)");
+            throw InvalidInput("CudaMemoryProbe: CUDA device " + std::to_string(device) +
+                               " does not exist: this process sees " + std::to_string(c10::cuda::device_count()) +
+                               " CUDA devices (no GPU or driver, or CUDA_VISIBLE_DEVICES hides it); measure on the "
+                               "CPU with CpuMemoryProbe, or run where the device is");
     }
 
-    [[nodiscard]] Bytes current() const { return static_cast<Bytes>(stats().allocated_bytes[0].current); }
-    [[nodiscard]] Bytes peak() const { return static_cast<Bytes>(stats().allocated_bytes[0].peak); }
-    void reset_peak() { c10::cuda::CUDACachingAllocator::resetPeakStats(device_); }
+    [[nodiscard]] Bytes current() const { return static_cast<Bytes>(detail::compat::cuda_allocated(device_).current); }
+    [[nodiscard]] Bytes peak() const { return static_cast<Bytes>(detail::compat::cuda_allocated(device_).peak); }
+    void reset_peak() { detail::compat::reset_cuda_peak(device_); }
     [[nodiscard]] c10::DeviceIndex device() const noexcept { return device_; }
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "cuda"; }
     [[nodiscard]] static constexpr c10::DeviceType device_type() noexcept { return c10::DeviceType::CUDA; }
 
 private:
-    [[nodiscard]] auto stats() const { return c10::cuda::CUDACachingAllocator::getDeviceStats(device_); }
     c10::DeviceIndex device_;
 };
 #endif
+
+/// Throws InvalidInput, naming both, when `probe` does not measure the memory of `device`:
+/// another device type (a CPU probe sees none of a GPU's bytes), or another CUDA device than
+/// the one a probe with a device() reads.
+template <MemoryProbe Probe>
+void check_probe_device(const Probe& probe, const c10::Device& device, const std::string& who) {
+    if (device.type() != probe.device_type())
+        throw InvalidInput(who + ": the inputs are on " + device.str() + " but the memory probe ('" +
+                           std::string(probe.name()) + "') measures " + c10::DeviceTypeName(probe.device_type()) +
+                           " memory; use a probe for the model's device (CudaMemoryProbe for CUDA)");
+    if constexpr (requires { probe.device(); }) {
+        if (device.has_index() && device.index() != probe.device())
+            throw InvalidInput(who + ": the inputs are on " + device.str() + " but the memory probe ('" +
+                               std::string(probe.name()) + "') measures device " + std::to_string(probe.device()) +
+                               "; give the probe the model's device (CudaMemoryProbe(" +
+                               std::to_string(device.index()) + "))");
+    }
+}
 
 }  // namespace remat::torch

@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -151,6 +152,13 @@ public:
         if (stages.empty()) throw InvalidInput("checkpointed module: no stages");
         if (!sample.defined()) throw InvalidInput("checkpointed module: the sample input is undefined");
         register_stages(stages);
+        std::vector<at::Tensor> state;
+        for (const ChainStage& s : stages) {
+            state.insert(state.end(), s.parameters.begin(), s.parameters.end());
+            state.insert(state.end(), s.buffers.begin(), s.buffers.end());
+        }
+        model_device_ = detail::device_of_tensors(state);
+        detail::check_input_device(model_device_, sample, "checkpointed module");
         stages_ = options_.fuse_aliasing ? fuse_aliasing_stages(std::move(stages), sample) : std::move(stages);
         current_ = compile(sample, budget_);
         cache_.push_back(current_);
@@ -290,6 +298,7 @@ private:
 
     [[nodiscard]] std::shared_ptr<Compiled> plan_for(const at::Tensor& input) {
         if (matches(current_->executor.profile(), input)) return current_;
+        detail::check_input_device(model_device_, input, "checkpointed module");
         for (const auto& c : cache_)
             if (matches(c->executor.profile(), input)) return current_ = c;
         if (options_.on_new_shape == ShapePolicy::reject)
@@ -307,6 +316,7 @@ private:
     }
 
     StageList stages_;
+    std::optional<c10::Device> model_device_;  // of the stages' parameters and buffers
     BudgetSpec budget_;
     S solver_;
     CheckpointOptions options_;

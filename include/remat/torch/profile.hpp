@@ -29,6 +29,7 @@
 #include "../core/progress.hpp"
 #include "../core/timing.hpp"
 #include "../io/budget.hpp"
+#include "detail/op_clock.hpp"
 #include "detail/runtime.hpp"
 #include "memory.hpp"
 #include "stage.hpp"
@@ -198,10 +199,7 @@ template <MemoryProbe Probe = CpuMemoryProbe>
     if (stages.empty()) throw InvalidInput("profile_chain: no stages");
     if (!sample.defined()) throw InvalidInput("profile_chain: the sample input is undefined");
     if (options.repeats == 0) throw InvalidInput("profile_chain: repeats must be at least 1");
-    if (sample.device().type() != probe.device_type())
-        throw InvalidInput("profile_chain: the sample is on " + sample.device().str() + " but the memory probe ('" +
-                           std::string(probe.name()) + "') measures " + c10::DeviceTypeName(probe.device_type()) +
-                           " memory; use a probe for the model's device (CudaMemoryProbe for CUDA)");
+    check_probe_device(probe, sample.device(), "profile_chain");
     const auto start = detail::Clock::now();
     report_progress(options.progress, "remat: profiling '" + options.name + "' (" + std::to_string(stages.size()) +
                                           " stages, " + std::to_string(options.warmup) + " + " +
@@ -281,17 +279,16 @@ template <MemoryProbe Probe = CpuMemoryProbe>
         const std::size_t repeats = rushed ? 1 : options.repeats;
         std::vector<double> forward_times, backward_times;
         const at::Tensor grad = at::ones_like(y);
+        // The executors' clock (thread CPU time with one thread on the CPU; CUDA events on a GPU).
+        detail::IntervalTimer timer(device);
         for (std::size_t r = 0; r < warmup + repeats; ++r) {
             std::vector<at::Tensor> parameter_grads;
-            detail::synchronize(device);
-            auto t0 = detail::Clock::now();
+            timer.start();
             detail::StageGraph graph = detail::run_with_grad(stage, x, input_grad);
-            detail::synchronize(device);
-            const double forward_seconds = detail::seconds_since(t0);
-            t0 = detail::Clock::now();
+            const double forward_seconds = timer.stop();
+            timer.start();
             const at::Tensor g = detail::run_backward(graph, grad, input_grad, table.trainable[l], parameter_grads);
-            detail::synchronize(device);
-            const double backward_seconds = detail::seconds_since(t0);
+            const double backward_seconds = timer.stop();
             if (r >= warmup) {
                 forward_times.push_back(forward_seconds);
                 backward_times.push_back(backward_seconds);

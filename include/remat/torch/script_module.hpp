@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -80,6 +81,11 @@ public:
             register_parameter(name, named.value, named.value.requires_grad());
         }
         ::torch::nn::Module::train(jit_.is_training());
+        std::vector<at::Tensor> state;
+        for (const at::Tensor& p : jit_.parameters(true)) state.push_back(p);
+        for (const at::Tensor& b : jit_.buffers(true)) state.push_back(b);
+        model_device_ = detail::device_of_tensors(state);
+        check_devices(sample);
         current_ = compile(sample);
         cache_.push_back(current_);
     }
@@ -176,6 +182,7 @@ private:
         if (fits(*current_, arguments, training)) return current_;
         for (const auto& c : cache_)
             if (fits(*c, arguments, training)) return current_ = c;
+        check_devices(arguments);
         if (options_.on_new_shape == ShapePolicy::reject)
             throw InvalidInput("checkpointed module '" + current_->capture.problem().name() +
                                "': captured for other argument shapes or another training mode; capture again with "
@@ -186,7 +193,28 @@ private:
         return current_;
     }
 
+    [[nodiscard]] std::string current_name() const {
+        return current_ ? current_->capture.problem().name() : std::string("module");
+    }
+    // Every tensor among the arguments (in tuples, lists and dicts too) must be on the model's device.
+    void check_devices(const std::vector<c10::IValue>& arguments) const {
+        const std::string who = "checkpointed module '" + current_name() + "'";
+        const auto visit = [&](const auto& self, const c10::IValue& v) -> void {
+            if (v.isTensor()) {
+                detail::check_input_device(model_device_, v.toTensor(), who);
+            } else if (v.isTuple()) {
+                for (const c10::IValue& e : v.toTupleRef().elements()) self(self, e);
+            } else if (v.isList()) {
+                for (const c10::IValue& e : v.toListRef()) self(self, e);
+            } else if (v.isGenericDict()) {
+                for (const auto& entry : v.toGenericDict()) self(self, entry.value());
+            }
+        };
+        for (const c10::IValue& a : arguments) visit(visit, a);
+    }
+
     ::torch::jit::Module jit_;
+    std::optional<c10::Device> model_device_;  // of the module's parameters and buffers
     BudgetSpec budget_;
     S solver_;
     ScriptCheckpointOptions options_;

@@ -647,12 +647,17 @@ private:
             reject(node, "updates in place a value computed from parameters; use an out-of-place op");
         const std::string kind = node->kind().toQualString();
         const c10::FunctionSchema& schema = node->schema();
-        const std::shared_ptr<jit::Operator> functional = out_of_place_operator(schema);
-        if (!functional)
-            reject(node, "updates a tensor in place and capture knows no out-of-place '" + schema.name() +
-                             "' with the same arguments; use an out-of-place op");
-        f.operation.emplace(functional->getOperation(node));
-        f.vararg = functional->schema().is_vararg();
+        if (schema.name() == "aten::copy_" && schema.arguments().size() == 3) {
+            f.operation.emplace(copy_out_of_place());
+            f.vararg = false;
+        } else {
+            const std::shared_ptr<jit::Operator> functional = out_of_place_operator(schema);
+            if (!functional)
+                reject(node, "updates a tensor in place and capture knows no out-of-place '" + schema.name() +
+                                 "' with the same arguments; use an out-of-place op");
+            f.operation.emplace(functional->getOperation(node));
+            f.vararg = functional->schema().is_vararg();
+        }
         f.rewritten_from = kind;
         f.category = category_of(f);
         std::vector<c10::IValue> results = evaluate(f);
@@ -674,6 +679,18 @@ private:
             alias_names_[out] = names;
         }
         for (const jit::Value* name : *names) ids_[name] = result;
+    }
+
+    // `y.copy_(src)` out of place: src in y's dtype and on y's device, broadcast to y's shape,
+    // as a new tensor. Not aten::copy, its functional form: that one has no derivative from
+    // LibTorch 2.x on ("derivative for aten::copy is not implemented").
+    [[nodiscard]] static jit::Operation copy_out_of_place() {
+        return jit::Operation([](jit::Stack& stack) {
+            const bool non_blocking = jit::pop(stack).toBool();
+            const at::Tensor src = jit::pop(stack).toTensor();
+            const at::Tensor self = jit::pop(stack).toTensor();
+            jit::push(stack, src.to(self.options(), non_blocking).expand_as(self).clone());
+        });
     }
 
     // The operator `aten::foo` for an in-place `aten::foo_`: same arguments, one tensor result.

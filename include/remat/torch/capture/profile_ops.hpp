@@ -96,12 +96,7 @@ private:
         return trace_.values[trace_.input_leaves[leaf]].value.toTensor();
     }
 
-    void check_device() const {
-        if (core_.device.type() != probe_.device_type())
-            throw InvalidInput(who_ + ": the inputs are on " + core_.device.str() + " but the memory probe ('" +
-                               std::string(probe_.name()) + "') measures " +
-                               c10::DeviceTypeName(probe_.device_type()) + " memory; use a probe for the model's device");
-    }
+    void check_device() const { check_probe_device(probe_, core_.device, who_); }
 
     [[nodiscard]] std::vector<at::Tensor> inputs_of(const Group& g) const {
         std::vector<at::Tensor> result;
@@ -197,17 +192,17 @@ private:
     }
 
     double time_no_grad(const Group& g, const std::vector<at::Tensor>& inputs) {
-        const OpClock clock(core_.device);
+        IntervalTimer timer(core_.device);
         std::vector<double> times;
         const std::size_t n = runs();
         for (std::size_t r = 0; r < n; ++r) {
-            synchronize(core_.device);
-            const double t0 = clock.now();
+            timer.start();
+            double seconds = 0.0;
             {
                 const std::vector<at::Tensor> o = run_no_grad(core_, g, inputs);
-                synchronize(core_.device);
+                seconds = timer.stop();
             }
-            if (timed(r)) times.push_back(clock.now() - t0);
+            if (timed(r)) times.push_back(seconds);
         }
         restore_buffers();
         return median(times);
@@ -321,25 +316,23 @@ private:
     // Times of the forward with autograd and of the backward.
     void time_backward(std::size_t k, const std::vector<at::Tensor>& inputs) {
         const Group& g = core_.groups[k];
-        const OpClock clock(core_.device);
+        IntervalTimer timer(core_.device);
         std::vector<double> forward_times, backward_times;
         const std::size_t n = runs();
         for (std::size_t r = 0; r < n; ++r) {
-            synchronize(core_.device);
-            double t0 = clock.now();
+            timer.start();
             GroupGraph graph = run_with_grad(core_, g, inputs);
-            synchronize(core_.device);
-            const double forward_seconds = clock.now() - t0;
+            const double forward_seconds = timer.stop();
             const auto incoming = incoming_for(g, graph.outputs);
-            synchronize(core_.device);
-            t0 = clock.now();
+            double backward_seconds = 0.0;
+            timer.start();
             {
                 const BackwardResult result = run_backward(g, graph, incoming);
-                synchronize(core_.device);
+                backward_seconds = timer.stop();
             }
             if (timed(r)) {
                 forward_times.push_back(forward_seconds);
-                backward_times.push_back(clock.now() - t0);
+                backward_times.push_back(backward_seconds);
             }
         }
         restore_buffers();

@@ -1,5 +1,6 @@
 // remat/torch/detail/op_clock.hpp — the clock ops are timed with, by capture's profiler and
-// by the executor's per-step timings alike (so that the two can be compared op by op).
+// by the executor's per-step timings alike (so that the two can be compared op by op), and
+// the interval timer of the profilers (CUDA events on a GPU).
 //
 // docs/design.md §8 (LibTorch notes): with one intra-op thread on the CPU, the thread's own CPU time is immune to
 // other processes taking the machine; with several threads or on CUDA only the wall clock
@@ -7,11 +8,15 @@
 #pragma once
 
 #include <chrono>
+#include <optional>
 
 #include <time.h>
 
 #include <ATen/Parallel.h>
 #include <c10/core/Device.h>
+
+#include "compat.hpp"
+#include "runtime.hpp"
 
 namespace remat::torch::detail {
 
@@ -45,6 +50,51 @@ private:
 #endif
     }
     bool thread_time_;
+};
+
+/// Times one interval of work on a device. On the CPU: the OpClock above. On CUDA: two events
+/// recorded on the device's current stream, so that the interval is the device's own time
+/// from the first queued kernel to the last (the gaps where it waits for launches included),
+/// and the only synchronisation is waiting for the end event when the time is read.
+class IntervalTimer {
+public:
+    explicit IntervalTimer(const c10::Device& device) : device_(device), clock_(device) {}
+
+    void start() {
+#if REMAT_WITH_CUDA
+        if (device_.is_cuda()) {
+            events_.emplace(cudaEventDefault, cudaEventDefault);
+            events_->first.record(stream());
+            return;
+        }
+#endif
+        synchronize(device_);
+        started_ = clock_.now();
+    }
+
+    /// Seconds since start().
+    [[nodiscard]] double stop() {
+#if REMAT_WITH_CUDA
+        if (device_.is_cuda()) {
+            events_->second.record(stream());
+            events_->second.synchronize();
+            return 1e-3 * static_cast<double>(events_->first.elapsed_time(events_->second));
+        }
+#endif
+        synchronize(device_);
+        return clock_.now() - started_;
+    }
+
+private:
+#if REMAT_WITH_CUDA
+    [[nodiscard]] c10::cuda::CUDAStream stream() const {
+        return c10::cuda::getCurrentCUDAStream(device_.has_index() ? device_.index() : c10::DeviceIndex(-1));
+    }
+    std::optional<std::pair<compat::CudaEvent, compat::CudaEvent>> events_;
+#endif
+    c10::Device device_;
+    OpClock clock_;
+    double started_ = 0.0;
 };
 
 }  // namespace remat::torch::detail

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_set>
 #include <utility>
@@ -51,6 +52,24 @@ inline void synchronize([[maybe_unused]] const c10::Device& device) {
 #if REMAT_WITH_CUDA
     if (device.is_cuda()) c10::cuda::device_synchronize();
 #endif
+}
+
+/// The device of the first defined tensor among `tensors` (a model's parameters and buffers),
+/// if any.
+[[nodiscard]] inline std::optional<c10::Device> device_of_tensors(const std::vector<at::Tensor>& tensors) {
+    for (const at::Tensor& t : tensors)
+        if (t.defined()) return t.device();
+    return std::nullopt;
+}
+
+/// Throws InvalidInput, naming both devices, when an input is not on the model's device: the
+/// plan would otherwise be made again for it and fail deep inside an op.
+inline void check_input_device(const std::optional<c10::Device>& model_device, const at::Tensor& input,
+                               const std::string& who) {
+    if (!model_device || !input.defined() || input.device() == *model_device) return;
+    throw InvalidInput(who + ": the model is on " + model_device->str() + " but an input is on " +
+                       input.device().str() + "; move the input to the model's device (input.to(" +
+                       model_device->str() + ")), or the model with model->to(device) and checkpoint it again");
 }
 
 /// Bytes that releasing this tensor's storage gives back.

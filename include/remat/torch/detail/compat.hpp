@@ -1,0 +1,80 @@
+// remat/torch/detail/compat.hpp — the one place where LibTorch 1.x and 2.x differ for remat.
+//
+// remat builds against Debian's LibTorch 1.13 (CPU) and the package index's LibTorch 2.x
+// (CUDA). Every API that changed between them is wrapped here, behind TORCH_VERSION_MAJOR;
+// no other header tests the version. docs/guide.md ("LibTorch 2.x with CUDA") lists them:
+// - the CUDA caching allocator's statistics: DeviceStats moved to
+//   c10::CachingDeviceAllocator (c10/core/CachingDeviceAllocator.h) and StatType to
+//   c10::CachingAllocator in 2.x; 1.13 has both in c10::cuda::CUDACachingAllocator, and its
+//   getDeviceStats/resetPeakStats take an int where 2.x takes a c10::DeviceIndex.
+// - CUDA events: c10::cuda::CUDAEvent (c10/cuda/CUDAEvent.h) in recent 2.x, with no alias left
+//   in at::cuda; at::cuda::CUDAEvent (ATen/cuda/CUDAEvent.h) before. Told apart by which
+//   header exists, as the move happened within 2.x.
+// The CPU allocator's interface changed too (allocate const in 1.x, non-const from 2.3;
+// copy_data pure virtual from 2.3); TrackingCpuAllocator (memory.hpp) declares both spellings,
+// which needs no version test.
+#pragma once
+
+#include <cstdint>
+
+#include <torch/version.h>
+
+#if REMAT_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
+#if __has_include(<c10/cuda/CUDAEvent.h>)
+#include <c10/cuda/CUDAEvent.h>
+#define REMAT_DETAIL_C10_CUDA_EVENT 1
+#else
+#include <ATen/cuda/CUDAEvent.h>
+#endif
+#endif
+
+#ifndef TORCH_VERSION_MAJOR
+#error "remat: <torch/version.h> does not define TORCH_VERSION_MAJOR; remat needs LibTorch 1.13 or later"
+#endif
+
+namespace remat::torch::detail::compat {
+
+/// Whether this LibTorch is 2.x or later.
+inline constexpr bool torch2 = TORCH_VERSION_MAJOR >= 2;
+
+#if REMAT_WITH_CUDA
+
+/// Allocated bytes of one CUDA device (all pools together), as the caching allocator counts them.
+struct CudaAllocated {
+    std::int64_t current = 0;
+    std::int64_t peak = 0;
+};
+
+[[nodiscard]] inline CudaAllocated cuda_allocated(c10::DeviceIndex device) {
+#if TORCH_VERSION_MAJOR >= 2
+    using c10::CachingAllocator::StatType;
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
+#else
+    using c10::cuda::CUDACachingAllocator::StatType;
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<int>(device));
+#endif
+    const auto& all = stats.allocated_bytes[static_cast<std::size_t>(StatType::AGGREGATE)];
+    return {all.current, all.peak};
+}
+
+/// Sets the device's peak statistics to their current values.
+inline void reset_cuda_peak(c10::DeviceIndex device) {
+#if TORCH_VERSION_MAJOR >= 2
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device);
+#else
+    c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<int>(device));
+#endif
+}
+
+/// A CUDA event (movable, not copyable), created with timing on by CudaEvent(cudaEventDefault).
+#if REMAT_DETAIL_C10_CUDA_EVENT
+using CudaEvent = c10::cuda::CUDAEvent;
+#else
+using CudaEvent = at::cuda::CUDAEvent;
+#endif
+
+#endif  // REMAT_WITH_CUDA
+
+}  // namespace remat::torch::detail::compat

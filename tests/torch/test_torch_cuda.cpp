@@ -1,0 +1,166 @@
+// CUDA tests: captured models (the GPT-like model, a ResNet-like network, the U-Net) trained
+// on a GPU through the graph executor and checkpoint(), against plain autograd on the same
+// GPU. Compiled wherever LibTorch has CUDA (REMAT_WITH_CUDA); hidden from the main run and
+// run by ctest as remat_cuda_tests, which reports them as skipped where no device is seen
+// (tests/CMakeLists.txt), and by scripts/gpu-check on a GPU.
+//
+// Tolerance: deterministic algorithms are on (cuDNN's too), so a replay runs the kernels of
+// plain autograd; outputs, loss and gradients are compared with a relative tolerance of 1e-5
+// because cuDNN may still pick another convolution algorithm for a recomputation's
+// workspace than for the first run (bitwise where it does not).
+#include <catch2/catch.hpp>
+
+#if REMAT_WITH_CUDA
+
+#include <ATen/Context.h>
+#include <torch/cuda.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "../../examples/torch/models.hpp"
+#include "remat/solvers/auto.hpp"
+#include "remat/torch/graph_executor.hpp"
+#include "remat/torch/memory.hpp"
+#include "remat/torch/script.hpp"
+#include "remat/torch/script_module.hpp"
+
+#include "capture_helpers.hpp"
+
+using namespace capture_test;
+
+namespace {
+
+using remat::torch::CudaMemoryProbe;
+
+constexpr double cuda_tolerance = 1e-5;
+
+// Deterministic kernels for the comparisons; warn_only: an op without a deterministic CUDA
+// kernel warns instead of throwing.
+void deterministic() {
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+    at::globalContext().setDeterministicCuDNN(true);
+    at::globalContext().setBenchmarkCuDNN(false);
+}
+
+at::TensorOptions on_gpu() { return at::TensorOptions().device(at::kCUDA, 0); }
+
+struct Case {
+    std::string name;
+    torch::jit::Module module;
+    std::vector<at::Tensor> inputs;
+    Loss loss;
+};
+
+// A case whose loss is the cross-entropy of its output against random class targets.
+Case classification(std::string name, torch::jit::Module module, at::Tensor input, std::int64_t classes,
+                    std::vector<std::int64_t> target_shape) {
+    module.to(at::kCUDA);
+    const at::Tensor targets = at::randint(0, classes, target_shape, on_gpu().dtype(at::kLong));
+    Loss loss = [targets, classes](const std::vector<at::Tensor>& out) {
+        return at::cross_entropy_loss(out[0].reshape({-1, classes}), targets.reshape({-1}));
+    };
+    return {std::move(name), std::move(module), {std::move(input)}, std::move(loss)};
+}
+
+Case gpt_case() {
+    at::manual_seed(5);
+    remat_examples::GptConfig c;
+    c.layers = 4;
+    c.embed = 128;
+    c.heads = 4;
+    c.vocab = 1000;
+    c.block_size = 64;
+    c.dropout = 0.1;
+    torch::jit::Module module = remat_examples::make_gpt(c);
+    const at::Tensor tokens = at::randint(0, c.vocab, {4, 64}, on_gpu().dtype(at::kLong));
+    return classification("gpt", std::move(module), tokens, c.vocab, {4, 64});
+}
+
+Case resnet_case() {
+    at::manual_seed(6);
+    remat_examples::ResNetConfig c;
+    c.width = 32;
+    c.stages = 3;
+    c.blocks_per_stage = 2;
+    torch::jit::Module module = remat_examples::make_resnet(c);
+    const at::Tensor images = at::randn({16, 3, 64, 64}, on_gpu());
+    return classification("resnet", std::move(module), images, c.classes, {16});
+}
+
+Case unet_case() {
+    at::manual_seed(7);
+    remat_examples::UNetConfig c;
+    c.width = 16;
+    Case k{"unet", remat_examples::make_unet(c), {}, sum_of_squares()};
+    k.module.to(at::kCUDA);
+    k.inputs = {at::randn({4, 3, 64, 64}, on_gpu())};
+    return k;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: captured models train on the GPU like plain autograd, within the predicted peak",
+          "[.][torch][cuda][capture]") {
+    REQUIRE(torch::cuda::is_available());
+    deterministic();
+    for (Case k : {gpt_case(), resnet_case(), unet_case()}) {
+        INFO(k.name);
+        const CudaMemoryProbe probe(0);
+        const ScriptCapture cap = capture_script(k.module, k.inputs, quick(k.name), probe);
+        const ScriptExecutor<CudaMemoryProbe> ex(cap, probe);
+        const remat::Plan full = store_all(cap);
+        for (const double percent : {100.0, 50.0, 30.0}) {
+            INFO("budget " << percent << " % of the store-all peak");
+            const Bytes budget = std::max(remat::Auto{}.smallest_budget(cap.problem()),
+                                          remat::percent_of(full.peak, percent));
+            const remat::Plan plan = remat::Auto{}.solve(cap.problem(), budget);
+            const remat::torch::StepReport r =
+                check_against_plain(k.module, cap, ex, plan, k.inputs, k.loss, cuda_tolerance);
+            INFO("predicted " << r.predicted_peak << ", measured " << r.measured_peak << ", budget " << budget);
+            const Bytes slack = std::max<Bytes>(r.predicted_peak / 100, Bytes{1} << 20);
+            CHECK(std::abs(r.measured_peak - r.predicted_peak) <= slack);
+            CHECK(r.measured_peak <= budget);
+        }
+    }
+}
+
+TEST_CASE("cuda: dropout recomputed on the device draws the same masks", "[.][torch][cuda][dropout]") {
+    REQUIRE(torch::cuda::is_available());
+    deterministic();
+    Case k = gpt_case();
+    const CudaMemoryProbe probe(0);
+    const ScriptCapture cap = capture_script(k.module, k.inputs, quick("gpt-dropout"), probe);
+    const ScriptExecutor<CudaMemoryProbe> ex(cap, probe);
+    // Every op recomputed once: each dropout mask is drawn twice from the device generator.
+    (void)check_against_plain(k.module, cap, ex, recompute_all(cap), k.inputs, k.loss, cuda_tolerance);
+}
+
+TEST_CASE("cuda: checkpoint() keeps a module on its own device", "[.][torch][cuda][checkpoint]") {
+    REQUIRE(torch::cuda::is_available());
+    const auto devices = torch::cuda::device_count();
+    const c10::DeviceIndex index = devices > 1 ? 1 : 0;
+    if (devices < 2) WARN("one CUDA device: cuda:1 is not tested, cuda:0 stands in for it");
+    at::manual_seed(8);
+    remat_examples::ResNetConfig c;
+    c.width = 16;
+    c.stages = 2;
+    c.blocks_per_stage = 1;
+    torch::jit::Module m = remat_examples::make_resnet(c);
+    const c10::Device device(at::kCUDA, index);
+    m.to(device);
+    const at::Tensor x = at::randn({8, 3, 32, 32}, at::TensorOptions().device(device));
+    remat::torch::ScriptCheckpointOptions options;
+    options.capture = quick("resnet-on-device");
+    auto planned = remat::torch::checkpoint(m, {x}, remat::budget_percent(60).or_smallest(), remat::Auto{}, options,
+                                            CudaMemoryProbe(index));
+    planned->forward({x}).toTensor().sum().backward();
+    for (const at::Tensor& p : m.parameters()) {
+        CHECK(p.device() == device);
+        if (p.requires_grad()) CHECK(p.grad().device() == device);
+    }
+    CHECK_THROWS_AS(planned->forward({x.cpu()}), remat::InvalidInput);
+}
+
+#endif  // REMAT_WITH_CUDA
