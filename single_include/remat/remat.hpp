@@ -5180,6 +5180,14 @@ struct GreedyOptions {
     double improve_seconds = 0.0;
 };
 
+/// `options` with its portfolio and its improvement within `seconds` in all (at most their
+/// own limits; 60 % and 40 % of `seconds`). The first replay is not timed: it always runs.
+[[nodiscard]] inline GreedyOptions greedy_within(GreedyOptions options, double seconds) {
+    options.portfolio_seconds = std::min(options.portfolio_seconds, 0.6 * seconds);
+    options.improve_seconds = std::min(options.improve_seconds, 0.4 * seconds);
+    return options;
+}
+
 /// One eviction score of the dtr rule: cost / (bytes^bytes_power × staleness^staleness_power),
 /// times exp(noise × a standard normal draw) when noise > 0.
 struct GreedyScore {
@@ -7804,7 +7812,7 @@ public:
         const double top_seconds = flat ? std::min(options_.flat_time_limit_seconds, 0.6 * left())
                                         : std::min(options_.top_time_limit_seconds, 0.4 * left());
         consider("hierarchy", solve_top(model, budget, top_seconds, improve()));
-        if (!model.hierarchy.clusters.empty() && left() > 0)
+        if (!flat && left() > 0)
             consider("exact search",
                      exact_plan(model.problem, budget, std::min(options_.exact_component_seconds, 0.5 * left()), improve()));
         if (options_.compare_with_greedy || !best)
@@ -8319,10 +8327,7 @@ private:
     [[nodiscard]] std::optional<Plan> greedy_plan(const Problem& problem, Bytes budget, double seconds,
                                                   double improve_seconds) const {
         try {
-            GreedyOptions o = options_.greedy;
-            o.portfolio_seconds = std::min(o.portfolio_seconds, 0.6 * seconds);
-            o.improve_seconds = std::min(o.improve_seconds, 0.4 * seconds);
-            Plan g = Greedy{o}.solve(problem, budget);
+            Plan g = Greedy{greedy_within(options_.greedy, seconds)}.solve(problem, budget);
             return finished(problem, std::move(g.schedule), budget, "greedy (" + g.stats.options + ")", improve_seconds);
         } catch (const Infeasible&) {
             return std::nullopt;
@@ -8643,12 +8648,8 @@ private:
     }
     // The greedy's portfolio and improvement within `planning` seconds, if given.
     [[nodiscard]] static GreedyOptions greedy_options(const std::optional<double>& planning) {
-        GreedyOptions o = HRockmateOptions::default_greedy();
-        if (planning) {
-            o.portfolio_seconds = std::min(o.portfolio_seconds, 0.6 * *planning);
-            o.improve_seconds = std::min(o.improve_seconds, 0.4 * *planning);
-        }
-        return o;
+        const GreedyOptions o = HRockmateOptions::default_greedy();
+        return planning ? greedy_within(o, *planning) : o;
     }
     [[nodiscard]] Plan solve_chosen(const AutoModel& model, Bytes budget, const std::optional<double>& planning) const {
         if (model.choice == AutoChoice::rotor) return Rotor(rotor_options()).solve(model.problem, budget);

@@ -287,12 +287,8 @@ private:
     }
     // The greedy's portfolio and improvement within `planning` seconds, if given.
     [[nodiscard]] static GreedyOptions greedy_options(const std::optional<double>& planning) {
-        GreedyOptions o = HRockmateOptions::default_greedy();
-        if (planning) {
-            o.portfolio_seconds = std::min(o.portfolio_seconds, 0.6 * *planning);
-            o.improve_seconds = std::min(o.improve_seconds, 0.4 * *planning);
-        }
-        return o;
+        const GreedyOptions o = HRockmateOptions::default_greedy();
+        return planning ? greedy_within(o, *planning) : o;
     }
     [[nodiscard]] Plan solve_chosen(const AutoModel& model, Bytes budget, const std::optional<double>& planning) const {
         if (model.choice == AutoChoice::rotor) return Rotor(rotor_options()).solve(model.problem, budget);

@@ -92,6 +92,14 @@ struct GreedyOptions {
     double improve_seconds = 0.0;
 };
 
+/// `options` with its portfolio and its improvement within `seconds` in all (at most their
+/// own limits; 60 % and 40 % of `seconds`). The first replay is not timed: it always runs.
+[[nodiscard]] inline GreedyOptions greedy_within(GreedyOptions options, double seconds) {
+    options.portfolio_seconds = std::min(options.portfolio_seconds, 0.6 * seconds);
+    options.improve_seconds = std::min(options.improve_seconds, 0.4 * seconds);
+    return options;
+}
+
 /// One eviction score of the dtr rule: cost / (bytes^bytes_power × staleness^staleness_power),
 /// times exp(noise × a standard normal draw) when noise > 0.
 struct GreedyScore {

@@ -314,7 +314,7 @@ public:
         const double top_seconds = flat ? std::min(options_.flat_time_limit_seconds, 0.6 * left())
                                         : std::min(options_.top_time_limit_seconds, 0.4 * left());
         consider("hierarchy", solve_top(model, budget, top_seconds, improve()));
-        if (!model.hierarchy.clusters.empty() && left() > 0)
+        if (!flat && left() > 0)
             consider("exact search",
                      exact_plan(model.problem, budget, std::min(options_.exact_component_seconds, 0.5 * left()), improve()));
         if (options_.compare_with_greedy || !best)
@@ -829,10 +829,7 @@ private:
     [[nodiscard]] std::optional<Plan> greedy_plan(const Problem& problem, Bytes budget, double seconds,
                                                   double improve_seconds) const {
         try {
-            GreedyOptions o = options_.greedy;
-            o.portfolio_seconds = std::min(o.portfolio_seconds, 0.6 * seconds);
-            o.improve_seconds = std::min(o.improve_seconds, 0.4 * seconds);
-            Plan g = Greedy{o}.solve(problem, budget);
+            Plan g = Greedy{greedy_within(options_.greedy, seconds)}.solve(problem, budget);
             return finished(problem, std::move(g.schedule), budget, "greedy (" + g.stats.options + ")", improve_seconds);
         } catch (const Infeasible&) {
             return std::nullopt;

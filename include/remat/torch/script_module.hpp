@@ -199,18 +199,9 @@ private:
     // Every tensor among the arguments (in tuples, lists and dicts too) must be on the model's device.
     void check_devices(const std::vector<c10::IValue>& arguments) const {
         const std::string who = "checkpointed module '" + current_name() + "'";
-        const auto visit = [&](const auto& self, const c10::IValue& v) -> void {
-            if (v.isTensor()) {
-                detail::check_input_device(model_device_, v.toTensor(), who);
-            } else if (v.isTuple()) {
-                for (const c10::IValue& e : v.toTupleRef().elements()) self(self, e);
-            } else if (v.isList()) {
-                for (const c10::IValue& e : v.toListRef()) self(self, e);
-            } else if (v.isGenericDict()) {
-                for (const auto& entry : v.toGenericDict()) self(self, entry.value());
-            }
-        };
-        for (const c10::IValue& a : arguments) visit(visit, a);
+        std::vector<at::Tensor> tensors;
+        for (const c10::IValue& a : arguments) detail::capture::tensors_in(a, tensors);
+        for (const at::Tensor& t : tensors) detail::check_input_device(model_device_, t, who);
     }
 
     ::torch::jit::Module jit_;

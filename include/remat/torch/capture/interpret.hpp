@@ -682,8 +682,8 @@ private:
     }
 
     // `y.copy_(src)` out of place: src in y's dtype and on y's device, broadcast to y's shape,
-    // as a new tensor. Not aten::copy, its functional form: that one has no derivative from
-    // LibTorch 2.x on ("derivative for aten::copy is not implemented").
+    // as a new tensor. Not aten::copy, its functional form: from LibTorch 2.x on it has no
+    // derivative formula, and a backward through it raises an error.
     [[nodiscard]] static jit::Operation copy_out_of_place() {
         return jit::Operation([](jit::Stack& stack) {
             const bool non_blocking = jit::pop(stack).toBool();
