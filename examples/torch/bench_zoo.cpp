@@ -1,7 +1,8 @@
 // bench_zoo — real models as users export them from Python, captured, planned and trained.
 //
-// scripts/zoo exports torchvision and torch.nn models in train mode, traced and scripted
-// (scripts/lib/zoo_export.py), and runs this program on its manifest. For each model:
+// scripts/zoo exports torchvision and torch.nn models in train mode, traced and scripted, and
+// with torch.export (.pt2, mode "exported") where its Python has it (scripts/lib/zoo_export.py),
+// and runs this program on its manifest. For each model:
 //   - capture (remat/torch/script.hpp): ops, blocks between 1-separators, capture time;
 //   - the store-all peak P_ref, a proven lower bound on any plan's peak (core/bounds.hpp, with
 //     what forces it: when it is close to P_ref, the model — what capture counts, such as
@@ -39,6 +40,7 @@
 #include <remat/solvers/greedy.hpp>
 #include <remat/solvers/store_all.hpp>
 #include <remat/torch/graph_executor.hpp>
+#include <remat/torch/exported.hpp>
 #include <remat/torch/script.hpp>
 
 namespace {
@@ -262,8 +264,8 @@ std::string percent(Bytes part, Bytes whole) {
 
 void run_entry(const Entry& e, const Options& o) {
     const std::string title = e.model + " (" + e.mode + ")";
-    torch::jit::Module m = torch::jit::load(e.file);
-    m.train();
+    torch::jit::Module m = e.mode == "exported" ? remat::torch::load_exported(e.file) : torch::jit::load(e.file);
+    if (!remat::torch::exported_training_mode(m)) m.train();
     const std::vector<at::Tensor> inputs = make_inputs(e.inputs);
     remat::torch::CaptureOptions capture_options;
     capture_options.name = e.model + "." + e.mode;

@@ -1,13 +1,16 @@
-// remat-capture — captures a TorchScript model into an op-level remat.problem/1 problem,
-// profiled on this machine, so that every solver (remat-plan --solver ...) can study it.
+// remat-capture — captures a model into an op-level remat.problem/1 problem, profiled on this
+// machine, so that every solver (remat-plan --solver ...) can study it.
 //
+//   remat-capture MODEL.pt2 --input-shape 8x3x32x32 [--input-shape ...] --out problem.json
 //   remat-capture MODEL.pt --input-shape 8x3x32x32 [--input-shape ...] --out problem.json
 //   remat-capture --example gpt|resnet [--layers N] [--batch N] --out problem.json
 //
-// MODEL.pt is a module saved from Python (torch.jit.script or torch.jit.trace, then .save();
-// see examples/export_from_python.md) or from C++. Each --input-shape adds one random input
-// (--input-dtype float|double|long|int; integer inputs are drawn in [0, --int-high)).
-// The model is captured in training mode unless --eval is given. Exit codes: 0 success,
+// MODEL.pt2 is a torch.export program (torch.export.export, then torch.export.save; see
+// docs/guide.md, "Capturing a torch.export program"), captured in the mode it was exported in.
+// MODEL.pt is a TorchScript module saved from Python (torch.jit.script or torch.jit.trace, then
+// .save(); see examples/export_from_python.md) or from C++, captured in training mode unless
+// --eval is given. Each --input-shape adds one random input (--input-dtype
+// float|double|long|int; integer inputs are drawn in [0, --int-high)). Exit codes: 0 success,
 // 2 invalid input (bad option, unsupported construct), 1 other errors.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -25,6 +28,7 @@
 #include <remat/io/budget.hpp>
 #include <remat/io/json.hpp>
 #include <remat/solvers/store_all.hpp>
+#include <remat/torch/exported.hpp>
 #include <remat/torch/script.hpp>
 
 #include "models.hpp"
@@ -51,7 +55,8 @@ struct Options {
 };
 
 constexpr const char* usage_text =
-    "usage: remat-capture MODEL.pt --input-shape DxDx... [--input-shape ...] [--input-dtype float|double|long|int]\n"
+    "usage: remat-capture MODEL.pt2|MODEL.pt --input-shape DxDx... [--input-shape ...]\n"
+    "                     [--input-dtype float|double|long|int]\n"
     "                     [--int-high N] --out FILE [--name NAME] [--repeats N] [--time-limit S] [--eval]\n"
     "                     [--threads N] [--seed N] [--verbose|--quiet]\n"
     "       remat-capture --example gpt|resnet [--layers N] [--batch N] --out FILE [same options]\n"
@@ -180,6 +185,11 @@ int main(int argc, char** argv) {
             module = remat_examples::make_resnet(c);
             inputs.push_back(at::randn({o.batch > 0 ? o.batch : 16, c.in_channels, 32, 32}));
             if (name.empty()) name = "resnet-" + std::to_string(c.blocks_per_stage * c.stages);
+        } else if (o.model.ends_with(".pt2")) {
+            module = remat::torch::load_exported(o.model);
+            if (o.eval && remat::torch::exported_training_mode(module) == std::optional<bool>(true))
+                throw remat::InvalidInput("'" + o.model + "' was exported in train mode; --eval needs a program "
+                                          "exported after model.eval()");
         } else {
             try {
                 module = torch::jit::load(o.model);
@@ -199,7 +209,7 @@ int main(int argc, char** argv) {
                 if (const auto dot = name.rfind('.'); dot != std::string::npos && dot > 0) name = name.substr(0, dot);
             }
         }
-        module.train(!o.eval);
+        if (!remat::torch::exported_training_mode(module)) module.train(!o.eval);
         remat::torch::CaptureOptions options;
         options.name = name;
         options.repeats = o.repeats;

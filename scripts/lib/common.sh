@@ -8,6 +8,8 @@ REMAT_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 # the build folder). Each has its own build folder.
 REMAT_TORCH=${REMAT_TORCH:-debian}
 REMAT_PIP_TORCH=${REMAT_PIP_TORCH:-2.11.0}
+# torchvision of that torch (its models are exported with torch.export for the .pt2 tests).
+REMAT_PIP_TORCHVISION=${REMAT_PIP_TORCHVISION:-0.26.0}
 REMAT_BUILD_GIVEN=${REMAT_BUILD:-}
 remat_set_build_folder() {
   if [ -n "$REMAT_BUILD_GIVEN" ]; then
@@ -73,11 +75,11 @@ remat_setup_pip_torch() {
   mkdir -p "$REMAT_BUILD"
   [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
   local have
-  have=$("$venv/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)
-  if [ "$have" != "$REMAT_PIP_TORCH" ]; then
-    echo "remat: installing torch==$REMAT_PIP_TORCH into $venv" >&2
+  have=$("$venv/bin/python" -c 'import torch, torchvision; print(torch.__version__.split("+")[0], torchvision.__version__.split("+")[0])' 2>/dev/null || true)
+  if [ "$have" != "$REMAT_PIP_TORCH $REMAT_PIP_TORCHVISION" ]; then
+    echo "remat: installing torch==$REMAT_PIP_TORCH and torchvision==$REMAT_PIP_TORCHVISION into $venv" >&2
     PIP_CACHE_DIR=$REMAT_BUILD/pip-cache "$venv/bin/pip" install --quiet --disable-pip-version-check \
-      "torch==$REMAT_PIP_TORCH" numpy
+      "torch==$REMAT_PIP_TORCH" "torchvision==$REMAT_PIP_TORCHVISION" numpy
   fi
   local info
   info=$("$venv/bin/python" - <<'PY' 2>/dev/null

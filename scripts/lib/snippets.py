@@ -22,7 +22,7 @@ FENCE = re.compile(r"^```cpp[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 # Component of remat a block needs, by what it includes.
 COMPONENTS = [
     ("torch", re.compile(r"#\s*include\s*<(remat/torch/|torch/)")),
-    ("json", re.compile(r"#\s*include\s*<remat/io/json\.hpp>")),
+    ("json", re.compile(r"#\s*include\s*<remat/(io/json|torch/exported)\.hpp>")),
     ("lpsolve", re.compile(r"#\s*include\s*<remat/(milp/lp_solve|solvers/rockmate_milp)\.hpp>")),
     ("cbc", re.compile(r"#\s*include\s*<remat/milp/cbc\.hpp>")),
 ]

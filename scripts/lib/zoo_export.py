@@ -1,7 +1,9 @@
 """Exports the model zoo of scripts/zoo: standard torchvision and torch.nn models, built
 untrained (random weights, seed 0) in train mode, saved with torch.jit.trace and with
-torch.jit.script at small input sizes, and a manifest (manifest.json) that says how to feed
-each one. Run with Debian's python3 (python3-torch 1.13, python3-torchvision 0.14).
+torch.jit.script at small input sizes — and with torch.export (.pt2) where the Python's torch
+has it — and a manifest (manifest.json) that says how to feed each one. Run with Debian's
+python3 (python3-torch 1.13, python3-torchvision 0.14), or with the 2.x configuration's Python
+(scripts/zoo --torch pip), which exports the three ways.
 
     python3 zoo_export.py OUT_DIR [MODEL ...]
 
@@ -125,6 +127,10 @@ MODELS = {
 }
 
 
+# torch.export (.pt2) beside TorchScript where this Python's torch has it (PyTorch 2.8+).
+MODES = ("traced", "scripted") + (("exported",) if hasattr(torch, "export") and hasattr(torch.export, "save") else ())
+
+
 def example(spec):
     if spec["dtype"] == "long":
         return torch.randint(0, spec["high"], spec["shape"])
@@ -141,17 +147,20 @@ def main():
         torch.manual_seed(0)
         model = make().train()
         args = tuple(example(s) for s in inputs)
-        for mode in ("traced", "scripted"):
-            path = os.path.join(out, f"{name}.{mode}.pt")
+        for mode in MODES:
+            path = os.path.join(out, f"{name}.{mode}.{'pt2' if mode == 'exported' else 'pt'}")
             if os.path.exists(path) and not os.environ.get("ZOO_FRESH"):
                 manifest.append({"model": name, "mode": mode, "file": os.path.abspath(path), "inputs": inputs})
                 continue
             try:
-                if mode == "traced":
-                    module = torch.jit.trace(model, args, check_trace=False, strict=False)
+                if mode == "exported":
+                    state = {k: v.clone() for k, v in model.state_dict().items()}
+                    torch.export.save(torch.export.export(model, args), path)
+                    model.load_state_dict(state)
                 else:
-                    module = torch.jit.script(model)
-                module.save(path)
+                    module = (torch.jit.trace(model, args, check_trace=False, strict=False) if mode == "traced"
+                              else torch.jit.script(model))
+                    module.save(path)
             except Exception as e:  # report and go on: the table says which exports failed
                 print(f"zoo: {name} {mode}: export failed: {str(e).splitlines()[0]}", file=sys.stderr)
                 continue

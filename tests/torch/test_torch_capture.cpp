@@ -456,8 +456,8 @@ def forward(self, x):
 def forward(self, x):
     return torch.matmul(x, self.w)
 )");
-        CHECK(message_of([&] { (void)capture_script(m, {x, x}, quick("plain")); }).find("takes 1 inputs") !=
-              std::string::npos);
+        CHECK(message_of([&] { (void)capture_script(m, {x, x}, quick("plain")); })
+                  .find("takes 1 arguments but 2 example arguments") != std::string::npos);
         auto frozen = make_module("Frozen", {}, R"(
 def forward(self, x):
     return torch.tanh(x)

@@ -293,6 +293,103 @@ def forward(self, x):
     check_against_plain(m, cap, ex, recompute_all(cap), {x}, sum_of_squares(), tolerance);
 }
 
+TEST_CASE("constructs: tied weights are one parameter with the sum of both ops' gradients",
+          "[torch][capture][constructs][tied]") {
+    // A GPT's lm_head.weight is its token embedding's weight: one tensor under two names,
+    // read by the embedding and by the output projection.
+    at::manual_seed(68);
+    torch::jit::Module m("Tied");
+    m.register_attribute("training", c10::BoolType::get(), true);
+    const at::Tensor shared = (at::randn({10, 6}) * 0.3).requires_grad_(true);
+    torch::jit::Module embedding("Embedding");
+    embedding.register_attribute("training", c10::BoolType::get(), true);
+    embedding.register_parameter("weight", shared, false);
+    torch::jit::Module head("Head");
+    head.register_attribute("training", c10::BoolType::get(), true);
+    head.register_parameter("weight", shared, false);
+    m.register_module("wte", embedding);
+    m.register_parameter("w", (at::randn({6, 6}) * 0.3).requires_grad_(true), false);
+    m.register_module("lm_head", head);
+    m.define(R"(
+def forward(self, idx):
+    h = torch.tanh(torch.matmul(torch.embedding(self.wte.weight, idx), self.w))
+    return torch.matmul(h, self.lm_head.weight.t())
+)");
+    const at::Tensor idx = at::randint(0, 10, {3, 4});
+    const ScriptCapture cap = capture_script(m, {idx}, quick("tied"));
+    REQUIRE(cap.parameters().size() == 2);
+    CHECK(cap.parameter_names()[0] == "wte.weight");
+    ScriptExecutor<> ex(cap);
+    check_against_plain(m, cap, ex, store_all(cap), {idx}, sum_of_squares(), 0.0);
+    check_against_plain(m, cap, ex, recompute_all(cap), {idx}, sum_of_squares(), 0.0);
+    // The drop-in module hands the optimizer the tied tensor once.
+    remat::torch::ScriptCheckpointOptions options;
+    options.progress = [](const std::string&) {};
+    auto planned = remat::torch::checkpoint(m, {idx}, remat::budget_percent(100), remat::Greedy{}, options);
+    CHECK(planned->parameters().size() == 2);
+}
+
+TEST_CASE("constructs: a mask built in place on a fresh tensor is dataflow (Swin's shifted windows)",
+          "[torch][capture][constructs]") {
+    at::manual_seed(69);
+    auto m = make_module("ShiftedMask", {{"w", at::randn({4, 4}) * 0.5}}, R"(
+def forward(self, x):
+    mask = x.new_zeros([x.size(0), 4])
+    count = 0
+    for h in [0, 2]:
+        mask[:, h:h + 2] = count
+        count += 1
+    mask.masked_fill_(mask != 0, -100.0)
+    return torch.softmax(torch.matmul(x, self.w) + mask, dim=1)
+)");
+    const at::Tensor x = at::randn({3, 4});
+    const ScriptCapture cap = capture_script(m, {x}, quick("shifted-mask"));
+    ScriptExecutor<> ex(cap);
+    check_against_plain(m, cap, ex, store_all(cap), {x}, sum_of_squares(), 0.0);
+    check_against_plain(m, cap, ex, recompute_all(cap), {x}, sum_of_squares(), 0.0);
+}
+
+TEST_CASE("constructs: an in-place write into a constant that a run-time op has already read is refused",
+          "[torch][capture][constructs]") {
+    // The sum read the old mask; capture cannot write the new values in place (the sum would
+    // see them at run time) nor out of place (`mask` would keep the old ones).
+    auto m = make_module("LateWrite", {{"w", at::randn({4, 4}) * 0.5}}, R"(
+def forward(self, x):
+    mask = torch.zeros([4])
+    y = torch.matmul(x, self.w) + mask
+    mask[1:3] = 1.0
+    return y + mask
+)");
+    CHECK_THROWS_WITH(capture_script(m, {at::randn({2, 4})}, quick("late-write")),
+                      Catch::Contains("updates in place") && Catch::Contains("read afterwards"));
+}
+
+TEST_CASE("constructs: forward arguments left out take their default values", "[torch][capture][constructs]") {
+    at::manual_seed(70);
+    auto m = make_module("Defaults", {{"w", at::randn({5, 5}) * 0.5}}, R"(
+def forward(self, x, scale: float = 2.0, mask: Optional[Tensor] = None, need_weights: bool = True):
+    y = torch.matmul(x, self.w) * scale
+    if mask is not None:
+        y = y + mask
+    if need_weights:
+        return y, torch.softmax(y, dim=1)
+    return y, y
+)");
+    const at::Tensor x = at::randn({3, 5});
+    const std::vector<c10::IValue> sample{x};
+    const ScriptCapture cap = capture_script(m, sample, quick("defaults"));
+    CHECK(cap.input_count() == 1);
+    ScriptExecutor<> ex(cap);
+    check_against_plain_args(m, cap, ex, store_all(cap), sample, sum_of_squares(), 0.0);
+    // The drop-in module is called like the original, with or without the defaults.
+    remat::torch::ScriptCheckpointOptions options;
+    options.progress = [](const std::string&) {};
+    auto planned = remat::torch::checkpoint(m, sample, remat::budget_percent(100), remat::Greedy{}, options);
+    const c10::IValue short_call = planned->forward({x});
+    CHECK(at::equal(short_call.toTupleRef().elements()[1].toTensor(),
+                    planned->forward({x, 2.0, c10::IValue(), true}).toTupleRef().elements()[1].toTensor()));
+}
+
 TEST_CASE("constructs: capture refuses a capture that would leave a parameter without its gradient",
           "[torch][capture][constructs]") {
     at::manual_seed(67);

@@ -284,15 +284,6 @@ private:
     StepGradients result_;
 };
 
-/// The torch probe as the engine reads it (the engine needs only current, peak, reset).
-template <class Probe>
-struct ProbeReader {
-    Probe* probe;
-    [[nodiscard]] Bytes current() const { return probe->current(); }
-    [[nodiscard]] Bytes peak() const { return probe->peak(); }
-    void reset_peak() { probe->reset_peak(); }
-};
-
 }  // namespace detail::executor
 
 /// One training step in two phases: forward() runs the plan up to `loss` and returns the
@@ -306,10 +297,10 @@ public:
     /// from the start of the step, not calibrated at its own start).
     ChainStep(std::shared_ptr<detail::executor::ExecutorCore<Probe>> core,
               std::shared_ptr<const Executor<detail::executor::ChainBackend<Probe>,
-                                             detail::executor::ProbeReader<Probe>>> engine,
+                                             detail::ProbeReader<Probe>>> engine,
               ExecutablePlan plan, const at::Tensor& input, bool continuous)
-        : reader_(std::make_unique<detail::executor::ProbeReader<Probe>>(
-              detail::executor::ProbeReader<Probe>{&core->probe})),
+        : reader_(std::make_unique<detail::ProbeReader<Probe>>(
+              detail::ProbeReader<Probe>{&core->probe})),
           step_(engine->start(std::move(plan), detail::executor::ChainBackend<Probe>(check_input(core, input), input),
                               *reader_, continuous)) {}
 
@@ -354,8 +345,8 @@ private:
         return core;
     }
 
-    std::unique_ptr<detail::executor::ProbeReader<Probe>> reader_;
-    ExecutionStep<detail::executor::ChainBackend<Probe>, detail::executor::ProbeReader<Probe>> step_;
+    std::unique_ptr<detail::ProbeReader<Probe>> reader_;
+    ExecutionStep<detail::executor::ChainBackend<Probe>, detail::ProbeReader<Probe>> step_;
 };
 
 /// The outcome of ChainExecutor::step.
@@ -423,7 +414,7 @@ public:
     }
 
 private:
-    using Engine = Executor<detail::executor::ChainBackend<Probe>, detail::executor::ProbeReader<Probe>>;
+    using Engine = Executor<detail::executor::ChainBackend<Probe>, detail::ProbeReader<Probe>>;
     std::shared_ptr<detail::executor::ExecutorCore<Probe>> core_;
     std::shared_ptr<const Engine> engine_;
 };

@@ -269,15 +269,6 @@ private:
     ScriptGradients result_;
 };
 
-/// The torch probe as the engine reads it.
-template <class Probe>
-struct ScriptProbeReader {
-    Probe* probe;
-    [[nodiscard]] Bytes current() const { return probe->current(); }
-    [[nodiscard]] Bytes peak() const { return probe->peak(); }
-    void reset_peak() { probe->reset_peak(); }
-};
-
 }  // namespace detail::capture
 
 /// One training step in two phases: forward() runs the plan up to `loss` and returns the
@@ -286,7 +277,7 @@ struct ScriptProbeReader {
 /// everything; the exception is an ExecutionError naming the plan step, the op and its node.
 template <MemoryProbe Probe>
 class ScriptStep {
-    using Reader = detail::capture::ScriptProbeReader<Probe>;
+    using Reader = detail::ProbeReader<Probe>;
     using Engine = Executor<detail::capture::ScriptBackend, Reader>;
 
 public:
@@ -533,7 +524,7 @@ public:
     }
 
 private:
-    using Engine = Executor<detail::capture::ScriptBackend, detail::capture::ScriptProbeReader<Probe>>;
+    using Engine = Executor<detail::capture::ScriptBackend, detail::ProbeReader<Probe>>;
     ScriptCapture capture_;
     std::shared_ptr<Probe> probe_;
     std::shared_ptr<detail::capture::Scratch> scratch_;

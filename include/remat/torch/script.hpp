@@ -154,7 +154,8 @@ template <MemoryProbe Probe = CpuMemoryProbe>
     // Plain autograd from the state interpretation started from: the reference of the
     // gradient coverage check and of the replay check.
     guard.restore();
-    const ReferenceStep reference = reference_step(core->module, core->output_tree, inputs, core->parameters, who);
+    const ReferenceStep reference =
+        reference_step(core->module, core->output_tree, trace.arguments, core->parameters, who);
     guard.restore();
     phase_done("ran plain autograd");
     Profile profile = Profiler<Probe>(*core, trace, grouping, reference.parameter_grads, options, probe, who).run();
@@ -163,7 +164,7 @@ template <MemoryProbe Probe = CpuMemoryProbe>
     phase_done("built the problem");
     ScriptCapture capture(core);
     if (options.verify_replay) {
-        verify_replay(capture, trace, inputs, reference, [&guard] { guard.restore(); }, options.replay_tolerance,
+        verify_replay(capture, trace, trace.arguments, reference, [&guard] { guard.restore(); }, options.replay_tolerance,
                       probe, who);
         phase_done("checked the store-all replay against plain autograd");
     }

@@ -24,6 +24,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -74,7 +75,11 @@ public:
           options_(std::move(options)),
           probe_(std::move(probe)),
           last_report_(std::make_shared<StepReport>()) {
+        // Each tensor once, under its first name: tied weights (a GPT's lm_head.weight, the
+        // token embedding's) are one parameter, which an optimizer must update once.
+        std::unordered_set<const c10::TensorImpl*> seen;
         for (const auto& named : jit_.named_parameters(true)) {
+            if (!seen.insert(named.value.unsafeGetTensorImpl()).second) continue;
             std::string name = named.name;
             for (char& c : name)
                 if (c == '.') c = '_';
@@ -96,7 +101,14 @@ public:
         const std::vector<at::Tensor> leaves = c->capture.input_tensors(arguments);
         return c->capture.pack_outputs(c->executor.forward(c->plan, leaves, last_report_));
     }
+    /// A program read from a .pt2 file keeps the mode it was exported in (its dropout and
+    /// batch-norm flags are constants of the program): switching it throws InvalidInput.
     void train(bool on = true) override {
+        if (jit_.hasattr(detail::exported_mode_attribute) && jit_.attr(detail::exported_mode_attribute).toBool() != on)
+            throw InvalidInput(std::string("checkpointed module '") + current_name() + "': the program was exported in " +
+                               (on ? "eval" : "train") + " mode, and its mode is part of the program; export it again "
+                               "after model." + (on ? "train()" : "eval()") + " to run it in " +
+                               (on ? "train" : "eval") + " mode");
         jit_.train(on);
         ::torch::nn::Module::train(on);
     }

@@ -57,10 +57,17 @@ public:
     /// The tensor leaves of forward's arguments, in the order the executor takes them.
     /// Throws InvalidInput when an argument's structure or a constant in it differs from
     /// the example inputs.
+    /// Arguments left out at the end take their default values, as at capture.
     [[nodiscard]] std::vector<at::Tensor> input_tensors(const std::vector<c10::IValue>& arguments) const {
-        if (arguments.size() != core_->input_trees.size())
+        if (arguments.size() > core_->input_trees.size())
             throw InvalidInput("'" + core_->name + "' was captured with " + std::to_string(core_->input_trees.size()) +
                                " arguments, not " + std::to_string(arguments.size()));
+        for (std::size_t i = arguments.size(); i < core_->input_trees.size(); ++i)
+            if (core_->input_trees[i].kind != detail::capture::ValueTree::Kind::constant)
+                throw InvalidInput("'" + core_->name + "' was captured with " +
+                                   std::to_string(core_->input_trees.size()) + " arguments, not " +
+                                   std::to_string(arguments.size()) + " (argument " + std::to_string(i) +
+                                   " held tensors at capture)");
         std::vector<at::Tensor> leaves(core_->inputs.size());
         for (std::size_t i = 0; i < arguments.size(); ++i)
             detail::capture::flatten(core_->input_trees[i], arguments[i], leaves, "argument " + std::to_string(i));

@@ -141,10 +141,20 @@ private:
     void choose_roots() {
         const auto use = users();
         root_.assign(trace_.flat.size(), 0);
+        // A node whose list or tuple is unpacked into forward's outputs (`return y.split(4)`)
+        // roots an op, which the unpacking joins (assign_members).
+        std::vector<char> unpacked_to_output(trace_.flat.size(), 0);
+        for (std::size_t i = 0; i < trace_.flat.size(); ++i) {
+            const FlatNode& f = trace_.flat[i];
+            if (!needed_[i] || (f.kind != InstrKind::list_unpack && f.kind != InstrKind::tuple_unpack)) continue;
+            bool output = false;
+            for (const std::size_t id : f.outputs) output = output || is_output(id);
+            if (const auto p = value(f.inputs[0]).producer; output && p) unpacked_to_output[*p] = 1;
+        }
         for (std::size_t i = 0; i < trace_.flat.size(); ++i) {
             const FlatNode& f = trace_.flat[i];
             if (!needed_[i] || f.category != Category::activation || f.side_effect) continue;
-            bool output = false;
+            bool output = unpacked_to_output[i] != 0;
             for (const std::size_t id : f.outputs) output = output || is_output(id);
             switch (f.act) {
                 case ActKind::compute: root_[i] = 1; break;

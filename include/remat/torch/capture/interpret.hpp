@@ -27,6 +27,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -107,7 +108,9 @@ private:
         for (const auto& named : module_.named_parameters(true)) {
             const at::Tensor& p = named.value;
             trace_.module_storages.insert(storage_of(p));
-            if (!p.requires_grad()) continue;
+            // A tensor under two names (tied weights) is one parameter: it gets the sum of the
+            // gradients of every op that reads it, under its first name.
+            if (!p.requires_grad() || trace_.parameter_index.contains(p.unsafeGetTensorImpl())) continue;
             trace_.parameter_index.emplace(p.unsafeGetTensorImpl(), trace_.parameters.size());
             trace_.parameters.push_back(p);
             trace_.parameter_names.push_back(named.name);
@@ -122,15 +125,34 @@ private:
         const auto inputs = graph_->inputs();
         if (inputs.empty()) throw InvalidInput(who_ + ": the forward graph has no self input");
         add_value(inputs[0], Category::constant, c10::IValue(module_._ivalue()));
-        if (inputs.size() - 1 != sample_.size())
-            throw InvalidInput(who_ + ": forward takes " + std::to_string(inputs.size() - 1) + " inputs but " +
-                               std::to_string(sample_.size()) + " example inputs were given");
+        trace_.arguments = with_defaults(inputs.size() - 1);
+        const std::vector<c10::IValue>& arguments = trace_.arguments;
         for (std::size_t i = 1; i < inputs.size(); ++i) {
             ValueTree tree;
-            const std::size_t id = bind_argument(sample_[i - 1], inputs[i]->debugName(), tree);
+            const std::size_t id = bind_argument(arguments[i - 1], inputs[i]->debugName(), tree);
             ids_[inputs[i]] = id;
             trace_.input_trees.push_back(std::move(tree));
         }
+    }
+
+    // The example arguments, followed by the defaults of forward's arguments that they leave
+    // out (nn.MultiheadAttention's key_padding_mask=None, need_weights=True, ...).
+    [[nodiscard]] std::vector<c10::IValue> with_defaults(std::size_t parameters) const {
+        std::vector<c10::IValue> arguments = sample_;
+        if (arguments.size() > parameters)
+            throw InvalidInput(who_ + ": forward takes " + std::to_string(parameters) + " arguments but " +
+                               std::to_string(arguments.size()) + " example arguments were given");
+        if (arguments.size() == parameters) return arguments;
+        const c10::FunctionSchema& schema = module_.get_method("forward").function().getSchema();
+        for (std::size_t i = arguments.size(); i < parameters; ++i) {
+            const c10::Argument& argument = schema.arguments().at(i + 1);  // after self
+            if (!argument.default_value())
+                throw InvalidInput(who_ + ": forward takes " + std::to_string(parameters) + " arguments but " +
+                                   std::to_string(sample_.size()) + " example arguments were given, and '" +
+                                   argument.name() + "' has no default value");
+            arguments.push_back(*argument.default_value());
+        }
+        return arguments;
     }
 
     // One argument (or an element of one): tensors become input leaves, containers holding
@@ -580,6 +602,10 @@ private:
             const ValueRec& target = value(f.inputs[*written]);
             if (target.module_tensor) {
                 mark_buffer_update(f, *written);
+            } else if (writable_constant(f, target)) {
+                // A tensor made inside the forward from constants (a mask: zeros, then slices
+                // filled in place) that nothing computed at run time has read yet: the write is
+                // plain dataflow, done here once; every later reader sees the new values.
             } else if (target.value.isTensor()) {
                 return functionalize(std::move(f), *written);
             } else if (f.category == Category::constant) {
@@ -607,10 +633,24 @@ private:
         return written;
     }
 
+    // Whether an in-place op on a constant tensor can run on it at capture: the op reads
+    // constants only, and no node that runs in the step has read that memory before (it would
+    // see the new values).
+    [[nodiscard]] bool writable_constant(const FlatNode& f, const ValueRec& target) const {
+        if (f.category != Category::constant || target.category != Category::constant || !target.value.isTensor())
+            return false;
+        const void* storage = storage_of(target.value.toTensor());
+        return storage != nullptr && !trace_.module_storages.contains(storage) &&
+               !constants_read_in_step_.contains(storage);
+    }
+
     [[nodiscard]] Category category_of(const FlatNode& f) const {
         const std::string kind = f.node->kind().toQualString();
         if (kind == "prim::requires_grad" || kind == "aten::is_grad_enabled" || is_metadata_op(kind))
             return Category::constant;
+        // A new tensor shaped like another (x.new_zeros(...), zeros_like(x)) depends on that
+        // tensor's metadata only.
+        if (is_creation_from_metadata(kind) && !f.random) return Category::constant;
         bool any_activation = false, any_state = false;
         for (const std::size_t id : f.inputs) {
             const ValueRec& v = value(id);
@@ -758,6 +798,13 @@ private:
             f.outputs.push_back(id);
         }
         if (f.category == Category::activation && !f.side_effect) f.act = classify(f);
+        if (f.category != Category::constant)
+            for (const std::size_t id : f.inputs) {
+                std::vector<at::Tensor> read;
+                if (value(id).category == Category::constant) tensors_in(value(id).value, read);
+                for (const at::Tensor& t : read)
+                    if (const void* storage = storage_of(t)) constants_read_in_step_.insert(storage);
+            }
         trace_.flat.push_back(std::move(f));
     }
 
@@ -879,6 +926,7 @@ private:
     std::unordered_map<std::size_t, std::size_t> materialized_;
     std::unordered_map<const jit::Value*, std::shared_ptr<std::vector<const jit::Value*>>> alias_names_;
     std::vector<Rewrite> rewrites_;
+    std::unordered_set<const void*> constants_read_in_step_;  // storages of constants run-time nodes read
     std::size_t loop_iterations_ = 0;
 };
 

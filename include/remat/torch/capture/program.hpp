@@ -34,6 +34,12 @@
 
 namespace remat::torch {
 
+namespace detail {
+/// The attribute of a module read from a .pt2 file (exported.hpp) that records the training
+/// mode the program was exported in, which the program cannot switch.
+inline constexpr const char* exported_mode_attribute = "_remat_exported_training";
+}  // namespace detail
+
 namespace detail::capture {
 
 namespace jit = ::torch::jit;

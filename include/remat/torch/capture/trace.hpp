@@ -15,6 +15,8 @@
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 
+#include <torch/csrc/jit/ir/constants.h>
+
 #include "program.hpp"
 
 namespace remat::torch::detail::capture {
@@ -73,6 +75,7 @@ struct Trace {
     std::vector<std::size_t> input_leaves;  ///< value id of each tensor leaf of the arguments
     std::vector<InputInfo> inputs;          ///< one per leaf
     std::vector<ValueTree> input_trees;     ///< one per argument
+    std::vector<c10::IValue> arguments;     ///< the example arguments, defaults filled in
     std::size_t result = 0;                 ///< value id of forward's result
     std::vector<at::Tensor> parameters;     ///< trainable, each once, in module order
     std::vector<std::string> parameter_names;
@@ -122,7 +125,18 @@ template <std::size_t N>
         "aten::is_complex", "aten::stride", "aten::__is__",  "aten::__isnot__",  "prim::isinstance",
         "prim::is_sparse", "prim::is_quantized", "prim::is_mkldnn", "prim::is_meta", "prim::is_xpu",
         "aten::get_device", "prim::is_nested", "prim::is_vulkan", "prim::is_ipu",
-        "prim::is_mps", "prim::is_ort", "prim::is_hpu", "prim::is_lazy", "aten::is_leaf"};
+        "prim::is_mps", "prim::is_ort", "prim::is_hpu", "prim::is_lazy", "aten::is_leaf",
+        "aten::sym_size", "aten::sym_numel", "aten::sym_stride", "aten::sym_storage_offset"};
+    return one_of(kind, kinds);
+}
+
+/// Ops that make a new tensor like another one (its shape, dtype or device) without reading
+/// its values: constants, even when that tensor is an activation.
+[[nodiscard]] inline bool is_creation_from_metadata(std::string_view kind) {
+    static constexpr std::string_view kinds[] = {"aten::new_zeros", "aten::new_ones",  "aten::new_full",
+                                                 "aten::new_empty", "aten::new_empty_strided",
+                                                 "aten::zeros_like", "aten::ones_like", "aten::full_like",
+                                                 "aten::empty_like"};
     return one_of(kind, kinds);
 }
 
@@ -145,6 +159,19 @@ template <std::size_t N>
 
 [[nodiscard]] inline bool is_random_node(const jit::Node* node) {
     if (node->isNondeterministic()) return true;
+    // Attention draws a dropout mask when its dropout_p is not zero.
+    static constexpr std::string_view attention[] = {"aten::scaled_dot_product_attention",
+                                                     "aten::_scaled_dot_product_efficient_attention",
+                                                     "aten::_scaled_dot_product_flash_attention",
+                                                     "aten::_scaled_dot_product_flash_attention_for_cpu"};
+    if (one_of(node->kind().toQualString(), attention)) {
+        const c10::FunctionSchema* schema = node->maybeSchema();
+        if (schema == nullptr) return true;
+        const auto index = schema->argumentIndexWithName("dropout_p");
+        if (!index || static_cast<std::size_t>(*index) >= node->inputs().size()) return true;
+        const auto p = ::torch::jit::toIValue(node->inputs()[*index]);
+        return !p || !p->isDouble() || p->toDouble() != 0.0;
+    }
     static constexpr std::string_view kinds[] = {
         "aten::dropout",   "aten::dropout_",     "aten::feature_dropout", "aten::alpha_dropout", "aten::bernoulli",
         "aten::bernoulli_", "aten::rand",        "aten::rand_like",       "aten::randn",         "aten::randn_like",

@@ -16,7 +16,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
+#include <c10/core/ScalarType.h>
 #include <torch/version.h>
 
 #if REMAT_WITH_CUDA
@@ -38,6 +40,24 @@ namespace remat::torch::detail::compat {
 
 /// Whether this LibTorch is 2.x or later.
 inline constexpr bool torch2 = TORCH_VERSION_MAJOR >= 2;
+
+/// The dtypes that only 2.x has, by the number torch.export's schema (ScalarType) gives them;
+/// nullopt for the others, and for every one of them under 1.x.
+[[nodiscard]] inline std::optional<c10::ScalarType> export_only_dtype(std::int64_t code) {
+#if TORCH_VERSION_MAJOR >= 2
+    switch (code) {
+        case 28: return c10::ScalarType::UInt16;
+        case 29: return c10::ScalarType::Float8_e4m3fn;
+        case 30: return c10::ScalarType::Float8_e5m2;
+        case 31: return c10::ScalarType::Float8_e4m3fnuz;
+        case 32: return c10::ScalarType::Float8_e5m2fnuz;
+        default: return std::nullopt;
+    }
+#else
+    (void)code;
+    return std::nullopt;
+#endif
+}
 
 #if REMAT_WITH_CUDA
 

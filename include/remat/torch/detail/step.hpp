@@ -23,6 +23,18 @@
 
 namespace remat::torch::detail {
 
+// ------------------------------------------------------------------------------- memory
+
+/// A torch memory probe as the engine of exec/executor.hpp reads it (current, peak, reset),
+/// for every backend.
+template <class Probe>
+struct ProbeReader {
+    Probe* probe;
+    [[nodiscard]] Bytes current() const { return probe->current(); }
+    [[nodiscard]] Bytes peak() const { return probe->peak(); }
+    void reset_peak() { probe->reset_peak(); }
+};
+
 // ------------------------------------------------------------------------------- gradients
 
 /// The parameter gradients a step has collected. They are handed over only at the end of the

@@ -1,0 +1,236 @@
+// torch.export programs (.pt2) trained under a budget (issue 23): torchvision's ResNet-18,
+// MobileNetV3, ViT-B/16, Swin-T and EfficientNet-B0, nn.Transformer, a nanoGPT-style GPT with
+// tied weights, a U-Net and an LSTM, exported in train mode by the 2.x configuration's Python
+// (scripts/lib/export_pt2_models.py, the torch_pt2_models fixture) with what eager PyTorch
+// computes for two SGD steps. remat's drop-in module, planned at 50 % and 30 % of the
+// store-all peak, must take those steps: the same loss, outputs, parameter gradients and
+// buffers, and the peak it predicted. Malformed and unsupported archives are refused by name.
+// Under LibTorch 1.13 (no torch.export) the models are absent and the tests say so.
+#include <catch2/catch.hpp>
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "remat/torch/capture/reference.hpp"
+#include "remat/torch/exported.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+const fs::path models_dir = fs::path(REMAT_BINARY_DIR) / "pt2_models";
+
+/// What Python saved for one model (export_pt2_models.py).
+struct Expected {
+    std::string name;
+    fs::path program;
+    fs::path folder;
+    Json index;
+
+    [[nodiscard]] bool has(const std::string& key) const { return index["tensors"].contains(key); }
+    [[nodiscard]] at::Tensor tensor(const std::string& key) const {
+        INFO("expected tensor '" << key << "' of " << name);
+        REQUIRE(has(key));
+        const Json& e = index["tensors"][key];
+        const std::string dtype = e["dtype"].get<std::string>();
+        const at::ScalarType type = dtype == "float32"   ? at::kFloat
+                                    : dtype == "float64" ? at::kDouble
+                                    : dtype == "int64"   ? at::kLong
+                                    : dtype == "bool"    ? at::kBool
+                                                         : at::kFloat;
+        REQUIRE((dtype == "float32" || dtype == "float64" || dtype == "int64" || dtype == "bool"));
+        at::Tensor t = at::empty(e["shape"].get<std::vector<std::int64_t>>(), at::TensorOptions().dtype(type));
+        std::ifstream in(folder / e["file"].get<std::string>(), std::ios::binary);
+        REQUIRE(in.good());
+        in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
+        REQUIRE(static_cast<std::size_t>(in.gcount()) == t.nbytes());
+        return t;
+    }
+    [[nodiscard]] std::vector<c10::IValue> inputs() const {
+        std::vector<c10::IValue> out;
+        for (int i = 0; i < index["inputs"].get<int>(); ++i) out.emplace_back(tensor("input_" + std::to_string(i)));
+        return out;
+    }
+    [[nodiscard]] std::vector<at::Tensor> weights() const {
+        std::vector<at::Tensor> out;
+        for (int i = 0; i < index["outputs"].get<int>(); ++i) out.push_back(tensor("weight_" + std::to_string(i)));
+        return out;
+    }
+};
+
+std::vector<Expected> exported_models() {
+    std::vector<Expected> models;
+    std::ifstream in(models_dir / "manifest.json");
+    if (!in.good()) return models;
+    for (const Json& entry : Json::parse(in)) {
+        Expected e;
+        e.name = entry["model"].get<std::string>();
+        e.program = entry["file"].get<std::string>();
+        e.folder = entry["expected"].get<std::string>();
+        std::ifstream index(e.folder / "index.json");
+        e.index = Json::parse(index);
+        models.push_back(std::move(e));
+    }
+    return models;
+}
+
+bool skipped_without_torch_export() {
+    if (fs::exists(models_dir / "manifest.json")) return false;
+    WARN("no .pt2 models in " << models_dir.string()
+                              << ": torch.export needs the 2.x configuration (scripts/test --torch pip)");
+    REQUIRE_FALSE(remat::torch::detail::compat::torch2);
+    return true;
+}
+
+std::vector<at::Tensor> leaves(const c10::IValue& v) {
+    std::vector<at::Tensor> out;
+    remat::torch::detail::capture::tensors_in(v, out);
+    return out;
+}
+
+void require_equal(const std::string& what, const at::Tensor& got, const at::Tensor& expected) {
+    INFO(what);
+    REQUIRE(got.defined());
+    REQUIRE(got.sizes() == expected.sizes());
+    const at::Tensor g = got.detach().to(expected.scalar_type());
+    if (!at::equal(g, expected)) {
+        const double diff = (g.to(at::kDouble) - expected.to(at::kDouble)).abs().max().item<double>();
+        FAIL_CHECK(what << " differs from eager PyTorch's by up to " << diff);
+    }
+}
+
+// The module's named tensors, each once (tied weights under their first name).
+std::map<std::string, at::Tensor> named(const torch::jit::named_parameter_list& list) {
+    std::map<std::string, at::Tensor> out;
+    for (const auto& p : list) out.emplace(p.name, p.value);
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("pt2: exported models train like eager PyTorch at 50 % and 30 % of the store-all peak", "[torch][pt2]") {
+    if (skipped_without_torch_export()) return;
+    at::set_num_threads(1);
+    const std::vector<Expected> models = exported_models();
+    REQUIRE(models.size() >= 9);
+    for (const Expected& e : models) {
+        for (const double percent : {50.0, 30.0}) {
+            SECTION(e.name + " at " + std::to_string(static_cast<int>(percent)) + " %") {
+                remat::torch::ScriptCheckpointOptions options;
+                options.capture.name = e.name;
+                options.capture.repeats = 1;
+                options.capture.warmup = 0;
+                options.progress = [](const std::string&) {};
+                auto m = remat::torch::checkpoint(e.program, e.inputs(), remat::budget_percent(percent).or_smallest(),
+                                                  remat::Auto{}, options);
+                const auto parameters = named(m->module().named_parameters(true));
+                const std::vector<std::string> python_parameters = e.index["parameters"].get<std::vector<std::string>>();
+                // One parameter per tensor, as the optimizer sees them: tied weights once.
+                CHECK(m->parameters().size() == python_parameters.size());
+                const std::vector<at::Tensor> weights = e.weights();
+                for (int k = 0; k < e.index["steps"].get<int>(); ++k) {
+                    const std::string step = "step" + std::to_string(k);
+                    INFO(e.name << ", " << step << ", budget " << m->budget() << " of " << m->store_all_peak());
+                    at::manual_seed(e.index["seeds"][k].get<std::uint64_t>());
+                    const std::vector<at::Tensor> outputs = leaves(m->forward(e.inputs()));
+                    REQUIRE(outputs.size() == weights.size());
+                    const at::Tensor loss = remat::torch::detail::capture::weighted_loss(outputs, weights);
+                    loss.backward();
+                    const remat::StepReport& report = m->last_report();
+                    REQUIRE(report.completed);
+                    require_equal("loss", loss, e.tensor(step + ".loss"));
+                    for (std::size_t o = 0; o < outputs.size(); ++o)
+                        require_equal("output " + std::to_string(o), outputs[o], e.tensor(step + ".output_" + std::to_string(o)));
+                    for (const std::string& name : python_parameters) {
+                        const std::string key = step + ".grad." + name;
+                        INFO("parameter " << name);
+                        REQUIRE(parameters.contains(name));
+                        if (!e.has(key)) {
+                            CHECK_FALSE(parameters.at(name).grad().defined());
+                            continue;
+                        }
+                        require_equal("gradient of " + name, parameters.at(name).grad(), e.tensor(key));
+                    }
+                    for (const auto& b : m->module().named_buffers(true))
+                        require_equal("buffer " + b.name + " after the step", b.value, e.tensor(step + ".buffer." + b.name));
+                    // Measured peak = predicted, within 1 % (ViT-B/16: +0.21 %, its layer norms'
+                    // backward use 30 KB more than profiled) and the outputs' gradients:
+                    // autograd holds them until the planned backward returns, after the plan
+                    // freed them (docs/design.md §9); ScriptExecutor::step, which bench_zoo
+                    // runs, has no such caller and measures +0.00 % on all but ViT-B/16.
+                    remat::Bytes output_gradients = 0;
+                    for (const at::Tensor& o : outputs) output_gradients += static_cast<remat::Bytes>(o.nbytes());
+                    INFO("predicted peak " << report.predicted_peak << ", measured " << report.measured_peak
+                                           << ", output gradients " << output_gradients);
+                    const remat::Bytes slack = 1024 + report.predicted_peak / 100;
+                    CHECK(report.measured_peak <= report.predicted_peak + output_gradients + slack);
+                    CHECK(report.measured_peak + slack >= report.predicted_peak);
+                    const double lr = e.index["lr"].get<double>();
+                    const torch::NoGradGuard no_grad;
+                    for (const auto& [name, p] : parameters)
+                        if (p.grad().defined()) {
+                            p.add_(p.grad(), -lr);
+                            p.mutable_grad() = at::Tensor();
+                        }
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("pt2: a program keeps its parameters' identity, ties and training mode", "[torch][pt2]") {
+    if (skipped_without_torch_export()) return;
+    for (const Expected& e : exported_models()) {
+        if (e.name != "gpt") continue;
+        const torch::jit::Module m = remat::torch::load_exported(e.program);
+        // wte.weight and lm_head.weight were saved from one tensor: they are one tensor.
+        const auto all = named(m.named_parameters(true));
+        REQUIRE(all.contains("wte.weight"));
+        REQUIRE(all.contains("lm_head.weight"));
+        CHECK(all.at("wte.weight").unsafeGetTensorImpl() == all.at("lm_head.weight").unsafeGetTensorImpl());
+        CHECK(remat::torch::exported_training_mode(m) == std::optional<bool>(true));
+        remat::torch::ScriptCheckpointOptions options;
+        options.progress = [](const std::string&) {};
+        options.capture.repeats = 1;
+        auto planned = remat::torch::checkpoint(m, e.inputs(), remat::budget_percent(60), remat::Auto{}, options);
+        // The optimizer sees the program's own tensors, the tied one once.
+        CHECK(planned->parameters().size() == e.index["parameters"].size());
+        bool found = false;
+        for (const at::Tensor& p : planned->parameters()) found = found || p.unsafeGetTensorImpl() == all.at("wte.weight").unsafeGetTensorImpl();
+        CHECK(found);
+        CHECK_THROWS_WITH(planned->eval(), Catch::Contains("exported in train mode") && Catch::Contains("export it again"));
+    }
+}
+
+TEST_CASE("pt2: malformed and unsupported archives are refused by name", "[torch][pt2]") {
+    if (skipped_without_torch_export()) return;
+    const fs::path refused = models_dir / "refused";
+    const auto refuses = [&](const std::string& file, const std::string& expected) {
+        INFO(file);
+        std::string message;
+        try {
+            (void)remat::torch::capture_exported(refused / file, {at::randn({2, 8})});
+        } catch (const remat::InvalidInput& error) {
+            message = error.what();
+        }
+        INFO(message);
+        CHECK_THAT(message, Catch::Contains(expected));
+    };
+    refuses("truncated.pt2", "is not a readable .pt2 archive");
+    refuses("schema_99.pt2", "schema is version 99");
+    refuses("unknown_op.pt2", "'aten::no_such_op', an operator this LibTorch does not have");
+    refuses("unknown_op.pt2", "export_pt2_models.py");  // the node's Python source line
+    refuses("cond.pt2", "is control flow");
+    refuses("cond.pt2", "'cond'");
+    CHECK_THROWS_WITH(remat::torch::load_exported(refused / "no_such_file.pt2"), Catch::Contains("does not exist"));
+}
