@@ -19,6 +19,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torchvision
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import export_pt2_models  # noqa: E402  (its nanoGPT-style GPT)
+
 warnings.filterwarnings("ignore")
 
 
@@ -119,6 +122,11 @@ MODELS = {
     "regnet_y_400mf": (lambda: torchvision.models.regnet_y_400mf(num_classes=10), image()),
     "shufflenet_v2_x1_0": (lambda: torchvision.models.shufflenet_v2_x1_0(num_classes=10), image()),
     "mnasnet0_5": (lambda: torchvision.models.mnasnet0_5(num_classes=10), image()),
+    "swin_t": (lambda: torchvision.models.swin_t(num_classes=10), image()),
+    # nanoGPT's structure with tied weights (export_pt2_models.GPT; scaled_dot_product_attention
+    # needs PyTorch 2.x, so its TorchScript exports under 1.13 fail and say so).
+    "gpt": (lambda: export_pt2_models.GPT(vocab=256, block=64, layers=4, heads=4, width=128),
+            [{"dtype": "long", "shape": [8, 64], "high": 256}]),
     "unet": (UNet, image()),
     "vae": (VAE, [{"dtype": "float", "shape": [32, 784]}]),
     "transformer": (TransformerModel, [{"dtype": "float", "shape": [8, 32, 32]},

@@ -43,6 +43,7 @@
 #include "memory.hpp"
 #include "profile.hpp"
 #include "stage.hpp"
+#include "step.hpp"
 
 namespace remat::torch {
 
@@ -158,8 +159,6 @@ struct ExecutorCore {
 
 template <MemoryProbe Probe = CpuMemoryProbe>
 class ChainExecutor;
-template <MemoryProbe Probe = CpuMemoryProbe>
-class ChainStep;
 
 /// A plan checked against the executor's chain and ready to run, shareable between steps:
 /// plan(), schedule(), predicted_peak() (the simulator's peak on the measured problem),
@@ -168,8 +167,6 @@ class ExecutablePlan : public ExecutionPlan {
 private:
     template <MemoryProbe>
     friend class ChainExecutor;
-    template <MemoryProbe>
-    friend class ChainStep;
     explicit ExecutablePlan(ExecutionPlan plan) : ExecutionPlan(std::move(plan)) {}
 };
 
@@ -261,12 +258,17 @@ public:
     [[nodiscard]] static std::string error_text(const std::exception& e) { return error_message(e); }
     [[nodiscard]] double now() const { return clock_.now(); }
 
+    // The step's hand-over (torch/step.hpp): the chain's one output and its gradient.
+    using OutputGradients = at::Tensor;
     /// The output after the forward phase: the caller's from now on.
-    [[nodiscard]] at::Tensor expose_output() {
+    [[nodiscard]] at::Tensor expose_outputs() {
         a_.back().expose();
         return a_.back().tensor().detach();
     }
-    void set_output_gradient(at::Tensor g) { g_.back() = std::move(g); }
+    void set_output_gradients(at::Tensor g) {
+        if (!g.defined()) throw InvalidInput("chain step: the gradient of the output is undefined");
+        g_.back() = std::move(g);
+    }
     [[nodiscard]] StepGradients take_result() noexcept { return std::move(result_); }
 
 private:
@@ -286,68 +288,11 @@ private:
 
 }  // namespace detail::executor
 
-/// One training step in two phases: forward() runs the plan up to `loss` and returns the
-/// chain's output; backward(grad) runs the rest and returns the gradients. A step that
-/// throws undoes itself (buffers, random generators in the forward phase) and frees
-/// everything; the exception is an ExecutionError naming the plan step and the stage.
-template <MemoryProbe Probe>
-class ChainStep {
-public:
-    /// `continuous`: the caller runs both phases back to back (the backward phase is measured
-    /// from the start of the step, not calibrated at its own start).
-    ChainStep(std::shared_ptr<detail::executor::ExecutorCore<Probe>> core,
-              std::shared_ptr<const Executor<detail::executor::ChainBackend<Probe>,
-                                             detail::ProbeReader<Probe>>> engine,
-              ExecutablePlan plan, const at::Tensor& input, bool continuous)
-        : reader_(std::make_unique<detail::ProbeReader<Probe>>(
-              detail::ProbeReader<Probe>{&core->probe})),
-          step_(engine->start(std::move(plan), detail::executor::ChainBackend<Probe>(check_input(core, input), input),
-                              *reader_, continuous)) {}
-
-    ChainStep(ChainStep&&) noexcept = default;
-    ChainStep& operator=(ChainStep&&) noexcept = default;
-
-    /// Runs the plan up to `loss`; returns the output (a tensor without autograd history
-    /// that the caller may keep).
-    at::Tensor forward() {
-        step_.forward();
-        return step_.backend().expose_output();
-    }
-
-    /// Runs the rest of the plan with `grad_output`, the gradient of the loss with respect
-    /// to the output. The executor keeps no reference to it beyond the plan's `free g_L`.
-    StepGradients backward(at::Tensor grad_output) {
-        if (step_.phase() == StepPhase::between && !grad_output.defined())
-            throw InvalidInput("chain step: the gradient of the output is undefined");
-        if (step_.phase() == StepPhase::between) step_.backend().set_output_gradient(std::move(grad_output));
-        step_.backward();
-        return step_.backend().take_result();
-    }
-
-    /// Gives up a step between its phases (the caller's loss failed): buffers go back to
-    /// their values before the step and everything is freed.
-    void abort() noexcept { step_.abort(); }
-
-    [[nodiscard]] const StepReport& report() const noexcept { return step_.report(); }
-    /// Per schedule step, the seconds its op took on the clock profiling times ops with.
-    [[nodiscard]] const std::vector<double>& step_seconds() const noexcept { return step_.step_seconds(); }
-
-private:
-    static std::shared_ptr<detail::executor::ExecutorCore<Probe>> check_input(
-        std::shared_ptr<detail::executor::ExecutorCore<Probe>> core, const at::Tensor& input) {
-        if (!matches(core->profile, input))
-            throw InvalidInput("chain '" + core->profile.chain.name + "' was profiled for inputs of shape " +
-                               detail::sizes_string(core->profile.input_sizes) + " (" +
-                               std::string(c10::toString(core->profile.input_dtype)) + " on " +
-                               core->profile.input_device.str() + "), not " + detail::sizes_string(input.sizes().vec()) +
-                               " (" + std::string(c10::toString(input.scalar_type())) + " on " + input.device().str() +
-                               "); profile again for this shape");
-        return core;
-    }
-
-    std::unique_ptr<detail::ProbeReader<Probe>> reader_;
-    ExecutionStep<detail::executor::ChainBackend<Probe>, detail::ProbeReader<Probe>> step_;
-};
+/// One training step of a chain in two phases (torch/step.hpp): forward() returns the chain's
+/// output, backward(grad) takes the gradient of the loss with respect to it and returns the
+/// gradients; errors name the plan step and the stage.
+template <MemoryProbe Probe = CpuMemoryProbe>
+using ChainStep = PlannedStep<detail::executor::ChainBackend<Probe>, Probe>;
 
 /// The outcome of ChainExecutor::step.
 struct StepResult {
@@ -384,7 +329,9 @@ public:
 
     /// A step to drive by hand (or from an autograd function): forward(), then backward().
     [[nodiscard]] ChainStep<Probe> start(const ExecutablePlan& plan, const at::Tensor& input, bool continuous = true) const {
-        return ChainStep<Probe>(core_, engine_, plan, input, continuous);
+        check_input(input);
+        return ChainStep<Probe>(engine_, plan, detail::executor::ChainBackend<Probe>(core_, input), &core_->probe,
+                                continuous);
     }
 
     /// A whole training step: forward, `loss(output)` (with autograd), backward, and the
@@ -414,7 +361,18 @@ public:
     }
 
 private:
-    using Engine = Executor<detail::executor::ChainBackend<Probe>, detail::ProbeReader<Probe>>;
+    using Engine = typename ChainStep<Probe>::Engine;
+
+    void check_input(const at::Tensor& input) const {
+        const ChainProfile& p = core_->profile;
+        if (!matches(p, input))
+            throw InvalidInput("chain '" + p.chain.name + "' was profiled for inputs of shape " +
+                               detail::sizes_string(p.input_sizes) + " (" + std::string(c10::toString(p.input_dtype)) +
+                               " on " + p.input_device.str() + "), not " + detail::sizes_string(input.sizes().vec()) +
+                               " (" + std::string(c10::toString(input.scalar_type())) + " on " + input.device().str() +
+                               "); profile again for this shape");
+    }
+
     std::shared_ptr<detail::executor::ExecutorCore<Probe>> core_;
     std::shared_ptr<const Engine> engine_;
 };

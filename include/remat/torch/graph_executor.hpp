@@ -43,6 +43,7 @@
 #include "detail/step_capsule.hpp"
 #include "executor.hpp"
 #include "memory.hpp"
+#include "step.hpp"
 #include "capture/captured.hpp"
 #include "capture/program.hpp"
 #include "detail/op_clock.hpp"
@@ -69,8 +70,6 @@ struct Scratch {
 
 template <MemoryProbe Probe = CpuMemoryProbe>
 class ScriptExecutor;
-template <MemoryProbe Probe = CpuMemoryProbe>
-class ScriptStep;
 
 /// A plan checked against a captured problem and ready to run, shareable between steps:
 /// plan(), schedule(), predicted_peak(), predicted_time() and simulation().
@@ -78,8 +77,6 @@ class ScriptPlan : public ExecutionPlan {
 private:
     template <MemoryProbe>
     friend class ScriptExecutor;
-    template <MemoryProbe>
-    friend class ScriptStep;
     explicit ScriptPlan(ExecutionPlan plan) : ExecutionPlan(std::move(plan)) {}
 };
 
@@ -250,8 +247,29 @@ public:
         }
         return outputs;
     }
-    [[nodiscard]] const at::Tensor& output(std::size_t o) const { return act_[core_->output_data[o].index].tensor(); }
-    void set_output_gradient(std::size_t o, at::Tensor g) { grad_[core_->output_grad[o]->index] = std::move(g); }
+    // The step's hand-over (torch/step.hpp): one gradient per output, undefined ones taken
+    // as zeros.
+    using OutputGradients = std::vector<at::Tensor>;
+    void set_output_gradients(std::vector<at::Tensor> grad_outputs) {
+        if (grad_outputs.size() != core_->output_data.size())
+            throw InvalidInput("script step: " + std::to_string(grad_outputs.size()) + " output gradients for " +
+                               std::to_string(core_->output_data.size()) + " outputs");
+        for (std::size_t o = 0; o < grad_outputs.size(); ++o) {
+            if (!core_->output_grad[o]) continue;
+            const at::Tensor& out = act_[core_->output_data[o].index].tensor();
+            at::Tensor g = std::move(grad_outputs[o]);
+            if (!g.defined()) {
+                g = at::zeros_like(out);
+            } else if (g.sizes() != out.sizes()) {
+                throw InvalidInput("script step: the gradient of output " + std::to_string(o) + " has shape " +
+                                   detail::sizes_string(g.sizes().vec()) + " but the output has " +
+                                   detail::sizes_string(out.sizes().vec()));
+            } else {
+                g = g.contiguous();
+            }
+            grad_[core_->output_grad[o]->index] = std::move(g);
+        }
+    }
     [[nodiscard]] ScriptGradients take_result() noexcept { return std::move(result_); }
 
 private:
@@ -271,108 +289,12 @@ private:
 
 }  // namespace detail::capture
 
-/// One training step in two phases: forward() runs the plan up to `loss` and returns the
-/// module's output tensors; backward(grads) runs the rest and returns the gradients. A step
-/// that throws undoes itself (buffers; the random generators in the forward phase) and frees
-/// everything; the exception is an ExecutionError naming the plan step, the op and its node.
-template <MemoryProbe Probe>
-class ScriptStep {
-    using Reader = detail::ProbeReader<Probe>;
-    using Engine = Executor<detail::capture::ScriptBackend, Reader>;
-
-public:
-    ScriptStep(std::shared_ptr<const detail::capture::Core> core, std::shared_ptr<detail::capture::Scratch> scratch,
-               std::shared_ptr<const Engine> engine, ScriptPlan plan, Probe* probe, const std::vector<at::Tensor>& inputs,
-               bool continuous)
-        : core_(check_inputs(std::move(core), inputs)),
-          reader_(std::make_unique<Reader>(Reader{probe})),
-          step_(engine->start(std::move(plan), detail::capture::ScriptBackend(core_, std::move(scratch), inputs), *reader_,
-                              continuous)) {}
-
-    ScriptStep(ScriptStep&&) noexcept = default;
-    ScriptStep& operator=(ScriptStep&&) noexcept = default;
-
-    /// Runs the plan up to `loss`; returns one tensor per output of the module (without
-    /// autograd history; the caller may keep them).
-    std::vector<at::Tensor> forward() {
-        step_.forward();
-        return step_.backend().expose_outputs();
-    }
-
-    /// Runs the rest of the plan with the gradients of the loss with respect to each output
-    /// (undefined entries are taken as zeros). The executor keeps no reference to them beyond
-    /// the plan's frees.
-    ScriptGradients backward(std::vector<at::Tensor> grad_outputs) {
-        if (step_.phase() == StepPhase::between) give_output_gradients(std::move(grad_outputs));
-        step_.backward();
-        return step_.backend().take_result();
-    }
-
-    /// Gives up a step between its phases (the caller's loss failed): buffers go back to
-    /// their values before the step and everything is freed.
-    void abort() noexcept { step_.abort(); }
-
-    [[nodiscard]] const StepReport& report() const noexcept { return step_.report(); }
-    /// Per schedule step, the seconds its op took (0 for frees and the loss), on the clock
-    /// capture times ops with: for comparing a plan's predicted times with reality op by op.
-    [[nodiscard]] const std::vector<double>& step_seconds() const noexcept { return step_.step_seconds(); }
-
-private:
-    static std::shared_ptr<const detail::capture::Core> check_inputs(std::shared_ptr<const detail::capture::Core> core,
-                                                                     const std::vector<at::Tensor>& inputs) {
-        const auto& c = *core;
-        const ScriptCapture capture(core);
-        if (!capture.matches(inputs)) {
-            std::string expected, got;
-            for (const auto& in : c.inputs)
-                expected += (expected.empty() ? "" : ", ") + detail::sizes_string(in.sizes) + " " +
-                            std::string(c10::toString(in.dtype)) + " on " + in.device.str();
-            for (const at::Tensor& t : inputs)
-                got += (got.empty() ? "" : ", ") +
-                       (t.defined() ? detail::sizes_string(t.sizes().vec()) + " " + std::string(c10::toString(t.scalar_type())) +
-                                          " on " + t.device().str()
-                                    : std::string("undefined"));
-            throw InvalidInput("'" + c.name + "' was captured for inputs (" + expected + "), not (" + got +
-                               "); capture again for these inputs");
-        }
-        for (std::size_t i = 0; i < inputs.size(); ++i)
-            if (inputs[i].requires_grad() != c.inputs[i].requires_grad)
-                throw InvalidInput("input " + std::to_string(i) + " of '" + c.name + "' " +
-                                   (inputs[i].requires_grad() ? "requires" : "does not require") +
-                                   " grad but was captured the other way; capture again with such an input");
-        if (c.module.is_training() != c.training)
-            throw InvalidInput("'" + c.name + "' was captured in " + (c.training ? "training" : "evaluation") +
-                               " mode but the module is now in " + (c.training ? "evaluation" : "training") +
-                               " mode; capture again after train()/eval()");
-        return core;
-    }
-
-    void give_output_gradients(std::vector<at::Tensor> grad_outputs) {
-        if (grad_outputs.size() != core_->output_data.size())
-            throw InvalidInput("script step: " + std::to_string(grad_outputs.size()) + " output gradients for " +
-                               std::to_string(core_->output_data.size()) + " outputs");
-        auto& backend = step_.backend();
-        for (std::size_t o = 0; o < grad_outputs.size(); ++o) {
-            if (!core_->output_grad[o]) continue;
-            const at::Tensor& out = backend.output(o);
-            at::Tensor g = std::move(grad_outputs[o]);
-            if (!g.defined()) {
-                g = at::zeros_like(out);
-            } else if (g.sizes() != out.sizes()) {
-                throw InvalidInput("script step: the gradient of output " + std::to_string(o) + " has shape " +
-                                   detail::sizes_string(g.sizes().vec()) + " but the output has " +
-                                   detail::sizes_string(out.sizes().vec()));
-            } else {
-                g = g.contiguous();
-            }
-            backend.set_output_gradient(o, std::move(g));
-        }
-    }
-
-    std::shared_ptr<const detail::capture::Core> core_;
-    std::unique_ptr<Reader> reader_;
-    ExecutionStep<detail::capture::ScriptBackend, Reader> step_;
-};
+/// One training step of a captured program in two phases (torch/step.hpp): forward()
+/// returns the module's output tensors, backward(grads) takes one gradient per output
+/// (undefined ones taken as zeros) and returns the gradients; errors name the plan step, the
+/// op and its node.
+template <MemoryProbe Probe = CpuMemoryProbe>
+using ScriptStep = PlannedStep<detail::capture::ScriptBackend, Probe>;
 
 /// The outcome of ScriptExecutor::step.
 struct ScriptStepResult {
@@ -448,7 +370,9 @@ public:
     /// A step to drive by hand: forward(), then backward().
     [[nodiscard]] ScriptStep<Probe> start(const ScriptPlan& plan, const std::vector<at::Tensor>& inputs,
                                           bool continuous = true) const {
-        return ScriptStep<Probe>(capture_.core(), scratch_, engine_, plan, probe_.get(), inputs, continuous);
+        check_inputs(*capture_.core(), inputs);
+        return ScriptStep<Probe>(engine_, plan, detail::capture::ScriptBackend(capture_.core(), scratch_, inputs),
+                                 probe_.get(), continuous);
     }
 
     /// A whole training step: forward, `loss(outputs)` (with autograd), backward, and the
@@ -524,7 +448,34 @@ public:
     }
 
 private:
-    using Engine = Executor<detail::capture::ScriptBackend, detail::ProbeReader<Probe>>;
+    using Engine = typename ScriptStep<Probe>::Engine;
+
+    void check_inputs(const detail::capture::Core& c, const std::vector<at::Tensor>& inputs) const {
+        if (!capture_.matches(inputs)) {
+            std::string expected, got;
+            for (const auto& in : c.inputs)
+                expected += (expected.empty() ? "" : ", ") + detail::sizes_string(in.sizes) + " " +
+                            std::string(c10::toString(in.dtype)) + " on " + in.device.str();
+            for (const at::Tensor& t : inputs)
+                got += (got.empty() ? "" : ", ") +
+                       (t.defined() ? detail::sizes_string(t.sizes().vec()) + " " + std::string(c10::toString(t.scalar_type())) +
+                                          " on " + t.device().str()
+                                    : std::string("undefined"));
+            throw InvalidInput("'" + c.name + "' was captured for inputs (" + expected + "), not (" + got +
+                               "); capture again for these inputs");
+        }
+        for (std::size_t i = 0; i < inputs.size(); ++i)
+            if (inputs[i].requires_grad() != c.inputs[i].requires_grad)
+                throw InvalidInput("input " + std::to_string(i) + " of '" + c.name + "' " +
+                                   (inputs[i].requires_grad() ? "requires" : "does not require") +
+                                   " grad but was captured the other way; capture again with such an input");
+        if (c.module.is_training() != c.training)
+            throw InvalidInput("'" + c.name + "' was captured in " + (c.training ? "training" : "evaluation") +
+                               " mode but the module is now in " + (c.training ? "evaluation" : "training") +
+                               " mode; capture again after train()/eval()");
+    }
+
+
     ScriptCapture capture_;
     std::shared_ptr<Probe> probe_;
     std::shared_ptr<detail::capture::Scratch> scratch_;

@@ -1,4 +1,5 @@
-// remat/torch/module.hpp — a drop-in module that trains a chain model inside a memory budget.
+// remat/torch/module.hpp — the chain front end of the drop-in module (planned_module.hpp):
+// a chain model trained inside a memory budget.
 //
 // Give it the model (a torch::nn::Sequential, or stages), a sample input, a budget and a
 // solver type (StoreAll, Periodic, Rotor — Beaumont et al., "Optimal checkpointing for
@@ -41,6 +42,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "../core/chain.hpp"
+#include "../core/explain.hpp"
 #include "../core/errors.hpp"
 #include "../core/progress.hpp"
 #include "../core/solver.hpp"
@@ -49,13 +51,11 @@
 #include "detail/step_capsule.hpp"
 #include "executor.hpp"
 #include "memory.hpp"
+#include "planned_module.hpp"
 #include "profile.hpp"
 #include "sequential.hpp"
 
 namespace remat::torch {
-
-/// What forward() does with an input unlike the profiled sample.
-enum class ShapePolicy { replan, reject };
 
 struct CheckpointOptions {
     ProfileOptions profile;
@@ -77,26 +77,6 @@ struct CheckpointOptions {
 // budget_total(n) (or .counting_everything()) for a budget of everything the step holds.
 using remat::budget_total;
 
-/// What a training step holds besides the plan's activations, for total budgets
-/// (BudgetSpec::Counts::total): the parameters and buffers, a gradient per trainable
-/// parameter, and the optimizer's state (`optimizer_state_per_parameter` bytes per byte of
-/// trainable parameter).
-[[nodiscard]] inline Bytes resident_training_bytes(const std::vector<at::Tensor>& parameters,
-                                                   const std::vector<at::Tensor>& buffers,
-                                                   double optimizer_state_per_parameter) {
-    if (!(optimizer_state_per_parameter >= 0.0) || optimizer_state_per_parameter > 1e6)
-        throw InvalidInput("optimizer_state_per_parameter must be between 0 and 1e6, not " +
-                           std::to_string(optimizer_state_per_parameter));
-    Bytes held = 0, trainable = 0;
-    for (const at::Tensor& t : buffers)
-        if (t.defined()) held += static_cast<Bytes>(t.nbytes());
-    for (const at::Tensor& t : parameters) {
-        if (!t.defined()) continue;
-        held += static_cast<Bytes>(t.nbytes());
-        if (t.requires_grad()) trainable += static_cast<Bytes>(t.nbytes());
-    }
-    return held + trainable + static_cast<Bytes>(optimizer_state_per_parameter * static_cast<double>(trainable));
-}
 using remat::budget_above_smallest;
 using remat::budget_bytes;
 using remat::budget_percent;
@@ -136,107 +116,88 @@ struct PlannedChain : ::torch::autograd::Function<PlannedChain<Probe>> {
 
 }  // namespace detail::module
 
-/// The module; use it through Checkpointed<S, Probe> (a ModuleHolder) or checkpoint().
-template <Solver S = StoreAll, MemoryProbe Probe = CpuMemoryProbe>
-class CheckpointedImpl : public ::torch::nn::Module {
+/// The chain front end of the drop-in module (planned_module.hpp): a Sequential or functor
+/// stages, profiled per input shape into a chain (profile.hpp) that ChainExecutor runs.
+template <MemoryProbe Probe>
+class ChainFrontEnd {
 public:
-    /// Plans for a chain of stages; the stages' modules are registered as submodules.
-    CheckpointedImpl(StageList stages, const at::Tensor& sample, BudgetSpec budget, S solver = S{},
-                     CheckpointOptions options = {}, Probe probe = Probe{})
-        : ::torch::nn::Module("remat::torch::Checkpointed"),
-          budget_(budget),
-          solver_(std::move(solver)),
-          options_(std::move(options)),
-          probe_(std::move(probe)),
-          last_report_(std::make_shared<StepReport>()) {
-        if (stages.empty()) throw InvalidInput("checkpointed module: no stages");
+    using Arguments = at::Tensor;
+    using Result = at::Tensor;
+    using Executor = ChainExecutor<Probe>;
+    using Options = CheckpointOptions;
+    static constexpr const char* module_name = "Checkpointed";
+
+    ChainFrontEnd(StageList stages) : stages_(std::move(stages)) {}  // NOLINT: implicit, like the model
+    ChainFrontEnd(const ::torch::nn::Sequential& model) : stages_(stages_of(model)) {}  // NOLINT
+
+    /// Registers the stages' modules (or their tensors) with the drop-in module and fuses
+    /// stages that return views of their input (CheckpointOptions::fuse_aliasing).
+    void attach(::torch::nn::Module& self, const at::Tensor& sample, const Options& options) {
+        if (stages_.empty()) throw InvalidInput("checkpointed module: no stages");
         if (!sample.defined()) throw InvalidInput("checkpointed module: the sample input is undefined");
-        register_stages(stages);
+        register_stages(self);
         std::vector<at::Tensor> state;
-        for (const ChainStage& s : stages) {
+        for (const ChainStage& s : stages_) {
             state.insert(state.end(), s.parameters.begin(), s.parameters.end());
             state.insert(state.end(), s.buffers.begin(), s.buffers.end());
         }
         model_device_ = detail::device_of_tensors(state);
-        detail::check_input_device(model_device_, sample, "checkpointed module");
-        stages_ = options_.fuse_aliasing ? fuse_aliasing_stages(std::move(stages), sample) : std::move(stages);
-        current_ = compile(sample, budget_);
-        cache_.push_back(current_);
+        check_devices(sample);
+        if (options.fuse_aliasing) stages_ = fuse_aliasing_stages(std::move(stages_), sample);
     }
 
-    /// Plans for a Sequential, one stage per element (nest Sequentials for coarser stages).
-    CheckpointedImpl(const ::torch::nn::Sequential& model, const at::Tensor& sample, BudgetSpec budget, S solver = S{},
-                     CheckpointOptions options = {}, Probe probe = Probe{})
-        : CheckpointedImpl(stages_of(model), sample, budget, std::move(solver), std::move(options), std::move(probe)) {}
-
-    /// Runs the plan's forward part; the backward part runs when the loss is back-propagated.
-    at::Tensor forward(const at::Tensor& input) {
-        if (!needs_autograd(input)) {
-            at::Tensor x = input;
-            for (const ChainStage& s : stages_) x = s.forward(x);
-            return x;
-        }
-        const std::shared_ptr<Compiled> compiled = plan_for(input);
-        auto step = std::make_shared<ChainStep<Probe>>(compiled->executor.start(compiled->plan, input, false));
-        return detail::module::PlannedChain<Probe>::apply(input, at::TensorList(compiled->executor.parameters()),
-                                                  detail::StepHandle<ChainStep<Probe>>{std::move(step), last_report_});
+    [[nodiscard]] Executor compile(const at::Tensor& sample, const Options& options, const Probe& probe) const {
+        ProfileOptions profile_options = options.profile;
+        if (!profile_options.progress) profile_options.progress = options.progress;
+        ChainProfile profile = profile_chain(stages_, sample, profile_options, probe);
+        return Executor(stages_, std::move(profile), probe);
     }
 
-    /// Plans again at another budget, for every input shape seen so far (no re-profiling).
-    /// All or nothing: when some shape is infeasible, Infeasible is thrown and the old plans stay.
-    void replan(BudgetSpec budget) {
-        std::vector<std::shared_ptr<Compiled>> fresh;
-        for (const auto& c : cache_) fresh.push_back(plan_again(c->executor, budget));
-        for (std::size_t i = 0; i < cache_.size(); ++i)
-            if (cache_[i] == current_) current_ = fresh[i];
-        cache_ = std::move(fresh);
-        budget_ = budget;
+    [[nodiscard]] bool fits(const Executor& executor, const at::Tensor& input) const {
+        return matches(executor.profile(), input);
+    }
+    void check_devices(const at::Tensor& input) const {
+        detail::check_input_device(model_device_, input, "checkpointed module");
+    }
+    [[nodiscard]] std::string mismatch(const Executor& executor, const at::Tensor& input) const {
+        const ChainProfile& p = executor.profile();
+        return "checkpointed module: planned for inputs of shape " + detail::sizes_string(p.input_sizes) + " (" +
+               std::string(c10::toString(p.input_dtype)) + " on " + p.input_device.str() + "), got " +
+               detail::sizes_string(input.sizes().vec()) + " (" + std::string(c10::toString(input.scalar_type())) +
+               " on " + input.device().str() + "); call replan(budget, sample) for that shape or use ShapePolicy::replan";
     }
 
-    /// Profiles for `sample`'s shape (again) and plans at `budget`; other shapes are re-planned.
-    void replan(BudgetSpec budget, const at::Tensor& sample) {
-        auto compiled = compile(sample, budget);
-        replan(budget);
-        std::erase_if(cache_, [&](const auto& c) { return matches(c->executor.profile(), sample); });
-        cache_.push_back(compiled);
-        current_ = compiled;
+    /// Without autograd (NoGradGuard, or nothing requires grad) the stages simply run.
+    [[nodiscard]] std::optional<at::Tensor> without_autograd(const at::Tensor& input) const {
+        if (needs_autograd(input)) return std::nullopt;
+        at::Tensor x = input;
+        for (const ChainStage& s : stages_) x = s.forward(x);
+        return x;
     }
 
-    /// The chain, plan and costs for the last input shape used (or the sample's).
-    [[nodiscard]] const Chain& chain() const noexcept { return current_->executor.chain(); }
-    [[nodiscard]] const ChainProfile& profile() const noexcept { return current_->executor.profile(); }
-    [[nodiscard]] const Problem& problem() const noexcept { return current_->executor.problem(); }
-    [[nodiscard]] const Plan& plan() const noexcept { return current_->plan.plan(); }
-    /// What the current plan does to each layer, by the layers' stage names ("2:Linear"):
-    /// how often it runs, what is recomputed and at what cost (core/explain.hpp).
-    [[nodiscard]] std::string explain() const {
+    [[nodiscard]] at::Tensor run(const Executor& executor, const ExecutablePlan& plan, const at::Tensor& input,
+                                 const std::shared_ptr<StepReport>& report) const {
+        auto step = std::make_shared<ChainStep<Probe>>(executor.start(plan, input, false));
+        return detail::module::PlannedChain<Probe>::apply(input, at::TensorList(executor.parameters()),
+                                                          detail::StepHandle<ChainStep<Probe>>{std::move(step), report});
+    }
+
+    [[nodiscard]] std::string describe(const Executor& executor) const {
+        return "chain '" + executor.chain().name + "' (" + std::to_string(executor.chain().length()) +
+               " stages, input " + detail::sizes_string(executor.profile().input_sizes) + ")";
+    }
+    [[nodiscard]] std::vector<at::Tensor> state_buffers(const ::torch::nn::Module& self) const { return self.buffers(); }
+    /// The layers by their stage names ("2:Linear") in explain().
+    [[nodiscard]] ExplainOptions explain_options(const Executor& executor) const {
         ExplainOptions options;
-        options.labels = stage_labels(chain());
-        options.reference_time = store_all_time();
-        return plan().explain(problem(), options);
+        options.labels = stage_labels(executor.chain());
+        return options;
     }
-    [[nodiscard]] const ExecutablePlan& executable_plan() const noexcept { return current_->plan; }
-    [[nodiscard]] const ChainExecutor<Probe>& executor() const noexcept { return current_->executor; }
-    /// The budget in bytes of the current plan.
-    [[nodiscard]] Bytes budget() const noexcept { return current_->budget; }
-    [[nodiscard]] const BudgetSpec& budget_spec() const noexcept { return budget_; }
-    /// P_ref and T_ref of docs/formats.md §4 (store-all reference) for the current shape.
-    [[nodiscard]] Bytes store_all_peak() const noexcept { return current_->reference.peak; }
-    [[nodiscard]] double store_all_time() const noexcept { return current_->reference.time; }
-    /// What the last completed step measured.
-    [[nodiscard]] const StepReport& last_report() const noexcept { return *last_report_; }
+    void train(bool) const noexcept {}
+    [[nodiscard]] std::string name() const { return "checkpointed module"; }
     [[nodiscard]] const StageList& stages() const noexcept { return stages_; }
-    [[nodiscard]] const S& solver() const noexcept { return solver_; }
-    [[nodiscard]] std::size_t cached_shapes() const noexcept { return cache_.size(); }
 
 private:
-    struct Compiled {
-        ChainExecutor<Probe> executor;
-        Reference reference;
-        Bytes budget;
-        ExecutablePlan plan;
-    };
-
     [[nodiscard]] bool needs_autograd(const at::Tensor& input) const {
         if (!::torch::autograd::GradMode::is_enabled()) return false;
         if (input.requires_grad()) return true;
@@ -246,88 +207,30 @@ private:
         return false;
     }
 
-    void register_stages(const StageList& stages) {
-        const auto modules = modules_of(stages);
-        for (std::size_t i = 0; i < modules.size(); ++i) register_module("stage" + std::to_string(i), modules[i]);
-        // Tensors of stages without a module become this module's parameters and buffers.
+    void register_stages(::torch::nn::Module& self) const {
+        const auto modules = modules_of(stages_);
+        for (std::size_t i = 0; i < modules.size(); ++i) self.register_module("stage" + std::to_string(i), modules[i]);
+        // Tensors of stages without a module become the drop-in module's parameters and buffers.
         std::size_t p = 0, b = 0;
-        for (const ChainStage& s : stages) {
+        for (const ChainStage& s : stages_) {
             if (!s.modules.empty()) continue;
             for (const at::Tensor& t : s.parameters)
-                if (t.defined()) register_parameter("param" + std::to_string(p++), t, t.requires_grad());
+                if (t.defined()) self.register_parameter("param" + std::to_string(p++), t, t.requires_grad());
             for (const at::Tensor& t : s.buffers)
-                if (t.defined()) register_buffer("buffer" + std::to_string(b++), t);
+                if (t.defined()) self.register_buffer("buffer" + std::to_string(b++), t);
         }
-    }
-
-    [[nodiscard]] std::shared_ptr<Compiled> compile(const at::Tensor& sample, const BudgetSpec& budget) const {
-        ProfileOptions profile_options = options_.profile;
-        if (!profile_options.progress) profile_options.progress = options_.progress;
-        ChainProfile profile = profile_chain(stages_, sample, profile_options, probe_);
-        return plan_again(ChainExecutor<Probe>(stages_, std::move(profile), probe_), budget);
-    }
-
-    [[nodiscard]] std::shared_ptr<Compiled> plan_again(const ChainExecutor<Probe>& executor, const BudgetSpec& budget) const {
-        const Problem& problem = executor.problem();
-        Reference reference = store_all_reference(problem);
-        const ProgressCallback warn = [this](const std::string& line) {
-            if (options_.progress)
-                options_.progress(line);
-            else
-                std::cerr << line << '\n';
-        };
-        const BudgetSpec spec = budget.counts == BudgetSpec::Counts::total
-                                    ? budget.with_resident(resident_training_bytes(
-                                          this->parameters(), this->buffers(), options_.optimizer_state_per_parameter))
-                                    : budget;
-        BudgetedPlan planned = plan_within(solver_, problem, spec, reference.peak, warn);
-        const Bytes bytes = planned.budget;
-        ExecutablePlan executable = executor.prepare(std::move(planned.plan));
-        if (options_.progress) {
-            std::ostringstream line;
-            const double overhead = reference.time > 0 ? executable.predicted_time() / reference.time - 1 : 0.0;
-            line << "remat: chain '" << executor.chain().name << "' (" << executor.chain().length()
-                 << " stages, input " << detail::sizes_string(executor.profile().input_sizes) << "): store-all peak "
-                 << format_bytes(reference.peak) << ", budget " << format_bytes(bytes) << ", " << solver_.name()
-                 << " plan peak " << format_bytes(executable.predicted_peak()) << ", predicted overhead "
-                 << overhead * 100 << " %";
-            warn(line.str());
-        }
-        return std::make_shared<Compiled>(Compiled{executor, std::move(reference), bytes, std::move(executable)});
-    }
-
-    [[nodiscard]] std::shared_ptr<Compiled> plan_for(const at::Tensor& input) {
-        if (matches(current_->executor.profile(), input)) return current_;
-        detail::check_input_device(model_device_, input, "checkpointed module");
-        for (const auto& c : cache_)
-            if (matches(c->executor.profile(), input)) return current_ = c;
-        if (options_.on_new_shape == ShapePolicy::reject)
-            throw InvalidInput("checkpointed module: planned for inputs of shape " +
-                               detail::sizes_string(current_->executor.profile().input_sizes) + " (" +
-                               std::string(c10::toString(current_->executor.profile().input_dtype)) + " on " +
-                               current_->executor.profile().input_device.str() + "), got " +
-                               detail::sizes_string(input.sizes().vec()) + " (" +
-                               std::string(c10::toString(input.scalar_type())) + " on " + input.device().str() +
-                               "); call replan(budget, sample) for that shape or use ShapePolicy::replan");
-        current_ = compile(input, budget_);
-        cache_.push_back(current_);
-        if (cache_.size() > std::max<std::size_t>(options_.max_cached_shapes, 1)) cache_.erase(cache_.begin());
-        return current_;
     }
 
     StageList stages_;
     std::optional<c10::Device> model_device_;  // of the stages' parameters and buffers
-    BudgetSpec budget_;
-    S solver_;
-    CheckpointOptions options_;
-    Probe probe_;
-    std::shared_ptr<StepReport> last_report_;
-    std::shared_ptr<Compiled> current_;
-    std::vector<std::shared_ptr<Compiled>> cache_;
 };
 
-/// The module holder: `Checkpointed<Rotor> m(model, sample, budget_percent(50), Rotor{});`
-/// then `m->forward(x)`, `m->parameters()`, `m->train()` as with any module.
+/// The chain's drop-in module; use it through Checkpointed<S, Probe> or checkpoint().
+template <Solver S = StoreAll, MemoryProbe Probe = CpuMemoryProbe>
+using CheckpointedImpl = PlannedModuleImpl<ChainFrontEnd<Probe>, S, Probe>;
+
+/// The module holder, made by checkpoint(): `m->forward(x)`, `m->parameters()`, `m->train()`
+/// as with any module.
 template <Solver S = StoreAll, MemoryProbe Probe = CpuMemoryProbe>
 class Checkpointed : public ::torch::nn::ModuleHolder<CheckpointedImpl<S, Probe>> {
 public:
@@ -340,14 +243,15 @@ template <Solver S = StoreAll, MemoryProbe Probe = CpuMemoryProbe>
                                                 BudgetSpec budget, S solver = S{}, CheckpointOptions options = {},
                                                 Probe probe = Probe{}) {
     return Checkpointed<S, Probe>(
-        std::make_shared<CheckpointedImpl<S, Probe>>(model, sample, budget, std::move(solver), std::move(options), std::move(probe)));
+        std::make_shared<CheckpointedImpl<S, Probe>>(ChainFrontEnd<Probe>(model), sample, budget, std::move(solver),
+                                                     std::move(options), std::move(probe)));
 }
 
 template <Solver S = StoreAll, MemoryProbe Probe = CpuMemoryProbe>
 [[nodiscard]] Checkpointed<S, Probe> checkpoint(StageList stages, const at::Tensor& sample, BudgetSpec budget,
                                                 S solver = S{}, CheckpointOptions options = {}, Probe probe = Probe{}) {
     return Checkpointed<S, Probe>(std::make_shared<CheckpointedImpl<S, Probe>>(
-        std::move(stages), sample, budget, std::move(solver), std::move(options), std::move(probe)));
+        ChainFrontEnd<Probe>(std::move(stages)), sample, budget, std::move(solver), std::move(options), std::move(probe)));
 }
 
 }  // namespace remat::torch
