@@ -327,8 +327,11 @@ struct PlannedScript : ::torch::autograd::Function<PlannedScript<Probe>> {
         return outputs;
     }
 
+    // `grad_outputs` by reference: it is autograd's own list (CppNode::apply passes the
+    // gradients it moved in), and moving them out leaves the plan the only holder, so that its
+    // frees of the outputs' gradients free their memory.
     static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
-                                                     ::torch::autograd::variable_list grad_outputs) {
+                                                     ::torch::autograd::variable_list& grad_outputs) {
         const Handle handle = take_step<ScriptStep<Probe>>(ctx, capsule_key, "remat planned module");
         ScriptGradients gradients = handle.backward(std::move(grad_outputs));
         ::torch::autograd::variable_list result;

@@ -18,9 +18,10 @@
 // autograd (NoGradGuard, or nothing requires grad) forward() simply runs the stages.
 //
 // Memory beyond the plan, as with plain LibTorch: the output stays allocated while the
-// caller holds it, and autograd holds the output's gradient until the backward returns
-// (both one output-sized tensor: small for a classifier head). last_report() measures the
-// backward from its own start, which it takes to be the plan's state after `loss`.
+// caller holds it (one output-sized tensor: small for a classifier head). The output's
+// gradient is the plan's: the backward takes it out of autograd's list and the plan frees it.
+// last_report() measures the backward from its own start, which it takes to be the plan's
+// state after `loss`.
 // Parameter gradients are handed to autograd at the end of the backward, so that a stage
 // that throws leaves parameters, gradients and buffers as they were before the step.
 #pragma once
@@ -101,8 +102,11 @@ struct PlannedChain : ::torch::autograd::Function<PlannedChain<Probe>> {
         return output;
     }
 
+    // `grad_outputs` by reference: it is autograd's own list (CppNode::apply passes the
+    // gradients it moved in), and moving them out leaves the plan the only holder, so that its
+    // frees of the outputs' gradients free their memory.
     static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
-                                                     ::torch::autograd::variable_list grad_outputs) {
+                                                     ::torch::autograd::variable_list& grad_outputs) {
         const Handle handle = take_step<ChainStep<Probe>>(ctx, capsule_key, "remat checkpointed module");
         StepGradients gradients = handle.backward(std::move(grad_outputs.at(0)));
         ::torch::autograd::variable_list result;

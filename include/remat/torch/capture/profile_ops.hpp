@@ -12,9 +12,11 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <iostream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <unordered_map>
@@ -80,7 +82,10 @@ public:
         start_ = Clock::now();
         for (std::size_t k = 0; k < core_.groups.size(); ++k) profile_forward(k);
         for (const std::size_t id : grouping_.output_values)
-            if (profile_.requires_grad[id]) contributions_[id].push_back(npos);  // the loss
+            if (profile_.requires_grad[id]) {
+                contributions_[id].push_back(npos);  // the loss
+                contribution_layouts_[id].emplace_back();
+            }
         profile_.backward_reads.assign(core_.groups.size(), {});
         for (std::size_t k = core_.groups.size(); k-- > 0;) profile_backward(k);
         for (std::size_t k = 0; k < core_.groups.size(); ++k) describe(k);
@@ -211,18 +216,32 @@ private:
     // ---------------------------------------------------------------- backward
 
     // Incoming gradients for a backward: one random contribution per consumer whose backward
-    // gives one, and one from the loss for returned outputs.
+    // gives one, in the layout that consumer's backward gave it (the consumers are profiled
+    // first), and one from the loss, like the output, for returned outputs. The layout
+    // matters: a backward handed a strided gradient (a transpose's) may copy it first, and the
+    // step pays that copy.
     [[nodiscard]] std::vector<std::vector<at::Tensor>> incoming_for(const Group& g,
                                                                     const std::vector<at::Tensor>& outs) const {
         std::vector<std::vector<at::Tensor>> incoming(g.outputs.size());
         const at::NoGradGuard no_grad;
         for (std::size_t o = 0; o < g.outputs.size(); ++o) {
             if (!g.output_requires_grad[o]) continue;
-            const auto found = contributions_.find(g.outputs[o]);
-            const std::size_t n = found == contributions_.end() ? 0 : found->second.size();
-            for (std::size_t c = 0; c < n; ++c) incoming[o].push_back(at::randn_like(outs[o]));
+            const auto found = contribution_layouts_.find(g.outputs[o]);
+            if (found == contribution_layouts_.end()) continue;
+            for (const std::optional<TensorMeta>& layout : found->second)
+                incoming[o].push_back(layout && layout->sizes == outs[o].sizes().vec() ? random_in(*layout)
+                                                                                        : at::randn_like(outs[o]));
         }
         return incoming;
+    }
+
+    // Random values in a tensor of this layout, filled through its whole storage (the strides
+    // may overlap, as an expanded gradient's do).
+    [[nodiscard]] static at::Tensor random_in(const TensorMeta& layout) {
+        const at::Tensor t = at::empty_strided(layout.sizes, layout.strides, layout.options);
+        const auto elements = static_cast<std::int64_t>(t.storage().nbytes() / t.element_size());
+        t.as_strided({elements}, {1}, 0).normal_();
+        return t;
     }
 
     static bool same(const at::Tensor& a, const at::Tensor& b) {
@@ -287,7 +306,10 @@ private:
                 if (reference.parameter_grads[j].defined()) reached_.insert(g.parameters[j]);
             auto& reads = profile_.backward_reads[k];
             for (std::size_t i = 0; i < g.inputs.size(); ++i) {
-                if (reference.input_grads[i].defined()) contributions_[g.inputs[i]].push_back(k);
+                if (reference.input_grads[i].defined()) {
+                    contributions_[g.inputs[i]].push_back(k);
+                    contribution_layouts_[g.inputs[i]].push_back(TensorMeta::of(reference.input_grads[i]));
+                }
                 if (backward_reads(g, graph, incoming, reference, graph.leaves[i])) reads.push_back(g.inputs[i]);
             }
             for (std::size_t o = 0; o < g.outputs.size(); ++o)
@@ -392,6 +414,8 @@ private:
     BufferSnapshot start_buffers_;
     Profile profile_;
     std::unordered_map<std::size_t, std::vector<std::size_t>> contributions_;  // value → consumer groups
+    // value → the layout of each contribution (none: the loss's)
+    std::unordered_map<std::size_t, std::vector<std::optional<TensorMeta>>> contribution_layouts_;
     std::unordered_set<std::size_t> reached_;  // parameters some backward differentiates
     Clock::time_point start_ = Clock::now();
 };
