@@ -185,17 +185,19 @@ int main(int argc, char** argv) {
             module = remat_examples::make_resnet(c);
             inputs.push_back(at::randn({o.batch > 0 ? o.batch : 16, c.in_channels, 32, 32}));
             if (name.empty()) name = "resnet-" + std::to_string(c.blocks_per_stage * c.stages);
-        } else if (o.model.ends_with(".pt2")) {
-            module = remat::torch::load_exported(o.model);
-            if (o.eval && remat::torch::exported_training_mode(module) == std::optional<bool>(true))
-                throw remat::InvalidInput("'" + o.model + "' was exported in train mode; --eval needs a program "
-                                          "exported after model.eval()");
         } else {
-            try {
-                module = torch::jit::load(o.model);
-            } catch (const std::exception& e) {
-                throw remat::InvalidInput("cannot load '" + o.model +
-                                          "' as a TorchScript module: " + remat::torch::error_message(e));
+            if (o.model.ends_with(".pt2")) {
+                module = remat::torch::load_exported(o.model);
+                if (o.eval && remat::torch::exported_training_mode(module) == std::optional<bool>(true))
+                    throw remat::InvalidInput("'" + o.model + "' was exported in train mode; --eval needs a program "
+                                              "exported after model.eval()");
+            } else {
+                try {
+                    module = torch::jit::load(o.model);
+                } catch (const std::exception& e) {
+                    throw remat::InvalidInput("cannot load '" + o.model +
+                                              "' as a TorchScript module: " + remat::torch::error_message(e));
+                }
             }
             for (std::size_t i = 0; i < o.shapes.size(); ++i) {
                 const at::ScalarType dtype = i < o.dtypes.size() ? dtype_of(o.dtypes[i]) : at::kFloat;
