@@ -61,7 +61,7 @@ struct LoadExportedOptions {
     const detail::exported::Archive archive = detail::exported::ArchiveReader(file, options.program).read();
     detail::exported::TranslateOptions translate;
     translate.device = options.device;
-    return detail::exported::Translator(archive, translate).run().module;
+    return detail::exported::Translator(archive, translate).run();
 }
 
 /// Whether `module` came from load_exported, and then the training mode it was exported in.

@@ -144,14 +144,6 @@ struct Spec {
 
 // ------------------------------------------------------------------------ the translation
 
-/// The program as a module: what capture reads (a jit::Module whose forward calls the
-/// program's operators), and what the translation found.
-struct Translated {
-    jit::Module module;
-    bool training = true;
-    std::size_t nodes = 0;
-};
-
 struct TranslateOptions {
     /// Where the program's parameters, buffers and constants go, and its device arguments that
     /// named the device it was exported on; none: where they were saved.
@@ -167,7 +159,9 @@ public:
           unit_(std::make_shared<jit::CompilationUnit>()),
           graph_(std::make_shared<jit::Graph>()) {}
 
-    [[nodiscard]] Translated run() {
+    /// The program as a module: what capture reads (a jit::Module whose forward calls the
+    /// program's operators, with the exported training mode in exported_mode_attribute).
+    [[nodiscard]] jit::Module run() {
         const Json& gm = archive_.program.at("graph_module");
         const Json& graph = gm.at("graph");
         const Json& signature = gm.at("signature");
@@ -176,19 +170,15 @@ public:
         root_->register_attribute("training", c10::BoolType::get(), training_);
         self_ = graph_->addInput("self")->setType(root_->type());
         bind_state(signature.at("input_specs"));
-        bind_user_inputs(gm, signature.at("input_specs"), graph.at("inputs"));
-        std::size_t count = 0;
-        for (const Json& node : graph.at("nodes")) {
-            translate(node);
-            ++count;
-        }
+        bind_user_inputs(gm, signature.at("input_specs"));
+        for (const Json& node : graph.at("nodes")) translate(node);
         bind_outputs(gm, signature.at("output_specs"), graph.at("outputs"));
         root_->register_attribute(exported_mode_attribute, c10::BoolType::get(), training_);
         graph_->lint();
         jit::Function* forward =
             unit_->create_function(c10::QualifiedName(*root_->type()->name(), "forward"), graph_);
         root_->type()->addMethod(forward);
-        return Translated{*root_, training_, count};
+        return *root_;
     }
 
 private:
@@ -368,8 +358,7 @@ private:
         throw InvalidInput(who + ": the program has no call signature for its root module (module_call_graph)");
     }
 
-    void bind_user_inputs(const Json& gm, const Json& input_specs, const Json& graph_inputs) {
-        (void)graph_inputs;
+    void bind_user_inputs(const Json& gm, const Json& input_specs) {
         std::vector<Leaf> leaves;
         for (const Json& spec : input_specs) {
             if (spec.contains("user_input")) {
