@@ -43,3 +43,8 @@
 #include "io/budget.hpp"
 #include "io/svg.hpp"
 #include "io/sweep.hpp"
+#include "offload/schedule.hpp"
+#include "offload/simulate.hpp"
+#include "offload/training_state.hpp"
+#include "offload/greedy.hpp"
+#include "offload/combined.hpp"

@@ -1,6 +1,8 @@
 // remat/core/problem.hpp — the rematerialization problem: a bipartite graph of data and ops.
 //
-// This is the `remat.problem/1` model of docs/formats.md §1 (problems) (after Checkmate, Jain et al.,
+// This is the `remat.problem/1` model of docs/formats.md §1 (problems), with the offloading
+// fields of `remat.problem/2` (§11: offloadable data, ops that update weights in place, a host
+// limit and bandwidths) (after Checkmate, Jain et al.,
 // MLSys 2020, and Rockmate, Zhao et al., ICML 2023, whose graphs of data and computations
 // it generalises): data have sizes, ops read and write data, take time and transient
 // memory, and some must run exactly once. A Problem is immutable; ProblemBuilder makes
@@ -69,6 +71,8 @@ struct OpId {
 struct Data {
     std::string name;
     Bytes bytes = 0;
+    /// May have a copy in host memory and leave the device (docs/formats.md §11, offloading).
+    bool offloadable = false;
     friend bool operator==(const Data&, const Data&) = default;
 };
 
@@ -79,7 +83,20 @@ struct Op {
     std::vector<DataId> reads;
     std::vector<DataId> writes;
     bool exactly_once = false;
+    /// Initial data this op changes in place (an optimizer step on a weight and its state):
+    /// live when it starts, and read by no op after it (docs/formats.md §11).
+    std::vector<DataId> updates;
     friend bool operator==(const Op&, const Op&) = default;
+};
+
+/// What a problem says about host memory and transfers (docs/formats.md §11). Bandwidths
+/// are in bytes per unit of the problem's time (bytes per second for profiled problems); 0
+/// means "not given".
+struct TransferSettings {
+    std::optional<Bytes> host_limit;
+    double bandwidth_to_host = 0.0;
+    double bandwidth_to_device = 0.0;
+    friend bool operator==(const TransferSettings&, const TransferSettings&) = default;
 };
 
 class ProblemBuilder;
@@ -108,6 +125,21 @@ public:
     [[nodiscard]] std::optional<OpId> loss() const noexcept { return loss_; }
     /// The framework's own order of the step (docs/formats.md §4 (store-all reference)); empty when not given.
     [[nodiscard]] std::span<const OpId> autograd_order() const noexcept { return autograd_; }
+
+    /// Host limit and bandwidths (docs/formats.md §11); all unset for a `remat.problem/1` problem.
+    [[nodiscard]] const TransferSettings& transfers() const noexcept { return transfers_; }
+    /// The op that updates a data in place, if any (at most one does).
+    [[nodiscard]] std::optional<OpId> updater(DataId id) const {
+        const std::size_t k = updater_.at(id.index);
+        return k == no_updater ? std::nullopt : std::optional<OpId>(OpId{k});
+    }
+    [[nodiscard]] bool has_updates() const noexcept { return has_updates_; }
+    /// Whether the problem uses a field of `remat.problem/2` (offloadable data, updates, a
+    /// host limit or bandwidths), so that it must be written in that format.
+    [[nodiscard]] bool uses_transfer_fields() const noexcept {
+        return has_updates_ || transfers_ != TransferSettings{} ||
+               std::any_of(data_.begin(), data_.end(), [](const Data& d) { return d.offloadable; });
+    }
 
     [[nodiscard]] std::optional<DataId> find_data(std::string_view name) const {
         if (const auto it = data_index_.find(name); it != data_index_.end()) return DataId{it->second};
@@ -151,6 +183,10 @@ private:
     std::vector<char> is_final_;
     std::optional<OpId> loss_;
     std::vector<OpId> autograd_;
+    TransferSettings transfers_;
+    static constexpr std::size_t no_updater = static_cast<std::size_t>(-1);
+    std::vector<std::size_t> updater_;  // by data: the op that updates it, or no_updater
+    bool has_updates_ = false;
     detail::NameIndex data_index_;
     detail::NameIndex op_index_;
 };
@@ -163,6 +199,7 @@ struct OpSpec {
     std::vector<DataId> reads;
     std::vector<DataId> writes;
     bool exactly_once = false;
+    std::vector<DataId> updates{};  // docs/formats.md §11; an initializer keeps {name, ..., once} warning-free
 };
 
 /// Builds a Problem. Names are checked as they are added; the graph as a whole
@@ -182,14 +219,14 @@ public:
         problem_.op_index_.reserve(ops);
     }
 
-    DataId add_data(std::string name, Bytes bytes) {
+    DataId add_data(std::string name, Bytes bytes, bool offloadable = false) {
         if (name.empty()) throw InvalidInput("data #" + std::to_string(problem_.data_.size()) + " has an empty name");
         if (bytes < 0)
             throw InvalidInput("data " + detail::quoted(name) + " has negative size " + std::to_string(bytes) + " bytes");
         if (problem_.data_index_.contains(name)) throw InvalidInput("data " + detail::quoted(name) + " is defined twice");
         const DataId id{problem_.data_.size()};
         problem_.data_index_.emplace(name, id.index);
-        problem_.data_.push_back(Data{std::move(name), bytes});
+        problem_.data_.push_back(Data{std::move(name), bytes, offloadable});
         return id;
     }
 
@@ -204,10 +241,16 @@ public:
         if (spec.writes.empty()) throw InvalidInput(op() + " writes nothing; every op must write a data");
         check_list(name, "reads", spec.reads);
         check_list(name, "writes", spec.writes);
+        check_list(name, "updates", spec.updates);
+        if (!spec.updates.empty() && !spec.exactly_once)
+            throw InvalidInput(op() + " updates data in place, so it must be exactly_once");
+        for (const DataId d : spec.updates)
+            if (std::find(spec.writes.begin(), spec.writes.end(), d) != spec.writes.end())
+                throw InvalidInput(op() + " both writes and updates " + detail::quoted(problem_.data_[d.index].name));
         const OpId id{problem_.ops_.size()};
         problem_.op_index_.emplace(name, id.index);
         problem_.ops_.push_back(Op{std::move(spec.name), spec.time, spec.overhead, std::move(spec.reads),
-                                   std::move(spec.writes), spec.exactly_once});
+                                   std::move(spec.writes), spec.exactly_once, std::move(spec.updates)});
         return id;
     }
 
@@ -216,6 +259,16 @@ public:
     void set_loss(OpId id) {
         check_op(id, "loss");
         problem_.loss_ = id;
+    }
+    /// docs/formats.md §11: a host-memory limit and the bandwidths of both directions.
+    void set_transfers(TransferSettings settings) {
+        if (settings.host_limit && *settings.host_limit < 0)
+            throw InvalidInput("problem " + detail::quoted(problem_.name_) + ": the host limit is negative");
+        for (const double b : {settings.bandwidth_to_host, settings.bandwidth_to_device})
+            if (!std::isfinite(b) || b < 0)
+                throw InvalidInput("problem " + detail::quoted(problem_.name_) + ": bandwidth " + std::to_string(b) +
+                                   " is not a finite non-negative number of bytes per time unit");
+        problem_.transfers_ = settings;
     }
     void set_autograd_order(std::vector<OpId> order) {
         for (const OpId op : order) check_op(op, "autograd");
@@ -276,6 +329,7 @@ public:
             throw InvalidInput("exactly-once op " + detail::quoted(op.name) + " can never run: it reads " + missing +
                                ", which no op can produce from the initial data");
         }
+        check_updates();
         check_autograd_order();
         check_totals();
 
@@ -350,12 +404,33 @@ private:
                                "overflows a double); give the times in a coarser unit");
     }
 
+    // docs/formats.md §11: only initial data are updated, each by at most one op.
+    void check_updates() {
+        Problem& p = problem_;
+        p.updater_.assign(p.data_.size(), Problem::no_updater);
+        for (std::size_t i = 0; i < p.ops_.size(); ++i)
+            for (const DataId d : p.ops_[i].updates) {
+                const std::string& data = p.data_[d.index].name;
+                if (!p.is_initial_[d.index])
+                    throw InvalidInput("op " + detail::quoted(p.ops_[i].name) + " updates " + detail::quoted(data) +
+                                       ", which is not initial; only initial data (weights, optimizer state) are updated "
+                                       "in place");
+                if (p.updater_[d.index] != Problem::no_updater)
+                    throw InvalidInput("data " + detail::quoted(data) + " is updated by two ops, " +
+                                       detail::quoted(p.ops_[p.updater_[d.index]].name) + " and " +
+                                       detail::quoted(p.ops_[i].name) + "; at most one op may update a data");
+                p.updater_[d.index] = i;
+                p.has_updates_ = true;
+            }
+    }
+
     // The autograd order must be runnable as written: each op's reads written earlier (or
     // initial), each exactly-once op once, and every final data produced.
     void check_autograd_order() const {
         const Problem& p = problem_;
         if (p.autograd_.empty()) return;
         std::vector<char> available = p.is_initial_;
+        std::vector<char> updated(p.data_.size(), 0);
         std::vector<char> ran(p.ops_.size(), 0);
         for (std::size_t pos = 0; pos < p.autograd_.size(); ++pos) {
             const Op& op = p.ops_[p.autograd_[pos].index];
@@ -366,6 +441,13 @@ private:
                                        " before any earlier op writes it");
             if (op.exactly_once && ran[p.autograd_[pos].index])
                 throw InvalidInput("autograd order: exactly-once op " + detail::quoted(op.name) + " appears twice");
+            for (const std::vector<DataId>* list : {&op.reads, &op.updates})
+                for (const DataId d : *list)
+                    if (updated[d.index])
+                        throw InvalidInput("autograd order: op " + detail::quoted(op.name) + " (position " +
+                                           std::to_string(pos) + ") uses " + detail::quoted(p.data_[d.index].name) +
+                                           " after an earlier op updated it");
+            for (const DataId d : op.updates) updated[d.index] = 1;
             ran[p.autograd_[pos].index] = 1;
             for (const DataId d : op.writes) available[d.index] = 1;
         }

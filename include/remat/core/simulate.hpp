@@ -42,12 +42,31 @@ struct SimulationReport {
     [[nodiscard]] bool fits(Bytes budget) const noexcept { return valid && peak <= budget; }
 };
 
+namespace detail {
+// docs/formats.md §11: the data an op updates must be live, and no op reads or updates a data
+// after its update (it would see the new weights). Marks the op's updates when it may run.
+inline std::optional<std::string> use_after_update(const Problem& problem, const Op& op, const std::vector<char>& live,
+                                                   std::vector<char>& updated) {
+    if (updated.empty()) return std::nullopt;
+    for (const std::vector<DataId>* list : {&op.reads, &op.updates})
+        for (const DataId d : *list)
+            if (updated[d.index])
+                return "uses '" + problem.data(d).name + "' after op '" +
+                       problem.op(*problem.updater(d)).name + "' updated it in place";
+    for (const DataId d : op.updates)
+        if (!live[d.index]) return "updates '" + problem.data(d).name + "', which is not live";
+    for (const DataId d : op.updates) updated[d.index] = 1;
+    return std::nullopt;
+}
+}  // namespace detail
+
 /// Simulates `schedule` on `problem` exactly as docs/formats.md §3 (simulation semantics) says. Stops at the first
 /// invalid step (the report then covers the steps before it).
 [[nodiscard]] inline SimulationReport simulate(const Problem& problem, const Schedule& schedule) {
     SimulationReport report;
     std::vector<char> live(problem.data_count(), 0);
     std::vector<char> ran(problem.op_count(), 0);
+    std::vector<char> updated(problem.has_updates() ? problem.data_count() : 0, 0);
     Bytes memory = 0;
     for (const DataId d : problem.initial()) {
         live[d.index] = 1;
@@ -77,6 +96,8 @@ struct SimulationReport {
                                        "', which is not live");
             if (op.exactly_once && ran[step.op().index])
                 return fail(i, where + " (run " + op.name + "): exactly-once op runs a second time");
+            if (const auto reason = detail::use_after_update(problem, op, live, updated))
+                return fail(i, where + " (run " + op.name + "): " + *reason);
             Bytes written = 0;
             for (const DataId d : op.writes)
                 if (!live[d.index]) written += problem.data(d).bytes;

@@ -95,8 +95,20 @@ inline std::vector<OpId> order_store_all_ops(const Problem& p, const graph::Prod
                 }
         }
     }
-    // Every edge goes from a lower level to a higher one: the order exists.
+    // An op that updates data in place comes after every chosen op reading them (§11).
+    for (std::size_t k = 0; k < n_ops; ++k) {
+        if (!chosen[k]) continue;
+        for (const DataId d : p.op(OpId{k}).updates)
+            for (const OpId r : p.readers(d))
+                if (chosen[r.index] && r.index != k) successors[r.index].push_back(k);
+    }
+    // Every data edge goes from a lower level to a higher one; an update edge could close a
+    // cycle only through an op that reads what the updater writes, after the update.
     const std::optional<std::vector<std::size_t>> sorted = graph::topological_order(successors);
+    if (!sorted && p.has_updates())
+        throw InvalidInput("problem '" + p.name() + "': an op that reads data updated in place needs what the update "
+                           "writes, so no order runs it before the update; every reader of a weight must come before "
+                           "the op that updates it (docs/formats.md §11)");
     if (!sorted)
         throw SolverError("store-all: the ops chosen for '" + p.name() +
                           "' depend on each other in a cycle (this is a bug in remat; please report it with the problem "

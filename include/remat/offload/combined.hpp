@@ -1,0 +1,146 @@
+// remat/offload/combined.hpp — one device budget for everything a training step holds, split
+// between weights and activations: rematerialization and weight offloading chosen together.
+//
+// The planner iterates the two parts (docs/design.md §"Offloading"): for activation budgets
+// from the solver's smallest to store-all's, any remat solver (Rotor on chains, H-Rockmate on
+// graphs, remat::Auto) plans the activations (offload/training_state.hpp), the updates go
+// back in, and when the step still overflows the total budget, Greedy or Greedy* weight
+// offloading (offload/greedy.hpp) covers the rest. The plan with the least makespan wins. The
+// candidates include rematerialization alone (the largest activation budget that fits with
+// every weight on the device) and weight offloading alone (store-all's activations), so the
+// result is never worse than either part alone.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../core/errors.hpp"
+#include "../core/problem.hpp"
+#include "../core/solver.hpp"
+#include "../io/budget.hpp"
+#include "../solvers/store_all.hpp"
+#include "greedy.hpp"
+#include "schedule.hpp"
+#include "simulate.hpp"
+#include "training_state.hpp"
+
+namespace remat::offload {
+
+/// An offloading plan and what the simulator says of it.
+struct OffloadPlan {
+    OffloadSchedule schedule;
+    OffloadReport report;
+    Bytes budget = 0;
+    /// The activation budget the remat solver planned at (the split of the budget).
+    Bytes activation_budget = 0;
+    /// "remat", "greedy", "greedy*", "remat+greedy*": what made the plan.
+    std::string method;
+};
+
+struct CombinedOptions {
+    GreedyVariant variant = GreedyVariant::repeated;
+    /// Activation budgets tried between the solver's smallest and store-all's (evenly).
+    std::size_t activation_budgets = 12;
+    std::optional<TransferSettings> transfers;
+};
+
+namespace detail::combined {
+
+// The activation plan at `activation_budget`, with the updates back in; nullopt when the
+// solver has no plan there.
+template <Solver S>
+std::optional<Schedule> full_plan(const Problem& full, const TrainingSplit& split, const S& solver, Bytes activation_budget) {
+    try {
+        const Plan plan = solver.solve(split.activations, activation_budget);
+        return with_training_state(full, split, plan.schedule);
+    } catch (const Infeasible&) {
+        return std::nullopt;
+    }
+}
+
+inline OffloadPlan make(const Problem& full, OffloadSchedule schedule, Bytes budget, Bytes activation_budget,
+                        std::string method, const TransferSettings& transfers) {
+    OffloadReport report = simulate(full, schedule, transfers);
+    return OffloadPlan{std::move(schedule), std::move(report), budget, activation_budget, std::move(method)};
+}
+
+inline bool better(const std::optional<OffloadPlan>& candidate, const std::optional<OffloadPlan>& best) {
+    return candidate && (!best || candidate->report.makespan < best->report.makespan);
+}
+
+}  // namespace detail::combined
+
+/// Rematerialization alone: the largest activation budget whose plan, with every weight and
+/// its state on the device, fits `budget`. nullopt when none does.
+template <Solver S>
+[[nodiscard]] std::optional<OffloadPlan> plan_remat_only(const Problem& full, Bytes budget, const S& solver,
+                                                         const CombinedOptions& options = {}) {
+    const TransferSettings transfers = options.transfers.value_or(full.transfers());
+    const TrainingSplit split = split_training_state(full);
+    const Bytes reference = store_all_reference(split.activations).peak;
+    const auto fitting = [&](Bytes b) -> std::optional<Schedule> {
+        auto plan = detail::combined::full_plan(full, split, solver, b);
+        if (plan && remat::simulate(full, *plan).peak <= budget) return plan;
+        return std::nullopt;
+    };
+    // Bisect for the largest activation budget that fits (to 1/10^4 of the range).
+    const Bytes top = std::min(reference, budget);
+    std::optional<std::pair<Bytes, Schedule>> best;
+    if (auto plan = fitting(top)) best.emplace(top, std::move(*plan));
+    const Bytes tolerance = std::max<Bytes>(1, top / 10000);
+    for (Bytes low = -1, fails = top; !best ? fails - low > 1 : fails - low > tolerance && best->first != top;) {  // low fits (or is -1), fails does not
+        const Bytes mid = low + (fails - low) / 2;
+        if (auto plan = fitting(mid)) best.emplace(mid, std::move(*plan)), low = mid;
+        else fails = mid;
+    }
+    if (!best) return std::nullopt;
+    return detail::combined::make(full, with_no_transfers(best->second), budget, best->first, "remat", transfers);
+}
+
+/// Weight offloading alone: store-all's activations, and Greedy or Greedy* on the weights.
+[[nodiscard]] inline std::optional<OffloadPlan> plan_offload_only(const Problem& full, Bytes budget,
+                                                                  const CombinedOptions& options = {}) {
+    const TransferSettings transfers = options.transfers.value_or(full.transfers());
+    const TrainingSplit split = split_training_state(full);
+    const Plan store_all = StoreAll{}.solve(split.activations, std::numeric_limits<Bytes>::max());
+    const Schedule plan = with_training_state(full, split, store_all.schedule);
+    const WeightOffloadOptions greedy{options.variant, transfers};
+    auto schedule = offload_weights(full, plan, budget, greedy);
+    if (!schedule) return std::nullopt;
+    return detail::combined::make(full, std::move(*schedule), budget, store_all.peak,
+                                  std::string(to_string(options.variant)), transfers);
+}
+
+/// The combined planner (see the header): the least makespan over activation budgets, each
+/// completed by weight offloading where the step overflows. nullopt when no split fits.
+template <Solver S>
+[[nodiscard]] std::optional<OffloadPlan> plan_with_offload(const Problem& full, Bytes budget, const S& solver,
+                                                           const CombinedOptions& options = {}) {
+    const TransferSettings transfers = options.transfers.value_or(full.transfers());
+    const TrainingSplit split = split_training_state(full);
+    const Bytes reference = store_all_reference(split.activations).peak;
+    const Bytes smallest = smallest_budget_of(solver, split.activations).value_or(0);
+    std::optional<OffloadPlan> best = plan_remat_only(full, budget, solver, options);
+    if (auto offload = plan_offload_only(full, budget, options); detail::combined::better(offload, best))
+        best = std::move(offload);
+    const std::size_t points = std::max<std::size_t>(2, options.activation_budgets);
+    const WeightOffloadOptions greedy{options.variant, transfers};
+    for (std::size_t i = 0; i < points; ++i) {
+        const Bytes activation_budget =
+            smallest + static_cast<Bytes>(static_cast<double>(reference - smallest) * static_cast<double>(i) /
+                                          static_cast<double>(points - 1));
+        const std::optional<Schedule> plan = detail::combined::full_plan(full, split, solver, activation_budget);
+        if (!plan) continue;
+        auto schedule = offload_weights(full, *plan, budget, greedy);
+        if (!schedule) continue;
+        auto candidate = detail::combined::make(full, std::move(*schedule), budget, activation_budget,
+                                                "remat+" + std::string(to_string(options.variant)), transfers);
+        if (detail::combined::better(candidate, best)) best = std::move(candidate);
+    }
+    return best;
+}
+
+}  // namespace remat::offload

@@ -1,0 +1,243 @@
+// remat/offload/training_state.hpp — what a training step holds besides activations, and how
+// rematerialization solvers plan the rest (docs/formats.md §11).
+//
+// A `remat.problem/2` problem may model the weights, their gradients and the optimizer state:
+// weights and state are initial data that ops *update* in place (the optimizer step of each
+// layer), and the weights' gradients are data that backward ops write and only updates read.
+// Rotor, Rockmate, H-Rockmate and Checkmate know nothing of updates, so they plan the
+// problem's activations alone:
+//   - split_training_state() takes the updates and the data only they use (the "training
+//     state") out of a problem, leaving a `remat.problem/1` problem of activations: for a
+//     chain with weights, exactly the chain's expansion (§5), so Rotor applies;
+//   - with_training_state() puts them back into an activation plan: each update right after
+//     the last op that needs what it changes (the optimizer step runs inside the backward,
+//     "optimizer in backward"), and each gradient freed right after its update.
+// training_problem() builds such a problem from a chain and its stages' parameter sizes.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../core/chain.hpp"
+#include "../core/errors.hpp"
+#include "../core/problem.hpp"
+#include "../core/schedule.hpp"
+#include "../core/simulate.hpp"
+
+namespace remat::offload {
+
+/// A problem's activations, planned by any remat solver, and the way back to the problem.
+struct TrainingSplit {
+    Problem activations;
+    std::vector<std::size_t> op_in_full;    ///< by activation op: its index in the full problem
+    std::vector<std::size_t> data_in_full;  ///< by activation data: its index in the full problem
+    std::vector<char> is_state;             ///< by full data: part of the training state
+};
+
+namespace detail {
+
+// Updated data, data that only updates read, and data that only updates write.
+inline std::vector<char> training_state_data(const Problem& p) {
+    std::vector<char> state(p.data_count(), 0);
+    const auto is_updater = [&](OpId op) { return !p.op(op).updates.empty(); };
+    for (std::size_t k = 0; k < p.data_count(); ++k) {
+        const DataId d{k};
+        const auto readers = p.readers(d);
+        const auto writers = p.writers(d);
+        state[k] = p.updater(d) || (!readers.empty() && std::all_of(readers.begin(), readers.end(), is_updater)) ||
+                   (!writers.empty() && std::all_of(writers.begin(), writers.end(), is_updater));
+    }
+    return state;
+}
+
+}  // namespace detail
+
+/// The activation problem of `problem` (the problem itself, renamed nothing, when it has no
+/// updates). Throws InvalidInput when an op would be left writing nothing but state.
+[[nodiscard]] inline TrainingSplit split_training_state(const Problem& problem) {
+    TrainingSplit split{ProblemBuilder(problem.name()).build(), {}, {}, detail::training_state_data(problem)};
+    ProblemBuilder b(problem.name());
+    std::vector<std::size_t> data_map(problem.data_count(), static_cast<std::size_t>(-1));
+    for (std::size_t k = 0; k < problem.data_count(); ++k) {
+        if (split.is_state[k]) continue;
+        data_map[k] = b.add_data(problem.data(DataId{k}).name, problem.data(DataId{k}).bytes).index;
+        split.data_in_full.push_back(k);
+    }
+    const auto kept = [&](const std::vector<DataId>& list) {
+        std::vector<DataId> out;
+        for (const DataId d : list)
+            if (!split.is_state[d.index]) out.push_back(DataId{data_map[d.index]});
+        return out;
+    };
+    std::vector<std::size_t> op_map(problem.op_count(), static_cast<std::size_t>(-1));
+    for (std::size_t k = 0; k < problem.op_count(); ++k) {
+        const Op& op = problem.op(OpId{k});
+        if (!op.updates.empty()) continue;
+        std::vector<DataId> writes = kept(op.writes);
+        if (writes.empty())
+            throw InvalidInput("op '" + op.name + "' writes only training state (data that only updates use); give it "
+                               "an activation output, or a zero-byte marker that a later op or the final list needs");
+        op_map[k] = b.add_op({op.name, op.time, op.overhead, kept(op.reads), std::move(writes), op.exactly_once}).index;
+        split.op_in_full.push_back(k);
+    }
+    for (const DataId d : problem.initial())
+        if (!split.is_state[d.index]) b.add_initial(DataId{data_map[d.index]});
+    for (const DataId d : problem.final_data())
+        if (!split.is_state[d.index]) b.add_final(DataId{data_map[d.index]});
+    if (const auto loss = problem.loss(); loss && op_map[loss->index] != static_cast<std::size_t>(-1))
+        b.set_loss(OpId{op_map[loss->index]});
+    std::vector<OpId> order;
+    for (const OpId op : problem.autograd_order())
+        if (op_map[op.index] != static_cast<std::size_t>(-1)) order.push_back(OpId{op_map[op.index]});
+    b.set_autograd_order(std::move(order));
+    split.activations = b.build();
+    return split;
+}
+
+namespace detail {
+
+// Where each update goes: after the last step that reads or updates what it changes, or
+// writes what it reads (`steps` are in the full problem's ids).
+inline std::vector<std::vector<OpId>> update_positions(const Problem& full, const Schedule& steps) {
+    std::vector<std::vector<OpId>> after(steps.size() + 1);  // after[i + 1]: right after step i; after[0]: first
+    for (std::size_t u = 0; u < full.op_count(); ++u) {
+        const Op& update = full.op(OpId{u});
+        if (update.updates.empty()) continue;
+        std::size_t position = 0;
+        for (std::size_t i = 0; i < steps.size(); ++i) {
+            if (!steps[i].is_run()) continue;
+            const Op& op = full.op(steps[i].op());
+            const auto touches = [](const std::vector<DataId>& a, const std::vector<DataId>& b) {
+                return std::any_of(a.begin(), a.end(), [&](DataId d) { return std::find(b.begin(), b.end(), d) != b.end(); });
+            };
+            if (touches(op.reads, update.updates) || touches(op.updates, update.updates) || touches(op.writes, update.reads))
+                position = i + 1;
+        }
+        after[position].push_back(OpId{u});
+    }
+    return after;
+}
+
+}  // namespace detail
+
+/// Puts the training state back into a plan of `split.activations`: the result is a schedule
+/// of `full`. Throws SolverError when the result is invalid (an update whose inputs the plan
+/// freed before it, which split_training_state's problems never cause).
+[[nodiscard]] inline Schedule with_training_state(const Problem& full, const TrainingSplit& split,
+                                                  const Schedule& activation_plan) {
+    Schedule mapped;
+    mapped.reserve(activation_plan.size());
+    for (const Step& s : activation_plan)
+        mapped.push_back(s.is_run() ? Step::run(OpId{split.op_in_full.at(s.op().index)})
+                                    : Step::free(DataId{split.data_in_full.at(s.data().index)}));
+    const std::vector<std::vector<OpId>> after = detail::update_positions(full, mapped);
+    // The last step to read each state data that is neither initial nor final (a gradient), to free it there.
+    std::vector<std::size_t> last_use(full.data_count(), 0);
+    Schedule out;
+    out.reserve(mapped.size() + 3 * after.size());
+    const auto emit = [&](const Step& s) {
+        out.push_back(s);
+        if (s.is_run()) {
+            const Op& op = full.op(s.op());
+            for (const std::vector<DataId>* list : {&op.reads, &op.writes})
+                for (const DataId d : *list) last_use[d.index] = out.size();
+        }
+    };
+    for (std::size_t i = 0; i <= mapped.size(); ++i) {
+        for (const OpId u : after[i]) emit(Step::run(u));
+        if (i < mapped.size()) emit(mapped[i]);
+    }
+    // Gradients and markers leave right after their last use, in data order.
+    std::vector<std::vector<DataId>> frees(out.size() + 1);
+    for (std::size_t k = 0; k < full.data_count(); ++k)
+        if (split.is_state[k] && !full.is_initial(DataId{k}) && !full.is_final(DataId{k}) && last_use[k] > 0)
+            frees[last_use[k]].push_back(DataId{k});
+    Schedule result;
+    result.reserve(out.size() + full.data_count());
+    for (std::size_t i = 0; i < out.size(); ++i) {
+        result.push_back(out[i]);
+        for (const DataId d : frees[i + 1]) result.push_back(Step::free(d));
+    }
+    const SimulationReport check = simulate(full, result);
+    if (!check.valid)
+        throw SolverError("with_training_state: the plan of '" + full.name() + "' with its updates is invalid: " +
+                          check.error + " (this is a bug in remat; please report it with the problem file)");
+    return result;
+}
+
+/// How training_problem() models the training state of each stage.
+struct TrainingStateOptions {
+    /// Optimizer state per byte of parameter: 0 for plain SGD, 1 with momentum, 2 for Adam.
+    double optimizer_state_per_parameter = 2.0;
+    /// Time of a stage's optimizer step per byte of its parameters.
+    double update_time_per_parameter_byte = 0.0;
+    /// Whether weights and optimizer state may be offloaded.
+    bool offloadable = true;
+};
+
+/// The `remat.problem/2` problem of training `chain` with `parameter_bytes[l - 1]` bytes of
+/// weights in stage l: the chain's expansion (§5), then, for each stage with weights, `w<l>`
+/// (read by F<l>, F<l>+ and B<l>), its gradient `gw<l>` (written by B<l>), its optimizer
+/// state `m<l>`, and the update `U<l>` (reads gw<l>, updates w<l> and m<l>, writes the
+/// zero-byte final marker `u<l>`). The autograd order runs U1..UL after the backward, as an
+/// optimizer step after loss.backward() does.
+[[nodiscard]] inline Problem training_problem(const Chain& chain, std::span<const Bytes> parameter_bytes,
+                                              const TrainingStateOptions& options = {}) {
+    if (parameter_bytes.size() != chain.length())
+        throw InvalidInput("training_problem: " + std::to_string(parameter_bytes.size()) + " parameter sizes for the " +
+                           std::to_string(chain.length()) + " stages of chain '" + chain.name + "'");
+    const Problem base = to_problem(chain);
+    const ChainIds ids = chain_ids(chain.length());
+    ProblemBuilder b(chain.name);
+    for (const Data& d : base.all_data()) b.add_data(d.name, d.bytes);
+    const std::size_t L = chain.length();
+    std::vector<DataId> w(L + 1), gw(L + 1), u(L + 1);
+    std::vector<std::optional<DataId>> m(L + 1);  // none when the optimizer keeps no state
+    for (std::size_t l = 1; l <= L; ++l) {
+        const Bytes bytes = parameter_bytes[l - 1];
+        if (bytes <= 0) continue;
+        const std::string n = std::to_string(l);
+        w[l] = b.add_data("w" + n, bytes, options.offloadable);
+        gw[l] = b.add_data("gw" + n, bytes);
+        const auto state = static_cast<Bytes>(options.optimizer_state_per_parameter * static_cast<double>(bytes));
+        if (state > 0) m[l] = b.add_data("m" + n, state, options.offloadable);
+        u[l] = b.add_data("u" + n, 0);
+    }
+    const auto has_weights = [&](std::size_t l) { return parameter_bytes[l - 1] > 0; };
+    for (std::size_t k = 0; k < base.op_count(); ++k) {
+        const Op& op = base.op(OpId{k});
+        OpSpec spec{op.name, op.time, op.overhead, op.reads, op.writes, op.exactly_once};
+        for (std::size_t l = 1; l <= L; ++l) {
+            if (!has_weights(l)) continue;
+            if (OpId{k} == ids.fwd[l] || OpId{k} == ids.fwd_grad[l]) spec.reads.push_back(w[l]);
+            if (OpId{k} == ids.bwd[l]) {
+                spec.reads.push_back(w[l]);
+                spec.writes.push_back(gw[l]);
+            }
+        }
+        b.add_op(std::move(spec));
+    }
+    std::vector<OpId> order(base.autograd_order().begin(), base.autograd_order().end());
+    for (std::size_t l = 1; l <= L; ++l) {
+        if (!has_weights(l)) continue;
+        const double time = options.update_time_per_parameter_byte * static_cast<double>(parameter_bytes[l - 1]);
+        OpSpec update{"U" + std::to_string(l), time, 0, {gw[l]}, {u[l]}, true};
+        update.updates.push_back(w[l]);
+        if (m[l]) update.updates.push_back(*m[l]);
+        order.push_back(b.add_op(std::move(update)));
+        b.add_initial(w[l]);
+        if (m[l]) b.add_initial(*m[l]);
+        b.add_final(u[l]);
+    }
+    b.add_initial(ids.a[0]);
+    b.add_final(ids.g[0]);
+    b.set_loss(ids.loss);
+    b.set_autograd_order(std::move(order));
+    return b.build();
+}
+
+}  // namespace remat::offload

@@ -1,0 +1,285 @@
+// Offloading (docs/formats.md §11): the problem fields, the simulator's figures by hand, the
+// training state split, Greedy and Greedy* against an exhaustive search, and the combined
+// planner.
+#include <catch2/catch.hpp>
+
+#include <random>
+
+#include <remat/remat.hpp>
+
+#include "../support/random_problems.hpp"
+
+using namespace remat;
+using namespace remat::offload;
+
+namespace {
+
+// x → F → h → loss → B → gx, with a weight w (read by F and B) and optimizer state m, both
+// updated by U, which reads B's weight gradient gw.
+Problem one_layer(TransferSettings transfers = {std::nullopt, 50.0, 100.0}) {
+    ProblemBuilder b("one-layer");
+    const DataId x = b.add_data("x", 10), w = b.add_data("w", 100, true), m = b.add_data("m", 200, true);
+    const DataId h = b.add_data("h", 50), gh = b.add_data("gh", 50), gx = b.add_data("gx", 10);
+    const DataId gw = b.add_data("gw", 100), u = b.add_data("u", 0);
+    b.add_op({"F", 2, 0, {x, w}, {h}, false});
+    b.add_op({"loss", 0, 0, {h}, {gh}, true});
+    b.add_op({"B", 4, 0, {gh, x, w}, {gx, gw}, true});
+    OpSpec update{"U", 1, 0, {gw}, {u}, true};
+    update.updates = {w, m};
+    b.add_op(std::move(update));
+    for (const DataId d : {x, w, m}) b.add_initial(d);
+    b.add_final(gx);
+    b.add_final(u);
+    b.set_transfers(transfers);
+    return b.build();
+}
+
+OffloadSchedule steps(const Problem& p, std::vector<std::string> on_host,
+                      std::initializer_list<std::pair<TransferStep::Kind, const char*>> list) {
+    OffloadSchedule s;
+    for (const auto& name : on_host) s.start_on_host.push_back(p.data_id(name));
+    using K = TransferStep::Kind;
+    for (const auto& [kind, name] : list) {
+        switch (kind) {
+            case K::run: s.steps.push_back(TransferStep::run(p.op_id(name))); break;
+            case K::free: s.steps.push_back(TransferStep::free(p.data_id(name))); break;
+            case K::offload: s.steps.push_back(TransferStep::offload(p.data_id(name))); break;
+            case K::prefetch: s.steps.push_back(TransferStep::prefetch(p.data_id(name))); break;
+            case K::free_host: s.steps.push_back(TransferStep::free_host(p.data_id(name))); break;
+        }
+    }
+    return s;
+}
+constexpr auto Run = TransferStep::Kind::run;
+constexpr auto Free = TransferStep::Kind::free;
+constexpr auto Off = TransferStep::Kind::offload;
+constexpr auto Pre = TransferStep::Kind::prefetch;
+constexpr auto FreeHost = TransferStep::Kind::free_host;
+
+// The schedule of docs/formats.md §11's worked example.
+OffloadSchedule example(const Problem& p) {
+    return steps(p, {"m"},
+                 {{Run, "F"}, {Off, "w"}, {Run, "loss"}, {Free, "h"}, {Free, "w"}, {Pre, "w"}, {Pre, "m"}, {Run, "B"},
+                  {Free, "gh"}, {Run, "U"}, {Free, "gw"}, {Off, "m"}, {Free, "m"}, {FreeHost, "w"}});
+}
+
+}  // namespace
+
+TEST_CASE("offload simulator: device and host peaks, makespan, overlap and stalls by hand", "[offload]") {
+    const Problem p = one_layer();
+    const OffloadReport r = simulate(p, example(p));
+    INFO(r.error);
+    REQUIRE(r.valid);
+    CHECK(r.device_initial == 110);  // x + w; m starts on the host
+    CHECK(r.host_initial == 200);
+    CHECK(r.device_peak == 470);  // during B: x w m gh gx gw
+    CHECK(r.host_peak == 300);    // m and w's copy
+    CHECK(r.compute_time == 7.0);
+    // The free of w waits for its offload (2 → 4); B waits for w's prefetch (4 → 5); the free
+    // of m waits for its offload after U (10 → 14).
+    CHECK(r.makespan == 14.0);
+    CHECK(r.stall_time() == 7.0);
+    CHECK(r.bytes_to_host == 300);
+    CHECK(r.bytes_to_device == 300);
+    REQUIRE(r.timeline.size() == 14);
+    CHECK(r.timeline[1].start == 2.0);  // the offload starts after F
+    CHECK(r.timeline[1].end == 4.0);
+    CHECK(r.timeline[4].start == 4.0);  // the free of w, after the offload
+    CHECK(r.timeline[6].start == 5.0);  // m's prefetch queues behind w's
+    CHECK(r.timeline[6].end == 7.0);
+    CHECK(r.timeline[7].start == 5.0);  // B starts when w is back, overlapping m's prefetch
+    CHECK(r.timeline[7].device_during == 470);
+    CHECK(r.timeline[11].start == 10.0);
+    CHECK(r.timeline[13].host_after == 200);
+    CHECK(r.fits(470, 300));
+    CHECK_FALSE(r.fits(469, std::nullopt));
+    CHECK_FALSE(r.fits(470, 299));
+}
+
+TEST_CASE("offload simulator: peaks do not depend on bandwidth, time does", "[offload]") {
+    const Problem p = one_layer();
+    const OffloadReport fast = simulate(p, example(p), TransferSettings{std::nullopt, 0.0, 0.0});  // instantaneous
+    REQUIRE(fast.valid);
+    CHECK(fast.device_peak == 470);
+    CHECK(fast.host_peak == 300);
+    CHECK(fast.makespan == 7.0);
+}
+
+TEST_CASE("offload simulator: every invalid step says why", "[offload]") {
+    const Problem p = one_layer();
+    const auto error = [&](const OffloadSchedule& s) {
+        const OffloadReport r = simulate(p, s);
+        CHECK_FALSE(r.valid);
+        return r.error;
+    };
+    CHECK_THAT(error(steps(p, {}, {{Free, "w"}})), Catch::Contains("only copy"));
+    CHECK_THAT(error(steps(p, {}, {{Pre, "w"}})), Catch::Contains("already live"));
+    CHECK_THAT(error(steps(p, {}, {{Off, "w"}, {Free, "w"}, {Run, "F"}})), Catch::Contains("prefetch it first"));
+    CHECK_THAT(error(steps(p, {}, {{Off, "x"}})), Catch::Contains("not offloadable"));
+    CHECK_THAT(error(steps(p, {}, {{Off, "w"}, {Off, "w"}})), Catch::Contains("already has a current host copy"));
+    CHECK_THAT(error(steps(p, {"m"}, {{FreeHost, "m"}})), Catch::Contains("only copy"));
+    CHECK_THAT(error(steps(p, {}, {{FreeHost, "w"}})), Catch::Contains("no host copy"));
+    CHECK_THAT(error(steps(p, {}, {{Pre, "h"}})), Catch::Contains("not offloadable"));
+    CHECK_THAT(error(steps(p, {"h"}, {})), Catch::Contains("not initial"));
+    CHECK_THAT(error(steps(p, {"m", "m"}, {})), Catch::Contains("twice"));
+    // A stale host copy: offloaded before the update.
+    CHECK_THAT(error(steps(p, {}, {{Run, "F"}, {Run, "loss"}, {Run, "B"}, {Off, "w"}, {Run, "U"}, {Free, "w"}})),
+               Catch::Contains("only copy"));
+    CHECK_THAT(error(steps(p, {}, {{Run, "F"}, {Run, "loss"}, {Run, "B"}, {Off, "m"}, {Run, "U"}, {Free, "gw"},
+                                   {Off, "w"}, {Free, "w"}, {Pre, "m"}})),
+               Catch::Contains("already live"));
+    // Reading the weight after its update.
+    CHECK_THAT(error(steps(p, {}, {{Run, "F"}, {Run, "loss"}, {Run, "B"}, {Run, "U"}, {Free, "h"}, {Run, "F"}})),
+               Catch::Contains("after op 'U' updated it"));
+    // The end: m started on the host and must end there; w started on the device.
+    const auto end = steps(p, {"m"}, {{Run, "F"}, {Run, "loss"}, {Pre, "m"}, {Run, "B"}, {Run, "U"}});
+    CHECK_THAT(error(end), Catch::Contains("must end there"));
+    CHECK_THAT(error(steps(p, {}, {{Run, "F"}, {Run, "loss"}, {Run, "B"}, {Run, "U"}, {Off, "w"}})),
+               Catch::Contains("free_host it"));
+}
+
+TEST_CASE("offload simulator: run and free steps alone give simulate()'s figures", "[offload]") {
+    std::mt19937 rng(7);
+    for (int trial = 0; trial < 50; ++trial) {
+        const Problem p = testing::random_dag(rng, {});
+        const Plan plan = StoreAll{}.solve(p, std::numeric_limits<Bytes>::max());
+        const SimulationReport base = remat::simulate(p, plan.schedule);
+        const OffloadReport r = simulate(p, with_no_transfers(plan.schedule));
+        REQUIRE(r.valid);
+        CHECK(r.device_peak == base.peak);
+        CHECK(r.makespan == Approx(base.time));
+        CHECK(r.host_peak == 0);
+    }
+}
+
+TEST_CASE("problem/2 fields: updates are checked by the builder and the autograd order", "[offload]") {
+    ProblemBuilder b("bad");
+    const DataId x = b.add_data("x", 1), y = b.add_data("y", 1);
+    b.add_initial(x);
+    OpSpec not_once{"U", 1, 0, {x}, {y}, false};
+    not_once.updates = {x};
+    CHECK_THROWS_WITH(b.add_op(not_once), Catch::Contains("must be exactly_once"));
+    OpSpec non_initial{"V", 1, 0, {x}, {y}, true};
+    non_initial.updates = {y};
+    CHECK_THROWS_WITH(b.add_op(non_initial), Catch::Contains("both writes and updates"));
+    const Problem p = one_layer();
+    CHECK(p.uses_transfer_fields());
+    CHECK(p.updater(p.data_id("w")) == p.op_id("U"));
+    CHECK_FALSE(p.updater(p.data_id("x")));
+    CHECK_FALSE(to_problem(testing::random_chain(*std::make_unique<std::mt19937>(1), 3)).uses_transfer_fields());
+    // Store-all runs the update after every reader of what it updates.
+    const auto order = store_all_order(p);
+    CHECK(order.back() == p.op_id("U"));
+}
+
+TEST_CASE("training state: a chain's training problem splits back into the chain", "[offload]") {
+    std::mt19937 rng(3);
+    const Chain chain = testing::random_chain(rng, 5);
+    const std::vector<Bytes> params{64, 0, 128, 32, 16};
+    const Problem full = training_problem(chain, params);
+    CHECK(full.uses_transfer_fields());
+    const TrainingSplit split = split_training_state(full);
+    CHECK(split.activations == to_problem(chain));
+    REQUIRE(as_chain(split.activations));
+    const Plan rotor = Rotor{}.solve(split.activations, store_all_reference(split.activations).peak);
+    const Schedule plan = with_training_state(full, split, rotor.schedule);
+    const SimulationReport r = remat::simulate(full, plan);
+    INFO(r.error);
+    REQUIRE(r.valid);
+    // Each update right after its backward, each gradient freed after its update.
+    for (std::size_t i = 0; i + 1 < plan.size(); ++i)
+        if (plan[i].is_run() && full.op(plan[i].op()).name == "B3") CHECK(full.op(plan[i + 1].op()).name == "U3");
+}
+
+namespace {
+
+// The least bytes any set of absences transfers to fit `budget` with infinite bandwidth
+// (every subset of every data's gaps), or nullopt when none fits.
+std::optional<Bytes> exhaustive_transfers(const Problem& p, const Schedule& plan, Bytes budget) {
+    const SimulationReport base = remat::simulate(p, plan);
+    offload::detail::greedy::Selection s = offload::detail::greedy::find_gaps(p, plan, base, budget);
+    const std::size_t n = s.gaps.size();
+    REQUIRE(n <= 14);
+    std::optional<Bytes> best;
+    for (std::size_t mask = 0; mask < (std::size_t{1} << n); ++mask) {
+        std::vector<Bytes> excess = s.excess;
+        for (std::size_t g = 0; g < n; ++g) {
+            s.gaps[g].chosen = (mask >> g) & 1;
+            if (!s.gaps[g].chosen) continue;
+            for (const auto& [first, last] : s.gaps[g].ranges)
+                for (std::size_t i = first; i <= last && i < excess.size(); ++i) excess[i] -= p.data(DataId{s.gaps[g].data}).bytes;
+        }
+        if (std::any_of(excess.begin(), excess.end(), [](Bytes e) { return e > 0; })) continue;
+        Bytes bytes = 0;
+        for (std::size_t d = 0; d < p.data_count(); ++d) bytes += offload::detail::greedy::transferred(p, s, d, std::nullopt);
+        if (!best || bytes < *best) best = bytes;
+    }
+    return best;
+}
+
+}  // namespace
+
+TEST_CASE("Greedy and Greedy*: valid, within budget, and Greedy* fits wherever an exhaustive search does", "[offload]") {
+    std::mt19937 rng(11);
+    std::size_t cases = 0, optimal = 0;
+    double worst = 1.0;
+    for (int trial = 0; trial < 40; ++trial) {
+        const Chain chain = testing::random_chain(rng, 3);
+        std::vector<Bytes> params;
+        std::uniform_int_distribution<int> size(1, 10);
+        for (std::size_t l = 0; l < chain.length(); ++l) params.push_back(size(rng) * 16);
+        const Problem full = training_problem(chain, params, {1.0, 0.01, true});
+        const TrainingSplit split = split_training_state(full);
+        const Plan store_all = StoreAll{}.solve(split.activations, std::numeric_limits<Bytes>::max());
+        const Schedule plan = with_training_state(full, split, store_all.schedule);
+        const Bytes peak = remat::simulate(full, plan).peak;
+        for (const int percent : {95, 80, 65, 50, 35}) {
+            const Bytes budget = peak * percent / 100;
+            const auto optimum = exhaustive_transfers(full, plan, budget);
+            for (const GreedyVariant v : {GreedyVariant::once, GreedyVariant::repeated}) {
+                const auto schedule = offload_weights(full, plan, budget, {v, TransferSettings{std::nullopt, 8.0, 8.0}});
+                if (v == GreedyVariant::repeated) CHECK(schedule.has_value() == optimum.has_value());
+                if (!schedule) continue;
+                const OffloadReport r = simulate(full, *schedule);
+                INFO(r.error);
+                REQUIRE(r.valid);
+                CHECK(r.device_peak <= budget);
+                if (v == GreedyVariant::repeated && optimum) {
+                    const Bytes bytes = r.bytes_to_host + r.bytes_to_device;
+                    CHECK(bytes >= *optimum);
+                    ++cases;
+                    optimal += bytes == *optimum;
+                    if (*optimum > 0) worst = std::max(worst, double(bytes) / double(*optimum));
+                }
+            }
+        }
+    }
+    WARN("Greedy* transfers the exhaustive minimum in " << optimal << " of " << cases << " cases; worst ratio " << worst);
+    CHECK(cases > 50);
+}
+
+TEST_CASE("combined planner: fits, and is never worse than rematerialization or weight offloading alone", "[offload]") {
+    std::mt19937 rng(5);
+    for (int trial = 0; trial < 12; ++trial) {
+        const Chain chain = testing::random_chain(rng, 6);
+        std::vector<Bytes> params;
+        std::uniform_int_distribution<int> size(2, 12);
+        for (std::size_t l = 0; l < chain.length(); ++l) params.push_back(size(rng) * 16);
+        const Problem full = training_problem(chain, params, {2.0, 0.005, true});
+        const Bytes reference = store_all_reference(full).peak;
+        const CombinedOptions options{GreedyVariant::repeated, 8, TransferSettings{std::nullopt, 40.0, 40.0}};
+        for (const int percent : {90, 70, 50, 35}) {
+            const Bytes budget = reference * percent / 100;
+            const auto remat_only = plan_remat_only(full, budget, Rotor{}, options);
+            const auto offload_only = plan_offload_only(full, budget, options);
+            const auto combined = plan_with_offload(full, budget, Rotor{}, options);
+            CHECK(combined.has_value() == (combined || remat_only || offload_only));
+            if (!combined) continue;
+            INFO(combined->report.error);
+            REQUIRE(combined->report.valid);
+            CHECK(combined->report.device_peak <= budget);
+            if (remat_only) CHECK(combined->report.makespan <= remat_only->report.makespan);
+            if (offload_only) CHECK(combined->report.makespan <= offload_only->report.makespan);
+        }
+    }
+}
