@@ -78,6 +78,11 @@ void sweep(const Loaded& item) {
                      : std::string("graph, "))
               << problem.data_count() << " data, " << problem.op_count() << " ops)   T_ref " << fixed(ref.time, "%.4g")
               << "   P_ref " << remat::format_bytes(ref.peak) << "\n";
+    if (problem.has_updates()) {  // weights and optimizer state with their updates (docs/formats.md §11)
+        std::cout << "  a training step with its weights and optimizer state: try remat-plan "
+                  << item.path.filename().string() << " --offload --budget 35%\n";
+        return;
+    }
 
     std::vector<const SolverEntry*> solvers;
     for (const SolverEntry& e : remat::cli::solver_table())

@@ -27,21 +27,19 @@
 #include <remat/io/json.hpp>
 #include <remat/io/svg.hpp>
 
+#include "format.hpp"
+#include "offload_plan.hpp"
 #include "solver_table.hpp"
 
 namespace remat::cli {
-
-inline constexpr int exit_ok = 0;
-inline constexpr int exit_error = 1;
-inline constexpr int exit_bad_input = 2;
-inline constexpr int exit_infeasible = 3;
-inline constexpr int exit_too_large = 4;
 
 [[nodiscard]] inline std::string remat_plan_usage() {
     std::string u =
         "usage: remat-plan FILE.json --budget B [--solver NAME[:VARIANT]] [--out SCHEDULE.json] [--json]\n"
         "                  [--svg TIMELINE.svg] [--explain] [--sweep N] [--sweep-csv F.csv]\n"
         "                  [--sweep-svg F.svg] [--time-limit S] [--bound] [--verbose] [--quiet]\n"
+        "       remat-plan FILE.json --offload --budget B [--bandwidth 12GB/s] [--host-limit B] [--solver NAME]\n"
+        "                  [--out SCHEDULE.json] [--svg TIMELINE.svg] [--json]\n"
         "       remat-plan FILE.json --check SCHEDULE.json [--budget B] [--json]\n"
         "       remat-plan --help | --version\n"
         "\n"
@@ -72,6 +70,13 @@ inline constexpr int exit_too_large = 4;
         "  --bound           also prove a lower bound on the time of any schedule within the budget, and say\n"
         "                    how far the plan can be from the optimum (a small integer program; 10 s at most\n"
         "                    unless --time-limit; needs a build with lp_solve or CBC)\n"
+        "  --offload         (remat.problem/2, docs/formats.md §11) the budget counts everything the step holds:\n"
+        "                    split it between weights and activations, offloading weights and optimizer state to\n"
+        "                    host memory and recomputing activations (--solver plans the activations); --out\n"
+        "                    writes a remat.schedule/2 file, --svg adds a lane per transfer channel\n"
+        "  --bandwidth R     transfer rate of both directions, in bytes per unit of the problem's time (12GB/s\n"
+        "                    for profiled problems, whose times are seconds); default: the file's, else 12GB/s\n"
+        "  --host-limit B    host memory the offloaded copies may take (default: the file's, else unlimited)\n"
         "  --check SCHEDULE  simulate SCHEDULE.json on FILE.json and print its time and peak: exit 0 when it\n"
         "                    is valid (and fits --budget when given, and its 'predicted' figures are right),\n"
         "                    1 with the first invalid step otherwise\n"
@@ -105,6 +110,9 @@ struct PlanArgs {
     bool version = false;
     bool explain = false;
     bool bound = false;
+    bool offload = false;
+    std::optional<std::string> bandwidth;
+    std::optional<std::string> host_limit;
     std::optional<std::string> sweep_csv;
     std::optional<std::string> sweep_svg;
 };
@@ -179,6 +187,12 @@ inline PlanArgs parse_plan_args(const std::vector<std::string>& args) {
             a.bound = true;
         }
         else if (flag == "--check") once(a.check, value());
+        else if (flag == "--offload") {
+            no_value();
+            a.offload = true;
+        }
+        else if (flag == "--bandwidth") once(a.bandwidth, value());
+        else if (flag == "--host-limit") once(a.host_limit, value());
         else if (flag == "--sweep") once(a.sweep, parse_count(flag, value()));
         else if (flag == "--time-limit") once(a.time_limit, parse_seconds(flag, value()));
         else if (flag == "--json") {
@@ -203,35 +217,16 @@ inline PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     if (a.check && (a.out || a.svg || a.sweep || a.solver || a.time_limit || a.explain || a.bound || a.sweep_csv || a.sweep_svg))
         throw UsageError{"--check takes only --budget, --json and --quiet besides the problem file"};
     if (a.check) return a;
+    if ((a.bandwidth || a.host_limit) && !a.offload) throw UsageError{"--bandwidth and --host-limit need --offload"};
+    if (a.offload && (a.sweep || a.bound || a.explain || a.sweep_csv || a.sweep_svg))
+        throw UsageError{"--offload plans one budget: it takes no --sweep, --bound or --explain"};
+    if (a.offload && !a.budget) throw UsageError{"--offload needs --budget (a total: weights, their state and activations)"};
     if (!a.budget && !a.sweep) throw UsageError{"--budget is required (or --sweep N)"};
     if (!a.budget && (a.out || a.svg)) throw UsageError{"--out and --svg need --budget"};
     if (!a.sweep && (a.sweep_csv || a.sweep_svg)) throw UsageError{"--sweep-csv and --sweep-svg need --sweep N"};
     if (a.explain && !a.budget) throw UsageError{"--explain needs --budget"};
     if (a.bound && !a.budget) throw UsageError{"--bound needs --budget"};
     return a;
-}
-
-inline std::string number(double value, const char* format = "%.6g") {
-    char buffer[64];
-    std::snprintf(buffer, sizeof buffer, format, value);
-    return buffer;
-}
-
-inline std::string percent(double part, double whole) {
-    if (whole == 0) return "n/a";
-    return number(100.0 * part / whole, "%.1f") + " %";
-}
-
-inline std::string signed_percent(double part, double whole) {
-    if (whole == 0) return "n/a";
-    return number(100.0 * (part / whole - 1.0), "%+.1f") + " %";
-}
-
-inline std::string bytes_both(Bytes b) { return std::to_string(b) + " B (" + format_bytes(b) + ")"; }
-
-inline std::string pad(std::string s, std::size_t width, bool right = true) {
-    if (s.size() >= width) return s;
-    return right ? std::string(width - s.size(), ' ') + s : s + std::string(width - s.size(), ' ');
 }
 
 // Progress lines on `err` with the elapsed time, at most one every `every` seconds (the first
@@ -495,10 +490,18 @@ inline void print_summary(std::ostream& out, const PlanArgs& a, const Problem& p
 // Plans at the budget and over the sweep; the plan and the schedule files on success.
 inline int run_plan(const PlanArgs& a, std::ostream& out, std::ostream& err) {
     const Problem problem = io::load_problem(a.file);
-    const Reference ref = store_all_reference(problem);
     SolveOptions options;
     options.time_limit = a.time_limit;
     if (!a.quiet) options.progress = progress_printer(err, a.verbose ? 0.0 : 2.0);
+    // A step with optimizer updates (docs/formats.md §11): its activations are planned apart.
+    if (a.offload || problem.has_updates()) {
+        if (a.sweep || a.bound || a.explain)
+            throw InvalidInput("problem '" + printable(problem.name()) + "' has in-place updates (remat.problem/2): "
+                               "--sweep, --bound and --explain do not apply to it yet; plan one --budget");
+        return run_offload(a.file, a.budget, a.solver, a.out, a.svg, a.bandwidth, a.host_limit, a.offload, a.json,
+                           options, out, err);
+    }
+    const Reference ref = store_all_reference(problem);
     const SolverEntry& solver = a.solver ? find_solver(*a.solver, options) : default_solver(problem);
     if (!solver.applies(problem))
         throw InvalidInput("solver '" + std::string(solver.name) + "' does not apply to problem '" +

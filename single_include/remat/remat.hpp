@@ -195,7 +195,9 @@ public:
 // ---- begin remat/core/problem.hpp ----
 // remat/core/problem.hpp — the rematerialization problem: a bipartite graph of data and ops.
 //
-// This is the `remat.problem/1` model of docs/formats.md §1 (problems) (after Checkmate, Jain et al.,
+// This is the `remat.problem/1` model of docs/formats.md §1 (problems), with the offloading
+// fields of `remat.problem/2` (§11: offloadable data, ops that update weights in place, a host
+// limit and bandwidths) (after Checkmate, Jain et al.,
 // MLSys 2020, and Rockmate, Zhao et al., ICML 2023, whose graphs of data and computations
 // it generalises): data have sizes, ops read and write data, take time and transient
 // memory, and some must run exactly once. A Problem is immutable; ProblemBuilder makes
@@ -262,6 +264,8 @@ struct OpId {
 struct Data {
     std::string name;
     Bytes bytes = 0;
+    /// May have a copy in host memory and leave the device (docs/formats.md §11, offloading).
+    bool offloadable = false;
     friend bool operator==(const Data&, const Data&) = default;
 };
 
@@ -272,7 +276,20 @@ struct Op {
     std::vector<DataId> reads;
     std::vector<DataId> writes;
     bool exactly_once = false;
+    /// Initial data this op changes in place (an optimizer step on a weight and its state):
+    /// live when it starts, and read by no op after it (docs/formats.md §11).
+    std::vector<DataId> updates;
     friend bool operator==(const Op&, const Op&) = default;
+};
+
+/// What a problem says about host memory and transfers (docs/formats.md §11). Bandwidths
+/// are in bytes per unit of the problem's time (bytes per second for profiled problems); 0
+/// means "not given".
+struct TransferSettings {
+    std::optional<Bytes> host_limit;
+    double bandwidth_to_host = 0.0;
+    double bandwidth_to_device = 0.0;
+    friend bool operator==(const TransferSettings&, const TransferSettings&) = default;
 };
 
 class ProblemBuilder;
@@ -301,6 +318,21 @@ public:
     [[nodiscard]] std::optional<OpId> loss() const noexcept { return loss_; }
     /// The framework's own order of the step (docs/formats.md §4 (store-all reference)); empty when not given.
     [[nodiscard]] std::span<const OpId> autograd_order() const noexcept { return autograd_; }
+
+    /// Host limit and bandwidths (docs/formats.md §11); all unset for a `remat.problem/1` problem.
+    [[nodiscard]] const TransferSettings& transfers() const noexcept { return transfers_; }
+    /// The op that updates a data in place, if any (at most one does).
+    [[nodiscard]] std::optional<OpId> updater(DataId id) const {
+        const std::size_t k = updater_.at(id.index);
+        return k == no_updater ? std::nullopt : std::optional<OpId>(OpId{k});
+    }
+    [[nodiscard]] bool has_updates() const noexcept { return has_updates_; }
+    /// Whether the problem uses a field of `remat.problem/2` (offloadable data, updates, a
+    /// host limit or bandwidths), so that it must be written in that format.
+    [[nodiscard]] bool uses_transfer_fields() const noexcept {
+        return has_updates_ || transfers_ != TransferSettings{} ||
+               std::any_of(data_.begin(), data_.end(), [](const Data& d) { return d.offloadable; });
+    }
 
     [[nodiscard]] std::optional<DataId> find_data(std::string_view name) const {
         if (const auto it = data_index_.find(name); it != data_index_.end()) return DataId{it->second};
@@ -344,6 +376,10 @@ private:
     std::vector<char> is_final_;
     std::optional<OpId> loss_;
     std::vector<OpId> autograd_;
+    TransferSettings transfers_;
+    static constexpr std::size_t no_updater = static_cast<std::size_t>(-1);
+    std::vector<std::size_t> updater_;  // by data: the op that updates it, or no_updater
+    bool has_updates_ = false;
     detail::NameIndex data_index_;
     detail::NameIndex op_index_;
 };
@@ -356,6 +392,7 @@ struct OpSpec {
     std::vector<DataId> reads;
     std::vector<DataId> writes;
     bool exactly_once = false;
+    std::vector<DataId> updates{};  // docs/formats.md §11; an initializer keeps {name, ..., once} warning-free
 };
 
 /// Builds a Problem. Names are checked as they are added; the graph as a whole
@@ -375,14 +412,14 @@ public:
         problem_.op_index_.reserve(ops);
     }
 
-    DataId add_data(std::string name, Bytes bytes) {
+    DataId add_data(std::string name, Bytes bytes, bool offloadable = false) {
         if (name.empty()) throw InvalidInput("data #" + std::to_string(problem_.data_.size()) + " has an empty name");
         if (bytes < 0)
             throw InvalidInput("data " + detail::quoted(name) + " has negative size " + std::to_string(bytes) + " bytes");
         if (problem_.data_index_.contains(name)) throw InvalidInput("data " + detail::quoted(name) + " is defined twice");
         const DataId id{problem_.data_.size()};
         problem_.data_index_.emplace(name, id.index);
-        problem_.data_.push_back(Data{std::move(name), bytes});
+        problem_.data_.push_back(Data{std::move(name), bytes, offloadable});
         return id;
     }
 
@@ -397,10 +434,16 @@ public:
         if (spec.writes.empty()) throw InvalidInput(op() + " writes nothing; every op must write a data");
         check_list(name, "reads", spec.reads);
         check_list(name, "writes", spec.writes);
+        check_list(name, "updates", spec.updates);
+        if (!spec.updates.empty() && !spec.exactly_once)
+            throw InvalidInput(op() + " updates data in place, so it must be exactly_once");
+        for (const DataId d : spec.updates)
+            if (std::find(spec.writes.begin(), spec.writes.end(), d) != spec.writes.end())
+                throw InvalidInput(op() + " both writes and updates " + detail::quoted(problem_.data_[d.index].name));
         const OpId id{problem_.ops_.size()};
         problem_.op_index_.emplace(name, id.index);
         problem_.ops_.push_back(Op{std::move(spec.name), spec.time, spec.overhead, std::move(spec.reads),
-                                   std::move(spec.writes), spec.exactly_once});
+                                   std::move(spec.writes), spec.exactly_once, std::move(spec.updates)});
         return id;
     }
 
@@ -409,6 +452,16 @@ public:
     void set_loss(OpId id) {
         check_op(id, "loss");
         problem_.loss_ = id;
+    }
+    /// docs/formats.md §11: a host-memory limit and the bandwidths of both directions.
+    void set_transfers(TransferSettings settings) {
+        if (settings.host_limit && *settings.host_limit < 0)
+            throw InvalidInput("problem " + detail::quoted(problem_.name_) + ": the host limit is negative");
+        for (const double b : {settings.bandwidth_to_host, settings.bandwidth_to_device})
+            if (!std::isfinite(b) || b < 0)
+                throw InvalidInput("problem " + detail::quoted(problem_.name_) + ": bandwidth " + std::to_string(b) +
+                                   " is not a finite non-negative number of bytes per time unit");
+        problem_.transfers_ = settings;
     }
     void set_autograd_order(std::vector<OpId> order) {
         for (const OpId op : order) check_op(op, "autograd");
@@ -469,6 +522,7 @@ public:
             throw InvalidInput("exactly-once op " + detail::quoted(op.name) + " can never run: it reads " + missing +
                                ", which no op can produce from the initial data");
         }
+        check_updates();
         check_autograd_order();
         check_totals();
 
@@ -543,12 +597,33 @@ private:
                                "overflows a double); give the times in a coarser unit");
     }
 
+    // docs/formats.md §11: only initial data are updated, each by at most one op.
+    void check_updates() {
+        Problem& p = problem_;
+        p.updater_.assign(p.data_.size(), Problem::no_updater);
+        for (std::size_t i = 0; i < p.ops_.size(); ++i)
+            for (const DataId d : p.ops_[i].updates) {
+                const std::string& data = p.data_[d.index].name;
+                if (!p.is_initial_[d.index])
+                    throw InvalidInput("op " + detail::quoted(p.ops_[i].name) + " updates " + detail::quoted(data) +
+                                       ", which is not initial; only initial data (weights, optimizer state) are updated "
+                                       "in place");
+                if (p.updater_[d.index] != Problem::no_updater)
+                    throw InvalidInput("data " + detail::quoted(data) + " is updated by two ops, " +
+                                       detail::quoted(p.ops_[p.updater_[d.index]].name) + " and " +
+                                       detail::quoted(p.ops_[i].name) + "; at most one op may update a data");
+                p.updater_[d.index] = i;
+                p.has_updates_ = true;
+            }
+    }
+
     // The autograd order must be runnable as written: each op's reads written earlier (or
     // initial), each exactly-once op once, and every final data produced.
     void check_autograd_order() const {
         const Problem& p = problem_;
         if (p.autograd_.empty()) return;
         std::vector<char> available = p.is_initial_;
+        std::vector<char> updated(p.data_.size(), 0);
         std::vector<char> ran(p.ops_.size(), 0);
         for (std::size_t pos = 0; pos < p.autograd_.size(); ++pos) {
             const Op& op = p.ops_[p.autograd_[pos].index];
@@ -559,6 +634,13 @@ private:
                                        " before any earlier op writes it");
             if (op.exactly_once && ran[p.autograd_[pos].index])
                 throw InvalidInput("autograd order: exactly-once op " + detail::quoted(op.name) + " appears twice");
+            for (const std::vector<DataId>* list : {&op.reads, &op.updates})
+                for (const DataId d : *list)
+                    if (updated[d.index])
+                        throw InvalidInput("autograd order: op " + detail::quoted(op.name) + " (position " +
+                                           std::to_string(pos) + ") uses " + detail::quoted(p.data_[d.index].name) +
+                                           " after an earlier op updated it");
+            for (const DataId d : op.updates) updated[d.index] = 1;
             ran[p.autograd_[pos].index] = 1;
             for (const DataId d : op.writes) available[d.index] = 1;
         }
@@ -861,12 +943,31 @@ struct SimulationReport {
     [[nodiscard]] bool fits(Bytes budget) const noexcept { return valid && peak <= budget; }
 };
 
+namespace detail {
+// docs/formats.md §11: the data an op updates must be live, and no op reads or updates a data
+// after its update (it would see the new weights). Marks the op's updates when it may run.
+inline std::optional<std::string> use_after_update(const Problem& problem, const Op& op, const std::vector<char>& live,
+                                                   std::vector<char>& updated) {
+    if (updated.empty()) return std::nullopt;
+    for (const std::vector<DataId>* list : {&op.reads, &op.updates})
+        for (const DataId d : *list)
+            if (updated[d.index])
+                return "uses '" + problem.data(d).name + "' after op '" +
+                       problem.op(*problem.updater(d)).name + "' updated it in place";
+    for (const DataId d : op.updates)
+        if (!live[d.index]) return "updates '" + problem.data(d).name + "', which is not live";
+    for (const DataId d : op.updates) updated[d.index] = 1;
+    return std::nullopt;
+}
+}  // namespace detail
+
 /// Simulates `schedule` on `problem` exactly as docs/formats.md §3 (simulation semantics) says. Stops at the first
 /// invalid step (the report then covers the steps before it).
 [[nodiscard]] inline SimulationReport simulate(const Problem& problem, const Schedule& schedule) {
     SimulationReport report;
     std::vector<char> live(problem.data_count(), 0);
     std::vector<char> ran(problem.op_count(), 0);
+    std::vector<char> updated(problem.has_updates() ? problem.data_count() : 0, 0);
     Bytes memory = 0;
     for (const DataId d : problem.initial()) {
         live[d.index] = 1;
@@ -896,6 +997,8 @@ struct SimulationReport {
                                        "', which is not live");
             if (op.exactly_once && ran[step.op().index])
                 return fail(i, where + " (run " + op.name + "): exactly-once op runs a second time");
+            if (const auto reason = detail::use_after_update(problem, op, live, updated))
+                return fail(i, where + " (run " + op.name + "): " + *reason);
             Bytes written = 0;
             for (const DataId d : op.writes)
                 if (!live[d.index]) written += problem.data(d).bytes;
@@ -1197,6 +1300,11 @@ concept Solver = requires(const S& solver, const Problem& problem, Bytes budget)
 /// returns a plan that is invalid or over budget, whatever its internal accounting said.
 [[nodiscard]] inline Plan make_checked_plan(const Problem& problem, Schedule schedule, Bytes budget, SolverStats stats) {
     const SimulationReport report = simulate(problem, schedule);
+    if (!report.valid && problem.has_updates())
+        throw InvalidInput("solver '" + stats.solver + "' cannot plan '" + problem.name() + "': its ops update weights in "
+                           "place (remat.problem/2, docs/formats.md §11), which remat's solvers do not model; plan it "
+                           "with remat::offload::plan_remat_only or plan_with_offload, which plan its activations apart "
+                           "(" + report.error + ")");
     if (!report.valid)
         throw SolverError("solver '" + stats.solver + "' produced an invalid schedule for '" + problem.name() +
                           "': " + report.error + " (this is a bug in the solver; please report it with the problem file)");
@@ -1999,8 +2107,20 @@ inline std::vector<OpId> order_store_all_ops(const Problem& p, const graph::Prod
                 }
         }
     }
-    // Every edge goes from a lower level to a higher one: the order exists.
+    // An op that updates data in place comes after every chosen op reading them (§11).
+    for (std::size_t k = 0; k < n_ops; ++k) {
+        if (!chosen[k]) continue;
+        for (const DataId d : p.op(OpId{k}).updates)
+            for (const OpId r : p.readers(d))
+                if (chosen[r.index] && r.index != k) successors[r.index].push_back(k);
+    }
+    // Every data edge goes from a lower level to a higher one; an update edge could close a
+    // cycle only through an op that reads what the updater writes, after the update.
     const std::optional<std::vector<std::size_t>> sorted = graph::topological_order(successors);
+    if (!sorted && p.has_updates())
+        throw InvalidInput("problem '" + p.name() + "': an op that reads data updated in place needs what the update "
+                           "writes, so no order runs it before the update; every reader of a weight must come before "
+                           "the op that updates it (docs/formats.md §11)");
     if (!sorted)
         throw SolverError("store-all: the ops chosen for '" + p.name() +
                           "' depend on each other in a cycle (this is a bug in remat; please report it with the problem "
@@ -11130,4 +11250,1122 @@ struct SweepPoint {
 
 }  // namespace remat
 // ---- end remat/io/sweep.hpp ----
+// ---- begin remat/offload/schedule.hpp ----
+// remat/offload/schedule.hpp — a plan that also moves data between the device and host memory:
+// the steps of `remat.schedule/2` (docs/formats.md §11, offloading).
+//
+// An OffloadSchedule adds three kinds of step to the run and free steps of a Schedule:
+// `offload D` (device → host copy), `prefetch D` (host → device copy) and `free_host D`
+// (drop the host copy); `free D` drops the device copy. It also names the data that begin
+// the step on the host only (a weight kept in host memory between iterations, which the
+// schedule must leave there again at its end). The offloading model follows the weight-
+// offloading slides of Beaumont, Eyraud-Dubois, Shilova and Zhao ("Weight Offloading
+// Strategies for Training Large DNN Models", 2022) and Offmate (topal-team/rockmate).
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+
+namespace remat::offload {
+
+/// One step of an offloading schedule.
+class TransferStep {
+public:
+    enum class Kind : unsigned char { run, free, offload, prefetch, free_host };
+
+    [[nodiscard]] static constexpr TransferStep run(OpId op) noexcept { return {Kind::run, op.index}; }
+    [[nodiscard]] static constexpr TransferStep free(DataId data) noexcept { return {Kind::free, data.index}; }
+    [[nodiscard]] static constexpr TransferStep offload(DataId data) noexcept { return {Kind::offload, data.index}; }
+    [[nodiscard]] static constexpr TransferStep prefetch(DataId data) noexcept { return {Kind::prefetch, data.index}; }
+    [[nodiscard]] static constexpr TransferStep free_host(DataId data) noexcept { return {Kind::free_host, data.index}; }
+    /// The same step as a run/free step of a plain Schedule.
+    [[nodiscard]] static constexpr TransferStep from(const Step& step) noexcept {
+        return step.is_run() ? run(step.op()) : free(step.data());
+    }
+
+    [[nodiscard]] constexpr Kind kind() const noexcept { return kind_; }
+    [[nodiscard]] constexpr bool is_run() const noexcept { return kind_ == Kind::run; }
+    [[nodiscard]] constexpr bool is_transfer() const noexcept {
+        return kind_ == Kind::offload || kind_ == Kind::prefetch;
+    }
+    /// The op of a run step (precondition: is_run()).
+    [[nodiscard]] constexpr OpId op() const noexcept { return OpId{index_}; }
+    /// The data of every other step.
+    [[nodiscard]] constexpr DataId data() const noexcept { return DataId{index_}; }
+
+    friend constexpr bool operator==(const TransferStep&, const TransferStep&) = default;
+
+private:
+    constexpr TransferStep(Kind kind, std::size_t index) noexcept : kind_(kind), index_(index) {}
+    Kind kind_;
+    std::size_t index_;
+};
+
+[[nodiscard]] constexpr const char* keyword(TransferStep::Kind kind) noexcept {
+    switch (kind) {
+        case TransferStep::Kind::run: return "run";
+        case TransferStep::Kind::free: return "free";
+        case TransferStep::Kind::offload: return "offload";
+        case TransferStep::Kind::prefetch: return "prefetch";
+        case TransferStep::Kind::free_host: return "free_host";
+    }
+    return "?";
+}
+
+/// The steps of a training step with transfers, and the data that start it on the host only.
+struct OffloadSchedule {
+    std::vector<DataId> start_on_host;
+    std::vector<TransferStep> steps;
+    friend bool operator==(const OffloadSchedule&, const OffloadSchedule&) = default;
+};
+
+/// A plain schedule as an offloading one (no transfers, everything starts on the device).
+[[nodiscard]] inline OffloadSchedule with_no_transfers(const Schedule& schedule) {
+    OffloadSchedule out;
+    out.steps.reserve(schedule.size());
+    for (const Step& step : schedule) out.steps.push_back(TransferStep::from(step));
+    return out;
+}
+
+/// "run F1+", "offload w3", for messages and logs.
+[[nodiscard]] inline std::string describe(const Problem& problem, const TransferStep& step) {
+    if (step.is_run()) return "run " + problem.op(step.op()).name;
+    return std::string(keyword(step.kind())) + " " + problem.data(step.data()).name;
+}
+
+}  // namespace remat::offload
+// ---- end remat/offload/schedule.hpp ----
+// ---- begin remat/offload/simulate.hpp ----
+// remat/offload/simulate.hpp — the simulator of docs/formats.md §11 (offloading): device peak,
+// host peak and makespan of a schedule with transfers, and the first invalid step and why.
+//
+// Memory is order-based, as in Offmate and POFO (Beaumont et al., NeurIPS 2021): a prefetch
+// reserves its device bytes when it is issued, an offload reserves its host bytes when it is
+// issued, and a device copy stays counted until an explicit free, which waits for the offload
+// reading it. So the peaks do not depend on bandwidth. Time is the makespan of three channels
+// (compute, device → host, host → device): a transfer starts when its channel is free, its
+// source is complete and every op before it in the schedule has finished; an op starts when
+// the previous op has finished and its inputs are on the device. For a schedule of run and
+// free steps only, the figures equal simulate()'s (core/simulate.hpp).
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+
+namespace remat::offload {
+
+/// Memory and time around one step.
+struct TransferTimelinePoint {
+    Bytes device_during = 0;
+    Bytes device_after = 0;
+    Bytes host_after = 0;
+    double start = 0.0;  ///< when the step starts on its channel (a free: when it releases memory)
+    double end = 0.0;    ///< when it ends
+};
+
+struct OffloadReport {
+    bool valid = false;
+    std::optional<std::size_t> error_step;  ///< as SimulationReport::error_step
+    std::string error;
+    Bytes device_peak = 0;
+    Bytes host_peak = 0;
+    Bytes device_initial = 0;
+    Bytes host_initial = 0;
+    double makespan = 0.0;      ///< when the last op or transfer ends
+    double compute_time = 0.0;  ///< the sum of the op times run (simulate()'s `time`)
+    Bytes bytes_to_host = 0;
+    Bytes bytes_to_device = 0;
+    std::size_t offloads = 0;
+    std::size_t prefetches = 0;
+    std::vector<TransferTimelinePoint> timeline;
+
+    /// Valid, within the device budget and within the problem's host limit.
+    [[nodiscard]] bool fits(Bytes device_budget, std::optional<Bytes> host_limit) const noexcept {
+        return valid && device_peak <= device_budget && (!host_limit || host_peak <= *host_limit);
+    }
+    /// Time waiting for transfers: the makespan beyond the compute time.
+    [[nodiscard]] double stall_time() const noexcept { return std::max(0.0, makespan - compute_time); }
+};
+
+namespace detail {
+
+// The simulator's state; one method per kind of step (docs/formats.md §11).
+class TransferSimulator {
+public:
+    TransferSimulator(const Problem& problem, TransferSettings transfers)
+        : p_(problem),
+          transfers_(transfers),
+          on_device_(problem.data_count(), 0),
+          on_host_(problem.data_count(), 0),
+          host_current_(problem.data_count(), 0),
+          updated_(problem.data_count(), 0),
+          start_on_host_(problem.data_count(), 0),
+          ran_(problem.op_count(), 0),
+          device_ready_(problem.data_count(), 0.0),
+          host_ready_(problem.data_count(), 0.0),
+          host_busy_(problem.data_count(), 0.0) {}
+
+    // Places the initial data; an error message when start_on_host is wrong.
+    std::optional<std::string> start(const std::vector<DataId>& start_on_host) {
+        for (const DataId d : start_on_host) {
+            if (d.index >= p_.data_count()) return "start_on_host: data id " + std::to_string(d.index) + " does not exist";
+            const std::string& name = p_.data(d).name;
+            if (!p_.is_initial(d)) return "start_on_host: '" + name + "' is not initial";
+            if (!p_.data(d).offloadable) return "start_on_host: '" + name + "' is not offloadable";
+            if (start_on_host_[d.index]) return "start_on_host: '" + name + "' is listed twice";
+            start_on_host_[d.index] = 1;
+            on_host_[d.index] = host_current_[d.index] = 1;
+            host_ += p_.data(d).bytes;
+        }
+        for (const DataId d : p_.initial())
+            if (!start_on_host_[d.index]) {
+                on_device_[d.index] = 1;
+                device_ += p_.data(d).bytes;
+            }
+        report_.device_initial = report_.device_peak = device_;
+        report_.host_initial = report_.host_peak = host_;
+        return std::nullopt;
+    }
+
+    std::optional<std::string> step(const TransferStep& s) {
+        using K = TransferStep::Kind;
+        if (s.is_run() ? s.op().index >= p_.op_count() : s.data().index >= p_.data_count())
+            return std::string(s.is_run() ? "op" : "data") + " id " + std::to_string(s.data().index) + " does not exist";
+        switch (s.kind()) {
+            case K::run: return run(s.op());
+            case K::free: return free(s.data());
+            case K::offload: return offload(s.data());
+            case K::prefetch: return prefetch(s.data());
+            case K::free_host: return free_host(s.data());
+        }
+        return "unknown step kind";
+    }
+
+    std::optional<std::string> finish() {
+        for (std::size_t k = 0; k < p_.op_count(); ++k)
+            if (p_.op(OpId{k}).exactly_once && !ran_[k])
+                return "exactly-once op '" + p_.op(OpId{k}).name + "' never ran";
+        for (const DataId d : p_.final_data())
+            if (!on_device_[d.index]) return "final data '" + p_.data(d).name + "' is not live on the device";
+        for (std::size_t k = 0; k < p_.data_count(); ++k) {
+            const std::string& name = p_.data(DataId{k}).name;
+            if (start_on_host_[k] && (on_device_[k] || !host_current_[k]))
+                return "'" + name + "' started on the host only and must end there, with a current host copy and no "
+                       "device copy (the next step starts as this one did)";
+            if (!start_on_host_[k] && p_.is_initial(DataId{k}) && !on_device_[k])
+                return "initial data '" + name + "' started on the device and must end there";
+            if (!start_on_host_[k] && on_host_[k])
+                return "'" + name + "' still has a host copy; free_host it (only the data that started on the host end "
+                       "there)";
+        }
+        report_.makespan = std::max({compute_clock_, to_host_clock_, to_device_clock_});
+        if (!std::isfinite(report_.makespan)) return "the makespan overflows to infinity";
+        report_.valid = true;
+        return std::nullopt;
+    }
+
+    OffloadReport& report() noexcept { return report_; }
+
+private:
+    [[nodiscard]] const std::string& name(DataId d) const { return p_.data(d).name; }
+    [[nodiscard]] static double duration(Bytes bytes, double bandwidth) {
+        return bandwidth > 0 ? static_cast<double>(bytes) / bandwidth : 0.0;
+    }
+    void record(Bytes during, double start, double end) {
+        report_.device_peak = std::max(report_.device_peak, during);
+        report_.host_peak = std::max(report_.host_peak, host_);
+        report_.timeline.push_back({during, device_, host_, start, end});
+    }
+
+    std::optional<std::string> run(OpId id) {
+        const Op& op = p_.op(id);
+        for (const DataId d : op.reads)
+            if (!on_device_[d.index])
+                return "reads '" + name(d) + "', which is not live on the device" +
+                       (on_host_[d.index] ? " (it has a host copy: prefetch it first)" : "");
+        if (op.exactly_once && ran_[id.index]) return std::string("exactly-once op runs a second time");
+        if (auto reason = remat::detail::use_after_update(p_, op, on_device_, updated_)) return reason;
+        double start = compute_clock_;
+        for (const std::vector<DataId>* list : {&op.reads, &op.updates})
+            for (const DataId d : *list) start = std::max(start, device_ready_[d.index]);
+        // Changing a weight in place waits for the offload still reading its old value.
+        for (const DataId d : op.updates) start = std::max(start, host_busy_[d.index]);
+        const double end = start + op.time;
+        Bytes written = 0;
+        for (const DataId d : op.writes)
+            if (!on_device_[d.index]) {
+                written += p_.data(d).bytes;
+                on_device_[d.index] = 1;
+                device_ready_[d.index] = end;
+            }
+        for (const DataId d : op.updates) {
+            device_ready_[d.index] = end;
+            host_current_[d.index] = 0;  // a host copy now holds the old value
+        }
+        const Bytes during = device_ + written + op.overhead;
+        device_ += written;
+        ran_[id.index] = 1;
+        report_.compute_time += op.time;
+        compute_clock_ = end;
+        record(during, start, end);
+        return std::nullopt;
+    }
+
+    std::optional<std::string> free(DataId d) {
+        if (!on_device_[d.index])
+            return "data is not live on the device" + std::string(on_host_[d.index] ? " (only its host copy is)" : "");
+        if (p_.is_initial(d) && !host_current_[d.index])
+            return "initial data may leave the device only while the host holds a current copy (offload it first): "
+                   "this would free its only copy";
+        // The memory is reused after the free: wait for the transfers that use this copy.
+        compute_clock_ = std::max({compute_clock_, device_ready_[d.index], host_busy_[d.index]});
+        on_device_[d.index] = 0;
+        device_ -= p_.data(d).bytes;
+        record(device_, compute_clock_, compute_clock_);
+        return std::nullopt;
+    }
+
+    std::optional<std::string> offload(DataId d) {
+        if (!p_.data(d).offloadable) return "'" + name(d) + "' is not offloadable";
+        if (!on_device_[d.index]) return "'" + name(d) + "' is not live on the device; nothing to copy";
+        if (host_current_[d.index]) return "'" + name(d) + "' already has a current host copy";
+        if (!on_host_[d.index]) host_ += p_.data(d).bytes;  // a stale copy is overwritten in place
+        const Bytes bytes = p_.data(d).bytes;
+        const double start = std::max({to_host_clock_, compute_clock_, device_ready_[d.index], host_busy_[d.index]});
+        const double end = start + duration(bytes, transfers_.bandwidth_to_host);
+        to_host_clock_ = end;
+        host_ready_[d.index] = host_busy_[d.index] = end;
+        on_host_[d.index] = host_current_[d.index] = 1;
+        report_.bytes_to_host += bytes;
+        ++report_.offloads;
+        record(device_, start, end);
+        return std::nullopt;
+    }
+
+    std::optional<std::string> prefetch(DataId d) {
+        if (!p_.data(d).offloadable) return "'" + name(d) + "' is not offloadable";
+        if (on_device_[d.index]) return "'" + name(d) + "' is already live on the device";
+        if (!on_host_[d.index]) return "'" + name(d) + "' has no host copy to prefetch from";
+        if (!host_current_[d.index])
+            return "the host copy of '" + name(d) + "' is stale: op '" + p_.op(*p_.updater(d)).name +
+                   "' updated the data after it was offloaded";
+        const Bytes bytes = p_.data(d).bytes;
+        const double start = std::max({to_device_clock_, compute_clock_, host_ready_[d.index]});
+        const double end = start + duration(bytes, transfers_.bandwidth_to_device);
+        to_device_clock_ = end;
+        device_ready_[d.index] = end;
+        host_busy_[d.index] = std::max(host_busy_[d.index], end);
+        on_device_[d.index] = 1;
+        device_ += bytes;
+        report_.bytes_to_device += bytes;
+        ++report_.prefetches;
+        record(device_, start, end);
+        return std::nullopt;
+    }
+
+    std::optional<std::string> free_host(DataId d) {
+        if (!on_host_[d.index]) return "'" + name(d) + "' has no host copy";
+        if (!on_device_[d.index] && host_current_[d.index] && p_.is_initial(d))
+            return "this is the only copy of initial data '" + name(d) + "' (prefetch it first)";
+        // The next offload may reuse this host memory: it waits for the transfers using it.
+        to_host_clock_ = std::max(to_host_clock_, host_busy_[d.index]);
+        on_host_[d.index] = host_current_[d.index] = 0;
+        host_ -= p_.data(d).bytes;
+        record(device_, to_host_clock_, to_host_clock_);
+        return std::nullopt;
+    }
+
+    const Problem& p_;
+    TransferSettings transfers_;
+    std::vector<char> on_device_, on_host_, host_current_, updated_, start_on_host_, ran_;
+    std::vector<double> device_ready_;  // when the device copy is complete
+    std::vector<double> host_ready_;    // when the host copy is complete
+    std::vector<double> host_busy_;     // when the last transfer using the host copy ends
+    double compute_clock_ = 0.0, to_host_clock_ = 0.0, to_device_clock_ = 0.0;
+    Bytes device_ = 0, host_ = 0;
+    OffloadReport report_;
+};
+
+}  // namespace detail
+
+/// Simulates `schedule` on `problem` exactly as docs/formats.md §11 says, with the problem's
+/// bandwidths, or `transfers` when given (a bandwidth of 0 makes that direction instantaneous).
+[[nodiscard]] inline OffloadReport simulate(const Problem& problem, const OffloadSchedule& schedule,
+                                            std::optional<TransferSettings> transfers = std::nullopt) {
+    detail::TransferSimulator sim(problem, transfers.value_or(problem.transfers()));
+    const auto fail = [&](std::size_t step, std::string reason) {
+        OffloadReport report = std::move(sim.report());
+        report.valid = false;
+        report.error_step = step;
+        report.error = std::move(reason);
+        return report;
+    };
+    if (auto reason = sim.start(schedule.start_on_host)) return fail(0, *reason);
+    sim.report().timeline.reserve(schedule.steps.size());
+    for (std::size_t i = 0; i < schedule.steps.size(); ++i)
+        if (auto reason = sim.step(schedule.steps[i])) {
+            const TransferStep& s = schedule.steps[i];
+            const bool exists = s.is_run() ? s.op().index < problem.op_count() : s.data().index < problem.data_count();
+            return fail(i, "step " + std::to_string(i) + (exists ? " (" + describe(problem, s) + ")" : "") + ": " + *reason);
+        }
+    if (auto reason = sim.finish()) return fail(schedule.steps.size(), "end of schedule: " + *reason);
+    return std::move(sim.report());
+}
+
+}  // namespace remat::offload
+// ---- end remat/offload/simulate.hpp ----
+// ---- begin remat/offload/training_state.hpp ----
+// remat/offload/training_state.hpp — what a training step holds besides activations, and how
+// rematerialization solvers plan the rest (docs/formats.md §11).
+//
+// A `remat.problem/2` problem may model the weights, their gradients and the optimizer state:
+// weights and state are initial data that ops *update* in place (the optimizer step of each
+// layer), and the weights' gradients are data that backward ops write and only updates read.
+// Rotor, Rockmate, H-Rockmate and Checkmate know nothing of updates, so they plan the
+// problem's activations alone:
+//   - split_training_state() takes the updates and the data only they use (the "training
+//     state") out of a problem, leaving a `remat.problem/1` problem of activations: for a
+//     chain with weights, exactly the chain's expansion (§5), so Rotor applies;
+//   - with_training_state() puts them back into an activation plan: each update right after
+//     the last op that needs what it changes (the optimizer step runs inside the backward,
+//     "optimizer in backward"), and each gradient freed right after its update.
+// training_problem() builds such a problem from a chain and its stages' parameter sizes.
+
+#include <algorithm>
+#include <cstddef>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+
+namespace remat::offload {
+
+/// A problem's activations, planned by any remat solver, and the way back to the problem.
+struct TrainingSplit {
+    Problem activations;
+    std::vector<std::size_t> op_in_full;    ///< by activation op: its index in the full problem
+    std::vector<std::size_t> data_in_full;  ///< by activation data: its index in the full problem
+    std::vector<char> is_state;             ///< by full data: part of the training state
+};
+
+namespace detail {
+
+// Updated data, data that only updates read, and data that only updates write.
+inline std::vector<char> training_state_data(const Problem& p) {
+    std::vector<char> state(p.data_count(), 0);
+    const auto is_updater = [&](OpId op) { return !p.op(op).updates.empty(); };
+    for (std::size_t k = 0; k < p.data_count(); ++k) {
+        const DataId d{k};
+        const auto readers = p.readers(d);
+        const auto writers = p.writers(d);
+        state[k] = p.updater(d) || (!readers.empty() && std::all_of(readers.begin(), readers.end(), is_updater)) ||
+                   (!writers.empty() && std::all_of(writers.begin(), writers.end(), is_updater));
+    }
+    return state;
+}
+
+}  // namespace detail
+
+/// The activation problem of `problem` (the problem itself, renamed nothing, when it has no
+/// updates). Throws InvalidInput when an op would be left writing nothing but state.
+[[nodiscard]] inline TrainingSplit split_training_state(const Problem& problem) {
+    TrainingSplit split{ProblemBuilder(problem.name()).build(), {}, {}, detail::training_state_data(problem)};
+    ProblemBuilder b(problem.name());
+    std::vector<std::size_t> data_map(problem.data_count(), static_cast<std::size_t>(-1));
+    for (std::size_t k = 0; k < problem.data_count(); ++k) {
+        if (split.is_state[k]) continue;
+        data_map[k] = b.add_data(problem.data(DataId{k}).name, problem.data(DataId{k}).bytes).index;
+        split.data_in_full.push_back(k);
+    }
+    const auto kept = [&](const std::vector<DataId>& list) {
+        std::vector<DataId> out;
+        for (const DataId d : list)
+            if (!split.is_state[d.index]) out.push_back(DataId{data_map[d.index]});
+        return out;
+    };
+    std::vector<std::size_t> op_map(problem.op_count(), static_cast<std::size_t>(-1));
+    for (std::size_t k = 0; k < problem.op_count(); ++k) {
+        const Op& op = problem.op(OpId{k});
+        if (!op.updates.empty()) continue;
+        std::vector<DataId> writes = kept(op.writes);
+        if (writes.empty())
+            throw InvalidInput("op '" + op.name + "' writes only training state (data that only updates use); give it "
+                               "an activation output, or a zero-byte marker that a later op or the final list needs");
+        op_map[k] = b.add_op({op.name, op.time, op.overhead, kept(op.reads), std::move(writes), op.exactly_once}).index;
+        split.op_in_full.push_back(k);
+    }
+    for (const DataId d : problem.initial())
+        if (!split.is_state[d.index]) b.add_initial(DataId{data_map[d.index]});
+    for (const DataId d : problem.final_data())
+        if (!split.is_state[d.index]) b.add_final(DataId{data_map[d.index]});
+    if (const auto loss = problem.loss(); loss && op_map[loss->index] != static_cast<std::size_t>(-1))
+        b.set_loss(OpId{op_map[loss->index]});
+    std::vector<OpId> order;
+    for (const OpId op : problem.autograd_order())
+        if (op_map[op.index] != static_cast<std::size_t>(-1)) order.push_back(OpId{op_map[op.index]});
+    b.set_autograd_order(std::move(order));
+    split.activations = b.build();
+    return split;
+}
+
+namespace detail {
+
+// Where each update goes: after the last step that reads or updates what it changes, or
+// writes what it reads (`steps` are in the full problem's ids).
+inline std::vector<std::vector<OpId>> update_positions(const Problem& full, const Schedule& steps) {
+    std::vector<std::vector<OpId>> after(steps.size() + 1);  // after[i + 1]: right after step i; after[0]: first
+    for (std::size_t u = 0; u < full.op_count(); ++u) {
+        const Op& update = full.op(OpId{u});
+        if (update.updates.empty()) continue;
+        std::size_t position = 0;
+        for (std::size_t i = 0; i < steps.size(); ++i) {
+            if (!steps[i].is_run()) continue;
+            const Op& op = full.op(steps[i].op());
+            const auto touches = [](const std::vector<DataId>& a, const std::vector<DataId>& b) {
+                return std::any_of(a.begin(), a.end(), [&](DataId d) { return std::find(b.begin(), b.end(), d) != b.end(); });
+            };
+            if (touches(op.reads, update.updates) || touches(op.updates, update.updates) || touches(op.writes, update.reads))
+                position = i + 1;
+        }
+        after[position].push_back(OpId{u});
+    }
+    return after;
+}
+
+}  // namespace detail
+
+/// Puts the training state back into a plan of `split.activations`: the result is a schedule
+/// of `full`. Throws SolverError when the result is invalid (an update whose inputs the plan
+/// freed before it, which split_training_state's problems never cause).
+[[nodiscard]] inline Schedule with_training_state(const Problem& full, const TrainingSplit& split,
+                                                  const Schedule& activation_plan) {
+    Schedule mapped;
+    mapped.reserve(activation_plan.size());
+    for (const Step& s : activation_plan)
+        mapped.push_back(s.is_run() ? Step::run(OpId{split.op_in_full.at(s.op().index)})
+                                    : Step::free(DataId{split.data_in_full.at(s.data().index)}));
+    const std::vector<std::vector<OpId>> after = detail::update_positions(full, mapped);
+    // The last step to read each state data that is neither initial nor final (a gradient), to free it there.
+    std::vector<std::size_t> last_use(full.data_count(), 0);
+    Schedule out;
+    out.reserve(mapped.size() + 3 * after.size());
+    const auto emit = [&](const Step& s) {
+        out.push_back(s);
+        if (s.is_run()) {
+            const Op& op = full.op(s.op());
+            for (const std::vector<DataId>* list : {&op.reads, &op.writes})
+                for (const DataId d : *list) last_use[d.index] = out.size();
+        }
+    };
+    for (std::size_t i = 0; i <= mapped.size(); ++i) {
+        for (const OpId u : after[i]) emit(Step::run(u));
+        if (i < mapped.size()) emit(mapped[i]);
+    }
+    // Gradients and markers leave right after their last use, in data order.
+    std::vector<std::vector<DataId>> frees(out.size() + 1);
+    for (std::size_t k = 0; k < full.data_count(); ++k)
+        if (split.is_state[k] && !full.is_initial(DataId{k}) && !full.is_final(DataId{k}) && last_use[k] > 0)
+            frees[last_use[k]].push_back(DataId{k});
+    Schedule result;
+    result.reserve(out.size() + full.data_count());
+    for (std::size_t i = 0; i < out.size(); ++i) {
+        result.push_back(out[i]);
+        for (const DataId d : frees[i + 1]) result.push_back(Step::free(d));
+    }
+    const SimulationReport check = simulate(full, result);
+    if (!check.valid)
+        throw SolverError("with_training_state: the plan of '" + full.name() + "' with its updates is invalid: " +
+                          check.error + " (this is a bug in remat; please report it with the problem file)");
+    return result;
+}
+
+/// How training_problem() models the training state of each stage.
+struct TrainingStateOptions {
+    /// Optimizer state per byte of parameter: 0 for plain SGD, 1 with momentum, 2 for Adam.
+    double optimizer_state_per_parameter = 2.0;
+    /// Time of a stage's optimizer step per byte of its parameters.
+    double update_time_per_parameter_byte = 0.0;
+    /// Whether weights and optimizer state may be offloaded.
+    bool offloadable = true;
+    /// The problem's host limit and bandwidths.
+    TransferSettings transfers{};
+};
+
+/// The `remat.problem/2` problem of training `chain` with `parameter_bytes[l - 1]` bytes of
+/// weights in stage l: the chain's expansion (§5), then, for each stage with weights, `w<l>`
+/// (read by F<l>, F<l>+ and B<l>), its gradient `gw<l>` (written by B<l>), its optimizer
+/// state `m<l>`, and the update `U<l>` (reads gw<l>, updates w<l> and m<l>, writes the
+/// zero-byte final marker `u<l>`). The autograd order runs U1..UL after the backward, as an
+/// optimizer step after loss.backward() does.
+[[nodiscard]] inline Problem training_problem(const Chain& chain, std::span<const Bytes> parameter_bytes,
+                                              const TrainingStateOptions& options = {}) {
+    if (parameter_bytes.size() != chain.length())
+        throw InvalidInput("training_problem: " + std::to_string(parameter_bytes.size()) + " parameter sizes for the " +
+                           std::to_string(chain.length()) + " stages of chain '" + chain.name + "'");
+    const Problem base = to_problem(chain);
+    const ChainIds ids = chain_ids(chain.length());
+    ProblemBuilder b(chain.name);
+    for (const Data& d : base.all_data()) b.add_data(d.name, d.bytes);
+    const std::size_t L = chain.length();
+    std::vector<DataId> w(L + 1), gw(L + 1), u(L + 1);
+    std::vector<std::optional<DataId>> m(L + 1);  // none when the optimizer keeps no state
+    for (std::size_t l = 1; l <= L; ++l) {
+        const Bytes bytes = parameter_bytes[l - 1];
+        if (bytes <= 0) continue;
+        const std::string n = std::to_string(l);
+        w[l] = b.add_data("w" + n, bytes, options.offloadable);
+        gw[l] = b.add_data("gw" + n, bytes);
+        const auto state = static_cast<Bytes>(options.optimizer_state_per_parameter * static_cast<double>(bytes));
+        if (state > 0) m[l] = b.add_data("m" + n, state, options.offloadable);
+        u[l] = b.add_data("u" + n, 0);
+    }
+    const auto has_weights = [&](std::size_t l) { return parameter_bytes[l - 1] > 0; };
+    for (std::size_t k = 0; k < base.op_count(); ++k) {
+        const Op& op = base.op(OpId{k});
+        OpSpec spec{op.name, op.time, op.overhead, op.reads, op.writes, op.exactly_once};
+        for (std::size_t l = 1; l <= L; ++l) {
+            if (!has_weights(l)) continue;
+            if (OpId{k} == ids.fwd[l] || OpId{k} == ids.fwd_grad[l]) spec.reads.push_back(w[l]);
+            if (OpId{k} == ids.bwd[l]) {
+                spec.reads.push_back(w[l]);
+                spec.writes.push_back(gw[l]);
+            }
+        }
+        b.add_op(std::move(spec));
+    }
+    std::vector<OpId> order(base.autograd_order().begin(), base.autograd_order().end());
+    for (std::size_t l = 1; l <= L; ++l) {
+        if (!has_weights(l)) continue;
+        const double time = options.update_time_per_parameter_byte * static_cast<double>(parameter_bytes[l - 1]);
+        OpSpec update{"U" + std::to_string(l), time, 0, {gw[l]}, {u[l]}, true};
+        update.updates.push_back(w[l]);
+        if (m[l]) update.updates.push_back(*m[l]);
+        order.push_back(b.add_op(std::move(update)));
+        b.add_initial(w[l]);
+        if (m[l]) b.add_initial(*m[l]);
+        b.add_final(u[l]);
+    }
+    b.add_initial(ids.a[0]);
+    b.add_final(ids.g[0]);
+    b.set_loss(ids.loss);
+    b.set_autograd_order(std::move(order));
+    b.set_transfers(options.transfers);
+    return b.build();
+}
+
+}  // namespace remat::offload
+// ---- end remat/offload/training_state.hpp ----
+// ---- begin remat/offload/greedy.hpp ----
+// remat/offload/greedy.hpp — weight offloading as a pass on any plan: the greedy selection and
+// greedy schedule of the weight-offloading slides ("Memory saving for neural network
+// training", X. Zhao, Inria; Beaumont, Eyraud-Dubois, Shilova, Zhao, "Weight Offloading
+// Strategies for Training Large DNN Models", 2022): Greedy and Greedy*.
+//
+// Selection. A weight (any initial, offloadable data: a weight or its optimizer state) may be
+// absent from the device in the gaps between the steps that use it, and in the cyclic gap
+// from its last use (its update) to its first use of the next iteration. With infinite
+// bandwidth, an absence lowers the memory of every step inside its gap by the weight's size.
+// Repeatedly, the absence that covers the most overflow above the budget per byte it
+// transfers is chosen, until nothing overflows. Transfers are counted exactly: a gap needs
+// a prefetch, and an offload only when the host holds no current copy (the cyclic gap gives
+// one for free to the gaps before the update; so both gaps of a weight cost three transfers,
+// one gap two, the difference the slides weigh with a coefficient).
+//   - Greedy: each weight is absent in at most one gap.
+//   - Greedy*: in any number of its gaps.
+// Schedule. Transfers are placed at the given bandwidths: prefetches by earliest need, each
+// as late as still arrives in time (by the plan's op times) and as early as memory allows
+// when it cannot; offloads by earliest production, right after the step that makes the
+// device copy current; each device copy is freed once its offload is (estimated) done, or
+// as soon as memory requires. The result is checked by the simulator (offload/simulate.hpp).
+
+#include <algorithm>
+#include <cstddef>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+
+namespace remat::offload {
+
+enum class GreedyVariant {
+    once,      ///< Greedy: a weight leaves the device at most once per iteration
+    repeated,  ///< Greedy*: as often as it helps
+};
+
+[[nodiscard]] constexpr std::string_view to_string(GreedyVariant v) noexcept {
+    return v == GreedyVariant::once ? "greedy" : "greedy*";
+}
+
+struct WeightOffloadOptions {
+    GreedyVariant variant = GreedyVariant::repeated;
+    /// Host limit and bandwidths; the problem's when not given.
+    std::optional<TransferSettings> transfers;
+};
+
+namespace detail::greedy {
+
+// The memory profile of a plan: index 0 is the initial state, 2i + 1 the memory while plan
+// step i runs and 2i + 2 the memory after it. A transfer or free placed at slot p (before
+// plan step p) is counted at index 2p: a free there keeps the data counted up to 2p, and a
+// prefetch there counts it from 2p on (the memory just after the prefetch is the state
+// after step p - 1 plus the data).
+// A gap of one data: it is absent over `ranges` (profile indices, inclusive) when freed right
+// after the use before the gap and prefetched right before the use after it. A cyclic gap
+// has two ranges: the start of the step and its end.
+struct Gap {
+    std::size_t data = 0;
+    bool cyclic = false;
+    std::size_t after_use = 0;  // plan step of the use before the gap (inner gaps; cyclic: the last use)
+    std::size_t next_use = 0;   // plan step of the use after it (cyclic: the first use; the plan's size if none)
+    std::vector<std::pair<std::size_t, std::size_t>> ranges;
+    bool chosen = false;
+};
+
+struct WeightUses {
+    std::vector<std::size_t> steps;     // plan steps that read or update the data
+    std::vector<char> updates;          // whether that use updates it
+    std::vector<std::size_t> gaps;      // its gaps (indices into the gap list), cyclic first when it exists
+};
+
+struct Selection {
+    std::vector<Gap> gaps;
+    std::vector<WeightUses> uses;  // by data
+    std::vector<Bytes> excess;     // by profile index, after the chosen absences
+};
+
+inline Selection find_gaps(const Problem& p, const Schedule& plan, const SimulationReport& base, Bytes budget) {
+    Selection s;
+    s.uses.resize(p.data_count());
+    s.excess.push_back(base.initial - budget);
+    for (const TimelinePoint& t : base.timeline) {
+        s.excess.push_back(t.during - budget);
+        s.excess.push_back(t.after - budget);
+    }
+    for (std::size_t i = 0; i < plan.size(); ++i) {
+        if (!plan[i].is_run()) continue;
+        const Op& op = p.op(plan[i].op());
+        for (const DataId d : op.reads) s.uses[d.index].steps.push_back(i), s.uses[d.index].updates.push_back(0);
+        for (const DataId d : op.updates) s.uses[d.index].steps.push_back(i), s.uses[d.index].updates.push_back(1);
+    }
+    const std::size_t n = plan.size();
+    for (std::size_t k = 0; k < p.data_count(); ++k) {
+        const Data& data = p.data(DataId{k});
+        if (!p.is_initial(DataId{k}) || !data.offloadable || data.bytes == 0 || p.is_final(DataId{k})) continue;
+        WeightUses& u = s.uses[k];
+        const auto add = [&](Gap g) {
+            u.gaps.push_back(s.gaps.size());
+            s.gaps.push_back(std::move(g));
+        };
+        if (u.steps.empty()) {
+            add(Gap{k, true, n, n, {{0, 2 * n}}, false});
+            continue;
+        }
+        Gap cyclic{k, true, u.steps.back(), u.steps.front(), {}, false};
+        if (u.steps.front() > 0) cyclic.ranges.emplace_back(0, 2 * u.steps.front() - 1);
+        if (u.steps.back() + 1 < n) cyclic.ranges.emplace_back(2 * u.steps.back() + 3, 2 * n);
+        add(std::move(cyclic));
+        for (std::size_t j = 0; j + 1 < u.steps.size(); ++j)
+            if (u.steps[j + 1] > u.steps[j] + 1)
+                add(Gap{k, false, u.steps[j], u.steps[j + 1], {{2 * u.steps[j] + 3, 2 * u.steps[j + 1] - 1}}, false});
+    }
+    return s;
+}
+
+// Bytes a data transfers per iteration with its chosen gaps (and `extra`, when given).
+inline Bytes transferred(const Problem& p, const Selection& s, std::size_t data, std::optional<std::size_t> extra) {
+    const WeightUses& u = s.uses[data];
+    const Bytes size = p.data(DataId{data}).bytes;
+    const auto chosen = [&](std::size_t g) { return s.gaps[g].chosen || extra == g; };
+    const bool cyclic = !u.gaps.empty() && s.gaps[u.gaps.front()].cyclic && chosen(u.gaps.front());
+    Bytes bytes = cyclic ? size : 0;  // the prefetch before the first use
+    bool host_current = cyclic;
+    for (std::size_t j = 0; j < u.steps.size(); ++j) {
+        if (u.updates[j]) host_current = false;
+        for (const std::size_t g : u.gaps)
+            if (!s.gaps[g].cyclic && s.gaps[g].after_use == u.steps[j] && chosen(g)) {
+                bytes += host_current ? size : 2 * size;
+                host_current = true;
+            }
+    }
+    if (cyclic && !host_current) bytes += size;  // the offload after the update
+    return bytes;
+}
+
+inline Bytes coverage(const Selection& s, const Gap& g, Bytes size) {
+    Bytes covered = 0;
+    for (const auto& [first, last] : g.ranges)
+        for (std::size_t i = first; i <= last && i < s.excess.size(); ++i) covered += std::clamp<Bytes>(s.excess[i], 0, size);
+    return covered;
+}
+
+// The greedy selection; false when some overflow no absence can cover.
+inline bool select(const Problem& p, Selection& s, GreedyVariant variant, std::optional<Bytes> host_limit) {
+    std::vector<char> on_host(p.data_count(), 0);
+    Bytes host = 0;
+    const auto overflowing = [&] { return std::any_of(s.excess.begin(), s.excess.end(), [](Bytes e) { return e > 0; }); };
+    while (overflowing()) {
+        std::optional<std::size_t> best;
+        double best_score = 0.0;
+        for (std::size_t g = 0; g < s.gaps.size(); ++g) {
+            const Gap& gap = s.gaps[g];
+            if (gap.chosen) continue;
+            const Bytes size = p.data(DataId{gap.data}).bytes;
+            const bool used = std::any_of(s.uses[gap.data].gaps.begin(), s.uses[gap.data].gaps.end(),
+                                          [&](std::size_t h) { return s.gaps[h].chosen; });
+            if (variant == GreedyVariant::once && used) continue;
+            if (!on_host[gap.data] && host_limit && host + size > *host_limit) continue;
+            const Bytes covered = coverage(s, gap, size);
+            if (covered <= 0) continue;
+            const Bytes cost = transferred(p, s, gap.data, g) - transferred(p, s, gap.data, std::nullopt);
+            const double score = static_cast<double>(covered) / static_cast<double>(std::max<Bytes>(cost, 1));
+            if (!best || score > best_score) best = g, best_score = score;
+        }
+        if (!best) return false;
+        Gap& gap = s.gaps[*best];
+        gap.chosen = true;
+        if (!on_host[gap.data]) host += p.data(DataId{gap.data}).bytes, on_host[gap.data] = 1;
+        for (const auto& [first, last] : gap.ranges)
+            for (std::size_t i = first; i <= last && i < s.excess.size(); ++i) s.excess[i] -= p.data(DataId{gap.data}).bytes;
+    }
+    return true;
+}
+
+// The transfers of the chosen absences, placed at the given bandwidths (see the header).
+class Placement {
+public:
+    Placement(const Problem& p, const Schedule& plan, Selection& selection, const TransferSettings& transfers)
+        : p_(p), plan_(plan), s_(selection), transfers_(transfers), start_(plan.size() + 1, 0.0), slots_(plan.size() + 1) {
+        for (std::size_t i = 0; i < plan.size(); ++i)
+            start_[i + 1] = start_[i] + (plan[i].is_run() ? p.op(plan[i].op()).time : 0.0);
+        for (std::size_t k = 0; k < p.data_count(); ++k) request(k);
+    }
+
+    [[nodiscard]] OffloadSchedule build() {
+        std::sort(prefetches_.begin(), prefetches_.end(), [](const Prefetch& a, const Prefetch& b) {
+            return std::pair(a.need, a.data) < std::pair(b.need, b.data);
+        });
+        double channel = 0.0;
+        for (const Prefetch& r : prefetches_) place(r, channel);
+        channel = 0.0;
+        for (Free& f : frees_) place(f, channel);
+        OffloadSchedule out;
+        out.start_on_host = start_on_host_;
+        for (std::size_t slot = 0; slot <= plan_.size(); ++slot) {
+            for (const auto kind : {TransferStep::Kind::offload, TransferStep::Kind::free, TransferStep::Kind::prefetch})
+                for (const TransferStep& step : slots_[slot])
+                    if (step.kind() == kind) out.steps.push_back(step);
+            if (slot < plan_.size()) out.steps.push_back(TransferStep::from(plan_[slot]));
+        }
+        for (const DataId d : free_host_at_end_) out.steps.push_back(TransferStep::free_host(d));
+        return out;
+    }
+
+private:
+    struct Prefetch {
+        std::size_t data, lowest_slot, need;
+    };
+    struct Free {
+        std::size_t data, lowest_slot, highest_slot;
+        std::optional<std::size_t> offload_slot;  // the offload this free waits for
+    };
+
+    [[nodiscard]] Bytes size(std::size_t data) const { return p_.data(DataId{data}).bytes; }
+    [[nodiscard]] double seconds(std::size_t data, double bandwidth) const {
+        return bandwidth > 0 ? static_cast<double>(size(data)) / bandwidth : 0.0;
+    }
+    [[nodiscard]] bool fits(std::size_t first, std::size_t last, Bytes bytes) const {
+        for (std::size_t i = first; i <= last && i < s_.excess.size(); ++i)
+            if (s_.excess[i] + bytes > 0) return false;
+        return true;
+    }
+    void occupy(std::size_t first, std::size_t last, Bytes bytes) {
+        for (std::size_t i = first; i <= last && i < s_.excess.size(); ++i) s_.excess[i] += bytes;
+    }
+
+    // The transfers one data needs for its chosen gaps, walking its uses in order.
+    void request(std::size_t k) {
+        const WeightUses& u = s_.uses[k];
+        const auto chosen = [&](std::size_t g) { return s_.gaps[g].chosen; };
+        if (std::none_of(u.gaps.begin(), u.gaps.end(), chosen)) return;
+        const std::size_t n = plan_.size();
+        const bool cyclic = s_.gaps[u.gaps.front()].cyclic && chosen(u.gaps.front());
+        bool host_current = cyclic, offloaded = false;
+        std::size_t current_since = 0;  // the slot from which the device copy is current
+        if (cyclic) {
+            start_on_host_.push_back(DataId{k});
+            if (u.steps.empty()) return;
+            prefetches_.push_back({k, 0, u.steps.front()});
+        }
+        const auto leave = [&](std::size_t after_use, std::size_t highest) {
+            std::optional<std::size_t> offload;
+            if (!host_current) {
+                slots_[current_since].push_back(TransferStep::offload(DataId{k}));
+                offload = current_since;
+                host_current = offloaded = true;
+            }
+            frees_.push_back({k, after_use + 1, highest, offload});
+        };
+        for (std::size_t j = 0; j < u.steps.size(); ++j) {
+            if (u.updates[j]) host_current = false, current_since = u.steps[j] + 1;
+            for (const std::size_t g : u.gaps)
+                if (!s_.gaps[g].cyclic && chosen(g) && s_.gaps[g].after_use == u.steps[j]) {
+                    leave(u.steps[j], s_.gaps[g].next_use);
+                    prefetches_.push_back({k, u.steps[j] + 1, s_.gaps[g].next_use});
+                }
+        }
+        if (cyclic) leave(u.steps.back(), n);
+        if (!cyclic && offloaded) free_host_at_end_.push_back(DataId{k});
+    }
+
+    // Before its need: as late as arrives in time, or as early as memory allows.
+    void place(const Prefetch& r, double& channel) {
+        const Bytes bytes = size(r.data);
+        std::size_t earliest = r.need;
+        while (earliest > r.lowest_slot && fits(2 * earliest - 2, 2 * earliest - 1, bytes)) --earliest;
+        const double transfer = seconds(r.data, transfers_.bandwidth_to_device);
+        std::size_t slot = earliest;
+        for (std::size_t q = r.need + 1; q-- > earliest;)
+            if (std::max(start_[q], channel) + transfer <= start_[r.need]) {
+                slot = q;
+                break;
+            }
+        channel = std::max(start_[slot], channel) + transfer;
+        if (slot < r.need) occupy(2 * slot, 2 * r.need - 1, bytes);
+        slots_[slot].push_back(TransferStep::prefetch(DataId{r.data}));
+        // The gap's free may not come after this slot.
+        for (Free& f : frees_)
+            if (f.data == r.data && f.lowest_slot <= slot && f.highest_slot >= slot && f.highest_slot == r.need)
+                f.highest_slot = slot;
+    }
+
+    // After the last use: once its offload is (estimated) done, or as late as memory allows.
+    void place(Free& f, double& channel) {
+        const Bytes bytes = size(f.data);
+        std::optional<double> ready;
+        if (f.offload_slot) {
+            channel = std::max(start_[*f.offload_slot], channel) + seconds(f.data, transfers_.bandwidth_to_host);
+            ready = channel;
+        }
+        std::size_t latest = f.lowest_slot;
+        while (latest < f.highest_slot && fits(2 * latest + 1, 2 * latest + 2, bytes)) ++latest;
+        std::size_t slot = latest;
+        if (!ready) slot = f.lowest_slot;
+        else
+            for (std::size_t q = f.lowest_slot; q <= latest; ++q)
+                if (start_[q] >= *ready) {
+                    slot = q;
+                    break;
+                }
+        occupy(2 * f.lowest_slot + 1, 2 * slot, bytes);
+        slots_[slot].push_back(TransferStep::free(DataId{f.data}));
+    }
+
+    const Problem& p_;
+    const Schedule& plan_;
+    Selection& s_;
+    TransferSettings transfers_;
+    std::vector<double> start_;                     // by slot: when plan step `slot` starts (ops only)
+    std::vector<std::vector<TransferStep>> slots_;  // by slot: the transfers and frees before plan step `slot`
+    std::vector<Prefetch> prefetches_;
+    std::vector<Free> frees_;
+    std::vector<DataId> start_on_host_;
+    std::vector<DataId> free_host_at_end_;
+};
+
+}  // namespace detail::greedy
+
+/// Greedy (or Greedy*) weight offloading on `plan`, a valid schedule of `problem` (with its
+/// updates, offload/training_state.hpp), so that the device peak fits `budget`. nullopt when
+/// some overflow cannot be covered by absent weights (or the host limit forbids it).
+[[nodiscard]] inline std::optional<OffloadSchedule> offload_weights(const Problem& problem, const Schedule& plan,
+                                                                    Bytes budget, const WeightOffloadOptions& options = {}) {
+    const SimulationReport base = remat::simulate(problem, plan);
+    if (!base.valid) throw InvalidInput("offload_weights: the plan of '" + problem.name() + "' is invalid: " + base.error);
+    const TransferSettings transfers = options.transfers.value_or(problem.transfers());
+    detail::greedy::Selection selection = detail::greedy::find_gaps(problem, plan, base, budget);
+    if (!detail::greedy::select(problem, selection, options.variant, transfers.host_limit)) return std::nullopt;
+    OffloadSchedule schedule = detail::greedy::Placement(problem, plan, selection, transfers).build();
+    const OffloadReport report = simulate(problem, schedule, transfers);
+    if (!report.valid || report.device_peak > budget)
+        throw SolverError("offload_weights: the transfers placed for '" + problem.name() + "' give " +
+                          (report.valid ? "a device peak of " + std::to_string(report.device_peak) + " bytes over the budget " +
+                                              std::to_string(budget)
+                                        : "an invalid schedule: " + report.error) +
+                          " (this is a bug in remat; please report it with the problem file)");
+    if (transfers.host_limit && report.host_peak > *transfers.host_limit) return std::nullopt;
+    return schedule;
+}
+
+}  // namespace remat::offload
+// ---- end remat/offload/greedy.hpp ----
+// ---- begin remat/offload/combined.hpp ----
+// remat/offload/combined.hpp — one device budget for everything a training step holds, split
+// between weights and activations: rematerialization and weight offloading chosen together.
+//
+// The planner iterates the two parts (docs/design.md §"Offloading"): for activation budgets
+// from the solver's smallest to store-all's, any remat solver (Rotor on chains, H-Rockmate on
+// graphs, remat::Auto) plans the activations (offload/training_state.hpp), the updates go
+// back in, and when the step still overflows the total budget, Greedy or Greedy* weight
+// offloading (offload/greedy.hpp) covers the rest. The plan with the least makespan wins. The
+// candidates include rematerialization alone (the largest activation budget that fits with
+// every weight on the device) and weight offloading alone (store-all's activations), so the
+// result is never worse than either part alone.
+
+#include <algorithm>
+#include <cstddef>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+
+namespace remat::offload {
+
+/// An offloading plan and what the simulator says of it.
+struct OffloadPlan {
+    OffloadSchedule schedule;
+    OffloadReport report;
+    Bytes budget = 0;
+    /// The activation budget the remat solver planned at (the split of the budget).
+    Bytes activation_budget = 0;
+    /// "remat", "greedy", "greedy*", "remat+greedy*": what made the plan.
+    std::string method;
+};
+
+struct CombinedOptions {
+    GreedyVariant variant = GreedyVariant::repeated;
+    /// Activation budgets tried between the solver's smallest and store-all's (evenly).
+    std::size_t activation_budgets = 12;
+    std::optional<TransferSettings> transfers;
+};
+
+namespace detail::combined {
+
+// The activation plan at `activation_budget`, with the updates back in; nullopt when the
+// solver has no plan there.
+// Store-all where it fits (a solver that rounds memory may lose a little at P_ref).
+template <Solver S>
+std::optional<Schedule> full_plan(const Problem& full, const TrainingSplit& split, const S& solver, Bytes activation_budget) {
+    try {
+        const Plan store_all = StoreAll{}.solve(split.activations, std::numeric_limits<Bytes>::max());
+        const Plan plan = store_all.peak <= activation_budget ? store_all : solver.solve(split.activations, activation_budget);
+        return with_training_state(full, split, plan.schedule);
+    } catch (const Infeasible&) {
+        return std::nullopt;
+    }
+}
+
+inline OffloadPlan make(const Problem& full, OffloadSchedule schedule, Bytes budget, Bytes activation_budget,
+                        std::string method, const TransferSettings& transfers) {
+    OffloadReport report = simulate(full, schedule, transfers);
+    return OffloadPlan{std::move(schedule), std::move(report), budget, activation_budget, std::move(method)};
+}
+
+inline bool better(const std::optional<OffloadPlan>& candidate, const std::optional<OffloadPlan>& best) {
+    return candidate && (!best || candidate->report.makespan < best->report.makespan);
+}
+
+}  // namespace detail::combined
+
+/// A proven lower bound on the makespan of any schedule of `full` within a device `budget`:
+/// the compute of its exactly-once ops, and the transfers that the state forces. At the start
+/// the device holds at most `budget`, so at least (updated offloadable bytes) - (budget - the
+/// initial bytes that cannot leave the device) of updated state starts on the host; each of
+/// those bytes is prefetched before its update (which runs once, with it on the device) and
+/// offloaded after it (the step ends with a current host copy), on each channel in turn.
+[[nodiscard]] inline double makespan_lower_bound(const Problem& full, Bytes budget,
+                                                 std::optional<TransferSettings> transfers = std::nullopt) {
+    const TransferSettings t = transfers.value_or(full.transfers());
+    double compute = 0.0;
+    for (const Op& op : full.all_ops()) compute += op.exactly_once ? op.time : 0.0;
+    Bytes updated = 0, resident = 0;
+    for (const DataId d : full.initial()) {
+        if (!full.data(d).offloadable) resident += full.data(d).bytes;
+        else if (full.updater(d)) updated += full.data(d).bytes;
+    }
+    const auto forced = static_cast<double>(std::max<Bytes>(0, updated - std::max<Bytes>(0, budget - resident)));
+    const auto channel = [&](double bandwidth) { return bandwidth > 0 ? forced / bandwidth : 0.0; };
+    return std::max({compute, channel(t.bandwidth_to_host), channel(t.bandwidth_to_device)});
+}
+
+/// Rematerialization alone: the largest activation budget whose plan, with every weight and
+/// its state on the device, fits `budget`. nullopt when none does.
+template <Solver S>
+[[nodiscard]] std::optional<OffloadPlan> plan_remat_only(const Problem& full, Bytes budget, const S& solver,
+                                                         const CombinedOptions& options = {}) {
+    const TransferSettings transfers = options.transfers.value_or(full.transfers());
+    const TrainingSplit split = split_training_state(full);
+    const Bytes reference = store_all_reference(split.activations).peak;
+    const auto fitting = [&](Bytes b) -> std::optional<Schedule> {
+        auto plan = detail::combined::full_plan(full, split, solver, b);
+        if (plan && remat::simulate(full, *plan).peak <= budget) return plan;
+        return std::nullopt;
+    };
+    // Bisect for the largest activation budget that fits (to 1/10^4 of the range).
+    const Bytes top = std::min(reference, budget);
+    std::optional<std::pair<Bytes, Schedule>> best;
+    if (auto plan = fitting(top)) best.emplace(top, std::move(*plan));
+    const Bytes tolerance = std::max<Bytes>(1, top / 10000);
+    for (Bytes low = -1, fails = top; !best ? fails - low > 1 : fails - low > tolerance && best->first != top;) {  // low fits (or is -1), fails does not
+        const Bytes mid = low + (fails - low) / 2;
+        if (auto plan = fitting(mid)) best.emplace(mid, std::move(*plan)), low = mid;
+        else fails = mid;
+    }
+    if (!best) return std::nullopt;
+    return detail::combined::make(full, with_no_transfers(best->second), budget, best->first, "remat", transfers);
+}
+
+/// Weight offloading alone: store-all's activations, and Greedy or Greedy* on the weights.
+[[nodiscard]] inline std::optional<OffloadPlan> plan_offload_only(const Problem& full, Bytes budget,
+                                                                  const CombinedOptions& options = {}) {
+    const TransferSettings transfers = options.transfers.value_or(full.transfers());
+    const TrainingSplit split = split_training_state(full);
+    const Plan store_all = StoreAll{}.solve(split.activations, std::numeric_limits<Bytes>::max());
+    const Schedule plan = with_training_state(full, split, store_all.schedule);
+    const WeightOffloadOptions greedy{options.variant, transfers};
+    auto schedule = offload_weights(full, plan, budget, greedy);
+    if (!schedule) return std::nullopt;
+    return detail::combined::make(full, std::move(*schedule), budget, store_all.peak,
+                                  std::string(to_string(options.variant)), transfers);
+}
+
+/// The combined planner (see the header): the least makespan over activation budgets, each
+/// completed by weight offloading where the step overflows. nullopt when no split fits.
+template <Solver S>
+[[nodiscard]] std::optional<OffloadPlan> plan_with_offload(const Problem& full, Bytes budget, const S& solver,
+                                                           const CombinedOptions& options = {}) {
+    const TransferSettings transfers = options.transfers.value_or(full.transfers());
+    const TrainingSplit split = split_training_state(full);
+    const Bytes reference = store_all_reference(split.activations).peak;
+    const Bytes smallest = smallest_budget_of(solver, split.activations).value_or(0);
+    std::optional<OffloadPlan> best = plan_remat_only(full, budget, solver, options);
+    if (auto offload = plan_offload_only(full, budget, options); detail::combined::better(offload, best))
+        best = std::move(offload);
+    const std::size_t points = std::max<std::size_t>(2, options.activation_budgets);
+    const WeightOffloadOptions greedy{options.variant, transfers};
+    for (std::size_t i = 0; i < points; ++i) {
+        const Bytes activation_budget =
+            smallest + static_cast<Bytes>(static_cast<double>(reference - smallest) * static_cast<double>(i) /
+                                          static_cast<double>(points - 1));
+        const std::optional<Schedule> plan = detail::combined::full_plan(full, split, solver, activation_budget);
+        if (!plan) continue;
+        auto schedule = offload_weights(full, *plan, budget, greedy);
+        if (!schedule) continue;
+        auto candidate = detail::combined::make(full, std::move(*schedule), budget, activation_budget,
+                                                "remat+" + std::string(to_string(options.variant)), transfers);
+        if (detail::combined::better(candidate, best)) best = std::move(candidate);
+    }
+    return best;
+}
+
+}  // namespace remat::offload
+// ---- end remat/offload/combined.hpp ----
 // ---- end remat/remat.hpp ----

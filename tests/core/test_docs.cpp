@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <remat/io/json.hpp>
+#include <remat/io/offload_json.hpp>
 #include <remat/remat.hpp>
 
 #include <cstddef>
@@ -60,6 +61,7 @@ struct Expectation {
     std::size_t line = 0;
     remat::Bytes peak = 0;
     double time = 0.0;
+    std::optional<remat::Bytes> host_peak;  // §11's examples
 };
 
 struct Page {
@@ -102,6 +104,8 @@ Expectation parse_expectation(const std::string& rest, std::size_t line) {
         } else if (key == "time") {
             e.time = std::stod(value);
             time = true;
+        } else if (key == "host_peak") {
+            e.host_peak = std::stoll(value);
         } else {
             FAIL("unknown field '" << key << "' in the expectation on line " << line);
         }
@@ -178,6 +182,18 @@ TEST_CASE("the worked examples of docs/formats.md give the peak and time the pag
         REQUIRE(kinds.count("problem") == 1);
         REQUIRE(kinds.count("schedule") == 1);
         const remat::Problem problem = remat::io::parse_any(kinds.at("problem").text, "docs/formats.md " + name + " problem");
+        if (kinds.at("schedule").text.find("remat.schedule/2") != std::string::npos) {
+            const auto saved = remat::io::parse_offload_schedule(problem, kinds.at("schedule").text, name);
+            const remat::offload::OffloadReport report = remat::offload::simulate(problem, saved.schedule);
+            INFO(report.error);
+            REQUIRE(report.valid);
+            CHECK(report.device_peak == expected.peak);
+            CHECK(report.makespan == Approx(expected.time));
+            REQUIRE(expected.host_peak);
+            CHECK(report.host_peak == *expected.host_peak);
+            continue;
+        }
+        CHECK_FALSE(expected.host_peak);
         const remat::io::SavedSchedule saved =
             remat::io::parse_schedule(problem, kinds.at("schedule").text, "docs/formats.md " + name + " schedule");
         const remat::SimulationReport report = remat::simulate(problem, saved.steps);

@@ -74,6 +74,11 @@ concept Solver = requires(const S& solver, const Problem& problem, Bytes budget)
 /// returns a plan that is invalid or over budget, whatever its internal accounting said.
 [[nodiscard]] inline Plan make_checked_plan(const Problem& problem, Schedule schedule, Bytes budget, SolverStats stats) {
     const SimulationReport report = simulate(problem, schedule);
+    if (!report.valid && problem.has_updates())
+        throw InvalidInput("solver '" + stats.solver + "' cannot plan '" + problem.name() + "': its ops update weights in "
+                           "place (remat.problem/2, docs/formats.md §11), which remat's solvers do not model; plan it "
+                           "with remat::offload::plan_remat_only or plan_with_offload, which plan its activations apart "
+                           "(" + report.error + ")");
     if (!report.valid)
         throw SolverError("solver '" + stats.solver + "' produced an invalid schedule for '" + problem.name() +
                           "': " + report.error + " (this is a bug in the solver; please report it with the problem file)");

@@ -41,8 +41,12 @@
 namespace remat::io {
 
 inline constexpr std::string_view problem_format = "remat.problem/1";
+/// A problem that uses the offloading fields of docs/formats.md §11.
+inline constexpr std::string_view problem_format_2 = "remat.problem/2";
 inline constexpr std::string_view chain_format = "remat.chain/1";
 inline constexpr std::string_view schedule_format = "remat.schedule/1";
+/// A schedule with transfers (docs/formats.md §11).
+inline constexpr std::string_view schedule_format_2 = "remat.schedule/2";
 
 /// What a solver believed its schedule costs (the `predicted` object of a schedule file).
 struct Prediction {
@@ -365,10 +369,11 @@ public:
         if (!root.value.contains("format"))
             fail("", "the document has no \"format\" field (expected \"" + std::string(expected) + "\")");
         const std::string format = string(field(root, "format"));
-        const bool known = format == problem_format || format == chain_format || format == schedule_format;
+        const bool known = format == problem_format || format == problem_format_2 || format == chain_format ||
+                           format == schedule_format || format == schedule_format_2;
         if (!known)
             fail("/format", "unknown format " + in_quotes(format) + "; known formats: " +
-                                join({problem_format, chain_format, schedule_format}));
+                                join({problem_format, problem_format_2, chain_format, schedule_format, schedule_format_2}));
         return format;
     }
 
@@ -473,13 +478,37 @@ inline bool plain_op(const json& e, PlainOp& op) {
     return op.name && timed && op.reads && op.writes;
 }
 
+// docs/formats.md §11: "host_limit" and "bandwidth": {"to_host", "to_device"} (bytes per time unit).
+inline void read_transfers(const Reader& r, const json& document, ProblemBuilder& builder) {
+    TransferSettings settings;
+    if (document.contains("host_limit"))
+        settings.host_limit = r.bytes(Node{document.at("host_limit"), "/host_limit", "the problem's 'host_limit'"});
+    if (document.contains("bandwidth")) {
+        const Node node{document.at("bandwidth"), "/bandwidth", "the 'bandwidth' object"};
+        r.expect_object(node, {}, {"to_host", "to_device"});
+        const auto rate = [&](const char* key) {
+            if (!node.value.contains(key)) return 0.0;
+            const double v = r.time(Node{node.value.at(key), "/bandwidth/" + std::string(key),
+                                         "the bandwidth '" + std::string(key) + "'"});
+            if (v <= 0) r.fail("/bandwidth/" + std::string(key), "a bandwidth must be positive (bytes per time unit)");
+            return v;
+        };
+        settings.bandwidth_to_host = rate("to_host");
+        settings.bandwidth_to_device = rate("to_device");
+    }
+    builder.set_transfers(settings);
+}
+
 inline Problem read_problem(const json& document, const std::string& source) {
     const Reader r(source);
     const Node root{document, "", "the problem"};
     const bool is_chain = document.is_object() && document.contains("format") && document["format"] == chain_format;
-    r.require_format(root, problem_format,
-                     is_chain ? " (a chain: read it with parse_any or load_problem, which expand it)" : "");
-    r.expect_object(root, {"format", "name", "data", "ops", "initial", "final"}, {"loss", "autograd"});
+    const bool v2 = document.is_object() && document.contains("format") && document["format"] == problem_format_2;
+    if (!v2)
+        r.require_format(root, problem_format,
+                         is_chain ? " (a chain: read it with parse_any or load_problem, which expand it)" : "");
+    if (v2) r.expect_object(root, {"format", "name", "data", "ops", "initial", "final"}, {"loss", "autograd", "host_limit", "bandwidth"});
+    else r.expect_object(root, {"format", "name", "data", "ops", "initial", "final"}, {"loss", "autograd"});
     const std::string problem_name = r.name(Reader::field(root, "name"));
     ProblemBuilder builder(problem_name);
     // The builder checks again what was checked above; its messages get the source too.
@@ -509,7 +538,8 @@ inline Problem read_problem(const json& document, const std::string& source) {
             }
         }
         Node node = Reader::element(data_node, i, item("data", i, peek_name(e)));
-        r.expect_object(node, {"name", "bytes"}, {});
+        if (v2) r.expect_object(node, {"name", "bytes"}, {"offloadable"});
+        else r.expect_object(node, {"name", "bytes"}, {});
         const Node name_node = Reader::field(node, "name");
         const std::string name = r.name(Node{name_node.value, name_node.path, item("data", i) + " field 'name'"});
         node.what = item("data", i, name);
@@ -517,7 +547,10 @@ inline Problem read_problem(const json& document, const std::string& source) {
             r.fail(name_node.path, node.what + " has the same name as data[" + std::to_string(first->index) +
                                        "]; data names must be unique");
         const Bytes bytes = r.bytes(Node{node.value.at("bytes"), node.path + "/bytes", node.what + " 'bytes'"});
-        prefixed([&] { return builder.add_data(name, bytes); });
+        const bool offloadable = node.value.contains("offloadable") &&
+                                 r.boolean(Node{node.value.at("offloadable"), node.path + "/offloadable",
+                                                node.what + " 'offloadable'"});
+        prefixed([&] { return builder.add_data(name, bytes, offloadable); });
     }
     const auto find_data = [&](const std::string& name) { return builder.find_data(name); };
 
@@ -540,7 +573,8 @@ inline Problem read_problem(const json& document, const std::string& source) {
             continue;
         }
         Node node = Reader::element(ops_node, i, item("ops", i, peek_name(ops[i])));
-        r.expect_object(node, {"name", "time", "reads", "writes"}, {"overhead", "exactly_once"});
+        if (v2) r.expect_object(node, {"name", "time", "reads", "writes"}, {"overhead", "exactly_once", "updates"});
+        else r.expect_object(node, {"name", "time", "reads", "writes"}, {"overhead", "exactly_once"});
         const Node name_node = Reader::field(node, "name");
         const std::string name = r.name(Node{name_node.value, name_node.path, item("ops", i) + " field 'name'"});
         node.what = item("ops", i, name);
@@ -564,6 +598,11 @@ inline Problem read_problem(const json& document, const std::string& source) {
             read_names<DataId>(r, writes_node.value, [&] { return writes_node; }, owner, "writes", "data", find_data);
         if (spec.writes.empty())
             r.fail(writes_node.path, node.what + " writes nothing; every op must write at least one data");
+        if (node.value.contains("updates")) {
+            const Node updates_node = sub("updates", "updates");
+            spec.updates = read_names<DataId>(r, updates_node.value, [&] { return updates_node; }, owner, "updates",
+                                              "data", find_data);
+        }
         for (const DataId d : spec.writes) written[d.index] = 1;
         prefixed([&] { return builder.add_op(std::move(spec)); });
     }
@@ -608,6 +647,7 @@ inline Problem read_problem(const json& document, const std::string& source) {
         }
         builder.set_autograd_order(std::move(ids));
     }
+    if (v2) read_transfers(r, document, builder);
     try {
         return builder.build();
     } catch (const InvalidInput& e) {
@@ -809,8 +849,8 @@ inline std::string read_text_file(const std::filesystem::path& path) {
     const std::string format =
         r.format(detail::json::Node{document, "", "the document"}, "remat.problem/1 or remat.chain/1");
     if (format == chain_format) return to_problem(detail::json::read_chain(document, src));
-    if (format == schedule_format)
-        r.fail("/format", "this is a schedule (remat.schedule/1); expected a problem (remat.problem/1) or a chain "
+    if (format == schedule_format || format == schedule_format_2)
+        r.fail("/format", "this is a schedule (" + format + "); expected a problem (remat.problem/1 or /2) or a chain "
                           "(remat.chain/1)");
     return detail::json::read_problem(document, src);
 }
@@ -838,10 +878,14 @@ inline std::string read_text_file(const std::filesystem::path& path) {
 [[nodiscard]] inline std::string to_json(const Problem& problem) {
     using detail::json::ordered_json;
     ordered_json doc;
-    doc["format"] = problem_format;
+    const bool v2 = problem.uses_transfer_fields();
+    doc["format"] = v2 ? problem_format_2 : problem_format;
     doc["name"] = problem.name();
     ordered_json data = ordered_json::array();
-    for (const Data& d : problem.all_data()) data.push_back(ordered_json{{"name", d.name}, {"bytes", d.bytes}});
+    for (const Data& d : problem.all_data()) {
+        data.push_back(ordered_json{{"name", d.name}, {"bytes", d.bytes}});
+        if (d.offloadable) data.back()["offloadable"] = true;
+    }
     doc["data"] = std::move(data);
     const auto names = [&](const std::vector<DataId>& ids) {
         ordered_json list = ordered_json::array();
@@ -854,6 +898,7 @@ inline std::string read_text_file(const std::filesystem::path& path) {
         o["reads"] = names(op.reads);
         o["writes"] = names(op.writes);
         if (op.exactly_once) o["exactly_once"] = true;
+        if (!op.updates.empty()) o["updates"] = names(op.updates);
         ops.push_back(std::move(o));
     }
     doc["ops"] = std::move(ops);
@@ -864,6 +909,14 @@ inline std::string read_text_file(const std::filesystem::path& path) {
         ordered_json order = ordered_json::array();
         for (const OpId id : problem.autograd_order()) order.push_back(problem.op(id).name);
         doc["autograd"] = std::move(order);
+    }
+    const TransferSettings& transfers = problem.transfers();
+    if (transfers.host_limit) doc["host_limit"] = *transfers.host_limit;
+    if (transfers.bandwidth_to_host > 0 || transfers.bandwidth_to_device > 0) {
+        ordered_json bandwidth = ordered_json::object();
+        if (transfers.bandwidth_to_host > 0) bandwidth["to_host"] = transfers.bandwidth_to_host;
+        if (transfers.bandwidth_to_device > 0) bandwidth["to_device"] = transfers.bandwidth_to_device;
+        doc["bandwidth"] = std::move(bandwidth);
     }
     return detail::json::write_document(doc);
 }

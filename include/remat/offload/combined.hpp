@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -51,10 +52,12 @@ namespace detail::combined {
 
 // The activation plan at `activation_budget`, with the updates back in; nullopt when the
 // solver has no plan there.
+// Store-all where it fits (a solver that rounds memory may lose a little at P_ref).
 template <Solver S>
 std::optional<Schedule> full_plan(const Problem& full, const TrainingSplit& split, const S& solver, Bytes activation_budget) {
     try {
-        const Plan plan = solver.solve(split.activations, activation_budget);
+        const Plan store_all = StoreAll{}.solve(split.activations, std::numeric_limits<Bytes>::max());
+        const Plan plan = store_all.peak <= activation_budget ? store_all : solver.solve(split.activations, activation_budget);
         return with_training_state(full, split, plan.schedule);
     } catch (const Infeasible&) {
         return std::nullopt;
@@ -72,6 +75,27 @@ inline bool better(const std::optional<OffloadPlan>& candidate, const std::optio
 }
 
 }  // namespace detail::combined
+
+/// A proven lower bound on the makespan of any schedule of `full` within a device `budget`:
+/// the compute of its exactly-once ops, and the transfers that the state forces. At the start
+/// the device holds at most `budget`, so at least (updated offloadable bytes) - (budget - the
+/// initial bytes that cannot leave the device) of updated state starts on the host; each of
+/// those bytes is prefetched before its update (which runs once, with it on the device) and
+/// offloaded after it (the step ends with a current host copy), on each channel in turn.
+[[nodiscard]] inline double makespan_lower_bound(const Problem& full, Bytes budget,
+                                                 std::optional<TransferSettings> transfers = std::nullopt) {
+    const TransferSettings t = transfers.value_or(full.transfers());
+    double compute = 0.0;
+    for (const Op& op : full.all_ops()) compute += op.exactly_once ? op.time : 0.0;
+    Bytes updated = 0, resident = 0;
+    for (const DataId d : full.initial()) {
+        if (!full.data(d).offloadable) resident += full.data(d).bytes;
+        else if (full.updater(d)) updated += full.data(d).bytes;
+    }
+    const auto forced = static_cast<double>(std::max<Bytes>(0, updated - std::max<Bytes>(0, budget - resident)));
+    const auto channel = [&](double bandwidth) { return bandwidth > 0 ? forced / bandwidth : 0.0; };
+    return std::max({compute, channel(t.bandwidth_to_host), channel(t.bandwidth_to_device)});
+}
 
 /// Rematerialization alone: the largest activation budget whose plan, with every weight and
 /// its state on the device, fits `budget`. nullopt when none does.

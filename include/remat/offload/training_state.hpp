@@ -177,6 +177,8 @@ struct TrainingStateOptions {
     double update_time_per_parameter_byte = 0.0;
     /// Whether weights and optimizer state may be offloaded.
     bool offloadable = true;
+    /// The problem's host limit and bandwidths.
+    TransferSettings transfers{};
 };
 
 /// The `remat.problem/2` problem of training `chain` with `parameter_bytes[l - 1]` bytes of
@@ -237,6 +239,7 @@ struct TrainingStateOptions {
     b.add_final(ids.g[0]);
     b.set_loss(ids.loss);
     b.set_autograd_order(std::move(order));
+    b.set_transfers(options.transfers);
     return b.build();
 }
 

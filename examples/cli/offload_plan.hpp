@@ -1,0 +1,186 @@
+// examples/cli/offload_plan.hpp — `remat-plan --offload`: one device budget for everything a
+// training step holds (docs/formats.md §11), split between weights and activations by the
+// combined planner (remat/offload/combined.hpp); a summary or one JSON line, the
+// `remat.schedule/2` file and a timeline SVG with a lane per transfer channel.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <string_view>
+
+#include <remat/io/budget.hpp>
+#include <remat/io/offload_json.hpp>
+#include <remat/io/offload_svg.hpp>
+#include <remat/offload/combined.hpp>
+
+#include "format.hpp"
+#include "solver_table.hpp"
+
+namespace remat::cli::detail {
+
+/// A remat-plan solver entry as a remat::Solver, for the combined planner.
+struct EntrySolver {
+    const SolverEntry* entry;
+    const SolveOptions* options;
+    [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const { return solve_with(*entry, problem, budget, *options); }
+    [[nodiscard]] std::string_view name() const { return entry->name; }
+};
+
+/// "12GB/s", "900MiB/s" or "1e9": bytes per unit of the problem's time (seconds when profiled).
+inline double parse_bandwidth(const std::string& flag, std::string text) {
+    if (text.size() > 2 && text.compare(text.size() - 2, 2, "/s") == 0) text.resize(text.size() - 2);
+    try {
+        if (text.find('%') == std::string::npos) {
+            const Bytes bytes = parse_budget(text, 0);
+            if (bytes > 0) return static_cast<double>(bytes);
+        }
+    } catch (const InvalidInput&) {
+    }
+    throw InvalidInput(flag + " expects a positive rate such as 12GB/s, 900MiB/s or 25e9, not '" + printable(text, 80) + "'");
+}
+
+// A proven lower bound on the device memory of any schedule, offloading included: every
+// exactly-once op runs with its reads, writes, updates and overhead on the device, next to
+// every initial data that cannot leave it.
+inline Bytes offload_memory_lower_bound(const Problem& p) {
+    std::vector<char> counted(p.data_count(), 0);
+    Bytes resident = 0;
+    for (const DataId d : p.initial())
+        if (!p.data(d).offloadable) counted[d.index] = 1, resident += p.data(d).bytes;
+    Bytes bound = resident;
+    for (const Op& op : p.all_ops()) {
+        if (!op.exactly_once) continue;
+        Bytes bytes = resident + op.overhead;
+        std::vector<char> seen = counted;
+        for (const std::vector<DataId>* list : {&op.reads, &op.writes, &op.updates})
+            for (const DataId d : *list)
+                if (!seen[d.index]) seen[d.index] = 1, bytes += p.data(d).bytes;
+        bound = std::max(bound, bytes);
+    }
+    return bound;
+}
+
+inline void print_offload_json(std::ostream& out, const Reference& ref, Bytes budget, const std::string& solver,
+                               const std::optional<offload::OffloadPlan>& plan, double seconds,
+                               const TransferSettings& transfers) {
+    using nlohmann::ordered_json;
+    ordered_json line;
+    line["solver"] = solver;
+    line["budget"] = budget;
+    line["feasible"] = plan.has_value();
+    line["time"] = plan ? ordered_json(plan->report.makespan) : ordered_json(nullptr);
+    line["peak"] = plan ? ordered_json(plan->report.device_peak) : ordered_json(nullptr);
+    line["host_peak"] = plan ? ordered_json(plan->report.host_peak) : ordered_json(nullptr);
+    line["T_ref"] = ref.time;
+    line["P_ref"] = ref.peak;
+    line["solve_seconds"] = seconds;
+    line["status"] = plan ? "heuristic" : "infeasible";
+    line["gap"] = nullptr;
+    if (plan) {
+        const offload::OffloadReport& r = plan->report;
+        line["offload"] = ordered_json{{"method", plan->method},
+                                       {"activation_budget", plan->activation_budget},
+                                       {"compute_time", r.compute_time},
+                                       {"stall_time", r.stall_time()},
+                                       {"offloads", r.offloads},
+                                       {"prefetches", r.prefetches},
+                                       {"bytes_to_host", r.bytes_to_host},
+                                       {"bytes_to_device", r.bytes_to_device},
+                                       {"bandwidth_to_host", transfers.bandwidth_to_host},
+                                       {"bandwidth_to_device", transfers.bandwidth_to_device}};
+    }
+    out << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+}
+
+inline void print_offload_summary(std::ostream& out, const Problem& problem, const Reference& ref, Bytes budget,
+                                  const std::string& solver, const offload::OffloadPlan& plan,
+                                  const TransferSettings& transfers, double seconds) {
+    const offload::OffloadReport& r = plan.report;
+    const auto rate = [](double b) { return b > 0 ? format_bytes(static_cast<Bytes>(b)) + "/s" : std::string("unlimited"); };
+    out << printable(problem.name()) << ": problem, " << problem.data_count() << " data, " << problem.op_count()
+        << " ops; T_ref " << number(ref.time) << ", P_ref " << bytes_both(ref.peak) << " (everything the step holds)\n";
+    out << "  planner   " << plan.method << " (activations by " << solver << " at " << bytes_both(plan.activation_budget)
+        << "), solved in " << number(seconds * 1e3, "%.3g") << " ms\n";
+    out << "  budget    " << bytes_both(budget) << ", " << percent(double(budget), double(ref.peak)) << " of P_ref\n";
+    out << "  time      " << number(r.makespan) << ", overhead " << signed_percent(r.makespan, ref.time)
+        << " vs T_ref (compute " << number(r.compute_time) << ", waiting for transfers " << number(r.stall_time()) << ")\n";
+    out << "  device    peak " << bytes_both(r.device_peak) << ", " << percent(double(r.device_peak), double(budget))
+        << " of budget\n";
+    out << "  host      peak " << bytes_both(r.host_peak)
+        << (transfers.host_limit ? ", limit " + bytes_both(*transfers.host_limit) : std::string()) << "\n";
+    out << "  transfers " << r.offloads << " offloads (" << format_bytes(r.bytes_to_host) << " at "
+        << rate(transfers.bandwidth_to_host) << "), " << r.prefetches << " prefetches ("
+        << format_bytes(r.bytes_to_device) << " at " << rate(transfers.bandwidth_to_device) << ")\n";
+    out << "  schedule  " << plan.schedule.steps.size() << " steps"
+        << (plan.schedule.start_on_host.empty()
+                ? std::string()
+                : ", " + std::to_string(plan.schedule.start_on_host.size()) + " data kept on the host between steps")
+        << "\n";
+}
+
+// The transfer settings: the problem's, then --bandwidth and --host-limit, then 12 GB/s.
+inline TransferSettings offload_settings(const Problem& problem, const std::optional<std::string>& bandwidth,
+                                         const std::optional<std::string>& host_limit) {
+    TransferSettings t = problem.transfers();
+    if (bandwidth) t.bandwidth_to_host = t.bandwidth_to_device = parse_bandwidth("--bandwidth", *bandwidth);
+    if (t.bandwidth_to_host <= 0) t.bandwidth_to_host = 12e9;
+    if (t.bandwidth_to_device <= 0) t.bandwidth_to_device = 12e9;
+    if (host_limit) t.host_limit = parse_budget(*host_limit, 0);
+    return t;
+}
+
+/// remat-plan --offload (or a problem with updates, planned without transfers when
+/// `transfers_allowed` is false). Returns the exit code.
+inline int run_offload(const std::string& file, const std::optional<std::string>& budget_text,
+                       const std::optional<std::string>& solver_name, const std::optional<std::string>& out_file,
+                       const std::optional<std::string>& svg_file, const std::optional<std::string>& bandwidth,
+                       const std::optional<std::string>& host_limit, bool transfers_allowed, bool json,
+                       const SolveOptions& base_options, std::ostream& out, std::ostream& err) {
+    const Problem problem = io::load_problem(file);
+    if (transfers_allowed && std::none_of(problem.all_data().begin(), problem.all_data().end(),
+                                          [&](const Data& d) { return d.offloadable; }))
+        throw InvalidInput("problem '" + printable(problem.name()) + "' has nothing to offload: no data is marked "
+                           "\"offloadable\" (remat.problem/2, docs/formats.md §11)");
+    const Reference ref = store_all_reference(problem);
+    const Bytes budget = parse_budget(*budget_text, ref.peak);
+    TransferSettings transfers = offload_settings(problem, bandwidth, host_limit);
+    const offload::TrainingSplit split = offload::split_training_state(problem);
+    SolveOptions options = base_options;
+    const SolverEntry& entry = solver_name ? find_solver(*solver_name, options) : default_solver(split.activations);
+    const EntrySolver solver{&entry, &options};
+    const std::string solver_label = std::string(entry.name) + (options.variant.empty() ? "" : ":" + options.variant);
+    const offload::CombinedOptions combined{offload::GreedyVariant::repeated, 12, transfers};
+    const Stopwatch clock;
+    const std::optional<offload::OffloadPlan> plan = transfers_allowed
+                                                         ? offload::plan_with_offload(problem, budget, solver, combined)
+                                                         : offload::plan_remat_only(problem, budget, solver, combined);
+    const double seconds = clock.seconds();
+    if (plan && out_file)
+        io::write_file(*out_file, io::to_json(problem, io::SavedOffloadSchedule{
+                                                           problem.name(), plan->method, budget,
+                                                           io::OffloadPrediction{plan->report.makespan,
+                                                                                 plan->report.device_peak,
+                                                                                 plan->report.host_peak},
+                                                           plan->schedule}));
+    if (plan && svg_file) io::write_file(*svg_file, offload_timeline_svg(problem, plan->schedule, plan->report, budget));
+    if (json) print_offload_json(out, ref, budget, solver_label, plan, seconds, transfers);
+    else if (plan) print_offload_summary(out, problem, ref, budget, solver_label, *plan, transfers, seconds);
+    if (plan) return exit_ok;
+    const Bytes bound = offload_memory_lower_bound(problem);
+    err << "remat-plan: infeasible: no split of " << bytes_both(budget) << " between weights and activations fits ("
+        << (transfers_allowed ? "rematerialization with weight offloading" : "rematerialization alone, every weight on the device")
+        << ", activations by " << solver_label << ")\n";
+    if (budget < bound)
+        err << "remat-plan: the budget is below a proven lower bound: every schedule needs at least " << bytes_both(bound)
+            << " (an exactly-once op with what it reads, writes and updates, and the data that cannot leave the device)\n";
+    else
+        err << "remat-plan: the budget is above the proven lower bound of " << bytes_both(bound)
+            << ": it is only beyond the reach of this planner" << (transfers_allowed ? "" : "; try --offload") << "\n";
+    return exit_infeasible;
+}
+
+}  // namespace remat::cli::detail
