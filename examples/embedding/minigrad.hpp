@@ -472,6 +472,8 @@ public:
     }
 
     [[nodiscard]] const Matrix& output() const { return a_.back(); }
+    /// The parameter gradients layer l's backward collected (until commit()).
+    [[nodiscard]] Gradients& collected(std::size_t l) { return pending_.at(l); }
     void set_output_gradient(Matrix g) { g_.back() = std::move(g); }
     /// After a completed step: the parameter gradients per layer (index l − 1).
     [[nodiscard]] std::vector<Gradients> take_gradients() {

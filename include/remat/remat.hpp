@@ -48,3 +48,5 @@
 #include "offload/training_state.hpp"
 #include "offload/greedy.hpp"
 #include "offload/combined.hpp"
+#include "exec/transfer.hpp"
+#include "exec/offload_step.hpp"

@@ -1315,6 +1315,23 @@ concept Solver = requires(const S& solver, const Problem& problem, Bytes budget)
     return Plan{std::move(schedule), report.time, report.peak, budget, std::move(stats)};
 }
 
+/// The smallest budget `solver` plans `problem` for: its own smallest_budget(problem) when it
+/// has one, else what its Infeasible says at a budget nothing fits (no budget at all when it
+/// says nothing).
+template <Solver S>
+[[nodiscard]] std::optional<Bytes> smallest_budget_of(const S& solver, const Problem& problem) {
+    if constexpr (requires { { solver.smallest_budget(problem) } -> std::convertible_to<Bytes>; }) {
+        return solver.smallest_budget(problem);
+    } else {
+        try {
+            (void)solver.solve(problem, 0);
+        } catch (const Infeasible& e) {
+            return e.smallest_budget();
+        }
+        return Bytes{0};
+    }
+}
+
 /// A budget given as a percentage of a reference peak: floor(percent × reference / 100).
 [[nodiscard]] inline Bytes percent_of(Bytes reference, double percent) {
     if (!std::isfinite(percent) || percent < 0) throw InvalidInput("a budget percentage must be finite and >= 0");
@@ -10644,23 +10661,6 @@ inline std::string_view trim(std::string_view text) {
 }
 
 
-/// The smallest budget `solver` plans `problem` for: its own smallest_budget(problem) when it
-/// has one, else what its Infeasible says at a budget nothing fits (no budget at all when it
-/// says nothing).
-template <Solver S>
-[[nodiscard]] std::optional<Bytes> smallest_budget_of(const S& solver, const Problem& problem) {
-    if constexpr (requires { { solver.smallest_budget(problem) } -> std::convertible_to<Bytes>; }) {
-        return solver.smallest_budget(problem);
-    } else {
-        try {
-            (void)solver.solve(problem, 0);
-        } catch (const Infeasible& e) {
-            return e.smallest_budget();
-        }
-        return Bytes{0};
-    }
-}
-
 /// A plan made under a BudgetSpec: the budget it was resolved to, and whether it fell back to
 /// the solver's smallest budget (and the warning that says so).
 struct BudgetedPlan {
@@ -11795,24 +11795,28 @@ struct TrainingStateOptions {
     bool offloadable = true;
     /// The problem's host limit and bandwidths.
     TransferSettings transfers{};
+    /// The chain's backward overheads include the weight gradients (remat's own profiles
+    /// measure them so): they are subtracted, as the gradients become data.
+    bool backward_overhead_includes_gradients = false;
 };
 
-/// The `remat.problem/2` problem of training `chain` with `parameter_bytes[l - 1]` bytes of
-/// weights in stage l: the chain's expansion (§5), then, for each stage with weights, `w<l>`
-/// (read by F<l>, F<l>+ and B<l>), its gradient `gw<l>` (written by B<l>), its optimizer
-/// state `m<l>`, and the update `U<l>` (reads gw<l>, updates w<l> and m<l>, writes the
-/// zero-byte final marker `u<l>`). The autograd order runs U1..UL after the backward, as an
-/// optimizer step after loss.backward() does.
-[[nodiscard]] inline Problem training_problem(const Chain& chain, std::span<const Bytes> parameter_bytes,
+/// The `remat.problem/2` problem of training a chain with `parameter_bytes[l - 1]` bytes of
+/// weights in stage l. `chain_expansion` is the chain's expansion (§5: `to_problem(chain)`, or
+/// a profile's exact problem with the same data and ops): it is kept, and for each stage with
+/// weights come `w<l>` (read by F<l>, F<l>+ and B<l>), its gradient `gw<l>` (written by B<l>),
+/// its optimizer state `m<l>`, and the update `U<l>` (reads gw<l>, updates w<l> and m<l>,
+/// writes the zero-byte final marker `u<l>`). The autograd order runs U1..UL after the
+/// backward, as an optimizer step after loss.backward() does.
+[[nodiscard]] inline Problem training_problem(const Problem& chain_expansion, std::span<const Bytes> parameter_bytes,
                                               const TrainingStateOptions& options = {}) {
-    if (parameter_bytes.size() != chain.length())
-        throw InvalidInput("training_problem: " + std::to_string(parameter_bytes.size()) + " parameter sizes for the " +
-                           std::to_string(chain.length()) + " stages of chain '" + chain.name + "'");
-    const Problem base = to_problem(chain);
-    const ChainIds ids = chain_ids(chain.length());
-    ProblemBuilder b(chain.name);
+    const Problem& base = chain_expansion;
+    const std::size_t L = parameter_bytes.size();
+    if (base.data_count() != 3 * L + 2 || base.op_count() != 3 * L + 1 || !base.find_op("B" + std::to_string(L)))
+        throw InvalidInput("training_problem: '" + base.name() + "' is not the expansion of a chain of " +
+                           std::to_string(L) + " stages (one parameter size per stage)");
+    const ChainIds ids = chain_ids(L);
+    ProblemBuilder b(base.name());
     for (const Data& d : base.all_data()) b.add_data(d.name, d.bytes);
-    const std::size_t L = chain.length();
     std::vector<DataId> w(L + 1), gw(L + 1), u(L + 1);
     std::vector<std::optional<DataId>> m(L + 1);  // none when the optimizer keeps no state
     for (std::size_t l = 1; l <= L; ++l) {
@@ -11835,6 +11839,10 @@ struct TrainingStateOptions {
             if (OpId{k} == ids.bwd[l]) {
                 spec.reads.push_back(w[l]);
                 spec.writes.push_back(gw[l]);
+                // A profile that measured the backward with its weight gradients counted them
+                // in its overhead; they are a data now.
+                if (options.backward_overhead_includes_gradients)
+                    spec.overhead = std::max<Bytes>(0, spec.overhead - parameter_bytes[l - 1]);
             }
         }
         b.add_op(std::move(spec));
@@ -11857,6 +11865,15 @@ struct TrainingStateOptions {
     b.set_autograd_order(std::move(order));
     b.set_transfers(options.transfers);
     return b.build();
+}
+
+/// The same, from a chain (§5).
+[[nodiscard]] inline Problem training_problem(const Chain& chain, std::span<const Bytes> parameter_bytes,
+                                              const TrainingStateOptions& options = {}) {
+    if (parameter_bytes.size() != chain.length())
+        throw InvalidInput("training_problem: " + std::to_string(parameter_bytes.size()) + " parameter sizes for the " +
+                           std::to_string(chain.length()) + " stages of chain '" + chain.name + "'");
+    return training_problem(to_problem(chain), parameter_bytes, options);
 }
 
 }  // namespace remat::offload
@@ -12368,4 +12385,431 @@ template <Solver S>
 
 }  // namespace remat::offload
 // ---- end remat/offload/combined.hpp ----
+// ---- begin remat/exec/transfer.hpp ----
+// remat/exec/transfer.hpp — moving data between the device and host memory while a plan runs
+// (docs/formats.md §11): the DeviceStore and TransferBackend concepts, and CpuTransfers, the
+// transfer backend of a CPU-only machine.
+//
+// A framework says where the device copy of each offloadable data lives (DeviceStore): its
+// bytes, how to allocate it (counted by the framework's device allocator at that moment, as a
+// prefetch reserves its memory when issued) and how to release it. A transfer backend copies
+// those bytes to host memory and back, asynchronously, and accounts the host memory it holds.
+// The offloading engine (offload_step.hpp) drives it in schedule order and waits where the
+// semantics say: an op for the prefetches it reads, a free for the transfers using the copy.
+//
+// CpuTransfers runs each direction on its own worker thread, so copies overlap the caller's
+// compute for real; host copies are plain buffers outside the framework's allocator, counted
+// by the backend itself. The CUDA backend (side streams, events, pinned buffers) lives with
+// LibTorch's (torch/). Standard library only.
+
+#include <algorithm>
+#include <chrono>
+#include <concepts>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <vector>
+
+
+namespace remat {
+
+/// Where a framework keeps the device copies of offloadable data.
+template <class S>
+concept DeviceStore = requires(S& store, DataId data) {
+    /// The bytes of the live device copy, in a fixed order (several tensors may make one data).
+    { store.device_bytes(data) } -> std::same_as<std::vector<std::span<std::byte>>>;
+    /// Allocates the device copy (its contents are then written by a prefetch).
+    store.make_device_copy(data);
+    /// Releases the device copy.
+    store.drop_device_copy(data);
+};
+
+/// Copies between the device and host memory; see the top of this header.
+template <class T>
+concept TransferBackend = requires(T& t, const T& ct, DataId data) {
+    t.offload(data);         ///< takes the host memory now; copies after the compute issued so far
+    t.prefetch(data);        ///< takes the device memory now; copies the host copy into it
+    t.wait_device(data);     ///< until the device copy is complete
+    t.wait_writable(data);   ///< until no transfer reads the device copy (before an op updates it)
+    t.release_device(data);  ///< after the transfers using the device copy
+    t.release_host(data);    ///< after the transfers using the host copy
+    t.synchronize();         ///< until every transfer is done
+    { ct.host_bytes() } -> std::convertible_to<Bytes>;
+    { ct.host_peak() } -> std::convertible_to<Bytes>;
+    t.reset_host_peak();
+};
+
+namespace detail::transfer {
+
+// One direction: copies run in order on a worker thread; each has a ticket, waited for by number.
+class CopyChannel {
+public:
+    CopyChannel() : worker_([this](std::stop_token stop) { serve(stop); }) {}
+    CopyChannel(const CopyChannel&) = delete;
+    CopyChannel& operator=(const CopyChannel&) = delete;
+    ~CopyChannel() {
+        worker_.request_stop();
+        ready_.notify_all();
+    }
+
+    std::uint64_t push(std::function<void()> copy) {
+        const std::lock_guard lock(mutex_);
+        jobs_.push_back(std::move(copy));
+        ready_.notify_all();
+        return ++issued_;
+    }
+    void wait(std::uint64_t ticket) {
+        std::unique_lock lock(mutex_);
+        done_.wait(lock, [&] { return completed_ >= ticket; });
+    }
+    void drain() {
+        std::unique_lock lock(mutex_);
+        done_.wait(lock, [&] { return completed_ >= issued_; });
+    }
+    /// Seconds the worker spent copying.
+    [[nodiscard]] double busy_seconds() const {
+        const std::lock_guard lock(mutex_);
+        return busy_;
+    }
+
+private:
+    void serve(std::stop_token stop) {
+        while (true) {
+            std::function<void()> job;
+            {
+                std::unique_lock lock(mutex_);
+                ready_.wait(lock, stop, [&] { return !jobs_.empty(); });
+                if (jobs_.empty()) return;  // stop requested
+                job = std::move(jobs_.front());
+                jobs_.pop_front();
+            }
+            const auto t0 = std::chrono::steady_clock::now();
+            job();
+            const std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
+            const std::lock_guard lock(mutex_);
+            busy_ += took.count();
+            ++completed_;
+            done_.notify_all();
+        }
+    }
+
+    mutable std::mutex mutex_;
+    std::condition_variable_any ready_;
+    std::condition_variable_any done_;
+    std::deque<std::function<void()>> jobs_;
+    std::uint64_t issued_ = 0, completed_ = 0;
+    double busy_ = 0.0;
+    std::jthread worker_;  // last: it starts once the members it uses exist
+};
+
+}  // namespace detail::transfer
+
+/// The transfer backend of a CPU-only machine: see the top of this header.
+template <DeviceStore Store>
+class CpuTransfers {
+public:
+    CpuTransfers(Store& store, const Problem& problem)
+        : store_(&store), bytes_(problem.data_count()), host_(problem.data_count()), device_ticket_(problem.data_count(), 0),
+          read_ticket_(problem.data_count(), 0), host_ticket_(problem.data_count(), 0), host_read_ticket_(problem.data_count(), 0) {
+        for (std::size_t k = 0; k < problem.data_count(); ++k) bytes_[k] = problem.data(DataId{k}).bytes;
+    }
+
+    void offload(DataId d) {
+        std::vector<std::span<std::byte>> source = store_->device_bytes(d);
+        std::byte* target = host_buffer(d);
+        // The copy waits, on its own channel, for the device copy to be complete and for a
+        // prefetch still reading an old host copy it overwrites.
+        const std::uint64_t written = device_ticket_[d.index], read = host_read_ticket_[d.index];
+        detail::transfer::CopyChannel* to_device = to_device_.get();
+        const std::uint64_t ticket = to_host_->push([source = std::move(source), target, to_device, written, read] {
+            to_device->wait(std::max(written, read));
+            std::size_t at = 0;
+            for (const std::span<std::byte> s : source) {
+                std::memcpy(target + at, s.data(), s.size());
+                at += s.size();
+            }
+        });
+        read_ticket_[d.index] = host_ticket_[d.index] = ticket;
+    }
+
+    void prefetch(DataId d) {
+        if (!host_[d.index]) throw ExecutionError("prefetch of data #" + std::to_string(d.index) + " without a host copy");
+        store_->make_device_copy(d);
+        std::vector<std::span<std::byte>> target = store_->device_bytes(d);
+        const std::byte* source = host_[d.index].get();
+        // The copy waits, on its own channel, for the host copy to be complete.
+        const std::uint64_t written = host_ticket_[d.index];
+        detail::transfer::CopyChannel* to_host = to_host_.get();
+        device_ticket_[d.index] = to_device_->push([target = std::move(target), source, to_host, written] {
+            to_host->wait(written);
+            std::size_t at = 0;
+            for (const std::span<std::byte> t : target) {
+                std::memcpy(t.data(), source + at, t.size());
+                at += t.size();
+            }
+        });
+        host_read_ticket_[d.index] = device_ticket_[d.index];
+    }
+
+    void wait_device(DataId d) { to_device_->wait(device_ticket_[d.index]); }
+    void wait_writable(DataId d) {
+        wait_device(d);
+        to_host_->wait(read_ticket_[d.index]);
+    }
+
+    void release_device(DataId d) {
+        wait_device(d);
+        to_host_->wait(read_ticket_[d.index]);
+        store_->drop_device_copy(d);
+    }
+
+    void release_host(DataId d) {
+        to_host_->wait(host_ticket_[d.index]);
+        to_device_->wait(host_read_ticket_[d.index]);
+        if (host_[d.index]) {
+            host_[d.index].reset();
+            host_bytes_ -= bytes_[d.index];
+        }
+    }
+
+    void synchronize() {
+        to_host_->drain();
+        to_device_->drain();
+    }
+
+    [[nodiscard]] Bytes host_bytes() const noexcept { return host_bytes_; }
+    [[nodiscard]] Bytes host_peak() const noexcept { return host_peak_; }
+    void reset_host_peak() noexcept { host_peak_ = host_bytes_; }
+    /// The host copy of a data (empty when it has none), once its offload is done.
+    [[nodiscard]] std::span<const std::byte> host_copy(DataId d) {
+        to_host_->wait(host_ticket_[d.index]);
+        if (!host_[d.index]) return {};
+        return {host_[d.index].get(), static_cast<std::size_t>(bytes_[d.index])};
+    }
+    /// Seconds each worker spent copying (device → host, host → device).
+    [[nodiscard]] std::pair<double, double> busy_seconds() const {
+        return {to_host_->busy_seconds(), to_device_->busy_seconds()};
+    }
+
+private:
+    // The host copy's buffer, allocated (and counted) on its first offload.
+    std::byte* host_buffer(DataId d) {
+        if (!host_[d.index]) {
+            host_[d.index] = std::make_unique<std::byte[]>(static_cast<std::size_t>(bytes_[d.index]));
+            host_bytes_ += bytes_[d.index];
+            host_peak_ = std::max(host_peak_, host_bytes_);
+        }
+        return host_[d.index].get();  // a stale copy is overwritten in place
+    }
+
+    Store* store_;
+    std::vector<Bytes> bytes_;
+    std::vector<std::unique_ptr<std::byte[]>> host_;
+    std::vector<std::uint64_t> device_ticket_;     // the prefetch writing the device copy
+    std::vector<std::uint64_t> read_ticket_;       // the offload reading the device copy
+    std::vector<std::uint64_t> host_ticket_;       // the offload writing the host copy
+    std::vector<std::uint64_t> host_read_ticket_;  // the prefetch reading the host copy
+    Bytes host_bytes_ = 0, host_peak_ = 0;
+    // Last: their workers stop (and join) before the buffers they copy go.
+    std::unique_ptr<detail::transfer::CopyChannel> to_host_ = std::make_unique<detail::transfer::CopyChannel>();
+    std::unique_ptr<detail::transfer::CopyChannel> to_device_ = std::make_unique<detail::transfer::CopyChannel>();
+};
+
+}  // namespace remat
+// ---- end remat/exec/transfer.hpp ----
+// ---- begin remat/exec/offload_step.hpp ----
+// remat/exec/offload_step.hpp — runs an offloading schedule (docs/formats.md §11): the ops
+// through the framework's StepCompute, the copies through a TransferBackend (transfer.hpp),
+// in schedule order, measuring device memory with the framework's probe and host memory with
+// the transfer backend, against what offload::simulate predicts. Standard library only.
+//
+// The engine waits exactly where the semantics do: an op waits for the prefetches of what it
+// reads or updates, and an op that updates a data also for the offload still reading it; a
+// free waits for the transfers that use the copy (inside the transfer backend). A step is
+// run in two phases like every remat step: up to the loss, and the rest.
+
+#include <algorithm>
+#include <cstddef>
+#include <exception>
+#include <string>
+#include <vector>
+
+
+namespace remat {
+
+/// What runs the ops of a problem with transfers: every op (forwards, the loss, backwards,
+/// updates), and the release of data that do not move (activations, gradients).
+template <class C>
+concept StepCompute = requires(C& compute, OpId op, DataId data) {
+    compute.run(op);
+    compute.release(data);
+};
+
+/// Predicted against measured, for one step.
+struct OffloadStepReport {
+    Bytes predicted_device_peak = 0;
+    Bytes measured_device_peak = 0;
+    Bytes predicted_host_peak = 0;
+    Bytes measured_host_peak = 0;
+    double predicted_makespan = 0.0;
+    double predicted_compute_time = 0.0;
+    double seconds = 0.0;
+    /// Per step: device memory while it ran (an op) or after it (anything else).
+    std::vector<Bytes> measured_device_timeline;
+    bool completed = false;
+};
+
+/// Puts the offloadable data where `schedule` starts them: the data of `start_on_host` get a
+/// host copy and leave the device. Call it once before the first step; every step ends so.
+template <TransferBackend Transfers>
+void place_for(const offload::OffloadSchedule& schedule, Transfers& transfers) {
+    for (const DataId d : schedule.start_on_host) {
+        transfers.offload(d);
+        transfers.release_device(d);
+    }
+    transfers.synchronize();
+}
+
+template <StepCompute Compute, TransferBackend Transfers, MemoryReader Probe>
+class OffloadStep {
+public:
+    /// The schedule must be valid (offload::simulate); the data must be where it starts them.
+    OffloadStep(const Problem& problem, offload::OffloadSchedule schedule, Compute& compute, Transfers& transfers,
+                Probe& probe)
+        : problem_(&problem), schedule_(std::move(schedule)), compute_(&compute), transfers_(&transfers), probe_(&probe),
+          prediction_(offload::simulate(problem, schedule_)) {
+        if (!prediction_.valid)
+            throw InvalidInput("offloading step of '" + problem.name() + "': the schedule is invalid: " + prediction_.error);
+        loss_step_ = schedule_.steps.size();
+        if (const auto loss = problem.loss())
+            for (std::size_t i = 0; i < schedule_.steps.size(); ++i)
+                if (schedule_.steps[i].is_run() && schedule_.steps[i].op() == *loss) loss_step_ = i;
+        report_.predicted_device_peak = prediction_.device_peak;
+        report_.predicted_host_peak = prediction_.host_peak;
+        report_.predicted_makespan = prediction_.makespan;
+        report_.predicted_compute_time = prediction_.compute_time;
+        report_.measured_device_timeline.assign(schedule_.steps.size(), -1);
+    }
+
+    /// The steps before the loss.
+    void forward() {
+        if (started_) throw ExecutionError("offloading step: forward() was already called");
+        started_ = true;
+        device_reference_ = probe_->current() - prediction_.device_initial;
+        host_reference_ = transfers_->host_bytes() - prediction_.host_initial;
+        report_.measured_device_peak = prediction_.device_initial;
+        transfers_->reset_host_peak();
+        run_steps(0, loss_step_);
+    }
+
+    /// The loss and the rest; every transfer is done when it returns.
+    void backward() {
+        if (!started_ || report_.completed) throw ExecutionError("offloading step: backward() needs one forward() before it");
+        run_steps(loss_step_, schedule_.steps.size());
+        try {
+            transfers_->synchronize();
+        } catch (...) {
+            fail(schedule_.steps.size());
+        }
+        report_.measured_host_peak = transfers_->host_peak() - host_reference_;
+        report_.completed = true;
+    }
+
+    void run() {
+        forward();
+        backward();
+    }
+
+    [[nodiscard]] const OffloadStepReport& report() const noexcept { return report_; }
+    [[nodiscard]] const offload::OffloadReport& prediction() const noexcept { return prediction_; }
+
+private:
+    void run_steps(std::size_t first, std::size_t end) {
+        const Stopwatch clock;
+        for (std::size_t i = first; i < end; ++i) {
+            try {
+                execute(i);
+            } catch (...) {
+                fail(i);
+            }
+        }
+        report_.seconds += clock.seconds();
+    }
+
+    void execute(std::size_t index) {
+        using K = offload::TransferStep::Kind;
+        const offload::TransferStep& step = schedule_.steps[index];
+        Bytes memory = 0;
+        switch (step.kind()) {
+            case K::run: memory = run_op(step.op()); break;
+            case K::free:
+                if (problem_->data(step.data()).offloadable) transfers_->release_device(step.data());
+                else compute_->release(step.data());
+                break;
+            case K::offload: transfers_->offload(step.data()); break;
+            case K::prefetch: transfers_->prefetch(step.data()); break;
+            case K::free_host: transfers_->release_host(step.data()); break;
+        }
+        if (!step.is_run()) memory = probe_->current() - device_reference_;
+        report_.measured_device_timeline[index] = memory;
+        report_.measured_device_peak = std::max(report_.measured_device_peak, memory);
+    }
+
+    // Waits for the prefetches the op reads (and the offloads reading what it updates), then
+    // runs it with the probe's peak reset: the memory while it ran.
+    Bytes run_op(OpId id) {
+        const Op& op = problem_->op(id);
+        for (const DataId d : op.reads)
+            if (problem_->data(d).offloadable) transfers_->wait_device(d);
+        for (const DataId d : op.updates)
+            if (problem_->data(d).offloadable) transfers_->wait_writable(d);
+        probe_->reset_peak();
+        compute_->run(id);
+        return probe_->peak() - device_reference_;
+    }
+
+    // Waits for the copies in flight (they may use what the step held), then rethrows what is
+    // being handled, naming the step.
+    [[noreturn]] void fail(std::size_t index) {
+        try {
+            transfers_->synchronize();
+        } catch (...) {
+        }
+        const std::string what = index < schedule_.steps.size() ? offload::describe(*problem_, schedule_.steps[index])
+                                                                : std::string("the end");
+        const std::string context = "offloading step of '" + problem_->name() + "': step " + std::to_string(index) + " (" +
+                                    what + ") failed: ";
+        try {
+            throw;
+        } catch (const InvalidInput& e) {
+            std::throw_with_nested(InvalidInput(context + e.what()));
+        } catch (const std::exception& e) {
+            std::throw_with_nested(ExecutionError(context + e.what()));
+        } catch (...) {
+            std::throw_with_nested(ExecutionError(context + "unknown exception"));
+        }
+    }
+
+    const Problem* problem_;
+    offload::OffloadSchedule schedule_;
+    Compute* compute_;
+    Transfers* transfers_;
+    Probe* probe_;
+    offload::OffloadReport prediction_;
+    std::size_t loss_step_ = 0;
+    bool started_ = false;
+    Bytes device_reference_ = 0;
+    Bytes host_reference_ = 0;
+    OffloadStepReport report_;
+};
+
+}  // namespace remat
+// ---- end remat/exec/offload_step.hpp ----
 // ---- end remat/remat.hpp ----

@@ -89,6 +89,23 @@ concept Solver = requires(const S& solver, const Problem& problem, Bytes budget)
     return Plan{std::move(schedule), report.time, report.peak, budget, std::move(stats)};
 }
 
+/// The smallest budget `solver` plans `problem` for: its own smallest_budget(problem) when it
+/// has one, else what its Infeasible says at a budget nothing fits (no budget at all when it
+/// says nothing).
+template <Solver S>
+[[nodiscard]] std::optional<Bytes> smallest_budget_of(const S& solver, const Problem& problem) {
+    if constexpr (requires { { solver.smallest_budget(problem) } -> std::convertible_to<Bytes>; }) {
+        return solver.smallest_budget(problem);
+    } else {
+        try {
+            (void)solver.solve(problem, 0);
+        } catch (const Infeasible& e) {
+            return e.smallest_budget();
+        }
+        return Bytes{0};
+    }
+}
+
 /// A budget given as a percentage of a reference peak: floor(percent × reference / 100).
 [[nodiscard]] inline Bytes percent_of(Bytes reference, double percent) {
     if (!std::isfinite(percent) || percent < 0) throw InvalidInput("a budget percentage must be finite and >= 0");

@@ -229,23 +229,6 @@ inline std::string_view trim(std::string_view text) {
 }
 
 
-/// The smallest budget `solver` plans `problem` for: its own smallest_budget(problem) when it
-/// has one, else what its Infeasible says at a budget nothing fits (no budget at all when it
-/// says nothing).
-template <Solver S>
-[[nodiscard]] std::optional<Bytes> smallest_budget_of(const S& solver, const Problem& problem) {
-    if constexpr (requires { { solver.smallest_budget(problem) } -> std::convertible_to<Bytes>; }) {
-        return solver.smallest_budget(problem);
-    } else {
-        try {
-            (void)solver.solve(problem, 0);
-        } catch (const Infeasible& e) {
-            return e.smallest_budget();
-        }
-        return Bytes{0};
-    }
-}
-
 /// A plan made under a BudgetSpec: the budget it was resolved to, and whether it fell back to
 /// the solver's smallest budget (and the warning that says so).
 struct BudgetedPlan {

@@ -21,7 +21,6 @@
 #include "../core/errors.hpp"
 #include "../core/problem.hpp"
 #include "../core/solver.hpp"
-#include "../io/budget.hpp"
 #include "../solvers/store_all.hpp"
 #include "greedy.hpp"
 #include "schedule.hpp"

@@ -179,24 +179,28 @@ struct TrainingStateOptions {
     bool offloadable = true;
     /// The problem's host limit and bandwidths.
     TransferSettings transfers{};
+    /// The chain's backward overheads include the weight gradients (remat's own profiles
+    /// measure them so): they are subtracted, as the gradients become data.
+    bool backward_overhead_includes_gradients = false;
 };
 
-/// The `remat.problem/2` problem of training `chain` with `parameter_bytes[l - 1]` bytes of
-/// weights in stage l: the chain's expansion (§5), then, for each stage with weights, `w<l>`
-/// (read by F<l>, F<l>+ and B<l>), its gradient `gw<l>` (written by B<l>), its optimizer
-/// state `m<l>`, and the update `U<l>` (reads gw<l>, updates w<l> and m<l>, writes the
-/// zero-byte final marker `u<l>`). The autograd order runs U1..UL after the backward, as an
-/// optimizer step after loss.backward() does.
-[[nodiscard]] inline Problem training_problem(const Chain& chain, std::span<const Bytes> parameter_bytes,
+/// The `remat.problem/2` problem of training a chain with `parameter_bytes[l - 1]` bytes of
+/// weights in stage l. `chain_expansion` is the chain's expansion (§5: `to_problem(chain)`, or
+/// a profile's exact problem with the same data and ops): it is kept, and for each stage with
+/// weights come `w<l>` (read by F<l>, F<l>+ and B<l>), its gradient `gw<l>` (written by B<l>),
+/// its optimizer state `m<l>`, and the update `U<l>` (reads gw<l>, updates w<l> and m<l>,
+/// writes the zero-byte final marker `u<l>`). The autograd order runs U1..UL after the
+/// backward, as an optimizer step after loss.backward() does.
+[[nodiscard]] inline Problem training_problem(const Problem& chain_expansion, std::span<const Bytes> parameter_bytes,
                                               const TrainingStateOptions& options = {}) {
-    if (parameter_bytes.size() != chain.length())
-        throw InvalidInput("training_problem: " + std::to_string(parameter_bytes.size()) + " parameter sizes for the " +
-                           std::to_string(chain.length()) + " stages of chain '" + chain.name + "'");
-    const Problem base = to_problem(chain);
-    const ChainIds ids = chain_ids(chain.length());
-    ProblemBuilder b(chain.name);
+    const Problem& base = chain_expansion;
+    const std::size_t L = parameter_bytes.size();
+    if (base.data_count() != 3 * L + 2 || base.op_count() != 3 * L + 1 || !base.find_op("B" + std::to_string(L)))
+        throw InvalidInput("training_problem: '" + base.name() + "' is not the expansion of a chain of " +
+                           std::to_string(L) + " stages (one parameter size per stage)");
+    const ChainIds ids = chain_ids(L);
+    ProblemBuilder b(base.name());
     for (const Data& d : base.all_data()) b.add_data(d.name, d.bytes);
-    const std::size_t L = chain.length();
     std::vector<DataId> w(L + 1), gw(L + 1), u(L + 1);
     std::vector<std::optional<DataId>> m(L + 1);  // none when the optimizer keeps no state
     for (std::size_t l = 1; l <= L; ++l) {
@@ -219,6 +223,10 @@ struct TrainingStateOptions {
             if (OpId{k} == ids.bwd[l]) {
                 spec.reads.push_back(w[l]);
                 spec.writes.push_back(gw[l]);
+                // A profile that measured the backward with its weight gradients counted them
+                // in its overhead; they are a data now.
+                if (options.backward_overhead_includes_gradients)
+                    spec.overhead = std::max<Bytes>(0, spec.overhead - parameter_bytes[l - 1]);
             }
         }
         b.add_op(std::move(spec));
@@ -241,6 +249,15 @@ struct TrainingStateOptions {
     b.set_autograd_order(std::move(order));
     b.set_transfers(options.transfers);
     return b.build();
+}
+
+/// The same, from a chain (§5).
+[[nodiscard]] inline Problem training_problem(const Chain& chain, std::span<const Bytes> parameter_bytes,
+                                              const TrainingStateOptions& options = {}) {
+    if (parameter_bytes.size() != chain.length())
+        throw InvalidInput("training_problem: " + std::to_string(parameter_bytes.size()) + " parameter sizes for the " +
+                           std::to_string(chain.length()) + " stages of chain '" + chain.name + "'");
+    return training_problem(to_problem(chain), parameter_bytes, options);
 }
 
 }  // namespace remat::offload

@@ -1,0 +1,194 @@
+// remat/exec/offload_step.hpp — runs an offloading schedule (docs/formats.md §11): the ops
+// through the framework's StepCompute, the copies through a TransferBackend (transfer.hpp),
+// in schedule order, measuring device memory with the framework's probe and host memory with
+// the transfer backend, against what offload::simulate predicts. Standard library only.
+//
+// The engine waits exactly where the semantics do: an op waits for the prefetches of what it
+// reads or updates, and an op that updates a data also for the offload still reading it; a
+// free waits for the transfers that use the copy (inside the transfer backend). A step is
+// run in two phases like every remat step: up to the loss, and the rest.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "../core/errors.hpp"
+#include "../core/problem.hpp"
+#include "../core/timing.hpp"
+#include "../offload/schedule.hpp"
+#include "../offload/simulate.hpp"
+#include "backend.hpp"
+#include "transfer.hpp"
+
+namespace remat {
+
+/// What runs the ops of a problem with transfers: every op (forwards, the loss, backwards,
+/// updates), and the release of data that do not move (activations, gradients).
+template <class C>
+concept StepCompute = requires(C& compute, OpId op, DataId data) {
+    compute.run(op);
+    compute.release(data);
+};
+
+/// Predicted against measured, for one step.
+struct OffloadStepReport {
+    Bytes predicted_device_peak = 0;
+    Bytes measured_device_peak = 0;
+    Bytes predicted_host_peak = 0;
+    Bytes measured_host_peak = 0;
+    double predicted_makespan = 0.0;
+    double predicted_compute_time = 0.0;
+    double seconds = 0.0;
+    /// Per step: device memory while it ran (an op) or after it (anything else).
+    std::vector<Bytes> measured_device_timeline;
+    bool completed = false;
+};
+
+/// Puts the offloadable data where `schedule` starts them: the data of `start_on_host` get a
+/// host copy and leave the device. Call it once before the first step; every step ends so.
+template <TransferBackend Transfers>
+void place_for(const offload::OffloadSchedule& schedule, Transfers& transfers) {
+    for (const DataId d : schedule.start_on_host) {
+        transfers.offload(d);
+        transfers.release_device(d);
+    }
+    transfers.synchronize();
+}
+
+template <StepCompute Compute, TransferBackend Transfers, MemoryReader Probe>
+class OffloadStep {
+public:
+    /// The schedule must be valid (offload::simulate); the data must be where it starts them.
+    OffloadStep(const Problem& problem, offload::OffloadSchedule schedule, Compute& compute, Transfers& transfers,
+                Probe& probe)
+        : problem_(&problem), schedule_(std::move(schedule)), compute_(&compute), transfers_(&transfers), probe_(&probe),
+          prediction_(offload::simulate(problem, schedule_)) {
+        if (!prediction_.valid)
+            throw InvalidInput("offloading step of '" + problem.name() + "': the schedule is invalid: " + prediction_.error);
+        loss_step_ = schedule_.steps.size();
+        if (const auto loss = problem.loss())
+            for (std::size_t i = 0; i < schedule_.steps.size(); ++i)
+                if (schedule_.steps[i].is_run() && schedule_.steps[i].op() == *loss) loss_step_ = i;
+        report_.predicted_device_peak = prediction_.device_peak;
+        report_.predicted_host_peak = prediction_.host_peak;
+        report_.predicted_makespan = prediction_.makespan;
+        report_.predicted_compute_time = prediction_.compute_time;
+        report_.measured_device_timeline.assign(schedule_.steps.size(), -1);
+    }
+
+    /// The steps before the loss.
+    void forward() {
+        if (started_) throw ExecutionError("offloading step: forward() was already called");
+        started_ = true;
+        device_reference_ = probe_->current() - prediction_.device_initial;
+        host_reference_ = transfers_->host_bytes() - prediction_.host_initial;
+        report_.measured_device_peak = prediction_.device_initial;
+        transfers_->reset_host_peak();
+        run_steps(0, loss_step_);
+    }
+
+    /// The loss and the rest; every transfer is done when it returns.
+    void backward() {
+        if (!started_ || report_.completed) throw ExecutionError("offloading step: backward() needs one forward() before it");
+        run_steps(loss_step_, schedule_.steps.size());
+        try {
+            transfers_->synchronize();
+        } catch (...) {
+            fail(schedule_.steps.size());
+        }
+        report_.measured_host_peak = transfers_->host_peak() - host_reference_;
+        report_.completed = true;
+    }
+
+    void run() {
+        forward();
+        backward();
+    }
+
+    [[nodiscard]] const OffloadStepReport& report() const noexcept { return report_; }
+    [[nodiscard]] const offload::OffloadReport& prediction() const noexcept { return prediction_; }
+
+private:
+    void run_steps(std::size_t first, std::size_t end) {
+        const Stopwatch clock;
+        for (std::size_t i = first; i < end; ++i) {
+            try {
+                execute(i);
+            } catch (...) {
+                fail(i);
+            }
+        }
+        report_.seconds += clock.seconds();
+    }
+
+    void execute(std::size_t index) {
+        using K = offload::TransferStep::Kind;
+        const offload::TransferStep& step = schedule_.steps[index];
+        Bytes memory = 0;
+        switch (step.kind()) {
+            case K::run: memory = run_op(step.op()); break;
+            case K::free:
+                if (problem_->data(step.data()).offloadable) transfers_->release_device(step.data());
+                else compute_->release(step.data());
+                break;
+            case K::offload: transfers_->offload(step.data()); break;
+            case K::prefetch: transfers_->prefetch(step.data()); break;
+            case K::free_host: transfers_->release_host(step.data()); break;
+        }
+        if (!step.is_run()) memory = probe_->current() - device_reference_;
+        report_.measured_device_timeline[index] = memory;
+        report_.measured_device_peak = std::max(report_.measured_device_peak, memory);
+    }
+
+    // Waits for the prefetches the op reads (and the offloads reading what it updates), then
+    // runs it with the probe's peak reset: the memory while it ran.
+    Bytes run_op(OpId id) {
+        const Op& op = problem_->op(id);
+        for (const DataId d : op.reads)
+            if (problem_->data(d).offloadable) transfers_->wait_device(d);
+        for (const DataId d : op.updates)
+            if (problem_->data(d).offloadable) transfers_->wait_writable(d);
+        probe_->reset_peak();
+        compute_->run(id);
+        return probe_->peak() - device_reference_;
+    }
+
+    // Waits for the copies in flight (they may use what the step held), then rethrows what is
+    // being handled, naming the step.
+    [[noreturn]] void fail(std::size_t index) {
+        try {
+            transfers_->synchronize();
+        } catch (...) {
+        }
+        const std::string what = index < schedule_.steps.size() ? offload::describe(*problem_, schedule_.steps[index])
+                                                                : std::string("the end");
+        const std::string context = "offloading step of '" + problem_->name() + "': step " + std::to_string(index) + " (" +
+                                    what + ") failed: ";
+        try {
+            throw;
+        } catch (const InvalidInput& e) {
+            std::throw_with_nested(InvalidInput(context + e.what()));
+        } catch (const std::exception& e) {
+            std::throw_with_nested(ExecutionError(context + e.what()));
+        } catch (...) {
+            std::throw_with_nested(ExecutionError(context + "unknown exception"));
+        }
+    }
+
+    const Problem* problem_;
+    offload::OffloadSchedule schedule_;
+    Compute* compute_;
+    Transfers* transfers_;
+    Probe* probe_;
+    offload::OffloadReport prediction_;
+    std::size_t loss_step_ = 0;
+    bool started_ = false;
+    Bytes device_reference_ = 0;
+    Bytes host_reference_ = 0;
+    OffloadStepReport report_;
+};
+
+}  // namespace remat

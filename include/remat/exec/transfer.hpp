@@ -1,0 +1,240 @@
+// remat/exec/transfer.hpp — moving data between the device and host memory while a plan runs
+// (docs/formats.md §11): the DeviceStore and TransferBackend concepts, and CpuTransfers, the
+// transfer backend of a CPU-only machine.
+//
+// A framework says where the device copy of each offloadable data lives (DeviceStore): its
+// bytes, how to allocate it (counted by the framework's device allocator at that moment, as a
+// prefetch reserves its memory when issued) and how to release it. A transfer backend copies
+// those bytes to host memory and back, asynchronously, and accounts the host memory it holds.
+// The offloading engine (offload_step.hpp) drives it in schedule order and waits where the
+// semantics say: an op for the prefetches it reads, a free for the transfers using the copy.
+//
+// CpuTransfers runs each direction on its own worker thread, so copies overlap the caller's
+// compute for real; host copies are plain buffers outside the framework's allocator, counted
+// by the backend itself. The CUDA backend (side streams, events, pinned buffers) lives with
+// LibTorch's (torch/). Standard library only.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <concepts>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "../core/errors.hpp"
+#include "../core/problem.hpp"
+
+namespace remat {
+
+/// Where a framework keeps the device copies of offloadable data.
+template <class S>
+concept DeviceStore = requires(S& store, DataId data) {
+    /// The bytes of the live device copy, in a fixed order (several tensors may make one data).
+    { store.device_bytes(data) } -> std::same_as<std::vector<std::span<std::byte>>>;
+    /// Allocates the device copy (its contents are then written by a prefetch).
+    store.make_device_copy(data);
+    /// Releases the device copy.
+    store.drop_device_copy(data);
+};
+
+/// Copies between the device and host memory; see the top of this header.
+template <class T>
+concept TransferBackend = requires(T& t, const T& ct, DataId data) {
+    t.offload(data);         ///< takes the host memory now; copies after the compute issued so far
+    t.prefetch(data);        ///< takes the device memory now; copies the host copy into it
+    t.wait_device(data);     ///< until the device copy is complete
+    t.wait_writable(data);   ///< until no transfer reads the device copy (before an op updates it)
+    t.release_device(data);  ///< after the transfers using the device copy
+    t.release_host(data);    ///< after the transfers using the host copy
+    t.synchronize();         ///< until every transfer is done
+    { ct.host_bytes() } -> std::convertible_to<Bytes>;
+    { ct.host_peak() } -> std::convertible_to<Bytes>;
+    t.reset_host_peak();
+};
+
+namespace detail::transfer {
+
+// One direction: copies run in order on a worker thread; each has a ticket, waited for by number.
+class CopyChannel {
+public:
+    CopyChannel() : worker_([this](std::stop_token stop) { serve(stop); }) {}
+    CopyChannel(const CopyChannel&) = delete;
+    CopyChannel& operator=(const CopyChannel&) = delete;
+    ~CopyChannel() {
+        worker_.request_stop();
+        ready_.notify_all();
+    }
+
+    std::uint64_t push(std::function<void()> copy) {
+        const std::lock_guard lock(mutex_);
+        jobs_.push_back(std::move(copy));
+        ready_.notify_all();
+        return ++issued_;
+    }
+    void wait(std::uint64_t ticket) {
+        std::unique_lock lock(mutex_);
+        done_.wait(lock, [&] { return completed_ >= ticket; });
+    }
+    void drain() {
+        std::unique_lock lock(mutex_);
+        done_.wait(lock, [&] { return completed_ >= issued_; });
+    }
+    /// Seconds the worker spent copying.
+    [[nodiscard]] double busy_seconds() const {
+        const std::lock_guard lock(mutex_);
+        return busy_;
+    }
+
+private:
+    void serve(std::stop_token stop) {
+        while (true) {
+            std::function<void()> job;
+            {
+                std::unique_lock lock(mutex_);
+                ready_.wait(lock, stop, [&] { return !jobs_.empty(); });
+                if (jobs_.empty()) return;  // stop requested
+                job = std::move(jobs_.front());
+                jobs_.pop_front();
+            }
+            const auto t0 = std::chrono::steady_clock::now();
+            job();
+            const std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
+            const std::lock_guard lock(mutex_);
+            busy_ += took.count();
+            ++completed_;
+            done_.notify_all();
+        }
+    }
+
+    mutable std::mutex mutex_;
+    std::condition_variable_any ready_;
+    std::condition_variable_any done_;
+    std::deque<std::function<void()>> jobs_;
+    std::uint64_t issued_ = 0, completed_ = 0;
+    double busy_ = 0.0;
+    std::jthread worker_;  // last: it starts once the members it uses exist
+};
+
+}  // namespace detail::transfer
+
+/// The transfer backend of a CPU-only machine: see the top of this header.
+template <DeviceStore Store>
+class CpuTransfers {
+public:
+    CpuTransfers(Store& store, const Problem& problem)
+        : store_(&store), bytes_(problem.data_count()), host_(problem.data_count()), device_ticket_(problem.data_count(), 0),
+          read_ticket_(problem.data_count(), 0), host_ticket_(problem.data_count(), 0), host_read_ticket_(problem.data_count(), 0) {
+        for (std::size_t k = 0; k < problem.data_count(); ++k) bytes_[k] = problem.data(DataId{k}).bytes;
+    }
+
+    void offload(DataId d) {
+        std::vector<std::span<std::byte>> source = store_->device_bytes(d);
+        std::byte* target = host_buffer(d);
+        // The copy waits, on its own channel, for the device copy to be complete and for a
+        // prefetch still reading an old host copy it overwrites.
+        const std::uint64_t written = device_ticket_[d.index], read = host_read_ticket_[d.index];
+        detail::transfer::CopyChannel* to_device = to_device_.get();
+        const std::uint64_t ticket = to_host_->push([source = std::move(source), target, to_device, written, read] {
+            to_device->wait(std::max(written, read));
+            std::size_t at = 0;
+            for (const std::span<std::byte> s : source) {
+                std::memcpy(target + at, s.data(), s.size());
+                at += s.size();
+            }
+        });
+        read_ticket_[d.index] = host_ticket_[d.index] = ticket;
+    }
+
+    void prefetch(DataId d) {
+        if (!host_[d.index]) throw ExecutionError("prefetch of data #" + std::to_string(d.index) + " without a host copy");
+        store_->make_device_copy(d);
+        std::vector<std::span<std::byte>> target = store_->device_bytes(d);
+        const std::byte* source = host_[d.index].get();
+        // The copy waits, on its own channel, for the host copy to be complete.
+        const std::uint64_t written = host_ticket_[d.index];
+        detail::transfer::CopyChannel* to_host = to_host_.get();
+        device_ticket_[d.index] = to_device_->push([target = std::move(target), source, to_host, written] {
+            to_host->wait(written);
+            std::size_t at = 0;
+            for (const std::span<std::byte> t : target) {
+                std::memcpy(t.data(), source + at, t.size());
+                at += t.size();
+            }
+        });
+        host_read_ticket_[d.index] = device_ticket_[d.index];
+    }
+
+    void wait_device(DataId d) { to_device_->wait(device_ticket_[d.index]); }
+    void wait_writable(DataId d) {
+        wait_device(d);
+        to_host_->wait(read_ticket_[d.index]);
+    }
+
+    void release_device(DataId d) {
+        wait_device(d);
+        to_host_->wait(read_ticket_[d.index]);
+        store_->drop_device_copy(d);
+    }
+
+    void release_host(DataId d) {
+        to_host_->wait(host_ticket_[d.index]);
+        to_device_->wait(host_read_ticket_[d.index]);
+        if (host_[d.index]) {
+            host_[d.index].reset();
+            host_bytes_ -= bytes_[d.index];
+        }
+    }
+
+    void synchronize() {
+        to_host_->drain();
+        to_device_->drain();
+    }
+
+    [[nodiscard]] Bytes host_bytes() const noexcept { return host_bytes_; }
+    [[nodiscard]] Bytes host_peak() const noexcept { return host_peak_; }
+    void reset_host_peak() noexcept { host_peak_ = host_bytes_; }
+    /// The host copy of a data (empty when it has none), once its offload is done.
+    [[nodiscard]] std::span<const std::byte> host_copy(DataId d) {
+        to_host_->wait(host_ticket_[d.index]);
+        if (!host_[d.index]) return {};
+        return {host_[d.index].get(), static_cast<std::size_t>(bytes_[d.index])};
+    }
+    /// Seconds each worker spent copying (device → host, host → device).
+    [[nodiscard]] std::pair<double, double> busy_seconds() const {
+        return {to_host_->busy_seconds(), to_device_->busy_seconds()};
+    }
+
+private:
+    // The host copy's buffer, allocated (and counted) on its first offload.
+    std::byte* host_buffer(DataId d) {
+        if (!host_[d.index]) {
+            host_[d.index] = std::make_unique<std::byte[]>(static_cast<std::size_t>(bytes_[d.index]));
+            host_bytes_ += bytes_[d.index];
+            host_peak_ = std::max(host_peak_, host_bytes_);
+        }
+        return host_[d.index].get();  // a stale copy is overwritten in place
+    }
+
+    Store* store_;
+    std::vector<Bytes> bytes_;
+    std::vector<std::unique_ptr<std::byte[]>> host_;
+    std::vector<std::uint64_t> device_ticket_;     // the prefetch writing the device copy
+    std::vector<std::uint64_t> read_ticket_;       // the offload reading the device copy
+    std::vector<std::uint64_t> host_ticket_;       // the offload writing the host copy
+    std::vector<std::uint64_t> host_read_ticket_;  // the prefetch reading the host copy
+    Bytes host_bytes_ = 0, host_peak_ = 0;
+    // Last: their workers stop (and join) before the buffers they copy go.
+    std::unique_ptr<detail::transfer::CopyChannel> to_host_ = std::make_unique<detail::transfer::CopyChannel>();
+    std::unique_ptr<detail::transfer::CopyChannel> to_device_ = std::make_unique<detail::transfer::CopyChannel>();
+};
+
+}  // namespace remat
