@@ -283,3 +283,46 @@ TEST_CASE("combined planner: fits, and is never worse than rematerialization or 
         }
     }
 }
+
+TEST_CASE("activation offloading: stage outputs and saved states leave the device between their uses", "[offload]") {
+    std::mt19937 rng(21);
+    std::size_t fitted = 0, with_activations = 0, weights_fitted = 0;
+    for (int trial = 0; trial < 40; ++trial) {
+        const Chain chain = testing::random_chain(rng, 2);
+        const std::vector<Bytes> params{32, 48};
+        offload::TrainingStateOptions options{1.0, 0.01, true, TransferSettings{std::nullopt, 8.0, 8.0}};
+        options.offloadable_activations = true;
+        const Problem full = training_problem(chain, params, options);
+        const TrainingSplit split = split_training_state(full);
+        CHECK(split.activations == to_problem(chain));  // the flags stay with the full problem
+        const Plan store_all = StoreAll{}.solve(split.activations, std::numeric_limits<Bytes>::max());
+        const Schedule plan = with_training_state(full, split, store_all.schedule);
+        const Bytes peak = remat::simulate(full, plan).peak;
+        for (const int percent : {80, 60, 45}) {
+            const Bytes budget = peak * percent / 100;
+            const auto optimum = exhaustive_transfers(full, plan, budget);
+            const auto schedule = offload_weights(full, plan, budget, {GreedyVariant::repeated, std::nullopt});
+            CHECK(schedule.has_value() == optimum.has_value());
+            // The same step with weights alone offloadable.
+            options.offloadable_activations = false;
+            const Problem weights_only = training_problem(chain, params, options);
+            options.offloadable_activations = true;
+            const Schedule plan_weights = with_training_state(weights_only, split_training_state(weights_only), store_all.schedule);
+            if (offload_weights(weights_only, plan_weights, budget, {GreedyVariant::repeated, std::nullopt})) ++weights_fitted;
+            if (!schedule) continue;
+            const OffloadReport r = simulate(full, *schedule);
+            INFO(r.error);
+            REQUIRE(r.valid);
+            CHECK(r.device_peak <= budget);
+            ++fitted;
+            for (const TransferStep& step : schedule->steps)
+                if (step.kind() == TransferStep::Kind::offload && !full.is_initial(step.data())) {
+                    ++with_activations;
+                    break;
+                }
+        }
+    }
+    WARN("activation offloading fits " << fitted << " of 120 budgets, weights alone " << weights_fitted);
+    CHECK(fitted > weights_fitted);
+    CHECK(with_activations > 0);
+}

@@ -151,17 +151,27 @@ template <Solver S>
         best = std::move(offload);
     const std::size_t points = std::max<std::size_t>(2, options.activation_budgets);
     const WeightOffloadOptions greedy{options.variant, transfers};
+    bool moves_activations = false;
+    for (std::size_t k = 0; k < full.data_count(); ++k)
+        moves_activations = moves_activations || (full.data(DataId{k}).offloadable && !full.is_initial(DataId{k}));
     for (std::size_t i = 0; i < points; ++i) {
         const Bytes activation_budget =
             smallest + static_cast<Bytes>(static_cast<double>(reference - smallest) * static_cast<double>(i) /
                                           static_cast<double>(points - 1));
         const std::optional<Schedule> plan = detail::combined::full_plan(full, split, solver, activation_budget);
         if (!plan) continue;
-        auto schedule = offload_weights(full, *plan, budget, greedy);
-        if (!schedule) continue;
-        auto candidate = detail::combined::make(full, std::move(*schedule), budget, activation_budget,
-                                                "remat+" + std::string(to_string(options.variant)), transfers);
-        if (detail::combined::better(candidate, best)) best = std::move(candidate);
+        // With offloadable activations, also the weights alone: the greedy's choices ignore
+        // bandwidth, and moving activations too may cost more time than it saves.
+        for (const bool activations : {true, false}) {
+            if (!activations && !moves_activations) break;
+            WeightOffloadOptions pass = greedy;
+            pass.activations = activations;
+            auto schedule = offload_weights(full, *plan, budget, pass);
+            if (!schedule) continue;
+            auto candidate = detail::combined::make(full, std::move(*schedule), budget, activation_budget,
+                                                    "remat+" + std::string(to_string(options.variant)), transfers);
+            if (detail::combined::better(candidate, best)) best = std::move(candidate);
+        }
     }
     return best;
 }

@@ -51,6 +51,8 @@ struct WeightOffloadOptions {
     GreedyVariant variant = GreedyVariant::repeated;
     /// Host limit and bandwidths; the problem's when not given.
     std::optional<TransferSettings> transfers;
+    /// Whether offloadable data that are not initial (activations, POFO) may move too.
+    bool activations = true;
 };
 
 namespace detail::greedy {
@@ -73,8 +75,10 @@ struct Gap {
 };
 
 struct WeightUses {
-    std::vector<std::size_t> steps;     // plan steps that read or update the data
+    std::vector<std::size_t> steps;     // plan steps that read, update or write the data
     std::vector<char> updates;          // whether that use updates it
+    std::vector<char> writes;           // whether that use writes it (an activation's producer)
+    std::vector<std::size_t> frees;     // plan steps that free it
     std::vector<std::size_t> gaps;      // its gaps (indices into the gap list), cyclic first when it exists
 };
 
@@ -84,7 +88,24 @@ struct Selection {
     std::vector<Bytes> excess;     // by profile index, after the chosen absences
 };
 
-inline Selection find_gaps(const Problem& p, const Schedule& plan, const SimulationReport& base, Bytes budget) {
+// An activation (POFO: Beaumont, Eyraud-Dubois, Shilova, NeurIPS 2021) may be away between
+// two uses while the plan keeps it live: from its write, or a read, to a later read, with no
+// free of the plan in between. Its first absence needs an offload right after the write.
+inline void add_activation_gaps(Selection& s, std::size_t k) {
+    WeightUses& u = s.uses[k];
+    std::size_t next_free = 0;
+    for (std::size_t j = 0; j + 1 < u.steps.size(); ++j) {
+        const std::size_t a = u.steps[j], b = u.steps[j + 1];
+        while (next_free < u.frees.size() && u.frees[next_free] < a) ++next_free;
+        const bool freed_between = next_free < u.frees.size() && u.frees[next_free] < b;
+        if (u.writes[j + 1] || freed_between || b <= a + 1) continue;
+        u.gaps.push_back(s.gaps.size());
+        s.gaps.push_back(Gap{k, false, a, b, {{2 * a + 3, 2 * b - 1}}, false});
+    }
+}
+
+inline Selection find_gaps(const Problem& p, const Schedule& plan, const SimulationReport& base, Bytes budget,
+                           bool activations = true) {
     Selection s;
     s.uses.resize(p.data_count());
     s.excess.push_back(base.initial - budget);
@@ -92,16 +113,34 @@ inline Selection find_gaps(const Problem& p, const Schedule& plan, const Simulat
         s.excess.push_back(t.during - budget);
         s.excess.push_back(t.after - budget);
     }
+    const auto use = [&](DataId d, std::size_t i, bool update, bool write) {  // one use per step
+        WeightUses& u = s.uses[d.index];
+        if (u.steps.empty() || u.steps.back() != i) {
+            u.steps.push_back(i);
+            u.updates.push_back(0);
+            u.writes.push_back(0);
+        }
+        u.updates.back() = static_cast<char>(u.updates.back() | update);
+        u.writes.back() = static_cast<char>(u.writes.back() | write);
+    };
     for (std::size_t i = 0; i < plan.size(); ++i) {
-        if (!plan[i].is_run()) continue;
+        if (!plan[i].is_run()) {
+            s.uses[plan[i].data().index].frees.push_back(i);
+            continue;
+        }
         const Op& op = p.op(plan[i].op());
-        for (const DataId d : op.reads) s.uses[d.index].steps.push_back(i), s.uses[d.index].updates.push_back(0);
-        for (const DataId d : op.updates) s.uses[d.index].steps.push_back(i), s.uses[d.index].updates.push_back(1);
+        for (const DataId d : op.reads) use(d, i, false, false);
+        for (const DataId d : op.updates) use(d, i, true, false);
+        for (const DataId d : op.writes) use(d, i, false, true);
     }
     const std::size_t n = plan.size();
     for (std::size_t k = 0; k < p.data_count(); ++k) {
         const Data& data = p.data(DataId{k});
-        if (!p.is_initial(DataId{k}) || !data.offloadable || data.bytes == 0 || p.is_final(DataId{k})) continue;
+        if (!data.offloadable || data.bytes == 0 || p.is_final(DataId{k})) continue;
+        if (!p.is_initial(DataId{k})) {
+            if (activations) add_activation_gaps(s, k);
+            continue;
+        }
         WeightUses& u = s.uses[k];
         const auto add = [&](Gap g) {
             u.gaps.push_back(s.gaps.size());
@@ -258,6 +297,7 @@ private:
         };
         for (std::size_t j = 0; j < u.steps.size(); ++j) {
             if (u.updates[j]) host_current = false, current_since = u.steps[j] + 1;
+            if (u.writes[j] && !host_current) current_since = u.steps[j] + 1;
             for (const std::size_t g : u.gaps)
                 if (!s_.gaps[g].cyclic && chosen(g) && s_.gaps[g].after_use == u.steps[j]) {
                     leave(u.steps[j], s_.gaps[g].next_use);
@@ -333,7 +373,7 @@ private:
     const SimulationReport base = remat::simulate(problem, plan);
     if (!base.valid) throw InvalidInput("offload_weights: the plan of '" + problem.name() + "' is invalid: " + base.error);
     const TransferSettings transfers = options.transfers.value_or(problem.transfers());
-    detail::greedy::Selection selection = detail::greedy::find_gaps(problem, plan, base, budget);
+    detail::greedy::Selection selection = detail::greedy::find_gaps(problem, plan, base, budget, options.activations);
     if (!detail::greedy::select(problem, selection, options.variant, transfers.host_limit)) return std::nullopt;
     OffloadSchedule schedule = detail::greedy::Placement(problem, plan, selection, transfers).build();
     const OffloadReport report = simulate(problem, schedule, transfers);

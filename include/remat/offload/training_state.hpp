@@ -182,6 +182,9 @@ struct TrainingStateOptions {
     /// The chain's backward overheads include the weight gradients (remat's own profiles
     /// measure them so): they are subtracted, as the gradients become data.
     bool backward_overhead_includes_gradients = false;
+    /// Whether the stages' outputs a<l> and saved states s<l> may be offloaded too, instead of
+    /// kept or recomputed (POFO, Beaumont et al., NeurIPS 2021).
+    bool offloadable_activations = false;
 };
 
 /// The `remat.problem/2` problem of training a chain with `parameter_bytes[l - 1]` bytes of
@@ -200,7 +203,10 @@ struct TrainingStateOptions {
                            std::to_string(L) + " stages (one parameter size per stage)");
     const ChainIds ids = chain_ids(L);
     ProblemBuilder b(base.name());
-    for (const Data& d : base.all_data()) b.add_data(d.name, d.bytes);
+    std::vector<char> activation(base.data_count(), 0);
+    for (std::size_t l = 1; l <= L; ++l) activation[ids.a[l].index] = activation[ids.s[l].index] = 1;
+    for (std::size_t k = 0; k < base.data_count(); ++k)
+        b.add_data(base.data(DataId{k}).name, base.data(DataId{k}).bytes, options.offloadable_activations && activation[k]);
     std::vector<DataId> w(L + 1), gw(L + 1), u(L + 1);
     std::vector<std::optional<DataId>> m(L + 1);  // none when the optimizer keeps no state
     for (std::size_t l = 1; l <= L; ++l) {
