@@ -1,7 +1,7 @@
 // remat/offload/combined.hpp — one device budget for everything a training step holds, split
 // between weights and activations: rematerialization and weight offloading chosen together.
 //
-// The planner iterates the two parts (docs/design.md §"Offloading"): for activation budgets
+// The planner iterates the two parts (docs/design.md §4.12): for activation budgets
 // from the solver's smallest to store-all's, any remat solver (Rotor on chains, H-Rockmate on
 // graphs, remat::Auto) plans the activations (offload/training_state.hpp), the updates go
 // back in, and when the step still overflows the total budget, Greedy or Greedy* weight
