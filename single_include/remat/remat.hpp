@@ -11738,6 +11738,39 @@ inline std::vector<std::vector<OpId>> update_positions(const Problem& full, cons
     return after;
 }
 
+// An update that reads an activation the plan has freed by then keeps it live: the plan's
+// last free of it before the update is dropped (its step becomes a free of the marker id
+// below, skipped) and the activation is freed right after the update instead. Returns, by
+// position, the frees to add after the updates there.
+inline constexpr std::size_t dropped_free_marker = static_cast<std::size_t>(-1);
+inline std::vector<std::vector<DataId>> keep_update_reads_live(const Problem& full, const TrainingSplit& split,
+                                                               Schedule& mapped,
+                                                               const std::vector<std::vector<OpId>>& after) {
+    std::vector<std::vector<DataId>> frees(after.size());
+    std::vector<char> live(full.data_count(), 0);
+    std::vector<std::size_t> freed_at(full.data_count(), dropped_free_marker);
+    for (const DataId d : full.initial()) live[d.index] = 1;
+    for (std::size_t i = 0; i < after.size(); ++i) {
+        for (const OpId u : after[i])
+            for (const DataId r : full.op(u).reads) {
+                if (split.is_state[r.index] || live[r.index] || freed_at[r.index] == dropped_free_marker) continue;
+                mapped[freed_at[r.index]] = Step::free(DataId{dropped_free_marker});
+                live[r.index] = 1;
+                frees[i].push_back(r);
+            }
+        for (const DataId d : frees[i]) live[d.index] = 0;
+        if (i == mapped.size()) break;
+        const Step& s = mapped[i];
+        if (s.is_run()) {
+            for (const DataId d : full.op(s.op()).writes) live[d.index] = 1, freed_at[d.index] = dropped_free_marker;
+        } else if (s.data().index != dropped_free_marker) {
+            live[s.data().index] = 0;
+            freed_at[s.data().index] = i;
+        }
+    }
+    return frees;
+}
+
 }  // namespace detail
 
 /// Puts the training state back into a plan of `split.activations`: the result is a schedule
@@ -11751,6 +11784,7 @@ inline std::vector<std::vector<OpId>> update_positions(const Problem& full, cons
         mapped.push_back(s.is_run() ? Step::run(OpId{split.op_in_full.at(s.op().index)})
                                     : Step::free(DataId{split.data_in_full.at(s.data().index)}));
     const std::vector<std::vector<OpId>> after = detail::update_positions(full, mapped);
+    const std::vector<std::vector<DataId>> kept = detail::keep_update_reads_live(full, split, mapped, after);
     // The last step to read each state data that is neither initial nor final (a gradient), to free it there.
     std::vector<std::size_t> last_use(full.data_count(), 0);
     Schedule out;
@@ -11765,7 +11799,8 @@ inline std::vector<std::vector<OpId>> update_positions(const Problem& full, cons
     };
     for (std::size_t i = 0; i <= mapped.size(); ++i) {
         for (const OpId u : after[i]) emit(Step::run(u));
-        if (i < mapped.size()) emit(mapped[i]);
+        for (const DataId d : kept[i]) out.push_back(Step::free(d));
+        if (i < mapped.size() && !(mapped[i].is_free() && mapped[i].data().index == detail::dropped_free_marker)) emit(mapped[i]);
     }
     // Gradients and markers leave right after their last use, in data order.
     std::vector<std::vector<DataId>> frees(out.size() + 1);
@@ -11780,8 +11815,9 @@ inline std::vector<std::vector<OpId>> update_positions(const Problem& full, cons
     }
     const SimulationReport check = simulate(full, result);
     if (!check.valid)
-        throw SolverError("with_training_state: the plan of '" + full.name() + "' with its updates is invalid: " +
-                          check.error + " (this is a bug in remat; please report it with the problem file)");
+        throw InvalidInput("the updates of '" + full.name() + "' do not fit back into its activation plan: " + check.error +
+                           "; an update may read only what the plan has produced by then (the weights' gradients, "
+                           "activations it keeps)");
     return result;
 }
 

@@ -326,3 +326,34 @@ TEST_CASE("activation offloading: stage outputs and saved states leave the devic
     CHECK(fitted > weights_fitted);
     CHECK(with_activations > 0);
 }
+
+TEST_CASE("training state: an update that reads an activation keeps it live until the update", "[offload]") {
+    ProblemBuilder b("update-reads-h");
+    const DataId x = b.add_data("x", 10), w = b.add_data("w", 100, true);
+    const DataId h = b.add_data("h", 50), gh = b.add_data("gh", 50), gx = b.add_data("gx", 10);
+    const DataId gw = b.add_data("gw", 100), u = b.add_data("u", 0);
+    b.add_op({"F", 2, 0, {x, w}, {h}, false});
+    b.add_op({"loss", 0, 0, {h}, {gh}, true});
+    b.add_op({"B", 4, 0, {gh, x, w}, {gx, gw}, true});
+    OpSpec update{"U", 1, 0, {gw, h}, {u}, true};  // reads the activation h too
+    update.updates = {w};
+    b.add_op(std::move(update));
+    for (const DataId d : {x, w}) b.add_initial(d);
+    b.add_final(gx);
+    b.add_final(u);
+    const Problem full = b.build();
+    const TrainingSplit split = split_training_state(full);
+    const Plan store_all = StoreAll{}.solve(split.activations, std::numeric_limits<Bytes>::max());
+    const Schedule plan = with_training_state(full, split, store_all.schedule);
+    const SimulationReport r = remat::simulate(full, plan);
+    INFO(r.error);
+    REQUIRE(r.valid);
+    // h is freed once, after U.
+    std::size_t frees_of_h = 0, at = 0, update_at = 0;
+    for (std::size_t i = 0; i < plan.size(); ++i) {
+        if (plan[i].is_free() && plan[i].data() == h) ++frees_of_h, at = i;
+        if (plan[i].is_run() && plan[i].op() == full.op_id("U")) update_at = i;
+    }
+    CHECK(frees_of_h == 1);
+    CHECK(at > update_at);
+}

@@ -7,13 +7,15 @@
 //     (the same problem), its store-all reference simulated, the greedy run on small problems
 //     and Rotor on short chains;
 //   - a problem or chain, a line "---", then a schedule of it (remat.schedule/1): the schedule
-//     read, simulated and written back;
+//     read, simulated and written back; a remat.schedule/2 (docs/formats.md §11) likewise,
+//     with the offload simulator;
 //   - "budget:" followed by a budget text (parse_budget_spec).
 // remat::Error is the expected answer to bad input. Anything else (another exception, a
 // "this is a bug" message, a round trip that changes the problem, a report that contradicts
 // itself) aborts, which libFuzzer reports with the input.
 #include <remat/io/budget.hpp>
 #include <remat/io/json.hpp>
+#include <remat/io/offload_json.hpp>
 #include <remat/remat.hpp>
 #include <remat/solvers/greedy.hpp>
 #include <remat/solvers/rotor.hpp>
@@ -38,6 +40,7 @@ void check(bool condition, const char* what) {
 
 // Cheap solvers on small problems; their plans are checked by make_checked_plan already.
 void solve_small(const remat::Problem& p, const remat::Reference& ref) {
+    if (p.has_updates()) return;  // planned by remat::offload, which splits the updates off first
     if (p.op_count() <= 60 && p.data_count() <= 60) {
         try {
             const remat::Plan plan = remat::Greedy{}.solve(p, ref.peak);
@@ -63,6 +66,16 @@ void problem_and_schedule(std::string_view problem_text, std::string_view schedu
     check(r.valid && r.peak == ref.peak && r.time == ref.time, "the store-all reference does not simulate to itself");
     if (!with_schedule) {
         solve_small(p, ref);
+        return;
+    }
+    if (schedule_text.find("remat.schedule/2") != std::string_view::npos) {
+        const remat::io::SavedOffloadSchedule saved = remat::io::parse_offload_schedule(p, schedule_text, "fuzz-schedule");
+        const remat::offload::OffloadReport s = remat::offload::simulate(p, saved.schedule);
+        check(s.valid || s.error_step.has_value(), "an invalid offloading schedule without its step");
+        check(s.device_peak >= s.device_initial && s.host_peak >= s.host_initial, "a peak below the initial memory");
+        check(!s.valid || s.makespan >= s.compute_time * (1 - 1e-12), "a makespan below the compute time");
+        const auto back = remat::io::parse_offload_schedule(p, remat::io::to_json(p, saved), "round-trip");
+        check(back == saved, "an offloading schedule written and read back differs");
         return;
     }
     const remat::io::SavedSchedule saved = remat::io::parse_schedule(p, schedule_text, "fuzz-schedule");
