@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -181,6 +182,54 @@ inline int run_offload(const std::string& file, const std::optional<std::string>
         err << "remat-plan: the budget is above the proven lower bound of " << bytes_both(bound)
             << ": it is only beyond the reach of this planner" << (transfers_allowed ? "" : "; try --offload") << "\n";
     return exit_infeasible;
+}
+
+/// remat-plan FILE --check SCHEDULE for a `remat.schedule/2` file: the offload simulator's
+/// figures, against the budget (--budget, or the file's), the problem's host limit and what
+/// the file predicts. Returns the exit code (0, or 1 naming the first thing wrong).
+inline int run_offload_check(const Problem& problem, const Reference& ref, const std::string& file,
+                             const std::optional<std::string>& budget_text, bool json, std::ostream& out,
+                             std::ostream& err) {
+    using nlohmann::ordered_json;
+    const io::SavedOffloadSchedule saved = io::load_offload_schedule(problem, file);
+    const std::optional<Bytes> budget = budget_text ? std::optional<Bytes>(parse_budget(*budget_text, ref.peak)) : saved.budget;
+    const offload::OffloadReport r = offload::simulate(problem, saved.schedule);
+    const std::optional<Bytes> host_limit = problem.transfers().host_limit;
+    std::string wrong;
+    if (!r.valid) wrong = "invalid: " + r.error;
+    else if (budget && r.device_peak > *budget)
+        wrong = "device peak " + bytes_both(r.device_peak) + " above the budget of " + bytes_both(*budget);
+    else if (host_limit && r.host_peak > *host_limit)
+        wrong = "host peak " + bytes_both(r.host_peak) + " above the problem's host limit of " + bytes_both(*host_limit);
+    else if (saved.predicted && (saved.predicted->peak != r.device_peak || saved.predicted->host_peak != r.host_peak ||
+                                 std::abs(saved.predicted->time - r.makespan) > 1e-9 * std::max(1.0, r.makespan)))
+        wrong = "the file predicts time " + number(saved.predicted->time, "%.17g") + ", peak " +
+                std::to_string(saved.predicted->peak) + " and host peak " + std::to_string(saved.predicted->host_peak) +
+                ", but the simulation gives " + number(r.makespan, "%.17g") + ", " + std::to_string(r.device_peak) + " and " +
+                std::to_string(r.host_peak);
+    if (json) {
+        ordered_json line;
+        line["valid"] = wrong.empty();
+        line["error"] = wrong.empty() ? ordered_json(nullptr) : ordered_json(wrong);
+        line["error_step"] = r.error_step ? ordered_json(*r.error_step) : ordered_json(nullptr);
+        line["time"] = r.valid ? ordered_json(r.makespan) : ordered_json(nullptr);
+        line["peak"] = r.valid ? ordered_json(r.device_peak) : ordered_json(nullptr);
+        line["host_peak"] = r.valid ? ordered_json(r.host_peak) : ordered_json(nullptr);
+        line["budget"] = budget ? ordered_json(*budget) : ordered_json(nullptr);
+        line["T_ref"] = ref.time;
+        line["P_ref"] = ref.peak;
+        out << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    } else if (r.valid) {
+        out << printable(file, 200) << ": " << saved.schedule.steps.size() << " steps with transfers for '"
+            << printable(problem.name()) << "'\n  time      " << number(r.makespan) << ", overhead "
+            << signed_percent(r.makespan, ref.time) << " vs T_ref (compute " << number(r.compute_time) << ")\n  device    peak "
+            << bytes_both(r.device_peak) << (budget ? ", " + percent(double(r.device_peak), double(*budget)) + " of the budget" : "")
+            << "\n  host      peak " << bytes_both(r.host_peak) << "\n  transfers " << r.offloads << " offloads, "
+            << r.prefetches << " prefetches\n";
+    }
+    if (wrong.empty()) return exit_ok;
+    err << "remat-plan: " << printable(file, 200) << ": " << wrong << "\n";
+    return exit_error;
 }
 
 }  // namespace remat::cli::detail

@@ -40,7 +40,7 @@ namespace remat::cli {
         "                  [--sweep-svg F.svg] [--time-limit S] [--bound] [--verbose] [--quiet]\n"
         "       remat-plan FILE.json --offload --budget B [--bandwidth 12GB/s] [--host-limit B] [--solver NAME]\n"
         "                  [--out SCHEDULE.json] [--svg TIMELINE.svg] [--json]\n"
-        "       remat-plan FILE.json --check SCHEDULE.json [--budget B] [--json]\n"
+        "       remat-plan FILE.json --check SCHEDULE.json [--budget B] [--json]   (remat.schedule/1 or /2)\n"
         "       remat-plan --help | --version\n"
         "\n"
         "Plans the training step of FILE.json (remat.problem/1 or remat.chain/1) within a memory budget,\n"
@@ -327,6 +327,8 @@ inline int run_check(const PlanArgs& a, std::ostream& out, std::ostream& err) {
     using nlohmann::ordered_json;
     const Problem problem = io::load_problem(a.file);
     const Reference ref = store_all_reference(problem);
+    if (io::detail::json::read_text_file(*a.check).find("\"remat.schedule/2\"") != std::string::npos)
+        return run_offload_check(problem, ref, *a.check, a.budget, a.json, out, err);
     const io::SavedSchedule saved = io::load_schedule(problem, *a.check);
     const std::optional<Bytes> budget = a.budget ? std::optional<Bytes>(parse_budget(*a.budget, ref.peak)) : saved.budget;
     const SimulationReport r = simulate(problem, saved.steps);

@@ -11,6 +11,8 @@
 #include "../support/remat_plan_in_process.hpp"
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 
@@ -108,6 +110,24 @@ TEST_CASE("remat-plan --offload plans the GPT-like training step within a total 
     CHECK(report.device_peak <= percent_of(store_all_reference(p).peak, 35));
     REQUIRE(saved.predicted);
     CHECK(saved.predicted->peak == report.device_peak);
+    // --check reads it back: valid, within the budget, predictions right; a tampered file is not.
+    const auto checked = testing::remat_plan({gpt.string(), "--check", out.string(), "--json"});
+    INFO(checked.err);
+    CHECK(checked.code == 0);
+    CHECK_THAT(checked.out, Catch::Contains("\"valid\":true") && Catch::Contains("\"host_peak\":"));
+    CHECK(testing::remat_plan({gpt.string(), "--check", out.string(), "--budget", "10%"}).code == 1);
+    {
+        std::ifstream in(out);
+        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        in.close();
+        const auto at = text.find("{\"prefetch\"");
+        REQUIRE(at != std::string::npos);
+        text.erase(at, text.find('}', at) + 2 - at);  // drop the first prefetch: its data is then missing
+        std::ofstream(out) << text;
+    }
+    const auto tampered = testing::remat_plan({gpt.string(), "--check", out.string()});
+    CHECK(tampered.code == 1);
+    CHECK_THAT(tampered.err, Catch::Contains("invalid"));
     fs::remove(out);
     // Without --offload: rematerialization alone, which cannot reach 35 %.
     const auto alone = testing::remat_plan({gpt.string(), "--budget", "35%", "--quiet"});
