@@ -153,8 +153,9 @@ private:
 };
 
 #if REMAT_WITH_CUDA
-/// Live bytes of one CUDA device's tensors, from the caching allocator's statistics
-/// (allocated bytes, not the reserved cache: the cache is not what a plan controls).
+/// Live bytes of one CUDA device's tensors, from the caching allocator's statistics: the bytes
+/// the tensors requested (detail::compat::cuda_allocated says why not the blocks' sizes), not
+/// the reserved cache: neither the cache nor how its blocks are split is what a plan controls.
 class CudaMemoryProbe {
 public:
     explicit CudaMemoryProbe(c10::DeviceIndex device = 0) : device_(device) {

@@ -124,6 +124,24 @@ private:
     std::vector<BufferSnapshot> buffers_;
 };
 
+/// Runs every stage once, forward (without and with autograd) and backward, on the thread
+/// that runs the device's backward (detail::run_on_backward_thread says why), before anything
+/// is measured. What it allocates for good — the libraries' per-thread workspaces — is then
+/// part of the memory every measure starts from, not of a stage's overhead.
+inline void warm_up_backward_thread(const StageList& stages, const at::Tensor& sample, const ParameterTable& table,
+                                    bool input_requires_grad) {
+    run_on_backward_thread(sample.device(), [&] {
+        at::Tensor x = sample.detach();
+        for (std::size_t l = 0; l < stages.size(); ++l) {
+            at::Tensor y = run_no_grad(stages[l], x);
+            StageGraph graph = run_with_grad(stages[l], x, l > 0 || input_requires_grad);
+            std::vector<at::Tensor> parameter_grads;
+            (void)run_backward(graph, at::ones_like(graph.output), true, table.trainable[l], parameter_grads);
+            x = std::move(y);
+        }
+    });
+}
+
 }  // namespace detail::profile
 
 /// The chain's problem (docs/formats.md §5 (chains), the same data, ops and ids as to_problem) with each
@@ -215,6 +233,8 @@ template <MemoryProbe Probe = CpuMemoryProbe>
     result.input_dtype = sample.scalar_type();
     result.input_device = device;
     result.input_requires_grad = sample.requires_grad();
+
+    if (!device.is_cpu()) detail::profile::warm_up_backward_thread(stages, sample, table, result.input_requires_grad);
 
     at::Tensor x = sample.detach();
     for (std::size_t l = 0; l < stages.size(); ++l) {

@@ -80,6 +80,7 @@ public:
         for (std::size_t i = 0; i < trace_.input_leaves.size(); ++i)
             profile_.requires_grad[trace_.input_leaves[i]] = trace_.inputs[i].requires_grad && input(i).is_floating_point();
         start_ = Clock::now();
+        if (!core_.device.is_cpu()) warm_up_backward_thread();
         for (std::size_t k = 0; k < core_.groups.size(); ++k) profile_forward(k);
         for (const std::size_t id : grouping_.output_values)
             if (profile_.requires_grad[id]) {
@@ -128,6 +129,23 @@ private:
             throw InvalidInput(who_ + ": op '" + g.name + "' (root " + g.where + ") failed when run on its own: " +
                                error_message(e));
         }
+    }
+
+    // Every op's forward once, without and with autograd, on the thread that runs the
+    // device's backward, where the drop-in modules recompute (detail::run_on_backward_thread
+    // says why): the libraries' per-thread workspaces are then allocated before anything is
+    // measured. (The reference step has run every backward there already.)
+    void warm_up_backward_thread() {
+        run_on_backward_thread(core_.device, [&] {
+            for (const Group& g : core_.groups) {
+                const std::vector<at::Tensor> inputs = inputs_of(g);
+                run_guarded(g, [&] {
+                    (void)run_no_grad(core_, g, inputs);
+                    (void)run_with_grad(core_, g, inputs);
+                });
+            }
+        });
+        restore_buffers();
     }
 
     // ---------------------------------------------------------------- forward

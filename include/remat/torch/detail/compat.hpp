@@ -6,7 +6,8 @@
 // - the CUDA caching allocator's statistics: DeviceStats moved to
 //   c10::CachingDeviceAllocator (c10/core/CachingDeviceAllocator.h) and StatType to
 //   c10::CachingAllocator in 2.x; 1.13 has both in c10::cuda::CUDACachingAllocator, and its
-//   getDeviceStats/resetPeakStats take an int where 2.x takes a c10::DeviceIndex.
+//   getDeviceStats/resetPeakStats take an int where 2.x takes a c10::DeviceIndex; 2.x
+//   counts the bytes requested (requested_bytes), which 1.13 does not.
 // - CUDA events: c10::cuda::CUDAEvent (c10/cuda/CUDAEvent.h) in recent 2.x, with no alias left
 //   in at::cuda; at::cuda::CUDAEvent (ATen/cuda/CUDAEvent.h) before. Told apart by which
 //   header exists, as the move happened within 2.x.
@@ -61,7 +62,12 @@ inline constexpr bool torch2 = TORCH_VERSION_MAJOR >= 2;
 
 #if REMAT_WITH_CUDA
 
-/// Allocated bytes of one CUDA device (all pools together), as the caching allocator counts them.
+/// Bytes of one CUDA device's live tensors (all pools together), as the caching allocator
+/// counts them. 2.x: the bytes its clients requested (`requested_bytes`). Not the blocks'
+/// sizes (`allocated_bytes`): a block found in the cache is not split when what would remain
+/// is under 1 MiB, so the same request counts up to 1 MiB more or less depending on what the
+/// cache holds, and a profile and a step would disagree by that much (docs/design.md §7).
+/// 1.13 has no requested bytes: its block sizes are used.
 struct CudaAllocated {
     std::int64_t current = 0;
     std::int64_t peak = 0;
@@ -71,11 +77,12 @@ struct CudaAllocated {
 #if TORCH_VERSION_MAJOR >= 2
     using c10::CachingAllocator::StatType;
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
+    const auto& all = stats.requested_bytes[static_cast<std::size_t>(StatType::AGGREGATE)];
 #else
     using c10::cuda::CUDACachingAllocator::StatType;
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<int>(device));
-#endif
     const auto& all = stats.allocated_bytes[static_cast<std::size_t>(StatType::AGGREGATE)];
+#endif
     return {all.current, all.peak};
 }
 

@@ -364,6 +364,34 @@ struct StageGraph {
     return input_grad ? std::move(grads[0]) : at::Tensor();
 }
 
+/// Runs `work` on the thread where autograd runs this device's backward: the engine's thread
+/// for the device on a GPU, the calling thread on the CPU. Why: cuBLAS and cuBLASLt give each
+/// thread a workspace of their own (tens of MiB), allocated through the caching allocator at
+/// that thread's first call and kept for the life of the process. The drop-in modules run
+/// recomputations inside autograd's backward, on that thread; profiling runs the model there
+/// once first, so that no step is charged for this one-time allocation and no op's measured
+/// overhead contains it (docs/design.md §6, "Library workspaces").
+template <class Work>
+void run_on_backward_thread(const c10::Device& device, Work&& work) {
+    const at::Tensor seed = at::zeros({1}, at::TensorOptions().device(device)).requires_grad_(true);
+    at::Tensor relay;
+    {
+        const ::torch::autograd::AutoGradMode grad_mode(true);
+        relay = seed * 2;  // not a leaf: a hook on it runs inside the backward
+    }
+    std::exception_ptr failure;
+    relay.register_hook([&](const at::Tensor& grad) {
+        try {
+            work();
+        } catch (...) {
+            failure = std::current_exception();
+        }
+        return grad;
+    });
+    ::torch::autograd::backward({relay.sum()});
+    if (failure) std::rethrow_exception(failure);
+}
+
 // ------------------------------------------------------------------------------ parameters
 
 /// The trainable parameters of a chain, each once, and which of them each stage uses.
