@@ -49,7 +49,7 @@ public:
     OffloadTraining(Model& m, Allocator& allocator, const Matrix& input, const Matrix& target, const remat::Problem& problem,
                     float lr, float mu)
         : m_(&m), allocator_(&allocator), input_(input), target_(target), lr_(lr), mu_(mu),
-          backend_(m, input) {
+          backend_(m, input), step_generator_(m.generator) {
         const std::size_t L = m.layers.size();
         ids_ = remat::chain_ids(L);
         velocity_.resize(L + 1);
@@ -95,7 +95,8 @@ public:
     // ---- DeviceStore
     [[nodiscard]] std::vector<std::span<std::byte>> device_bytes(remat::DataId d) {
         std::vector<std::span<std::byte>> out;
-        for (Matrix* matrix : matrices(d)) out.push_back(std::as_writable_bytes(std::span(matrix->values())));
+        for (Matrix* matrix : matrices(d))
+            if (matrix->bytes() > 0) out.push_back(std::as_writable_bytes(std::span(matrix->values())));  // none when away
         return out;
     }
     void make_device_copy(remat::DataId d) {
@@ -113,6 +114,13 @@ public:
     void end_step() {
         backend_ = Backend(*m_, input_);
         for (auto& state : first_rng_) state.reset();
+        step_generator_ = m_->generator;
+    }
+    /// A failed step (the engine calls it): as end_step, with the generator put back where
+    /// the step found it, so that the step can be run again and draw the same numbers.
+    void abort_step() {
+        m_->generator = step_generator_;
+        end_step();
     }
 
 private:
@@ -157,6 +165,7 @@ private:
     std::vector<std::optional<std::mt19937>> first_rng_;
     std::vector<std::pair<Role, std::size_t>> layer_of_;  // by data
     std::vector<std::size_t> update_layer_;               // by op: the layer an update steps, or 0
+    std::mt19937 step_generator_;                         // the generator when the step started
     double loss_ = 0.0;
 };
 

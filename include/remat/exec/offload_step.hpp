@@ -6,7 +6,9 @@
 // The engine waits exactly where the semantics do: an op waits for the prefetches of what it
 // reads or updates, and an op that updates a data also for the offload still reading it; a
 // free waits for the transfers that use the copy (inside the transfer backend). A step is
-// run in two phases like every remat step: up to the loss, and the rest.
+// run in two phases like every remat step: up to the loss, and the rest. A step is all or
+// nothing: one that fails leaves every data's values and copies as it found them
+// (OffloadStepOptions::rollback).
 #pragma once
 
 #include <algorithm>
@@ -26,7 +28,8 @@
 namespace remat {
 
 /// What runs the ops of a problem with transfers: every op (forwards, the loss, backwards,
-/// updates), and the release of data that do not move (activations, gradients).
+/// updates), and the release of data that do not move (activations, gradients). A compute
+/// that also has abort_step() is told when a step fails, to drop what the step computed.
 template <class C>
 concept StepCompute = requires(C& compute, OpId op, DataId data) {
     compute.run(op);
@@ -44,7 +47,17 @@ struct OffloadStepReport {
     double seconds = 0.0;
     /// Per step: device memory while it ran (an op) or after it (anything else).
     std::vector<Bytes> measured_device_timeline;
+    /// Host bytes kept so that a failure can undo the updates (OffloadStepOptions::rollback).
+    Bytes rollback_bytes = 0;
     bool completed = false;
+};
+
+struct OffloadStepOptions {
+    /// Keep each updated data's values until the step completes (a copy to host memory before
+    /// its update), so that a failure leaves parameters and optimizer state as they were.
+    /// Without it, a failure after an update leaves that update in place (the copies are still
+    /// put back where the step found them).
+    bool rollback = true;
 };
 
 /// Puts the offloadable data where `schedule` starts them: the data of `start_on_host` get a
@@ -63,9 +76,9 @@ class OffloadStep {
 public:
     /// The schedule must be valid (offload::simulate); the data must be where it starts them.
     OffloadStep(const Problem& problem, offload::OffloadSchedule schedule, Compute& compute, Transfers& transfers,
-                Probe& probe)
+                Probe& probe, OffloadStepOptions options = {})
         : problem_(&problem), schedule_(std::move(schedule)), compute_(&compute), transfers_(&transfers), probe_(&probe),
-          prediction_(offload::simulate(problem, schedule_)) {
+          options_(options), prediction_(offload::simulate(problem, schedule_)) {
         if (!prediction_.valid)
             throw InvalidInput("offloading step of '" + problem.name() + "': the schedule is invalid: " + prediction_.error);
         loss_step_ = schedule_.steps.size();
@@ -83,6 +96,7 @@ public:
     void forward() {
         if (started_) throw ExecutionError("offloading step: forward() was already called");
         started_ = true;
+        transfers_->begin_step();
         device_reference_ = probe_->current() - prediction_.device_initial;
         host_reference_ = transfers_->host_bytes() - prediction_.host_initial;
         report_.measured_device_peak = prediction_.device_initial;
@@ -92,7 +106,9 @@ public:
 
     /// The loss and the rest; every transfer is done when it returns.
     void backward() {
-        if (!started_ || report_.completed) throw ExecutionError("offloading step: backward() needs one forward() before it");
+        if (!started_ || report_.completed || failed_)
+            throw ExecutionError(failed_ ? "offloading step: the step failed and was rolled back; start a new step"
+                                         : "offloading step: backward() needs one forward() before it");
         run_steps(loss_step_, schedule_.steps.size());
         try {
             transfers_->synchronize();
@@ -100,6 +116,8 @@ public:
             fail(schedule_.steps.size());
         }
         report_.measured_host_peak = transfers_->host_peak() - host_reference_;
+        report_.rollback_bytes = transfers_->rollback_bytes();
+        transfers_->commit_step();
         report_.completed = true;
     }
 
@@ -149,24 +167,39 @@ private:
         const Op& op = problem_->op(id);
         for (const DataId d : op.reads)
             if (problem_->data(d).offloadable) transfers_->wait_device(d);
-        for (const DataId d : op.updates)
+        for (const DataId d : op.updates) {
             if (problem_->data(d).offloadable) transfers_->wait_writable(d);
+            if (options_.rollback) transfers_->keep_for_rollback(d);
+        }
         probe_->reset_peak();
         compute_->run(id);
         return probe_->peak() - device_reference_;
     }
 
-    // Waits for the copies in flight (they may use what the step held), then rethrows what is
+    // Puts the data back as the step found them (the transfer backend waits for the copies in
+    // flight first), lets the framework drop the step's activations, then rethrows what is
     // being handled, naming the step.
     [[noreturn]] void fail(std::size_t index) {
+        failed_ = true;
+        std::string rollback;
         try {
-            transfers_->synchronize();
+            transfers_->roll_back();
+        } catch (const std::exception& e) {
+            rollback = std::string(" (and rolling back failed too: ") + e.what() + ")";
         } catch (...) {
+            rollback = " (and rolling back failed too)";
+        }
+        if constexpr (requires(Compute& c) { c.abort_step(); }) {
+            try {
+                compute_->abort_step();
+            } catch (...) {
+                rollback += " (and the framework could not drop the step's activations)";
+            }
         }
         const std::string what = index < schedule_.steps.size() ? offload::describe(*problem_, schedule_.steps[index])
                                                                 : std::string("the end");
         const std::string context = "offloading step of '" + problem_->name() + "': step " + std::to_string(index) + " (" +
-                                    what + ") failed: ";
+                                    what + ") failed" + rollback + ": ";
         try {
             throw;
         } catch (const InvalidInput& e) {
@@ -183,9 +216,11 @@ private:
     Compute* compute_;
     Transfers* transfers_;
     Probe* probe_;
+    OffloadStepOptions options_;
     offload::OffloadReport prediction_;
     std::size_t loss_step_ = 0;
     bool started_ = false;
+    bool failed_ = false;
     Bytes device_reference_ = 0;
     Bytes host_reference_ = 0;
     OffloadStepReport report_;

@@ -9,6 +9,10 @@
 // The offloading engine (offload_step.hpp) drives it in schedule order and waits where the
 // semantics say: an op for the prefetches it reads, a free for the transfers using the copy.
 //
+// A step is all or nothing: the backend keeps the values of a data before an op updates it
+// (an optimizer step inside the plan), and a failed step puts every data's values and copies
+// back as the step found them; the kept bytes are counted apart from the plan's host memory.
+//
 // CpuTransfers runs each direction on its own worker thread, so copies overlap the caller's
 // compute for real; host copies are plain buffers outside the framework's allocator, counted
 // by the backend itself. The CUDA backend (side streams, events, pinned buffers) lives with
@@ -59,6 +63,12 @@ concept TransferBackend = requires(T& t, const T& ct, DataId data) {
     { ct.host_bytes() } -> std::convertible_to<Bytes>;
     { ct.host_peak() } -> std::convertible_to<Bytes>;
     t.reset_host_peak();
+    // All or nothing: a step that fails leaves every data as the step found it.
+    t.begin_step();                 ///< remembers where each data has a copy now
+    t.keep_for_rollback(data);      ///< keeps the device copy's values (before an op updates it)
+    t.roll_back();                  ///< puts values and copies back as begin_step found them
+    t.commit_step();                ///< forgets what keep_for_rollback kept
+    { ct.rollback_bytes() } -> std::convertible_to<Bytes>;  ///< bytes it keeps now
 };
 
 namespace detail::transfer {
@@ -132,11 +142,14 @@ class CpuTransfers {
 public:
     CpuTransfers(Store& store, const Problem& problem)
         : store_(&store), bytes_(problem.data_count()), host_(problem.data_count()), device_ticket_(problem.data_count(), 0),
-          read_ticket_(problem.data_count(), 0), host_ticket_(problem.data_count(), 0), host_read_ticket_(problem.data_count(), 0) {
+          read_ticket_(problem.data_count(), 0), host_ticket_(problem.data_count(), 0), host_read_ticket_(problem.data_count(), 0),
+          kept_(problem.data_count()), device_live_(problem.data_count(), 1), started_on_device_(problem.data_count(), 1),
+          started_on_host_(problem.data_count(), 0), touched_(problem.data_count(), 0) {
         for (std::size_t k = 0; k < problem.data_count(); ++k) bytes_[k] = problem.data(DataId{k}).bytes;
     }
 
     void offload(DataId d) {
+        touched_[d.index] = 1;
         std::vector<std::span<std::byte>> source = store_->device_bytes(d);
         std::byte* target = host_buffer(d);
         // The copy waits, on its own channel, for the device copy to be complete and for a
@@ -157,6 +170,8 @@ public:
     void prefetch(DataId d) {
         if (!host_[d.index]) throw ExecutionError("prefetch of data #" + std::to_string(d.index) + " without a host copy");
         store_->make_device_copy(d);
+        device_live_[d.index] = 1;
+        touched_[d.index] = 1;
         std::vector<std::span<std::byte>> target = store_->device_bytes(d);
         const std::byte* source = host_[d.index].get();
         // The copy waits, on its own channel, for the host copy to be complete.
@@ -183,15 +198,70 @@ public:
         wait_device(d);
         to_host_->wait(read_ticket_[d.index]);
         store_->drop_device_copy(d);
+        device_live_[d.index] = 0;
+        touched_[d.index] = 1;
     }
 
     void release_host(DataId d) {
         to_host_->wait(host_ticket_[d.index]);
         to_device_->wait(host_read_ticket_[d.index]);
-        if (host_[d.index]) {
-            host_[d.index].reset();
-            host_bytes_ -= bytes_[d.index];
+        drop_host_copy(d);
+        touched_[d.index] = 1;
+    }
+
+    // ---- all or nothing
+
+    void begin_step() {
+        synchronize();
+        commit_step();
+        for (std::size_t k = 0; k < bytes_.size(); ++k) {
+            started_on_device_[k] = device_live_[k];
+            started_on_host_[k] = host_[k] ? 1 : 0;
         }
+        std::fill(touched_.begin(), touched_.end(), 0);
+    }
+
+    // A synchronous copy: the op that updates the data runs right after.
+    void keep_for_rollback(DataId d) {
+        if (kept_[d.index]) return;
+        wait_writable(d);
+        kept_[d.index] = gather(store_->device_bytes(d), bytes_[d.index]);
+        rollback_bytes_ += bytes_[d.index];
+        touched_[d.index] = 1;
+    }
+
+    // Each data the step moved or updated gets its values back (those kept before an update,
+    // else those of a copy the step did not change) wherever it had a copy, and loses the
+    // copies it did not have.
+    void roll_back() {
+        synchronize();
+        for (std::size_t k = 0; k < bytes_.size(); ++k) {
+            if (!touched_[k]) continue;
+            const DataId d{k};
+            const std::vector<std::byte> values = values_before_step(d);
+            if (started_on_host_[k]) {
+                std::memcpy(host_buffer(d), values.data(), values.size());
+            } else {
+                drop_host_copy(d);
+            }
+            if (started_on_device_[k]) {
+                if (!device_live_[k]) {
+                    store_->make_device_copy(d);
+                    device_live_[k] = 1;
+                }
+                scatter(values, store_->device_bytes(d));
+            } else if (device_live_[k]) {
+                store_->drop_device_copy(d);
+                device_live_[k] = 0;
+            }
+        }
+        commit_step();
+        std::fill(touched_.begin(), touched_.end(), 0);
+    }
+
+    void commit_step() {
+        for (auto& kept : kept_) kept.reset();
+        rollback_bytes_ = 0;
     }
 
     void synchronize() {
@@ -200,6 +270,8 @@ public:
     }
 
     [[nodiscard]] Bytes host_bytes() const noexcept { return host_bytes_; }
+    /// Host bytes kept for a rollback (outside host_bytes(): the plan's host limit is not theirs).
+    [[nodiscard]] Bytes rollback_bytes() const noexcept { return rollback_bytes_; }
     [[nodiscard]] Bytes host_peak() const noexcept { return host_peak_; }
     void reset_host_peak() noexcept { host_peak_ = host_bytes_; }
     /// The host copy of a data (empty when it has none), once its offload is done.
@@ -224,6 +296,50 @@ private:
         return host_[d.index].get();  // a stale copy is overwritten in place
     }
 
+    void drop_host_copy(DataId d) {
+        if (!host_[d.index]) return;
+        host_[d.index].reset();
+        host_bytes_ -= bytes_[d.index];
+    }
+
+    [[nodiscard]] static std::unique_ptr<std::byte[]> gather(const std::vector<std::span<std::byte>>& parts, Bytes bytes) {
+        auto out = std::make_unique<std::byte[]>(static_cast<std::size_t>(bytes));
+        std::size_t at = 0;
+        for (const std::span<std::byte> part : parts) {
+            std::memcpy(out.get() + at, part.data(), part.size());
+            at += part.size();
+        }
+        return out;
+    }
+    static void scatter(const std::vector<std::byte>& values, const std::vector<std::span<std::byte>>& parts) {
+        std::size_t at = 0;
+        for (const std::span<std::byte> part : parts) {
+            std::memcpy(part.data(), values.data() + at, part.size());
+            at += part.size();
+        }
+    }
+
+    // Where the values of a data at the start of the step are now: kept before its update;
+    // else its device copy, when that copy lived through the step (nothing updated it);
+    // else its host copy (an offload wrote the same values, or the step never touched it);
+    // else a device copy made in the step (prefetched from a host copy since freed).
+    [[nodiscard]] std::vector<std::byte> values_before_step(DataId d) {
+        const auto n = static_cast<std::size_t>(bytes_[d.index]);
+        std::vector<std::byte> values(n);
+        if (kept_[d.index]) {
+            std::memcpy(values.data(), kept_[d.index].get(), n);
+        } else if ((started_on_device_[d.index] || !host_[d.index]) && device_live_[d.index]) {
+            const auto device = gather(store_->device_bytes(d), bytes_[d.index]);
+            std::memcpy(values.data(), device.get(), n);
+        } else if (host_[d.index]) {
+            std::memcpy(values.data(), host_[d.index].get(), n);
+        } else {
+            throw ExecutionError("rolling back data #" + std::to_string(d.index) +
+                                 ": no copy of it is left on the device or the host (the schedule freed the last one)");
+        }
+        return values;
+    }
+
     Store* store_;
     std::vector<Bytes> bytes_;
     std::vector<std::unique_ptr<std::byte[]>> host_;
@@ -231,7 +347,9 @@ private:
     std::vector<std::uint64_t> read_ticket_;       // the offload reading the device copy
     std::vector<std::uint64_t> host_ticket_;       // the offload writing the host copy
     std::vector<std::uint64_t> host_read_ticket_;  // the prefetch reading the host copy
-    Bytes host_bytes_ = 0, host_peak_ = 0;
+    std::vector<std::unique_ptr<std::byte[]>> kept_;  // values before an update, for a rollback
+    std::vector<char> device_live_, started_on_device_, started_on_host_, touched_;
+    Bytes host_bytes_ = 0, host_peak_ = 0, rollback_bytes_ = 0;
     // Last: their workers stop (and join) before the buffers they copy go.
     std::unique_ptr<detail::transfer::CopyChannel> to_host_ = std::make_unique<detail::transfer::CopyChannel>();
     std::unique_ptr<detail::transfer::CopyChannel> to_device_ = std::make_unique<detail::transfer::CopyChannel>();
