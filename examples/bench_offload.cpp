@@ -10,16 +10,26 @@
 // Weights + gradients + optimizer state are more than half of store-all's memory. The last
 // column lets the combined planner offload the stages' outputs and saved states too (POFO).
 //
-//   bench_offload [--layers L] [--width d] [--tokens T] [--write-problem FILE.json]
+// Then the CPU backend, measured: minigrad (examples/embedding) trained with SGD with momentum
+// inside the plan, weights and momentum copied by remat::CpuTransfers' worker threads. Its
+// chain, the optimizer step's time and the copy bandwidth are measured on this machine; each
+// plan's predicted overhead is set against its measured one (median step time against plain
+// training's), with the device and host peaks.
+//
+//   bench_offload [--layers L] [--width d] [--tokens T] [--steps N] [--write-problem FILE.json]
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <remat/io/json.hpp>
 #include <remat/remat.hpp>
+
+#include "embedding/minigrad_offload.hpp"
 
 namespace {
 
@@ -158,10 +168,120 @@ void table(const Model& m, const Machine& machine, double bandwidth) {
     }
 }
 
+// ---------------------------------------------------------------- the CPU backend, measured
+
+template <class F>
+double median_seconds(std::size_t runs, F&& f) {
+    std::vector<double> times;
+    for (std::size_t r = 0; r < runs; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        f();
+        times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(times.size() / 2), times.end());
+    return times[times.size() / 2];
+}
+
+// What a copy between two buffers of this machine sustains, bytes per second.
+double copy_bandwidth() {
+    const std::size_t n = std::size_t{32} << 20;
+    std::vector<std::byte> from(n, std::byte{1}), to(n);
+    const double seconds = median_seconds(7, [&] { std::memcpy(to.data(), from.data(), n); });
+    return static_cast<double>(n) / seconds;
+}
+
+// Seconds per parameter byte of one SGD-with-momentum update.
+double update_seconds_per_byte(minigrad::Allocator& memory) {
+    std::mt19937 g(5);
+    minigrad::Matrix p = minigrad::random_matrix(memory, 512, 512, g, 1.0f), v(memory, 512, 512);
+    const minigrad::Matrix grad = minigrad::random_matrix(memory, 512, 512, g, 1.0f);
+    return median_seconds(7, [&] { minigrad::momentum_update(p, v, grad, 0.01f, 0.9f); }) / static_cast<double>(p.bytes());
+}
+
+void measured_on_cpu_backend(std::size_t steps) {
+    using namespace minigrad;
+    constexpr float lr = 0.01f, mu = 0.9f;
+    Allocator memory;
+    minigrad::Model model = make_model(memory, 128, 128, 512, 4, 16);
+    std::mt19937 data(3);
+    const Matrix x = random_matrix(memory, 64, 128, data, 1.0f), target = random_matrix(memory, 64, 16, data, 1.0f);
+    // Plain training (every activation kept, the optimizer after the backward): the reference.
+    std::vector<std::vector<Matrix>> velocity;
+    for (Layer& layer : model.layers) {
+        velocity.emplace_back();
+        for (Matrix* p : parameters(layer)) velocity.back().emplace_back(memory, p->rows(), p->cols());
+    }
+    const auto plain_training_step = [&] {
+        const PlainStep plain = plain_step(model, x, target);
+        for (std::size_t l = 0; l < model.layers.size(); ++l) {
+            const auto ps = parameters(model.layers[l]);
+            for (std::size_t k = 0; k < ps.size(); ++k) momentum_update(*ps[k], velocity[l][k], plain.gradients[l][k], lr, mu);
+        }
+    };
+    plain_training_step();  // warm-up
+    const double plain_seconds = median_seconds(steps, plain_training_step);
+    velocity.clear();
+
+    const Profile profiled = profile(model, memory, x);
+    const double bandwidth = copy_bandwidth();
+    remat::offload::TrainingStateOptions options{1.0, update_seconds_per_byte(memory), true,
+                                                 remat::TransferSettings{std::nullopt, bandwidth, bandwidth}, true};
+    const std::vector<Bytes> params = parameter_bytes(model);
+    const remat::Problem planned = remat::offload::training_problem(profiled.chain, params, options);
+    const remat::Problem predicting = remat::offload::training_problem(profiled.problem, params, options);
+    const remat::Reference ref = remat::store_all_reference(planned);
+    std::printf("\nCPU backend, measured (minigrad, %zu layers; SGD with momentum in the plan; copies on 2 worker threads "
+                "at %.1f GB/s measured): plain step %.2f ms (median of %zu), predicted T_ref %.2f ms; P_ref %s\n",
+                model.layers.size(), bandwidth / 1e9, 1e3 * plain_seconds, steps, 1e3 * ref.time,
+                remat::format_bytes(ref.peak).c_str());
+    std::printf("  %8s %10s | %-16s %9s %9s | %10s %10s | %10s %10s | %s\n", "budget", "", "method", "pred ovh", "meas ovh",
+                "dev pred", "dev meas", "host pred", "host meas", "transfers");
+    for (const int percent : {100, 70, 50, 40, 35, 30, 25, 20}) {
+        const Bytes budget = remat::percent_of(ref.peak, percent);
+        const auto plan = remat::offload::plan_with_offload(planned, budget, remat::Rotor{});
+        if (!plan) {
+            std::printf("  %7d%% %10s | no plan\n", percent, remat::format_bytes(budget).c_str());
+            continue;
+        }
+        OffloadTraining training(model, memory, x, target, predicting, lr, mu);
+        remat::CpuTransfers<OffloadTraining> copies(training, predicting);
+        AllocatorProbe probe{&memory};
+        remat::place_for(plan->schedule, copies);
+        remat::OffloadStepReport last;
+        const auto offloaded_step = [&] {
+            remat::OffloadStep<OffloadTraining, remat::CpuTransfers<OffloadTraining>, AllocatorProbe> run(
+                predicting, plan->schedule, training, copies, probe);
+            run.run();
+            last = run.report();
+            training.end_step();
+        };
+        offloaded_step();  // warm-up
+        const double seconds = median_seconds(steps, offloaded_step);
+        // Back on the device for the next plan: its start_on_host differs.
+        for (const remat::DataId d : plan->schedule.start_on_host) {
+            copies.prefetch(d);
+            copies.release_host(d);
+        }
+        copies.synchronize();
+        std::printf("  %7d%% %10s | %-16s %+8.1f%% %+8.1f%% | %10s %10s | %10s %10s | %s out + %s in\n", percent,
+                    remat::format_bytes(budget).c_str(), plan->method.c_str(),
+                    100.0 * (last.predicted_makespan / ref.time - 1.0), 100.0 * (seconds / plain_seconds - 1.0),
+                    remat::format_bytes(last.predicted_device_peak).c_str(),
+                    remat::format_bytes(last.measured_device_peak).c_str(),
+                    remat::format_bytes(last.predicted_host_peak).c_str(),
+                    remat::format_bytes(last.measured_host_peak).c_str(),
+                    remat::format_bytes(plan->report.bytes_to_host).c_str(),
+                    remat::format_bytes(plan->report.bytes_to_device).c_str());
+    }
+    std::printf("  (measured overhead: median step through remat::OffloadStep, rollback copies included, against the "
+                "plain step; the prediction's own reference is T_ref)\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     Model m;
+    std::size_t steps = 5;
     std::optional<std::string> write_problem;
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
@@ -176,8 +296,10 @@ int main(int argc, char** argv) {
         else if (arg == "--width") m.width = std::stod(value());
         else if (arg == "--tokens") m.tokens = std::stod(value());
         else if (arg == "--write-problem") write_problem = value();
+        else if (arg == "--steps") steps = std::stoul(value());
         else {
-            std::fprintf(stderr, "usage: bench_offload [--layers L] [--width d] [--tokens T] [--write-problem FILE]\n");
+            std::fprintf(stderr,
+                         "usage: bench_offload [--layers L] [--width d] [--tokens T] [--steps N] [--write-problem FILE]\n");
             return 2;
         }
     }
@@ -193,4 +315,5 @@ int main(int argc, char** argv) {
                 m.layers, m.width, m.tokens);
     for (const Machine& machine : {cpu, gpu})
         for (const double bandwidth : {12e9, 25e9}) table(m, machine, bandwidth);
+    if (steps > 0) measured_on_cpu_backend(steps);
 }
