@@ -11717,7 +11717,10 @@ inline std::vector<char> training_state_data(const Problem& p) {
 namespace detail {
 
 // Where each update goes: after the last step that reads or updates what it changes, or
-// writes what it reads (`steps` are in the full problem's ids).
+// writes what it reads, and after the frees that follow that step (`steps` are in the full
+// problem's ids). The frees come first because a backward's own saved state is gone when it
+// returns (autograd frees it as it goes): an update placed before the plan's free of it
+// would have the simulator count that state a while longer than any framework holds it.
 inline std::vector<std::vector<OpId>> update_positions(const Problem& full, const Schedule& steps) {
     std::vector<std::vector<OpId>> after(steps.size() + 1);  // after[i + 1]: right after step i; after[0]: first
     for (std::size_t u = 0; u < full.op_count(); ++u) {
@@ -11733,6 +11736,7 @@ inline std::vector<std::vector<OpId>> update_positions(const Problem& full, cons
             if (touches(op.reads, update.updates) || touches(op.updates, update.updates) || touches(op.writes, update.reads))
                 position = i + 1;
         }
+        while (position > 0 && position < steps.size() && steps[position].is_free()) ++position;
         after[position].push_back(OpId{u});
     }
     return after;
@@ -12279,6 +12283,23 @@ private:
     std::vector<DataId> free_host_at_end_;
 };
 
+// The plan's frees of data that never move go before the transfers placed in front of them
+// (up to the op before): memory only comes back sooner, and no transfer waits for such a
+// free. A backward's saved state, freed by the plan right after the backward, is so counted
+// gone where autograd has freed it already, and no prefetch's reservation is counted on top.
+inline void free_unmoved_data_first(const Problem& problem, OffloadSchedule& schedule) {
+    auto& steps = schedule.steps;
+    for (std::size_t i = 1; i < steps.size(); ++i) {
+        if (steps[i].kind() != TransferStep::Kind::free || problem.data(steps[i].data()).offloadable) continue;
+        std::size_t j = i;
+        while (j > 0 && !steps[j - 1].is_run() &&
+               !(steps[j - 1].kind() == TransferStep::Kind::free && !problem.data(steps[j - 1].data()).offloadable)) {
+            std::swap(steps[j - 1], steps[j]);
+            --j;
+        }
+    }
+}
+
 }  // namespace detail::greedy
 
 /// Greedy (or Greedy*) weight offloading on `plan`, a valid schedule of `problem` (with its
@@ -12292,6 +12313,7 @@ private:
     detail::greedy::Selection selection = detail::greedy::find_gaps(problem, plan, base, budget, options.activations);
     if (!detail::greedy::select(problem, selection, options.variant, transfers.host_limit)) return std::nullopt;
     OffloadSchedule schedule = detail::greedy::Placement(problem, plan, selection, transfers).build();
+    detail::greedy::free_unmoved_data_first(problem, schedule);
     const OffloadReport report = simulate(problem, schedule, transfers);
     if (!report.valid || report.device_peak > budget)
         throw SolverError("offload_weights: the transfers placed for '" + problem.name() + "' give " +
@@ -12858,7 +12880,9 @@ namespace remat {
 
 /// What runs the ops of a problem with transfers: every op (forwards, the loss, backwards,
 /// updates), and the release of data that do not move (activations, gradients). A compute
-/// that also has abort_step() is told when a step fails, to drop what the step computed.
+/// that also has abort_step() is told when a step fails, to drop what the step computed; one
+/// with prepare(op) is called before each op's measured window, for work that is not the
+/// op's (reading the random generators' state may allocate for a moment).
 template <class C>
 concept StepCompute = requires(C& compute, OpId op, DataId data) {
     compute.run(op);
@@ -13000,6 +13024,7 @@ private:
             if (problem_->data(d).offloadable) transfers_->wait_writable(d);
             if (options_.rollback) transfers_->keep_for_rollback(d);
         }
+        if constexpr (requires(Compute& c) { c.prepare(id); }) compute_->prepare(id);
         probe_->reset_peak();
         compute_->run(id);
         return probe_->peak() - device_reference_;

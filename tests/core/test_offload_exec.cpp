@@ -11,6 +11,7 @@
 #include <remat/remat.hpp>
 
 #include "../../examples/embedding/minigrad_offload.hpp"
+#include "../support/faulty_compute.hpp"
 
 namespace {
 
@@ -134,18 +135,7 @@ TEST_CASE("offloaded training of minigrad equals plain training bitwise, with th
 
 namespace {
 
-// OffloadTraining with a fault: the op run at position `fail_at` (counting every run) throws.
-struct FaultyTraining {
-    OffloadTraining* inner;
-    std::size_t fail_at;
-    std::size_t runs = 0;
-    void run(remat::OpId op) {
-        if (runs++ == fail_at) throw std::runtime_error("injected fault");
-        inner->run(op);
-    }
-    void release(remat::DataId d) { inner->release(d); }
-    void abort_step() { inner->abort_step(); }
-};
+using FaultyTraining = remat_test::FaultyCompute<OffloadTraining>;
 
 // The training state as the transfer backend and the store hold it: per weight and momentum
 // data, its host copy (or nothing) and its device copy (or nothing); the memory of both.

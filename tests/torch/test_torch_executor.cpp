@@ -9,6 +9,7 @@
 #include <remat/solvers/rotor.hpp>
 #include <remat/torch/executor.hpp>
 #include <remat/torch/memory.hpp>
+#include <remat/torch/offload.hpp>
 #include <remat/torch/profile.hpp>
 #include <remat/torch/sequential.hpp>
 
@@ -18,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/faulty_compute.hpp"
 #include "models.hpp"
 
 namespace rt = remat::torch;
@@ -350,5 +352,141 @@ TEST_CASE("executor's measured peak matches the simulator's prediction", "[torch
             for (const auto& param : model->parameters()) grad_bytes += param.grad().nbytes();
             CHECK(probe.current() - before <= grad_bytes + static_cast<remat::Bytes>(result.output.nbytes()) + 64);
         }
+    }
+}
+
+// ------------------------------------------------------------------ offloading (torch/offload.hpp)
+
+namespace {
+
+using OffloadCopies = remat::CpuTransfers<rt::OffloadedChain>;
+
+// A Sequential, its copy trained by plain LibTorch with torch::optim::SGD, and a plan that
+// offloads part of the weights and momentum.
+struct OffloadCase {
+    rt::CpuMemoryProbe probe;
+    torch::nn::Sequential model = remat_test::make_mlp(32, 128, 4, 5, 0.3);
+    torch::nn::Sequential reference = remat_test::copy_of(model);
+    rt::StageList stages = remat_test::blocks_of(model);
+    at::Tensor x = torch::randn({64, 32});
+    at::Tensor y = torch::randint(0, 5, {64}, torch::kLong);
+    rt::ChainLoss loss = [y = y](const at::Tensor& out) { return cross_entropy(out, y); };
+    rt::OffloadTrainingProblems problems = make_problems();
+    std::optional<remat::offload::OffloadPlan> plan =
+        remat::offload::plan_with_offload(problems.planned, remat::store_all_reference(problems.planned).peak * 40 / 100,
+                                          remat::Rotor{});
+
+    rt::OffloadTrainingProblems make_problems() {
+        const rt::ChainProfile profile = rt::profile_chain(stages, x, quick_profile(), probe);
+        remat::offload::TrainingStateOptions options;
+        options.transfers = remat::TransferSettings{std::nullopt, 1e10, 1e10};
+        return rt::offload_training_problems(stages, profile, loss, x, options, probe);
+    }
+
+    // The weights and momentum as the step leaves them: host copies, device copies, memory.
+    std::vector<std::vector<std::byte>> state(rt::OffloadedChain& training, OffloadCopies& copies) const {
+        std::vector<std::vector<std::byte>> out;
+        for (std::size_t k = 0; k < problems.predicting.data_count(); ++k) {
+            const remat::DataId d{k};
+            const std::string& name = problems.predicting.data(d).name;
+            if (name.empty() || (name[0] != 'w' && name[0] != 'm')) continue;
+            const auto host = copies.host_copy(d);
+            out.emplace_back(host.begin(), host.end());
+            out.emplace_back();
+            for (const auto part : training.device_bytes(d)) out.back().insert(out.back().end(), part.begin(), part.end());
+        }
+        return out;
+    }
+};
+
+using FaultyChain = remat_test::FaultyCompute<rt::OffloadedChain>;
+
+}  // namespace
+
+TEST_CASE("offloading: a Sequential trained with weights and momentum moved to the host equals torch::optim::SGD bitwise",
+          "[torch][offload]") {
+    at::set_num_threads(1);
+    OffloadCase c;
+    REQUIRE(c.plan);
+    INFO(c.plan->method);
+    REQUIRE(c.plan->report.offloads > 0);
+    REQUIRE_FALSE(c.plan->schedule.start_on_host.empty());
+    const std::vector<at::Tensor> parameters = c.model->parameters();
+    std::vector<const void*> identity;
+    for (const at::Tensor& p : parameters) identity.push_back(p.unsafeGetTensorImpl());
+
+    rt::OffloadedChain training(c.stages, c.problems.predicting, c.loss, {0.05, 0.9}, c.x);
+    OffloadCopies copies(training, c.problems.predicting);
+    remat::place_for(c.plan->schedule, copies);
+    torch::optim::SGD sgd(c.reference->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    for (int step = 0; step < 3; ++step) {
+        INFO("step " << step);
+        torch::manual_seed(100 + step);
+        remat::OffloadStep<rt::OffloadedChain, OffloadCopies, rt::CpuMemoryProbe> run(c.problems.predicting,
+                                                                                     c.plan->schedule, training, copies,
+                                                                                     c.probe);
+        run.run();
+        torch::manual_seed(100 + step);
+        sgd.zero_grad();
+        const at::Tensor reference_loss = c.loss(c.reference->forward(c.x));
+        reference_loss.backward();
+        sgd.step();
+        CHECK(training.loss() == reference_loss.item<double>());
+        CHECK(run.report().measured_device_peak == run.report().predicted_device_peak);
+        CHECK(run.report().measured_host_peak == run.report().predicted_host_peak);
+        training.end_step();
+    }
+    // Back on the device, every parameter is the model's own tensor, with plain training's values.
+    for (const remat::DataId d : c.plan->schedule.start_on_host) {
+        copies.prefetch(d);
+        copies.release_host(d);
+    }
+    copies.synchronize();
+    const std::vector<at::Tensor> trained = c.model->parameters(), expected = c.reference->parameters();
+    REQUIRE(trained.size() == expected.size());
+    for (std::size_t i = 0; i < trained.size(); ++i) {
+        INFO("parameter " << i);
+        CHECK(trained[i].unsafeGetTensorImpl() == identity[i]);
+        CHECK(same(trained[i], expected[i]));
+    }
+    const std::vector<at::Tensor> buffers = c.model->buffers(), expected_buffers = c.reference->buffers();
+    for (std::size_t i = 0; i < buffers.size(); ++i) CHECK(same(buffers[i], expected_buffers[i]));
+}
+
+TEST_CASE("offloading: a fault mid-step leaves the Sequential's weights, momentum and buffers as they were",
+          "[torch][offload][fault]") {
+    at::set_num_threads(1);
+    OffloadCase c;
+    REQUIRE(c.plan);
+    rt::OffloadedChain training(c.stages, c.problems.predicting, c.loss, {0.05, 0.9}, c.x);
+    OffloadCopies copies(training, c.problems.predicting);
+    remat::place_for(c.plan->schedule, copies);
+    using Step = remat::OffloadStep<rt::OffloadedChain, OffloadCopies, rt::CpuMemoryProbe>;
+    {
+        Step run(c.problems.predicting, c.plan->schedule, training, copies, c.probe);
+        run.run();
+        training.end_step();
+    }
+    const auto before = c.state(training, copies);
+    std::vector<at::Tensor> buffers_before;
+    for (const at::Tensor& b : c.model->buffers()) buffers_before.push_back(b.clone());
+    const remat::Bytes memory_before = c.probe.current();
+    std::size_t runs = 0, first_update = 0;
+    for (const auto& step : c.plan->schedule.steps) {
+        if (!step.is_run()) continue;
+        if (!c.problems.predicting.op(step.op()).updates.empty() && first_update == 0) first_update = runs;
+        ++runs;
+    }
+    for (const std::size_t fail_at : {std::size_t{2}, (first_update + runs) / 2}) {
+        INFO("fault at run " << fail_at << " of " << runs);
+        FaultyChain faulty{&training, fail_at};
+        remat::OffloadStep<FaultyChain, OffloadCopies, rt::CpuMemoryProbe> run(c.problems.predicting, c.plan->schedule,
+                                                                               faulty, copies, c.probe);
+        CHECK_THROWS_WITH(run.run(), Catch::Matchers::Contains("injected fault"));
+        const bool unchanged = c.state(training, copies) == before;
+        CHECK(unchanged);
+        const std::vector<at::Tensor> buffers = c.model->buffers();
+        for (std::size_t i = 0; i < buffers.size(); ++i) CHECK(same(buffers[i], buffers_before[i]));
+        CHECK(c.probe.current() == memory_before);
     }
 }

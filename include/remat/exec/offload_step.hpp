@@ -29,7 +29,9 @@ namespace remat {
 
 /// What runs the ops of a problem with transfers: every op (forwards, the loss, backwards,
 /// updates), and the release of data that do not move (activations, gradients). A compute
-/// that also has abort_step() is told when a step fails, to drop what the step computed.
+/// that also has abort_step() is told when a step fails, to drop what the step computed; one
+/// with prepare(op) is called before each op's measured window, for work that is not the
+/// op's (reading the random generators' state may allocate for a moment).
 template <class C>
 concept StepCompute = requires(C& compute, OpId op, DataId data) {
     compute.run(op);
@@ -171,6 +173,7 @@ private:
             if (problem_->data(d).offloadable) transfers_->wait_writable(d);
             if (options_.rollback) transfers_->keep_for_rollback(d);
         }
+        if constexpr (requires(Compute& c) { c.prepare(id); }) compute_->prepare(id);
         probe_->reset_peak();
         compute_->run(id);
         return probe_->peak() - device_reference_;

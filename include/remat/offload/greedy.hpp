@@ -363,6 +363,23 @@ private:
     std::vector<DataId> free_host_at_end_;
 };
 
+// The plan's frees of data that never move go before the transfers placed in front of them
+// (up to the op before): memory only comes back sooner, and no transfer waits for such a
+// free. A backward's saved state, freed by the plan right after the backward, is so counted
+// gone where autograd has freed it already, and no prefetch's reservation is counted on top.
+inline void free_unmoved_data_first(const Problem& problem, OffloadSchedule& schedule) {
+    auto& steps = schedule.steps;
+    for (std::size_t i = 1; i < steps.size(); ++i) {
+        if (steps[i].kind() != TransferStep::Kind::free || problem.data(steps[i].data()).offloadable) continue;
+        std::size_t j = i;
+        while (j > 0 && !steps[j - 1].is_run() &&
+               !(steps[j - 1].kind() == TransferStep::Kind::free && !problem.data(steps[j - 1].data()).offloadable)) {
+            std::swap(steps[j - 1], steps[j]);
+            --j;
+        }
+    }
+}
+
 }  // namespace detail::greedy
 
 /// Greedy (or Greedy*) weight offloading on `plan`, a valid schedule of `problem` (with its
@@ -376,6 +393,7 @@ private:
     detail::greedy::Selection selection = detail::greedy::find_gaps(problem, plan, base, budget, options.activations);
     if (!detail::greedy::select(problem, selection, options.variant, transfers.host_limit)) return std::nullopt;
     OffloadSchedule schedule = detail::greedy::Placement(problem, plan, selection, transfers).build();
+    detail::greedy::free_unmoved_data_first(problem, schedule);
     const OffloadReport report = simulate(problem, schedule, transfers);
     if (!report.valid || report.device_peak > budget)
         throw SolverError("offload_weights: the transfers placed for '" + problem.name() + "' give " +

@@ -101,7 +101,10 @@ inline std::vector<char> training_state_data(const Problem& p) {
 namespace detail {
 
 // Where each update goes: after the last step that reads or updates what it changes, or
-// writes what it reads (`steps` are in the full problem's ids).
+// writes what it reads, and after the frees that follow that step (`steps` are in the full
+// problem's ids). The frees come first because a backward's own saved state is gone when it
+// returns (autograd frees it as it goes): an update placed before the plan's free of it
+// would have the simulator count that state a while longer than any framework holds it.
 inline std::vector<std::vector<OpId>> update_positions(const Problem& full, const Schedule& steps) {
     std::vector<std::vector<OpId>> after(steps.size() + 1);  // after[i + 1]: right after step i; after[0]: first
     for (std::size_t u = 0; u < full.op_count(); ++u) {
@@ -117,6 +120,7 @@ inline std::vector<std::vector<OpId>> update_positions(const Problem& full, cons
             if (touches(op.reads, update.updates) || touches(op.updates, update.updates) || touches(op.writes, update.reads))
                 position = i + 1;
         }
+        while (position > 0 && position < steps.size() && steps[position].is_free()) ++position;
         after[position].push_back(OpId{u});
     }
     return after;

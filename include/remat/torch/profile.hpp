@@ -149,16 +149,20 @@ inline void warm_up_backward_thread(const StageList& stages, const at::Tensor& s
 /// plan on the chain, whose single forward overhead is the larger of the two; a schedule of
 /// one is a schedule of the other, and simulating it on this problem predicts the peak the
 /// executor reaches, which the chain can only bound from above.
-[[nodiscard]] inline Problem measured_problem(const ChainProfile& profile) {
+/// `loss_overhead`: the transient bytes of the loss, when the plan runs it (an offloading step
+/// does; the drop-in module leaves it to the caller and measures it apart).
+[[nodiscard]] inline Problem measured_problem(const ChainProfile& profile, Bytes loss_overhead = 0) {
     Problem chain_problem = to_problem(profile.chain);
     const std::size_t L = profile.chain.length();
-    if (profile.no_grad_overhead.size() != L || profile.grad_overhead.size() != L) return chain_problem;
+    const bool both_forwards = profile.no_grad_overhead.size() == L && profile.grad_overhead.size() == L;
+    if (!both_forwards && loss_overhead == 0) return chain_problem;
     const ChainIds ids = chain_ids(L);
     std::vector<Bytes> overhead(chain_problem.op_count(), -1);
-    for (std::size_t l = 1; l <= L; ++l) {
+    for (std::size_t l = 1; l <= L && both_forwards; ++l) {
         overhead[ids.fwd[l].index] = profile.no_grad_overhead[l - 1];
         overhead[ids.fwd_grad[l].index] = profile.grad_overhead[l - 1];
     }
+    if (loss_overhead > 0) overhead[ids.loss.index] = loss_overhead;
     ProblemBuilder builder(chain_problem.name());
     for (const Data& d : chain_problem.all_data()) builder.add_data(d.name, d.bytes);
     for (std::size_t k = 0; k < chain_problem.op_count(); ++k) {

@@ -344,10 +344,10 @@ struct StageGraph {
 /// Back-propagates one stage: returns the gradient of its input (undefined when not wanted)
 /// and writes the gradient of each trainable parameter into `parameter_grads` (undefined
 /// when the stage does not reach it). The graph's saved tensors are freed as it runs, as
-/// in plain autograd.
+/// in plain autograd, unless `keep_saved` (then they go when the graph does).
 [[nodiscard]] inline at::Tensor run_backward(StageGraph& graph, const at::Tensor& grad_output, bool want_input_grad,
                                              const std::vector<at::Tensor>& trainable,
-                                             std::vector<at::Tensor>& parameter_grads) {
+                                             std::vector<at::Tensor>& parameter_grads, bool keep_saved = false) {
     parameter_grads.assign(trainable.size(), at::Tensor());
     if (!graph.output.requires_grad()) return at::Tensor();
     std::vector<at::Tensor> inputs;
@@ -357,7 +357,7 @@ struct StageGraph {
     inputs.insert(inputs.end(), trainable.begin(), trainable.end());
     if (inputs.empty()) return at::Tensor();
     std::vector<at::Tensor> grads = ::torch::autograd::grad({graph.output}, inputs, {grad_output},
-                                                            /*retain_graph=*/false, /*create_graph=*/false,
+                                                            /*retain_graph=*/keep_saved, /*create_graph=*/false,
                                                             /*allow_unused=*/true);
     const std::size_t first = input_grad ? 1 : 0;
     for (std::size_t i = 0; i < trainable.size(); ++i) parameter_grads[i] = std::move(grads[first + i]);
