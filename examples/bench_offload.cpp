@@ -257,12 +257,7 @@ void measured_on_cpu_backend(std::size_t steps) {
         };
         offloaded_step();  // warm-up
         const double seconds = median_seconds(steps, offloaded_step);
-        // Back on the device for the next plan: its start_on_host differs.
-        for (const remat::DataId d : plan->schedule.start_on_host) {
-            copies.prefetch(d);
-            copies.release_host(d);
-        }
-        copies.synchronize();
+        remat::return_to_device(plan->schedule, copies);  // for the next plan, which starts elsewhere
         std::printf("  %7d%% %10s | %-16s %+8.1f%% %+8.1f%% | %10s %10s | %10s %10s | %s out + %s in\n", percent,
                     remat::format_bytes(budget).c_str(), plan->method.c_str(),
                     100.0 * (last.predicted_makespan / ref.time - 1.0), 100.0 * (seconds / plain_seconds - 1.0),

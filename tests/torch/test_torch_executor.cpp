@@ -439,11 +439,7 @@ TEST_CASE("offloading: a Sequential trained with weights and momentum moved to t
         training.end_step();
     }
     // Back on the device, every parameter is the model's own tensor, with plain training's values.
-    for (const remat::DataId d : c.plan->schedule.start_on_host) {
-        copies.prefetch(d);
-        copies.release_host(d);
-    }
-    copies.synchronize();
+    remat::return_to_device(c.plan->schedule, copies);
     const std::vector<at::Tensor> trained = c.model->parameters(), expected = c.reference->parameters();
     REQUIRE(trained.size() == expected.size());
     for (std::size_t i = 0; i < trained.size(); ++i) {
@@ -602,11 +598,7 @@ TEST_CASE("offloading: a GPT-like chain trained with weights and momentum moved 
         CHECK(run.report().measured_host_peak == run.report().predicted_host_peak);
         training.end_step();
     }
-    for (const remat::DataId d : plan->schedule.start_on_host) {
-        copies.prefetch(d);
-        copies.release_host(d);
-    }
-    copies.synchronize();
+    remat::return_to_device(plan->schedule, copies);
     std::size_t k = 0;
     for (const rt::ChainStage& stage : stages)
         for (const at::Tensor& p : stage.parameters) {

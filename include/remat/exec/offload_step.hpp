@@ -73,6 +73,17 @@ void place_for(const offload::OffloadSchedule& schedule, Transfers& transfers) {
     transfers.synchronize();
 }
 
+/// The reverse of place_for: the data `schedule` starts on the host come back to the device
+/// and lose their host copy (before another plan, or to use the model without offloading).
+template <TransferBackend Transfers>
+void return_to_device(const offload::OffloadSchedule& schedule, Transfers& transfers) {
+    for (const DataId d : schedule.start_on_host) {
+        transfers.prefetch(d);
+        transfers.release_host(d);
+    }
+    transfers.synchronize();
+}
+
 template <StepCompute Compute, TransferBackend Transfers, MemoryReader Probe>
 class OffloadStep {
 public:
