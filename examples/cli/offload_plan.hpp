@@ -44,27 +44,6 @@ inline double parse_bandwidth(const std::string& flag, std::string text) {
     throw InvalidInput(flag + " expects a positive rate such as 12GB/s, 900MiB/s or 25e9, not '" + printable(text, 80) + "'");
 }
 
-// A proven lower bound on the device memory of any schedule, offloading included: every
-// exactly-once op runs with its reads, writes, updates and overhead on the device, next to
-// every initial data that cannot leave it.
-inline Bytes offload_memory_lower_bound(const Problem& p) {
-    std::vector<char> counted(p.data_count(), 0);
-    Bytes resident = 0;
-    for (const DataId d : p.initial())
-        if (!p.data(d).offloadable) counted[d.index] = 1, resident += p.data(d).bytes;
-    Bytes bound = resident;
-    for (const Op& op : p.all_ops()) {
-        if (!op.exactly_once) continue;
-        Bytes bytes = resident + op.overhead;
-        std::vector<char> seen = counted;
-        for (const std::vector<DataId>* list : {&op.reads, &op.writes, &op.updates})
-            for (const DataId d : *list)
-                if (!seen[d.index]) seen[d.index] = 1, bytes += p.data(d).bytes;
-        bound = std::max(bound, bytes);
-    }
-    return bound;
-}
-
 inline void print_offload_json(std::ostream& out, const Reference& ref, Bytes budget, const std::string& solver,
                                const std::optional<offload::OffloadPlan>& plan, double seconds,
                                const TransferSettings& transfers) {
@@ -171,7 +150,7 @@ inline int run_offload(const std::string& file, const std::optional<std::string>
     if (json) print_offload_json(out, ref, budget, solver_label, plan, seconds, transfers);
     else if (plan) print_offload_summary(out, problem, ref, budget, solver_label, *plan, transfers, seconds);
     if (plan) return exit_ok;
-    const Bytes bound = offload_memory_lower_bound(problem);
+    const Bytes bound = offload::device_memory_lower_bound(problem);
     err << "remat-plan: infeasible: no split of " << bytes_both(budget) << " between weights and activations fits ("
         << (transfers_allowed ? "rematerialization with weight offloading" : "rematerialization alone, every weight on the device")
         << ", activations by " << solver_label << ")\n";

@@ -285,9 +285,29 @@ TEST_CASE("combined planner: fits, and is never worse than rematerialization or 
             INFO(combined->report.error);
             REQUIRE(combined->report.valid);
             CHECK(combined->report.device_peak <= budget);
+            CHECK(combined->report.device_peak >= device_memory_lower_bound(full));
             if (remat_only) CHECK(combined->report.makespan <= remat_only->report.makespan);
             if (offload_only) CHECK(combined->report.makespan <= offload_only->report.makespan);
         }
+    }
+}
+
+TEST_CASE("device memory lower bound: no plan goes below it, and it is reached on a single op", "[offload]") {
+    // One stage with 100 B of weights (and 100 B of gradient, 100 B of momentum): its update
+    // holds all three, and every schedule runs it once.
+    const Chain chain{"one", 8, {{"s1", 1.0, 2.0, 8, 16, 0, 0}}};
+    const std::vector<Bytes> params{100};
+    const Problem full = training_problem(chain, params, {1.0, 0.0, true, TransferSettings{std::nullopt, 1e3, 1e3}});
+    const Bytes bound = device_memory_lower_bound(full);
+    CHECK(bound >= 300);
+    CHECK_FALSE(plan_with_offload(full, bound - 1, Rotor{}));
+    std::mt19937 rng(9);
+    for (int trial = 0; trial < 8; ++trial) {
+        const Chain random = testing::random_chain(rng, 5);
+        std::vector<Bytes> sizes;
+        for (std::size_t l = 0; l < random.length(); ++l) sizes.push_back(16 * (1 + static_cast<Bytes>(l % 3)));
+        const Problem p = training_problem(random, sizes, {1.0, 0.0, true, TransferSettings{std::nullopt, 40.0, 40.0}});
+        CHECK_FALSE(plan_with_offload(p, device_memory_lower_bound(p) - 1, Rotor{}));
     }
 }
 

@@ -96,6 +96,28 @@ inline bool better(const std::optional<OffloadPlan>& candidate, const std::optio
     return std::max({compute, channel(t.bandwidth_to_host), channel(t.bandwidth_to_device)});
 }
 
+/// A proven lower bound on the device memory of any schedule of `full`, offloading included:
+/// every exactly-once op runs with its reads, writes, updates and overhead on the device,
+/// next to every initial data that cannot leave it. A budget below it is infeasible for every
+/// planner, not only beyond one's reach.
+[[nodiscard]] inline Bytes device_memory_lower_bound(const Problem& full) {
+    std::vector<char> counted(full.data_count(), 0);
+    Bytes resident = 0;
+    for (const DataId d : full.initial())
+        if (!full.data(d).offloadable) counted[d.index] = 1, resident += full.data(d).bytes;
+    Bytes bound = resident;
+    for (const Op& op : full.all_ops()) {
+        if (!op.exactly_once) continue;
+        Bytes bytes = resident + op.overhead;
+        std::vector<char> seen = counted;
+        for (const std::vector<DataId>* list : {&op.reads, &op.writes, &op.updates})
+            for (const DataId d : *list)
+                if (!seen[d.index]) seen[d.index] = 1, bytes += full.data(d).bytes;
+        bound = std::max(bound, bytes);
+    }
+    return bound;
+}
+
 /// Rematerialization alone: the largest activation budget whose plan, with every weight and
 /// its state on the device, fits `budget`. nullopt when none does.
 template <Solver S>

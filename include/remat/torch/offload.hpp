@@ -187,22 +187,22 @@ template <MemoryProbe Probe = CpuMemoryProbe>
         const detail::profile::ModelStateGuard guard(stages, sample.device());
         for (const ChainStage& stage : stages) sample_output = detail::run_no_grad(stage, sample_output);
     }
-    OffloadTrainingProblems out{to_problem(profile.chain), to_problem(profile.chain), {}};
-    for (const auto& parameters : detail::offload::stage_parameters(stages)) {
+    const std::vector<std::vector<at::Tensor>> parameters = detail::offload::stage_parameters(stages);
+    std::vector<Bytes> parameter_bytes;
+    for (const auto& stage_parameters : parameters) {
         Bytes bytes = 0;
-        for (const at::Tensor& p : parameters) bytes += static_cast<Bytes>(p.nbytes());
-        out.parameter_bytes.push_back(bytes);
+        for (const at::Tensor& p : stage_parameters) bytes += static_cast<Bytes>(p.nbytes());
+        parameter_bytes.push_back(bytes);
     }
     options.optimizer_state_per_parameter = 1.0;
     options.backward_overhead_includes_gradients = false;
     ChainProfile measured = profile;
-    const std::vector<Bytes> backward =
-        detail::offload::backward_overheads(stages, detail::offload::stage_parameters(stages), sample, probe);
+    const std::vector<Bytes> backward = detail::offload::backward_overheads(stages, parameters, sample, probe);
     for (std::size_t l = 0; l < backward.size(); ++l) measured.chain.stages[l].bwd_overhead = backward[l];
     const Bytes loss_bytes = detail::offload::loss_overhead(loss, sample_output, probe);
-    out.planned = remat::offload::training_problem(to_problem(measured.chain), out.parameter_bytes, options);
-    out.predicting = remat::offload::training_problem(measured_problem(measured, loss_bytes), out.parameter_bytes, options);
-    return out;
+    return {remat::offload::training_problem(to_problem(measured.chain), parameter_bytes, options),
+            remat::offload::training_problem(measured_problem(measured, loss_bytes), parameter_bytes, options),
+            parameter_bytes};
 }
 
 /// Runs a chain's training ops for OffloadStep and keeps its moving data; see the top of this
