@@ -213,6 +213,10 @@ public:
     /// same chain); `input`: the chain's input for the steps to come (set_input changes it).
     OffloadedChain(StageList stages, const Problem& problem, ChainLoss loss, SgdMomentum sgd, at::Tensor input)
         : stages_(std::move(stages)), loss_(std::move(loss)), sgd_(sgd), device_(input.device()) {
+        if (!device_.is_cpu())
+            throw InvalidInput("OffloadedChain: the chain's input is on " + device_.str() +
+                               "; only the CPU transfer backend (remat::CpuTransfers) exists so far, so offloading "
+                               "trains chains on the CPU; on a GPU, train with checkpoint() and no offloading");
         const std::size_t L = stages_.size();
         ids_ = chain_ids(L);
         parameters_ = detail::offload::stage_parameters(stages_);
