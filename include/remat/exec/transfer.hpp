@@ -30,6 +30,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <thread>
 #include <vector>
@@ -158,11 +159,7 @@ public:
         detail::transfer::CopyChannel* to_device = to_device_.get();
         const std::uint64_t ticket = to_host_->push([source = std::move(source), target, to_device, written, read] {
             to_device->wait(std::max(written, read));
-            std::size_t at = 0;
-            for (const std::span<std::byte> s : source) {
-                std::memcpy(target + at, s.data(), s.size());
-                at += s.size();
-            }
+            gather(source, target);
         });
         read_ticket_[d.index] = host_ticket_[d.index] = ticket;
     }
@@ -179,11 +176,7 @@ public:
         detail::transfer::CopyChannel* to_host = to_host_.get();
         device_ticket_[d.index] = to_device_->push([target = std::move(target), source, to_host, written] {
             to_host->wait(written);
-            std::size_t at = 0;
-            for (const std::span<std::byte> t : target) {
-                std::memcpy(t.data(), source + at, t.size());
-                at += t.size();
-            }
+            scatter(source, target);
         });
         host_read_ticket_[d.index] = device_ticket_[d.index];
     }
@@ -225,7 +218,8 @@ public:
     void keep_for_rollback(DataId d) {
         if (kept_[d.index]) return;
         wait_writable(d);
-        kept_[d.index] = gather(store_->device_bytes(d), bytes_[d.index]);
+        kept_[d.index].emplace(static_cast<std::size_t>(bytes_[d.index]));
+        gather(store_->device_bytes(d), kept_[d.index]->data());
         rollback_bytes_ += bytes_[d.index];
         touched_[d.index] = 1;
     }
@@ -249,7 +243,7 @@ public:
                     store_->make_device_copy(d);
                     device_live_[k] = 1;
                 }
-                scatter(values, store_->device_bytes(d));
+                scatter(values.data(), store_->device_bytes(d));
             } else if (device_live_[k]) {
                 store_->drop_device_copy(d);
                 device_live_[k] = 0;
@@ -302,20 +296,17 @@ private:
         host_bytes_ -= bytes_[d.index];
     }
 
-    [[nodiscard]] static std::unique_ptr<std::byte[]> gather(const std::vector<std::span<std::byte>>& parts, Bytes bytes) {
-        auto out = std::make_unique<std::byte[]>(static_cast<std::size_t>(bytes));
-        std::size_t at = 0;
+    // A data's device copy (its parts in order) into contiguous bytes, and back.
+    static void gather(const std::vector<std::span<std::byte>>& parts, std::byte* target) {
         for (const std::span<std::byte> part : parts) {
-            std::memcpy(out.get() + at, part.data(), part.size());
-            at += part.size();
+            std::memcpy(target, part.data(), part.size());
+            target += part.size();
         }
-        return out;
     }
-    static void scatter(const std::vector<std::byte>& values, const std::vector<std::span<std::byte>>& parts) {
-        std::size_t at = 0;
+    static void scatter(const std::byte* source, const std::vector<std::span<std::byte>>& parts) {
         for (const std::span<std::byte> part : parts) {
-            std::memcpy(part.data(), values.data() + at, part.size());
-            at += part.size();
+            std::memcpy(part.data(), source, part.size());
+            source += part.size();
         }
     }
 
@@ -325,12 +316,10 @@ private:
     // else a device copy made in the step (prefetched from a host copy since freed).
     [[nodiscard]] std::vector<std::byte> values_before_step(DataId d) {
         const auto n = static_cast<std::size_t>(bytes_[d.index]);
+        if (kept_[d.index]) return *kept_[d.index];
         std::vector<std::byte> values(n);
-        if (kept_[d.index]) {
-            std::memcpy(values.data(), kept_[d.index].get(), n);
-        } else if ((started_on_device_[d.index] || !host_[d.index]) && device_live_[d.index]) {
-            const auto device = gather(store_->device_bytes(d), bytes_[d.index]);
-            std::memcpy(values.data(), device.get(), n);
+        if ((started_on_device_[d.index] || !host_[d.index]) && device_live_[d.index]) {
+            gather(store_->device_bytes(d), values.data());
         } else if (host_[d.index]) {
             std::memcpy(values.data(), host_[d.index].get(), n);
         } else {
@@ -347,7 +336,7 @@ private:
     std::vector<std::uint64_t> read_ticket_;       // the offload reading the device copy
     std::vector<std::uint64_t> host_ticket_;       // the offload writing the host copy
     std::vector<std::uint64_t> host_read_ticket_;  // the prefetch reading the host copy
-    std::vector<std::unique_ptr<std::byte[]>> kept_;  // values before an update, for a rollback
+    std::vector<std::optional<std::vector<std::byte>>> kept_;  // values before an update, for a rollback
     std::vector<char> device_live_, started_on_device_, started_on_host_, touched_;
     Bytes host_bytes_ = 0, host_peak_ = 0, rollback_bytes_ = 0;
     // Last: their workers stop (and join) before the buffers they copy go.
