@@ -403,6 +403,31 @@ struct OffloadCase {
 
 using FaultyChain = remat_test::FaultyCompute<rt::OffloadedChain>;
 
+// `steps` offloaded steps, each beside a plain step of the reference (`reference_loss` runs its
+// forward and loss) with torch::optim::SGD, from the same seed: the same loss, and the
+// predicted device and host peaks measured.
+template <class ReferenceLoss>
+void train_beside_plain_sgd(const remat::Problem& problem, const remat::offload::OffloadSchedule& schedule,
+                            rt::OffloadedChain& training, OffloadCopies& copies, rt::CpuMemoryProbe& probe,
+                            torch::optim::SGD& sgd, ReferenceLoss reference_loss, std::uint64_t seed, int steps) {
+    for (int step = 0; step < steps; ++step) {
+        INFO("step " << step);
+        torch::manual_seed(seed + static_cast<std::uint64_t>(step));
+        remat::OffloadStep<rt::OffloadedChain, OffloadCopies, rt::CpuMemoryProbe> run(problem, schedule, training, copies,
+                                                                                     probe);
+        run.run();
+        torch::manual_seed(seed + static_cast<std::uint64_t>(step));
+        sgd.zero_grad();
+        const at::Tensor loss = reference_loss();
+        loss.backward();
+        sgd.step();
+        CHECK(training.loss() == loss.item<double>());
+        CHECK(run.report().measured_device_peak == run.report().predicted_device_peak);
+        CHECK(run.report().measured_host_peak == run.report().predicted_host_peak);
+        training.end_step();
+    }
+}
+
 }  // namespace
 
 TEST_CASE("offloading: a Sequential trained with weights and momentum moved to the host equals torch::optim::SGD bitwise",
@@ -421,23 +446,8 @@ TEST_CASE("offloading: a Sequential trained with weights and momentum moved to t
     OffloadCopies copies(training, c.problems.predicting);
     remat::place_for(c.plan->schedule, copies);
     torch::optim::SGD sgd(c.reference->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-    for (int step = 0; step < 3; ++step) {
-        INFO("step " << step);
-        torch::manual_seed(100 + step);
-        remat::OffloadStep<rt::OffloadedChain, OffloadCopies, rt::CpuMemoryProbe> run(c.problems.predicting,
-                                                                                     c.plan->schedule, training, copies,
-                                                                                     c.probe);
-        run.run();
-        torch::manual_seed(100 + step);
-        sgd.zero_grad();
-        const at::Tensor reference_loss = c.loss(c.reference->forward(c.x));
-        reference_loss.backward();
-        sgd.step();
-        CHECK(training.loss() == reference_loss.item<double>());
-        CHECK(run.report().measured_device_peak == run.report().predicted_device_peak);
-        CHECK(run.report().measured_host_peak == run.report().predicted_host_peak);
-        training.end_step();
-    }
+    train_beside_plain_sgd(c.problems.predicting, c.plan->schedule, training, copies, c.probe, sgd,
+                           [&] { return c.loss(c.reference->forward(c.x)); }, 100, 3);
     // Back on the device, every parameter is the model's own tensor, with plain training's values.
     remat::return_to_device(c.plan->schedule, copies);
     const std::vector<at::Tensor> trained = c.model->parameters(), expected = c.reference->parameters();
@@ -580,24 +590,12 @@ TEST_CASE("offloading: a GPT-like chain trained with weights and momentum moved 
     for (const rt::ChainStage& stage : reference_stages)
         reference_parameters.insert(reference_parameters.end(), stage.parameters.begin(), stage.parameters.end());
     torch::optim::SGD sgd(reference_parameters, torch::optim::SGDOptions(0.05).momentum(0.9));
-    for (int step = 0; step < 3; ++step) {
-        INFO("step " << step);
-        torch::manual_seed(200 + step);
-        remat::OffloadStep<rt::OffloadedChain, OffloadCopies, rt::CpuMemoryProbe> run(problems.predicting, plan->schedule,
-                                                                                     training, copies, probe);
-        run.run();
-        torch::manual_seed(200 + step);
-        sgd.zero_grad();
+    const auto reference_loss = [&] {
         at::Tensor x = tokens;
         for (const rt::ChainStage& stage : reference_stages) x = stage.forward(x);
-        const at::Tensor reference_loss = loss(x);
-        reference_loss.backward();
-        sgd.step();
-        CHECK(training.loss() == reference_loss.item<double>());
-        CHECK(run.report().measured_device_peak == run.report().predicted_device_peak);
-        CHECK(run.report().measured_host_peak == run.report().predicted_host_peak);
-        training.end_step();
-    }
+        return loss(x);
+    };
+    train_beside_plain_sgd(problems.predicting, plan->schedule, training, copies, probe, sgd, reference_loss, 200, 3);
     remat::return_to_device(plan->schedule, copies);
     std::size_t k = 0;
     for (const rt::ChainStage& stage : stages)

@@ -218,15 +218,24 @@ public:
                                "; only the CPU transfer backend (remat::CpuTransfers) exists so far, so offloading "
                                "trains chains on the CPU; on a GPU, train with checkpoint() and no offloading");
         const std::size_t L = stages_.size();
-        ids_ = chain_ids(L);
+        const ChainIds ids = chain_ids(L);
         parameters_ = detail::offload::stage_parameters(stages_);
         a_.resize(L + 1);
         s_.resize(L + 1);
         g_.resize(L + 1);
         gw_.resize(L + 1);
         first_rng_.resize(L + 1);
-        role_.assign(problem.data_count(), {Role::activation, 0});
-        update_stage_.assign(problem.op_count(), 0);
+        role_.assign(problem.data_count(), {Role::marker, 0});
+        op_kind_.assign(problem.op_count(), {OpKind::loss, 0});
+        for (std::size_t l = 0; l <= L; ++l) {
+            role_[ids.a[l].index] = {Role::activation, l};
+            role_[ids.g[l].index] = {Role::activation_gradient, l};
+            if (l == 0) continue;
+            role_[ids.s[l].index] = {Role::saved, l};
+            op_kind_[ids.fwd[l].index] = {OpKind::forward, l};
+            op_kind_[ids.fwd_grad[l].index] = {OpKind::forward_grad, l};
+            op_kind_[ids.bwd[l].index] = {OpKind::backward, l};
+        }
         const at::NoGradGuard no_grad;
         momentum_.resize(L + 1);
         momentum_factor_.resize(L + 1);
@@ -242,7 +251,7 @@ public:
             if (const auto m = problem.find_data("m" + n)) role_[m->index] = {Role::momentum, l};
             if (const auto gw = problem.find_data("gw" + n)) role_[gw->index] = {Role::gradients, l};
             if (const auto u = problem.find_data("u" + n)) role_[u->index] = {Role::marker, l};
-            if (const auto op = problem.find_op("U" + n)) update_stage_[op->index] = l;
+            if (const auto op = problem.find_op("U" + n)) op_kind_[op->index] = {OpKind::update, l};
         }
         set_input(std::move(input));
     }
@@ -259,35 +268,37 @@ public:
     void prepare(OpId op) {
         prepared_ = op;
         if (!step_started_) start_step();
-        for (std::size_t l = 1; l < ids_.fwd.size(); ++l) {
-            if (op != ids_.fwd[l] && op != ids_.fwd_grad[l]) continue;
-            if (!first_rng_[l]) {
-                first_rng_[l] = detail::RngState::capture(device_);
-            } else {
-                resume_rng_ = detail::RngState::capture(device_);
-                first_rng_[l]->restore();
-            }
+        const auto [kind, l] = op_kind_[op.index];
+        if (kind != OpKind::forward && kind != OpKind::forward_grad) return;
+        if (!first_rng_[l]) {
+            first_rng_[l] = detail::RngState::capture(device_);
+        } else {
+            resume_rng_ = detail::RngState::capture(device_);
+            first_rng_[l]->restore();
         }
     }
     void run(OpId op) {
         if (prepared_ != op) prepare(op);
         prepared_.reset();
-        if (update_stage_[op.index] != 0) return update(update_stage_[op.index]);
-        if (op == ids_.loss) return run_loss();
-        for (std::size_t l = 1; l < ids_.fwd.size(); ++l) {
-            if (op == ids_.bwd[l]) return backward(l);
-            if (op == ids_.fwd[l] || op == ids_.fwd_grad[l]) return forward(l, op == ids_.fwd_grad[l]);
+        const auto [kind, l] = op_kind_[op.index];
+        switch (kind) {
+            case OpKind::forward: return forward(l, false);
+            case OpKind::forward_grad: return forward(l, true);
+            case OpKind::loss: return run_loss();
+            case OpKind::backward: return backward(l);
+            case OpKind::update: return update(l);
         }
     }
     void release(DataId d) {
         const auto [role, l] = role_[d.index];
-        if (role == Role::gradients) gw_[l].clear();
-        if (role == Role::weights || role == Role::momentum) drop_device_copy(d);
-        if (role != Role::activation) return;
-        for (std::size_t k = 0; k < ids_.a.size(); ++k) {
-            if (d == ids_.a[k]) return a_[k].release();
-            if (d == ids_.g[k]) return void(g_[k] = at::Tensor());
-            if (k > 0 && d == ids_.s[k]) return s_[k].clear();
+        switch (role) {
+            case Role::activation: return a_[l].release();
+            case Role::saved: return s_[l].clear();
+            case Role::activation_gradient: return void(g_[l] = at::Tensor());
+            case Role::gradients: return gw_[l].clear();
+            case Role::weights:
+            case Role::momentum: return drop_device_copy(d);
+            case Role::marker: return;
         }
     }
     /// A failed step: the generators and the stages' buffers go back to the step's start, and
@@ -332,7 +343,8 @@ public:
     }
 
 private:
-    enum class Role : unsigned char { activation, weights, momentum, gradients, marker };
+    enum class Role : unsigned char { activation, saved, activation_gradient, weights, momentum, gradients, marker };
+    enum class OpKind : unsigned char { forward, forward_grad, loss, backward, update };
 
     [[nodiscard]] const std::vector<at::Tensor>& tensors_of(DataId d) const {
         static const std::vector<at::Tensor> none;
@@ -407,7 +419,6 @@ private:
     ChainLoss loss_;
     SgdMomentum sgd_;
     c10::Device device_;
-    ChainIds ids_;
     at::Tensor input_;
     std::vector<std::vector<at::Tensor>> parameters_;  // by stage (0-based)
     std::vector<std::vector<at::Tensor>> momentum_;    // by stage (1-based)
@@ -420,8 +431,8 @@ private:
     std::optional<OpId> prepared_;                // the op prepare() was called for
     std::vector<std::vector<at::Tensor>> momentum_factor_;  // by stage (1-based)
     std::vector<detail::BufferSnapshot> recompute_buffers_;
-    std::vector<std::pair<Role, std::size_t>> role_;  // by data
-    std::vector<std::size_t> update_stage_;           // by op: the stage an update steps, or 0
+    std::vector<std::pair<Role, std::size_t>> role_;      // by data, with its stage
+    std::vector<std::pair<OpKind, std::size_t>> op_kind_;  // by op, with its stage
     bool step_started_ = false;
     detail::RngState step_rng_;
     std::vector<detail::offload::HostSnapshot> step_buffers_;
