@@ -16,7 +16,11 @@
 // plan's predicted overhead is set against its measured one (median step time against plain
 // training's), with the device and host peaks.
 //
-//   bench_offload [--layers L] [--width d] [--tokens T] [--steps N] [--write-problem FILE.json]
+// Where a MILP backend is built in, the combined planner's iteration is also set against
+// Checkmate's MILP with offload variables (remat/offload/checkmate.hpp) on 1- and 2-block models.
+//
+//   bench_offload [--layers L] [--width d] [--tokens T] [--steps N] [--milp-seconds S]
+//                 [--write-problem FILE.json]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -28,6 +32,13 @@
 
 #include <remat/io/json.hpp>
 #include <remat/remat.hpp>
+#if defined(REMAT_WITH_CBC)
+#include <remat/milp/cbc.hpp>
+#include <remat/offload/checkmate.hpp>
+#elif defined(REMAT_WITH_LPSOLVE)
+#include <remat/milp/lp_solve.hpp>
+#include <remat/offload/checkmate.hpp>
+#endif
 
 #include "embedding/minigrad_offload.hpp"
 
@@ -168,6 +179,61 @@ void table(const Model& m, const Machine& machine, double bandwidth) {
     }
 }
 
+// ------------------------------------------- the iteration against Checkmate's MILP with offloads
+
+#if defined(REMAT_WITH_CBC) || defined(REMAT_WITH_LPSOLVE)
+#if defined(REMAT_WITH_CBC)
+using MilpBackend = remat::milp::Cbc;
+#else
+using MilpBackend = remat::milp::LpSolve;
+#endif
+
+// Where both run (small models): the combined planner's iteration, and the MILP started from
+// its plan, at the same budgets. The MILP's bound is proven for its model (its passes and
+// points), not for every schedule; makespan_lower_bound is proven for every schedule.
+void iteration_against_milp(const Model& small, const Machine& machine, double bandwidth, double seconds) {
+    const remat::Problem full = training(small, machine, bandwidth);
+    const remat::Reference ref = remat::store_all_reference(full);
+    OffloadCheckmateOptions options;
+    options.time_limit_seconds = seconds;
+    const OffloadCheckmate<MilpBackend> milp(options);
+    std::printf("\n%s, %zu block(s), %.0f GB/s: iteration vs Checkmate's MILP with offload variables (%s, %.0f s, started "
+                "from the iteration's plan); T_ref %.4g s, P_ref %s\n",
+                machine.name, small.layers, bandwidth / 1e9, std::string(MilpBackend{}.name()).c_str(), seconds, ref.time,
+                remat::format_bytes(ref.peak).c_str());
+    std::printf("  %8s %10s | %10s %10s %10s %10s | %9s %s\n", "budget", "", "iteration", "milp", "milp bnd", "proven",
+                "iter/milp", "milp status");
+    double worst = 1.0, sum = 0.0;
+    std::size_t rows = 0;
+    for (const int percent : {100, 90, 80, 70, 60, 50, 40, 30}) {
+        const Bytes budget = remat::percent_of(ref.peak, percent);
+        const auto iteration = plan_with_offload(full, budget, remat::Rotor{});
+        const OffloadMilpResult r = milp.solve(full, budget, iteration ? std::optional(iteration->schedule) : std::nullopt);
+        const double bound = makespan_lower_bound(full, budget);
+        char milp_bound[32];
+        std::snprintf(milp_bound, sizeof milp_bound, "%+9.1f%%", 100.0 * (std::max(r.model_bound, bound) / ref.time - 1.0));
+        std::printf("  %7d%% %10s | %s %s %s %+9.1f%% |", percent, remat::format_bytes(budget).c_str(),
+                    cell(iteration, ref.time).c_str(), cell(r.plan, ref.time).c_str(),
+                    r.plan ? milp_bound : "         -", 100.0 * (bound / ref.time - 1.0));
+        if (iteration && r.plan) {
+            const double ratio = iteration->report.makespan / r.plan->report.makespan;
+            worst = std::max(worst, ratio);
+            sum += ratio;
+            ++rows;
+            std::printf(" %8.3fx", ratio);
+        } else {
+            std::printf(" %9s", "-");
+        }
+        std::printf(" %s in %.1f s%s\n", remat::milp::to_string(r.status).data(), r.seconds,
+                    r.started ? "" : (iteration ? ", could not start from the iteration's plan" : ""));
+        if (!iteration && !r.plan && r.status == remat::milp::Status::infeasible) break;
+    }
+    if (rows > 0)
+        std::printf("  the iteration's makespan over the MILP's: %.3fx on average, %.3fx at worst (%zu budgets)\n",
+                    sum / double(rows), worst, rows);
+}
+#endif
+
 // ---------------------------------------------------------------- the CPU backend, measured
 
 template <class F>
@@ -277,6 +343,7 @@ void measured_on_cpu_backend(std::size_t steps) {
 int main(int argc, char** argv) {
     Model m;
     std::size_t steps = 5;
+    double milp_seconds = 20;
     std::optional<std::string> write_problem;
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
@@ -292,9 +359,10 @@ int main(int argc, char** argv) {
         else if (arg == "--tokens") m.tokens = std::stod(value());
         else if (arg == "--write-problem") write_problem = value();
         else if (arg == "--steps") steps = std::stoul(value());
+        else if (arg == "--milp-seconds") milp_seconds = std::stod(value());
         else {
-            std::fprintf(stderr,
-                         "usage: bench_offload [--layers L] [--width d] [--tokens T] [--steps N] [--write-problem FILE]\n");
+            std::fprintf(stderr, "usage: bench_offload [--layers L] [--width d] [--tokens T] [--steps N] [--milp-seconds S] "
+                                 "[--write-problem FILE]\n");
             return 2;
         }
     }
@@ -310,5 +378,13 @@ int main(int argc, char** argv) {
                 m.layers, m.width, m.tokens);
     for (const Machine& machine : {cpu, gpu})
         for (const double bandwidth : {12e9, 25e9}) table(m, machine, bandwidth);
+#if defined(REMAT_WITH_CBC) || defined(REMAT_WITH_LPSOLVE)
+    if (milp_seconds > 0)
+        for (const std::size_t layers : {1, 2}) {
+            Model small = m;
+            small.layers = layers;
+            for (const Machine& machine : {cpu, gpu}) iteration_against_milp(small, machine, 12e9, milp_seconds);
+        }
+#endif
     if (steps > 0) measured_on_cpu_backend(steps);
 }

@@ -7,32 +7,13 @@
 
 #include <remat/remat.hpp>
 
+#include "../support/offload_problems.hpp"
 #include "../support/random_problems.hpp"
 
 using namespace remat;
 using namespace remat::offload;
 
 namespace {
-
-// x → F → h → loss → B → gx, with a weight w (read by F and B) and optimizer state m, both
-// updated by U, which reads B's weight gradient gw.
-Problem one_layer(TransferSettings transfers = {std::nullopt, 50.0, 100.0}) {
-    ProblemBuilder b("one-layer");
-    const DataId x = b.add_data("x", 10), w = b.add_data("w", 100, true), m = b.add_data("m", 200, true);
-    const DataId h = b.add_data("h", 50), gh = b.add_data("gh", 50), gx = b.add_data("gx", 10);
-    const DataId gw = b.add_data("gw", 100), u = b.add_data("u", 0);
-    b.add_op({"F", 2, 0, {x, w}, {h}, false});
-    b.add_op({"loss", 0, 0, {h}, {gh}, true});
-    b.add_op({"B", 4, 0, {gh, x, w}, {gx, gw}, true});
-    OpSpec update{"U", 1, 0, {gw}, {u}, true};
-    update.updates = {w, m};
-    b.add_op(std::move(update));
-    for (const DataId d : {x, w, m}) b.add_initial(d);
-    b.add_final(gx);
-    b.add_final(u);
-    b.set_transfers(transfers);
-    return b.build();
-}
 
 OffloadSchedule steps(const Problem& p, std::vector<std::string> on_host,
                       std::initializer_list<std::pair<TransferStep::Kind, const char*>> list) {
@@ -66,7 +47,7 @@ OffloadSchedule example(const Problem& p) {
 }  // namespace
 
 TEST_CASE("offload simulator: device and host peaks, makespan, overlap and stalls by hand", "[offload]") {
-    const Problem p = one_layer();
+    const Problem p = testing::one_layer_training();
     const OffloadReport r = simulate(p, example(p));
     INFO(r.error);
     REQUIRE(r.valid);
@@ -97,7 +78,7 @@ TEST_CASE("offload simulator: device and host peaks, makespan, overlap and stall
 }
 
 TEST_CASE("offload simulator: peaks do not depend on bandwidth, time does", "[offload]") {
-    const Problem p = one_layer();
+    const Problem p = testing::one_layer_training();
     const OffloadReport fast = simulate(p, example(p), TransferSettings{std::nullopt, 0.0, 0.0});  // instantaneous
     REQUIRE(fast.valid);
     CHECK(fast.device_peak == 470);
@@ -106,7 +87,7 @@ TEST_CASE("offload simulator: peaks do not depend on bandwidth, time does", "[of
 }
 
 TEST_CASE("offload simulator: every invalid step says why", "[offload]") {
-    const Problem p = one_layer();
+    const Problem p = testing::one_layer_training();
     const auto error = [&](const OffloadSchedule& s) {
         const OffloadReport r = simulate(p, s);
         CHECK_FALSE(r.valid);
@@ -162,7 +143,7 @@ TEST_CASE("problem/2 fields: updates are checked by the builder and the autograd
     OpSpec non_initial{"V", 1, 0, {x}, {y}, true};
     non_initial.updates = {y};
     CHECK_THROWS_WITH(b.add_op(non_initial), Catch::Contains("both writes and updates"));
-    const Problem p = one_layer();
+    const Problem p = testing::one_layer_training();
     CHECK(p.uses_transfer_fields());
     CHECK(p.updater(p.data_id("w")) == p.op_id("U"));
     CHECK_FALSE(p.updater(p.data_id("x")));

@@ -9,6 +9,11 @@
 // the order the graph forces on them, production cuts, one representation per schedule,
 // then point by point in time order the reads, the memory and the liveness transitions.
 // The model itself is milp/model.hpp's, solved by any MILP backend.
+//
+// Movable initial data (offload/checkmate.hpp): an initial data may be given a device
+// residency that the model decides, point by point: then it is not counted as always live,
+// and every memory row counts it through a variable Z[d,i] in [0,1] (the bytes it holds on
+// the device at point i) that the caller constrains.
 #pragma once
 
 #include <algorithm>
@@ -48,11 +53,14 @@ struct Lit {
 class Formulation {
 public:
     // `budget`: memory rows against it; nullopt: minimise the peak instead (variable P).
-    Formulation(const Problem& pr, const Analysis& a, Layout layout, std::optional<Bytes> budget)
-        : pr_(pr), a_(a), L_(std::move(layout)) {
+    // `movable`: initial data whose device memory is the variable Z[d,i] at each point.
+    Formulation(const Problem& pr, const Analysis& a, Layout layout, std::optional<Bytes> budget,
+                const std::vector<DataId>& movable = {})
+        : pr_(pr), a_(a), L_(std::move(layout)), fixed_initial_bytes_(a.initial_bytes) {
         infeasible_ = L_.infeasible;
         reason_ = L_.infeasible_reason;
         add_run_variables();
+        add_held_variables(movable);
         add_segments();
         const double cap = set_memory_objective(budget);
         add_exactly_once_rows();
@@ -71,6 +79,24 @@ public:
     [[nodiscard]] const std::string& infeasible_reason() const noexcept { return reason_; }
     [[nodiscard]] const Layout& layout() const noexcept { return L_; }
     [[nodiscard]] std::optional<milp::Var> peak_var() const noexcept { return peak_; }
+
+    [[nodiscard]] const Analysis& analysis() const noexcept { return a_; }
+    // The op at a position of the model's order.
+    [[nodiscard]] std::size_t analysis_op(std::size_t position) const { return a_.order.at(position); }
+    // The model's (pass, position) points in time order: the points where an op may run.
+    [[nodiscard]] const std::vector<std::pair<std::size_t, std::size_t>>& points() const noexcept { return points_; }
+    // The run variable of a point.
+    [[nodiscard]] milp::Var run_var(std::size_t point) const {
+        const auto& [t, p] = points_.at(point);
+        return milp::Var{rvar_[t * a_.n + p]};
+    }
+    // The index of the point (t, p), or none when the model has no such point.
+    [[nodiscard]] std::size_t point_of(std::size_t t, std::size_t p) const { return point_index_.at(t * a_.n + p); }
+    // Z[movable[k], point]: the device bytes (as a share of its size) the k-th movable data
+    // holds at that point, counted by the memory rows.
+    [[nodiscard]] milp::Var held_var(std::size_t k, std::size_t point) const { return held_.at(k).at(point); }
+    // The initial bytes every memory row counts as live: those of the data that are not movable.
+    [[nodiscard]] Bytes fixed_initial_bytes() const noexcept { return fixed_initial_bytes_; }
 
     [[nodiscard]] CheckmateModelSize size() const {
         return {L_.T, model_.variable_count(), model_.integer_count(), model_.row_count(), model_.nonzero_count()};
@@ -213,6 +239,27 @@ private:
                 }
     }
 
+    // Points in time order, and the variables Z of the movable data at each of them; those
+    // data leave the constant initial bytes.
+    void add_held_variables(const std::vector<DataId>& movable) {
+        const std::size_t n = a_.n;
+        point_index_.assign(L_.T * n, none);
+        for (std::size_t t = 0; t < L_.T; ++t)
+            for (std::size_t p = 0; p < n; ++p)
+                if (rvar_[t * n + p] != none) {
+                    point_index_[t * n + p] = points_.size();
+                    points_.emplace_back(t, p);
+                }
+        movable_of_.assign(a_.m, none);
+        for (const DataId d : movable) {
+            movable_of_[d.index] = held_.size();
+            fixed_initial_bytes_ -= pr_.data(d).bytes;
+            auto& vars = held_.emplace_back();
+            for (std::size_t i = 0; i < points_.size(); ++i)
+                vars.push_back(model_.add_continuous(0.0, 1.0, 0.0, "Z_" + pr_.data(d).name + "_" + std::to_string(i)));
+        }
+    }
+
     // Segments: fixed where the data cannot be live or is of no use, variables elsewhere.
     void add_segments() {
         seg_.assign(a_.m, {});
@@ -244,7 +291,7 @@ private:
     // data), which is returned. Without one: the peak P becomes the objective (0 returned).
     double set_memory_objective(std::optional<Bytes> budget) {
         const double unit = static_cast<double>(a_.scale);
-        if (budget) return std::floor(static_cast<double>(*budget - a_.initial_bytes) / unit);
+        if (budget) return std::floor(static_cast<double>(*budget - fixed_initial_bytes_) / unit);
         peak_ = model_.add_continuous(std::ceil(static_cast<double>(a_.lower_bound) / unit), milp::infinity, 1.0, "P");
         // The peak is the objective; time only breaks ties, weighted so that all runs
         // together are worth less than half a unit of peak (P is integral in units).
@@ -382,7 +429,7 @@ private:
                 const Op& op = pr_.op(OpId{a_.order[p]});
                 const milp::Var R{rv};
                 add_read_rows(op, R, seen);
-                add_memory_row(op, R, seen, budget, cap, terms);
+                add_memory_row(op, R, point_index_[t * n + p], seen, budget, cap, terms);
                 add_transition_rows(op, R, seen);
                 advance_segments(op, seen);
             }
@@ -402,20 +449,30 @@ private:
 
     // Memory while the op runs: the live data, its writes and its overhead, against the
     // capacity or P; a row that can never bind is left out.
-    void add_memory_row(const Op& op, milp::Var R, const std::vector<std::size_t>& seen, std::optional<Bytes> budget,
-                        double cap, std::vector<milp::Term>& terms) {
+    void add_memory_row(const Op& op, milp::Var R, std::size_t point, const std::vector<std::size_t>& seen,
+                        std::optional<Bytes> budget, double cap, std::vector<milp::Term>& terms) {
         Bytes written = 0;
         for (const DataId d : op.writes)
             if (!pr_.is_initial(d)) written += pr_.data(d).bytes;
         terms.clear();
-        double rhs = budget ? cap : -static_cast<double>(a_.initial_bytes / a_.scale);
+        double rhs = budget ? cap : -static_cast<double>(fixed_initial_bytes_ / a_.scale);
         double most = 0.0;
         const double own = static_cast<double>((written + op.overhead) / a_.scale);
         if (own > 0) terms.push_back({R, own});
         most += own;
         for (std::size_t d = 0; d < a_.m; ++d) {
-            if (pr_.is_initial(DataId{d}) || pr_.data(DataId{d}).bytes == 0) continue;
-            if (std::find(op.writes.begin(), op.writes.end(), DataId{d}) != op.writes.end()) continue;
+            if (pr_.data(DataId{d}).bytes == 0) continue;
+            if (movable_of_[d] != none) {
+                const double b = static_cast<double>(pr_.data(DataId{d}).bytes / a_.scale);
+                terms.push_back({held_[movable_of_[d]][point], b});
+                most += b;
+                continue;
+            }
+            if (pr_.is_initial(DataId{d})) continue;
+            // The op's writes count through R; where transfers may stand before a point whose
+            // op does not run (movable data), a write that is live from an earlier run counts
+            // as well (twice if the op also runs: conservative).
+            if (std::find(op.writes.begin(), op.writes.end(), DataId{d}) != op.writes.end() && held_.empty()) continue;
             const Lit& y = seg_[d][seen[d]];
             const double b = static_cast<double>(pr_.data(DataId{d}).bytes / a_.scale);
             if (y.kind == Lit::Kind::one) {
@@ -486,6 +543,11 @@ private:
     std::vector<std::size_t> rvar_;
     std::vector<std::vector<Lit>> seg_;
     std::optional<milp::Var> peak_;
+    Bytes fixed_initial_bytes_;
+    std::vector<std::pair<std::size_t, std::size_t>> points_;
+    std::vector<std::size_t> point_index_;            // [t * n + p] → point, or none
+    std::vector<std::size_t> movable_of_;             // data → index in held_, or none
+    std::vector<std::vector<milp::Var>> held_;        // [movable][point] → Z
     bool infeasible_ = false;
     std::string reason_;
 };
