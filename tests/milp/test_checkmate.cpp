@@ -13,6 +13,7 @@
 #include <remat/milp/cbc.hpp>
 #endif
 
+#include "../support/fast_milp_backend.hpp"
 #include "../support/op_level_problems.hpp"
 #include "../support/random_problems.hpp"
 
@@ -20,11 +21,7 @@ using namespace remat;
 
 namespace {
 
-#ifdef REMAT_WITH_CBC
-using Fast = milp::Cbc;
-#else
-using Fast = milp::LpSolve;
-#endif
+using Fast = testing::FastMilp;
 
 CheckmateOptions exact_options() {
     CheckmateOptions o;

@@ -15,6 +15,7 @@
 #include <remat/milp/cbc.hpp>
 #endif
 
+#include "../support/fast_milp_backend.hpp"
 #include "../support/offload_problems.hpp"
 #include "../support/random_problems.hpp"
 
@@ -23,11 +24,7 @@ using namespace remat::offload;
 
 namespace {
 
-#ifdef REMAT_WITH_CBC
-using Fast = milp::Cbc;
-#else
-using Fast = milp::LpSolve;
-#endif
+using Fast = testing::FastMilp;
 
 template <class Backend>
 void check_one_layer() {

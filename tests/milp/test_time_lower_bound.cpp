@@ -15,6 +15,7 @@
 #include <remat/milp/cbc.hpp>
 #endif
 
+#include "../support/fast_milp_backend.hpp"
 #include "../support/op_level_problems.hpp"
 #include "../support/random_problems.hpp"
 
@@ -22,11 +23,7 @@ using namespace remat;
 
 namespace {
 
-#ifdef REMAT_WITH_CBC
-using Backend = milp::Cbc;
-#else
-using Backend = milp::LpSolve;
-#endif
+using Backend = testing::FastMilp;
 
 struct Case {
     Problem problem;
