@@ -12555,6 +12555,7 @@ template <Solver S>
 #include <mutex>
 #include <optional>
 #include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -12656,6 +12657,131 @@ private:
     std::jthread worker_;  // last: it starts once the members it uses exist
 };
 
+
+// Which copies each data had when the step began, what the step did to it, and the values
+// kept before its updates: what a failed step needs to put everything back (all or
+// nothing). Shared by the transfer backends, which give their copies through `copies`:
+//   read_device(d, std::byte* out)     the device copy's values, contiguous
+//   write_device(d, const std::byte* in)
+//   host_values(d) -> std::byte*       the host copy (nullptr when there is none)
+//   make_host(d) -> std::byte*         the host copy, allocated (and counted) when missing
+//   drop_host(d), make_device(d), drop_device(d)
+// Each is called once no transfer is in flight (the backend synchronizes first).
+class StepLedger {
+public:
+    explicit StepLedger(const Problem& problem)
+        : bytes_(problem.data_count()), device_live_(problem.data_count(), 1), started_on_device_(problem.data_count(), 1),
+          started_on_host_(problem.data_count(), 0), touched_(problem.data_count(), 0), kept_(problem.data_count()) {
+        for (std::size_t k = 0; k < problem.data_count(); ++k) bytes_[k] = problem.data(DataId{k}).bytes;
+    }
+
+    [[nodiscard]] Bytes bytes(DataId d) const { return bytes_[d.index]; }
+    [[nodiscard]] bool device_live(DataId d) const { return device_live_[d.index] != 0; }
+    void device_made(DataId d) { device_live_[d.index] = touched_[d.index] = 1; }
+    void device_dropped(DataId d) {
+        device_live_[d.index] = 0;
+        touched_[d.index] = 1;
+    }
+    void touch(DataId d) { touched_[d.index] = 1; }
+
+    /// Remembers where each data has a copy now (`has_host(d)`: whether it has a host copy).
+    template <class HasHost>
+    void begin(HasHost has_host) {
+        commit();
+        for (std::size_t k = 0; k < bytes_.size(); ++k) {
+            started_on_device_[k] = device_live_[k];
+            started_on_host_[k] = has_host(DataId{k}) ? 1 : 0;
+        }
+        std::fill(touched_.begin(), touched_.end(), 0);
+    }
+
+    /// Keeps the device copy's values before an op updates them (once per step).
+    template <class Copies>
+    void keep(DataId d, Copies& copies) {
+        if (kept_[d.index]) return;
+        kept_[d.index].emplace(static_cast<std::size_t>(bytes_[d.index]));
+        copies.read_device(d, kept_[d.index]->data());
+        rollback_bytes_ += bytes_[d.index];
+        touched_[d.index] = 1;
+    }
+
+    /// Each data the step moved or updated gets its values back (those kept before an update,
+    /// else those of a copy the step did not change) wherever it had a copy, and loses the
+    /// copies it did not have.
+    template <class Copies>
+    void roll_back(Copies& copies) {
+        for (std::size_t k = 0; k < bytes_.size(); ++k) {
+            if (!touched_[k]) continue;
+            const DataId d{k};
+            const std::vector<std::byte> values = values_before_step(d, copies);
+            if (started_on_host_[k]) std::memcpy(copies.make_host(d), values.data(), values.size());
+            else copies.drop_host(d);
+            if (started_on_device_[k]) {
+                if (!device_live_[k]) {
+                    copies.make_device(d);
+                    device_live_[k] = 1;
+                }
+                copies.write_device(d, values.data());
+            } else if (device_live_[k]) {
+                copies.drop_device(d);
+                device_live_[k] = 0;
+            }
+        }
+        commit();
+        std::fill(touched_.begin(), touched_.end(), 0);
+    }
+
+    /// Forgets the kept values.
+    void commit() {
+        for (auto& kept : kept_) kept.reset();
+        rollback_bytes_ = 0;
+    }
+    [[nodiscard]] Bytes rollback_bytes() const noexcept { return rollback_bytes_; }
+
+private:
+    // Where the values of a data at the start of the step are now: kept before its update;
+    // else its device copy, when that copy lived through the step (nothing updated it);
+    // else its host copy (an offload wrote the same values, or the step never touched it);
+    // else a device copy made in the step (prefetched from a host copy since freed).
+    template <class Copies>
+    [[nodiscard]] std::vector<std::byte> values_before_step(DataId d, Copies& copies) {
+        const auto n = static_cast<std::size_t>(bytes_[d.index]);
+        if (kept_[d.index]) return *kept_[d.index];
+        std::vector<std::byte> values(n);
+        const std::byte* host = copies.host_values(d);
+        if ((started_on_device_[d.index] || !host) && device_live_[d.index]) {
+            copies.read_device(d, values.data());
+        } else if (host) {
+            std::memcpy(values.data(), host, n);
+        } else {
+            throw ExecutionError("rolling back data #" + std::to_string(d.index) +
+                                 ": no copy of it is left on the device or the host (the schedule freed the last one)");
+        }
+        return values;
+    }
+
+    std::vector<Bytes> bytes_;
+    std::vector<char> device_live_, started_on_device_, started_on_host_, touched_;
+    std::vector<std::optional<std::vector<std::byte>>> kept_;  // values before an update, for a rollback
+    Bytes rollback_bytes_ = 0;
+};
+
+/// The bytes of a backend's host copies, and their peak.
+class HostAccount {
+public:
+    void add(Bytes bytes) {
+        current_ += bytes;
+        peak_ = std::max(peak_, current_);
+    }
+    void remove(Bytes bytes) { current_ -= bytes; }
+    [[nodiscard]] Bytes current() const noexcept { return current_; }
+    [[nodiscard]] Bytes peak() const noexcept { return peak_; }
+    void reset_peak() noexcept { peak_ = current_; }
+
+private:
+    Bytes current_ = 0, peak_ = 0;
+};
+
 }  // namespace detail::transfer
 
 /// The transfer backend of a CPU-only machine: see the top of this header.
@@ -12663,15 +12789,12 @@ template <DeviceStore Store>
 class CpuTransfers {
 public:
     CpuTransfers(Store& store, const Problem& problem)
-        : store_(&store), bytes_(problem.data_count()), host_(problem.data_count()), device_ticket_(problem.data_count(), 0),
-          read_ticket_(problem.data_count(), 0), host_ticket_(problem.data_count(), 0), host_read_ticket_(problem.data_count(), 0),
-          kept_(problem.data_count()), device_live_(problem.data_count(), 1), started_on_device_(problem.data_count(), 1),
-          started_on_host_(problem.data_count(), 0), touched_(problem.data_count(), 0) {
-        for (std::size_t k = 0; k < problem.data_count(); ++k) bytes_[k] = problem.data(DataId{k}).bytes;
-    }
+        : store_(&store), ledger_(problem), host_(problem.data_count()), device_ticket_(problem.data_count(), 0),
+          read_ticket_(problem.data_count(), 0), host_ticket_(problem.data_count(), 0),
+          host_read_ticket_(problem.data_count(), 0) {}
 
     void offload(DataId d) {
-        touched_[d.index] = 1;
+        ledger_.touch(d);
         std::vector<std::span<std::byte>> source = store_->device_bytes(d);
         std::byte* target = host_buffer(d);
         // The copy waits, on its own channel, for the device copy to be complete and for a
@@ -12688,8 +12811,7 @@ public:
     void prefetch(DataId d) {
         if (!host_[d.index]) throw ExecutionError("prefetch of data #" + std::to_string(d.index) + " without a host copy");
         store_->make_device_copy(d);
-        device_live_[d.index] = 1;
-        touched_[d.index] = 1;
+        ledger_.device_made(d);
         std::vector<std::span<std::byte>> target = store_->device_bytes(d);
         const std::byte* source = host_[d.index].get();
         // The copy waits, on its own channel, for the host copy to be complete.
@@ -12709,91 +12831,52 @@ public:
     }
 
     void release_device(DataId d) {
-        wait_device(d);
-        to_host_->wait(read_ticket_[d.index]);
+        wait_writable(d);
         store_->drop_device_copy(d);
-        device_live_[d.index] = 0;
-        touched_[d.index] = 1;
+        ledger_.device_dropped(d);
     }
 
     void release_host(DataId d) {
         to_host_->wait(host_ticket_[d.index]);
         to_device_->wait(host_read_ticket_[d.index]);
         drop_host_copy(d);
-        touched_[d.index] = 1;
+        ledger_.touch(d);
     }
 
     // ---- all or nothing
 
     void begin_step() {
         synchronize();
-        commit_step();
-        for (std::size_t k = 0; k < bytes_.size(); ++k) {
-            started_on_device_[k] = device_live_[k];
-            started_on_host_[k] = host_[k] ? 1 : 0;
-        }
-        std::fill(touched_.begin(), touched_.end(), 0);
+        ledger_.begin([&](DataId d) { return host_[d.index] != nullptr; });
     }
-
     // A synchronous copy: the op that updates the data runs right after.
     void keep_for_rollback(DataId d) {
-        if (kept_[d.index]) return;
         wait_writable(d);
-        kept_[d.index].emplace(static_cast<std::size_t>(bytes_[d.index]));
-        gather(store_->device_bytes(d), kept_[d.index]->data());
-        rollback_bytes_ += bytes_[d.index];
-        touched_[d.index] = 1;
+        Copies copies{this};
+        ledger_.keep(d, copies);
     }
-
-    // Each data the step moved or updated gets its values back (those kept before an update,
-    // else those of a copy the step did not change) wherever it had a copy, and loses the
-    // copies it did not have.
     void roll_back() {
         synchronize();
-        for (std::size_t k = 0; k < bytes_.size(); ++k) {
-            if (!touched_[k]) continue;
-            const DataId d{k};
-            const std::vector<std::byte> values = values_before_step(d);
-            if (started_on_host_[k]) {
-                std::memcpy(host_buffer(d), values.data(), values.size());
-            } else {
-                drop_host_copy(d);
-            }
-            if (started_on_device_[k]) {
-                if (!device_live_[k]) {
-                    store_->make_device_copy(d);
-                    device_live_[k] = 1;
-                }
-                scatter(values.data(), store_->device_bytes(d));
-            } else if (device_live_[k]) {
-                store_->drop_device_copy(d);
-                device_live_[k] = 0;
-            }
-        }
-        commit_step();
-        std::fill(touched_.begin(), touched_.end(), 0);
+        Copies copies{this};
+        ledger_.roll_back(copies);
     }
-
-    void commit_step() {
-        for (auto& kept : kept_) kept.reset();
-        rollback_bytes_ = 0;
-    }
+    void commit_step() { ledger_.commit(); }
 
     void synchronize() {
         to_host_->drain();
         to_device_->drain();
     }
 
-    [[nodiscard]] Bytes host_bytes() const noexcept { return host_bytes_; }
+    [[nodiscard]] Bytes host_bytes() const noexcept { return host_bytes_.current(); }
     /// Host bytes kept for a rollback (outside host_bytes(): the plan's host limit is not theirs).
-    [[nodiscard]] Bytes rollback_bytes() const noexcept { return rollback_bytes_; }
-    [[nodiscard]] Bytes host_peak() const noexcept { return host_peak_; }
-    void reset_host_peak() noexcept { host_peak_ = host_bytes_; }
+    [[nodiscard]] Bytes rollback_bytes() const noexcept { return ledger_.rollback_bytes(); }
+    [[nodiscard]] Bytes host_peak() const noexcept { return host_bytes_.peak(); }
+    void reset_host_peak() noexcept { host_bytes_.reset_peak(); }
     /// The host copy of a data (empty when it has none), once its offload is done.
     [[nodiscard]] std::span<const std::byte> host_copy(DataId d) {
         to_host_->wait(host_ticket_[d.index]);
         if (!host_[d.index]) return {};
-        return {host_[d.index].get(), static_cast<std::size_t>(bytes_[d.index])};
+        return {host_[d.index].get(), static_cast<std::size_t>(ledger_.bytes(d))};
     }
     /// Seconds each worker spent copying (device → host, host → device).
     [[nodiscard]] std::pair<double, double> busy_seconds() const {
@@ -12801,12 +12884,23 @@ public:
     }
 
 private:
+    // The ledger's access to the copies (detail::transfer::StepLedger).
+    struct Copies {
+        CpuTransfers* self;
+        void read_device(DataId d, std::byte* out) { gather(self->store_->device_bytes(d), out); }
+        void write_device(DataId d, const std::byte* in) { scatter(in, self->store_->device_bytes(d)); }
+        [[nodiscard]] std::byte* host_values(DataId d) { return self->host_[d.index].get(); }
+        [[nodiscard]] std::byte* make_host(DataId d) { return self->host_buffer(d); }
+        void drop_host(DataId d) { self->drop_host_copy(d); }
+        void make_device(DataId d) { self->store_->make_device_copy(d); }
+        void drop_device(DataId d) { self->store_->drop_device_copy(d); }
+    };
+
     // The host copy's buffer, allocated (and counted) on its first offload.
     std::byte* host_buffer(DataId d) {
         if (!host_[d.index]) {
-            host_[d.index] = std::make_unique<std::byte[]>(static_cast<std::size_t>(bytes_[d.index]));
-            host_bytes_ += bytes_[d.index];
-            host_peak_ = std::max(host_peak_, host_bytes_);
+            host_[d.index] = std::make_unique<std::byte[]>(static_cast<std::size_t>(ledger_.bytes(d)));
+            host_bytes_.add(ledger_.bytes(d));
         }
         return host_[d.index].get();  // a stale copy is overwritten in place
     }
@@ -12814,7 +12908,7 @@ private:
     void drop_host_copy(DataId d) {
         if (!host_[d.index]) return;
         host_[d.index].reset();
-        host_bytes_ -= bytes_[d.index];
+        host_bytes_.remove(ledger_.bytes(d));
     }
 
     // A data's device copy (its parts in order) into contiguous bytes, and back.
@@ -12831,35 +12925,14 @@ private:
         }
     }
 
-    // Where the values of a data at the start of the step are now: kept before its update;
-    // else its device copy, when that copy lived through the step (nothing updated it);
-    // else its host copy (an offload wrote the same values, or the step never touched it);
-    // else a device copy made in the step (prefetched from a host copy since freed).
-    [[nodiscard]] std::vector<std::byte> values_before_step(DataId d) {
-        const auto n = static_cast<std::size_t>(bytes_[d.index]);
-        if (kept_[d.index]) return *kept_[d.index];
-        std::vector<std::byte> values(n);
-        if ((started_on_device_[d.index] || !host_[d.index]) && device_live_[d.index]) {
-            gather(store_->device_bytes(d), values.data());
-        } else if (host_[d.index]) {
-            std::memcpy(values.data(), host_[d.index].get(), n);
-        } else {
-            throw ExecutionError("rolling back data #" + std::to_string(d.index) +
-                                 ": no copy of it is left on the device or the host (the schedule freed the last one)");
-        }
-        return values;
-    }
-
     Store* store_;
-    std::vector<Bytes> bytes_;
+    detail::transfer::StepLedger ledger_;
+    detail::transfer::HostAccount host_bytes_;
     std::vector<std::unique_ptr<std::byte[]>> host_;
     std::vector<std::uint64_t> device_ticket_;     // the prefetch writing the device copy
     std::vector<std::uint64_t> read_ticket_;       // the offload reading the device copy
     std::vector<std::uint64_t> host_ticket_;       // the offload writing the host copy
     std::vector<std::uint64_t> host_read_ticket_;  // the prefetch reading the host copy
-    std::vector<std::optional<std::vector<std::byte>>> kept_;  // values before an update, for a rollback
-    std::vector<char> device_live_, started_on_device_, started_on_host_, touched_;
-    Bytes host_bytes_ = 0, host_peak_ = 0, rollback_bytes_ = 0;
     // Last: their workers stop (and join) before the buffers they copy go.
     std::unique_ptr<detail::transfer::CopyChannel> to_host_ = std::make_unique<detail::transfer::CopyChannel>();
     std::unique_ptr<detail::transfer::CopyChannel> to_device_ = std::make_unique<detail::transfer::CopyChannel>();
