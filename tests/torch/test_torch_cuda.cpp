@@ -22,11 +22,18 @@
 #include "../../examples/torch/models.hpp"
 #include "remat/solvers/auto.hpp"
 #include "remat/torch/graph_executor.hpp"
+#include "remat/offload/combined.hpp"
+#include "remat/solvers/rotor.hpp"
+#include "remat/torch/cuda_transfers.hpp"
 #include "remat/torch/memory.hpp"
+#include "remat/torch/offload.hpp"
+#include "remat/torch/profile.hpp"
 #include "remat/torch/script.hpp"
 #include "remat/torch/script_module.hpp"
 
+#include "../support/faulty_compute.hpp"
 #include "capture_helpers.hpp"
+#include "models.hpp"
 
 using namespace capture_test;
 
@@ -161,6 +168,145 @@ TEST_CASE("cuda: checkpoint() keeps a module on its own device", "[.][torch][cud
         if (p.requires_grad()) CHECK(p.grad().device() == device);
     }
     CHECK_THROWS_AS(planned->forward({x.cpu()}), remat::InvalidInput);
+}
+
+// ------------------------------------------------------------ offloading through CudaTransfers
+
+namespace {
+
+using CudaCopies = remat::torch::CudaTransfers<remat::torch::OffloadedChain>;
+using CudaOffloadStep = remat::OffloadStep<remat::torch::OffloadedChain, CudaCopies, CudaMemoryProbe>;
+
+// An MLP on the GPU, its copy for plain training with torch::optim::SGD, and a plan at 40 % of
+// everything the step holds, with the link measured as 12 GB/s each way.
+struct CudaOffloadCase {
+    CudaMemoryProbe probe{0};
+    torch::nn::Sequential model = make_model();
+    torch::nn::Sequential reference = remat_test::copy_of(model);
+    remat::torch::StageList stages = remat_test::blocks_of(model);
+    at::Tensor x = at::randn({256, 256}, on_gpu());
+    at::Tensor y = at::randint(0, 10, {256}, on_gpu().dtype(at::kLong));
+    remat::torch::ChainLoss loss = [y = y](const at::Tensor& out) { return at::cross_entropy_loss(out, y); };
+    remat::torch::OffloadTrainingProblems problems = make_problems();
+    std::optional<remat::offload::OffloadPlan> plan = remat::offload::plan_with_offload(
+        problems.planned, remat::store_all_reference(problems.planned).peak * 40 / 100, remat::Rotor{});
+
+    static torch::nn::Sequential make_model() {
+        at::manual_seed(12);
+        torch::nn::Sequential m = remat_test::make_mlp(256, 1024, 4, 10, 0.0);
+        m->to(at::kCUDA);
+        return m;
+    }
+    remat::torch::OffloadTrainingProblems make_problems() {
+        remat::torch::ProfileOptions options;
+        options.repeats = 2;
+        const remat::torch::ChainProfile profile = remat::torch::profile_chain(stages, x, options, probe);
+        remat::offload::TrainingStateOptions training;
+        training.transfers = remat::TransferSettings{std::nullopt, 12e9, 12e9};
+        return remat::torch::offload_training_problems(stages, profile, loss, x, training, probe);
+    }
+    // Every parameter and momentum buffer, on the device (after return_to_device), to the CPU.
+    std::vector<at::Tensor> state(const remat::torch::OffloadedChain& training) const {
+        std::vector<at::Tensor> out;
+        for (const at::Tensor& p : model->parameters()) out.push_back(p.detach().cpu());
+        for (std::size_t l = 1; l <= stages.size(); ++l)
+            for (const at::Tensor& m : training.momentum(l)) out.push_back(m.detach().cpu());
+        return out;
+    }
+};
+
+}  // namespace
+
+TEST_CASE("cuda: a chain trained with weights and momentum offloaded through CudaTransfers equals torch::optim::SGD, "
+          "at the predicted device and host peaks",
+          "[.][torch][cuda][offload]") {
+    REQUIRE(torch::cuda::is_available());
+    deterministic();
+    CudaOffloadCase c;
+    REQUIRE(c.plan);
+    INFO(c.plan->method);
+    REQUIRE(c.plan->report.offloads > 0);
+    std::vector<const void*> identity;
+    for (const at::Tensor& p : c.model->parameters()) identity.push_back(p.unsafeGetTensorImpl());
+
+    remat::torch::OffloadedChain training(c.stages, c.problems.predicting, c.loss, {0.05, 0.9}, c.x);
+    CudaCopies copies(training, c.problems.predicting, c.x.device());
+    remat::place_for(c.plan->schedule, copies);
+    copies.reset_timing();
+    torch::optim::SGD sgd(c.reference->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    for (int step = 0; step < 3; ++step) {
+        INFO("step " << step);
+        CudaOffloadStep run(c.problems.predicting, c.plan->schedule, training, copies, c.probe);
+        run.run();
+        sgd.zero_grad();
+        const at::Tensor loss = c.loss(c.reference->forward(c.x));
+        loss.backward();
+        sgd.step();
+        CHECK(training.loss() == Approx(loss.item<double>()).epsilon(cuda_tolerance));
+        CHECK(run.report().measured_device_peak == run.report().predicted_device_peak);
+        CHECK(run.report().measured_host_peak == run.report().predicted_host_peak);
+        training.end_step();
+    }
+    const remat::torch::TransferTiming timing = copies.timing();
+    WARN("CudaTransfers: " << timing.bytes_to_host << " B to the host at " << timing.to_host_rate() / 1e9 << " GB/s, "
+                           << timing.bytes_to_device << " B to the device at " << timing.to_device_rate() / 1e9 << " GB/s");
+    CHECK(timing.bytes_to_host > 0);
+    CHECK(timing.to_device_rate() > 0);
+    remat::return_to_device(c.plan->schedule, copies);
+    const std::vector<at::Tensor> trained = c.model->parameters(), expected = c.reference->parameters();
+    REQUIRE(trained.size() == expected.size());
+    for (std::size_t i = 0; i < trained.size(); ++i) {
+        INFO("parameter " << i);
+        CHECK(trained[i].unsafeGetTensorImpl() == identity[i]);
+        CHECK(trained[i].device() == c.x.device());
+        CHECK(remat_test::max_diff(trained[i], expected[i]) <= cuda_tolerance * (1 + expected[i].abs().max().item<double>()));
+    }
+}
+
+TEST_CASE("cuda: a fault mid-step through CudaTransfers leaves weights and momentum as they were",
+          "[.][torch][cuda][offload][fault]") {
+    REQUIRE(torch::cuda::is_available());
+    deterministic();
+    CudaOffloadCase c;
+    REQUIRE(c.plan);
+    remat::torch::OffloadedChain training(c.stages, c.problems.predicting, c.loss, {0.05, 0.9}, c.x);
+    CudaCopies copies(training, c.problems.predicting, c.x.device());
+    remat::place_for(c.plan->schedule, copies);
+    {
+        CudaOffloadStep run(c.problems.predicting, c.plan->schedule, training, copies, c.probe);
+        run.run();
+        training.end_step();
+    }
+    std::size_t runs = 0, first_update = 0;
+    for (const auto& step : c.plan->schedule.steps) {
+        if (!step.is_run()) continue;
+        if (!c.problems.predicting.op(step.op()).updates.empty() && first_update == 0) first_update = runs;
+        ++runs;
+    }
+    const remat::Bytes memory_before = c.probe.current();
+    remat::return_to_device(c.plan->schedule, copies);
+    const std::vector<at::Tensor> before = c.state(training);
+    remat::place_for(c.plan->schedule, copies);
+    for (const std::size_t fail_at : {std::size_t{2}, (first_update + runs) / 2}) {
+        INFO("fault at run " << fail_at << " of " << runs);
+        remat_test::FaultyCompute<remat::torch::OffloadedChain> faulty{&training, fail_at};
+        remat::OffloadStep<remat_test::FaultyCompute<remat::torch::OffloadedChain>, CudaCopies, CudaMemoryProbe> run(
+            c.problems.predicting, c.plan->schedule, faulty, copies, c.probe);
+        CHECK_THROWS_WITH(run.run(), Catch::Matchers::Contains("injected fault"));
+        CHECK(c.probe.current() == memory_before);
+        remat::return_to_device(c.plan->schedule, copies);
+        const std::vector<at::Tensor> after = c.state(training);
+        REQUIRE(after.size() == before.size());
+        for (std::size_t i = 0; i < after.size(); ++i) CHECK(remat_test::same(after[i], before[i]));
+        remat::place_for(c.plan->schedule, copies);
+    }
+}
+
+TEST_CASE("cuda: CudaTransfers refuses a device that is not CUDA", "[.][torch][cuda][offload]") {
+    REQUIRE(torch::cuda::is_available());
+    CudaOffloadCase c;
+    remat::torch::OffloadedChain training(c.stages, c.problems.predicting, c.loss, {0.05, 0.9}, c.x);
+    CHECK_THROWS_AS(CudaCopies(training, c.problems.predicting, c10::Device(c10::kCPU)), remat::InvalidInput);
 }
 
 #endif  // REMAT_WITH_CUDA

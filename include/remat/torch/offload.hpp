@@ -2,7 +2,8 @@
 // §11, docs/design.md §4.12): the stages of a checkpointed Sequential (or functor stages), the
 // loss and one SGD-with-momentum step per stage run inside the plan, while the stages'
 // parameters and momentum buffers move between the device and host memory through a transfer
-// backend (exec/transfer.hpp; on the CPU, remat::CpuTransfers).
+// backend (exec/transfer.hpp; on the CPU, remat::CpuTransfers; on a GPU,
+// remat::torch::CudaTransfers from torch/cuda_transfers.hpp).
 //
 // OffloadedChain is what the offloading engine (exec/offload_step.hpp) runs the ops with
 // (StepCompute) and where the moving data live (DeviceStore). A stage's weights are the data
@@ -18,6 +19,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <span>
@@ -136,7 +138,14 @@ inline void release_memory(const at::Tensor& t) {
 }
 inline void allocate_memory(const at::Tensor& t, std::size_t nbytes) {
     c10::Storage storage = t.storage();
-    storage.set_data_ptr_noswap(c10::GetAllocator(storage.device().type())->allocate(nbytes));
+    if (storage.device().is_cpu()) {
+        storage.set_data_ptr_noswap(c10::GetAllocator(c10::kCPU)->allocate(nbytes));
+    } else {
+        // Another device's memory comes from its own allocator (the CUDA caching allocator on
+        // the current stream) through an empty block whose memory the storage takes.
+        const at::Tensor block = at::empty({static_cast<std::int64_t>(nbytes)}, at::TensorOptions().dtype(at::kByte).device(storage.device()));
+        storage.set_data_ptr_noswap(block.storage().set_data_ptr(at::DataPtr(nullptr, storage.device())));
+    }
     storage.set_nbytes(nbytes);
 }
 
@@ -213,10 +222,10 @@ public:
     /// same chain); `input`: the chain's input for the steps to come (set_input changes it).
     OffloadedChain(StageList stages, const Problem& problem, ChainLoss loss, SgdMomentum sgd, at::Tensor input)
         : stages_(std::move(stages)), loss_(std::move(loss)), sgd_(sgd), device_(input.device()) {
-        if (!device_.is_cpu())
+        if (!device_.is_cpu() && !device_.is_cuda())
             throw InvalidInput("OffloadedChain: the chain's input is on " + device_.str() +
-                               "; only the CPU transfer backend (remat::CpuTransfers) exists so far, so offloading "
-                               "trains chains on the CPU; on a GPU, train with checkpoint() and no offloading");
+                               "; offloading has transfer backends for the CPU (remat::CpuTransfers) and CUDA "
+                               "(remat::torch::CudaTransfers) only");
         const std::size_t L = stages_.size();
         const ChainIds ids = chain_ids(L);
         parameters_ = detail::offload::stage_parameters(stages_);

@@ -1,0 +1,193 @@
+// bench_offload_torch — a LibTorch chain trained by offloading plans (remat/torch/offload.hpp):
+// an MLP whose weights and SGD momentum move between the device and host memory, on the CPU
+// (remat::CpuTransfers) or a GPU (remat::torch::CudaTransfers).
+//
+// The link is measured first (each direction, a copy of 64 MiB, the median of 5), and the
+// plans are made at those rates. For total device budgets (weights, gradients, momentum and
+// activations, % of store-all's P_ref), the table gives each plan's predicted overhead (the
+// simulator's makespan over T_ref) against the measured one (the median step over plain
+// LibTorch training's, torch::optim::SGD, in the same run), the predicted and measured device
+// and host peaks (the tracking allocator on the CPU, the caching allocator's requested bytes
+// on a GPU), and the bandwidth the plan's copies reached.
+//
+//   bench_offload_torch [--device cpu|cuda] [--quick] [--steps N]
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <remat/remat.hpp>
+#include <remat/torch/cuda_transfers.hpp>
+#include <remat/torch/detail/runtime.hpp>
+#include <remat/torch/memory.hpp>
+#include <remat/torch/offload.hpp>
+#include <remat/torch/profile.hpp>
+#include <remat/torch/sequential.hpp>
+
+namespace {
+
+namespace rt = remat::torch;
+
+struct Settings {
+    c10::Device device{c10::kCPU};
+    std::int64_t width = 1024, blocks = 6, batch = 512;
+    std::size_t steps = 5;
+};
+
+void synchronize(const c10::Device& device) { rt::detail::synchronize(device); }
+
+// The median wall time of `runs` calls, each ended by a device synchronisation.
+double median_seconds(std::size_t runs, const c10::Device& device, const std::function<void()>& f) {
+    std::vector<double> times;
+    for (std::size_t i = 0; i < runs; ++i) {
+        synchronize(device);
+        const auto t0 = std::chrono::steady_clock::now();
+        f();
+        synchronize(device);
+        times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
+}
+
+// Bytes per second of a 64 MiB copy each way between the device and (pinned, on a GPU) host memory.
+std::pair<double, double> link_rates(const c10::Device& device) {
+    const std::int64_t n = std::int64_t{64} << 20;
+    const auto options = at::TensorOptions().dtype(at::kByte);
+    const at::Tensor on_device = at::empty({n}, options.device(device));
+    const at::Tensor on_host = at::empty({n}, options.pinned_memory(device.is_cuda()));
+    const double to_host = median_seconds(5, device, [&] { on_host.copy_(on_device, /*non_blocking=*/true); });
+    const double to_device = median_seconds(5, device, [&] { on_device.copy_(on_host, /*non_blocking=*/true); });
+    return {double(n) / to_host, double(n) / to_device};
+}
+
+torch::nn::Sequential make_mlp(const Settings& s) {
+    torch::nn::Sequential model;
+    for (std::int64_t b = 0; b < s.blocks; ++b) {
+        model->push_back(torch::nn::Linear(s.width, s.width));
+        model->push_back(torch::nn::ReLU());
+    }
+    model->push_back(torch::nn::Linear(s.width, 10));
+    model->to(s.device);
+    return model;
+}
+
+template <class Probe, class Transfers, class MakeTransfers>
+void table(const Settings& s, Probe probe, MakeTransfers make_transfers) {
+    at::manual_seed(1);
+    torch::nn::Sequential model = make_mlp(s);
+    torch::nn::Sequential reference(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model->clone()));
+    const rt::StageList stages = rt::group_stages_before(rt::stages_of(model), rt::starts_with<torch::nn::LinearImpl>);
+    const at::Tensor x = at::randn({s.batch, s.width}, at::TensorOptions().device(s.device));
+    const at::Tensor y = at::randint(0, 10, {s.batch}, at::TensorOptions().device(s.device).dtype(at::kLong));
+    const rt::ChainLoss loss = [y](const at::Tensor& out) { return at::cross_entropy_loss(out, y); };
+
+    const auto [to_host, to_device] = link_rates(s.device);
+    rt::ProfileOptions profile_options;
+    profile_options.repeats = 3;
+    const rt::ChainProfile profile = rt::profile_chain(stages, x, profile_options, probe);
+    remat::offload::TrainingStateOptions options;
+    options.transfers = remat::TransferSettings{std::nullopt, to_host, to_device};
+    const rt::OffloadTrainingProblems problems = rt::offload_training_problems(stages, profile, loss, x, options, probe);
+    const remat::Reference ref = remat::store_all_reference(problems.predicting);
+
+    torch::optim::SGD sgd(reference->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    const double plain = median_seconds(s.steps, s.device, [&] {
+        sgd.zero_grad();
+        loss(reference->forward(x)).backward();
+        sgd.step();
+    });
+    std::printf("\n%s: MLP of %lld blocks of width %lld, batch %lld (fp32, SGD with momentum); link measured at %.1f GB/s to "
+                "the host, %.1f GB/s to the device; plain step %.2f ms (median of %zu), predicted T_ref %.2f ms; P_ref %s\n",
+                s.device.str().c_str(), static_cast<long long>(s.blocks), static_cast<long long>(s.width),
+                static_cast<long long>(s.batch), to_host / 1e9, to_device / 1e9, plain * 1e3, s.steps, ref.time * 1e3,
+                remat::format_bytes(ref.peak).c_str());
+    std::printf("    %-18s| %-14s %8s %8s | %10s %10s | %10s %10s | %s\n", "budget", "method", "pred ovh", "meas ovh",
+                "dev pred", "dev meas", "host pred", "host meas", "copies (measured GB/s out, in)");
+
+    rt::OffloadedChain training(stages, problems.predicting, loss, {0.01, 0.9}, x);
+    Transfers transfers = make_transfers(training, problems.predicting);
+    for (const int percent : {100, 70, 50, 40, 30, 25}) {
+        const remat::Bytes budget = remat::percent_of(ref.peak, percent);
+        const auto plan = remat::offload::plan_with_offload(problems.planned, budget, remat::Rotor{});
+        std::printf("    %5d%% %10s | ", percent, remat::format_bytes(budget).c_str());
+        if (!plan) {
+            std::printf("no plan\n");
+            continue;
+        }
+        remat::place_for(plan->schedule, transfers);
+        remat::OffloadStepReport last;
+        const double measured = median_seconds(s.steps, s.device, [&] {
+            remat::OffloadStep<rt::OffloadedChain, Transfers, Probe> step(problems.predicting, plan->schedule, training,
+                                                                          transfers, probe);
+            step.run();
+            training.end_step();
+            last = step.report();
+        });
+        const remat::offload::OffloadReport predicted = remat::offload::simulate(problems.predicting, plan->schedule);
+        std::printf("%-14s %+7.1f%% %+7.1f%% | %10s %10s | %10s %10s | %s out + %s in", plan->method.c_str(),
+                    100.0 * (predicted.makespan / ref.time - 1.0), 100.0 * (measured / plain - 1.0),
+                    remat::format_bytes(last.predicted_device_peak).c_str(),
+                    remat::format_bytes(last.measured_device_peak).c_str(),
+                    remat::format_bytes(last.predicted_host_peak).c_str(), remat::format_bytes(last.measured_host_peak).c_str(),
+                    remat::format_bytes(predicted.bytes_to_host).c_str(), remat::format_bytes(predicted.bytes_to_device).c_str());
+#if REMAT_WITH_CUDA
+        if constexpr (requires { transfers.timing(); }) {
+            const rt::TransferTiming t = transfers.timing();
+            std::printf(" (%.1f, %.1f)", t.to_host_rate() / 1e9, t.to_device_rate() / 1e9);
+            transfers.reset_timing();
+        }
+#endif
+        const bool exact = last.measured_device_peak == last.predicted_device_peak &&
+                           last.measured_host_peak == last.predicted_host_peak;
+        std::printf("%s\n", exact ? "" : "  <- measured peak differs");
+        remat::return_to_device(plan->schedule, transfers);
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Settings s;
+    bool quick = false;
+    for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        if (arg == "--quick") quick = true;
+        else if (arg == "--device" && i + 1 < argc) s.device = c10::Device(argv[++i]);
+        else if (arg == "--steps" && i + 1 < argc) s.steps = std::stoul(argv[++i]);
+        else {
+            std::fprintf(stderr, "usage: bench_offload_torch [--device cpu|cuda] [--quick] [--steps N]\n");
+            return 2;
+        }
+    }
+    at::set_num_threads(1);
+    if (s.device.is_cuda()) {
+        s.width = quick ? 2048 : 4096;
+        s.blocks = 8;
+        s.batch = quick ? 1024 : 2048;
+#if REMAT_WITH_CUDA
+        table<rt::CudaMemoryProbe, rt::CudaTransfers<rt::OffloadedChain>>(
+            s, rt::CudaMemoryProbe(s.device.has_index() ? s.device.index() : 0),
+            [&](rt::OffloadedChain& chain, const remat::Problem& problem) {
+                return rt::CudaTransfers<rt::OffloadedChain>(chain, problem, s.device);
+            });
+        return 0;
+#else
+        std::fprintf(stderr, "bench_offload_torch: this LibTorch has no CUDA\n");
+        return 2;
+#endif
+    }
+    if (quick) s.width = 512;
+    table<rt::CpuMemoryProbe, remat::CpuTransfers<rt::OffloadedChain>>(
+        s, rt::CpuMemoryProbe{}, [](rt::OffloadedChain& chain, const remat::Problem& problem) {
+            return remat::CpuTransfers<rt::OffloadedChain>(chain, problem);
+        });
+}
