@@ -1,7 +1,9 @@
 // examples/cli/offload_plan.hpp — `remat-plan --offload`: one device budget for everything a
 // training step holds (docs/formats.md §11), split between weights and activations by the
 // combined planner (remat/offload/combined.hpp); a summary or one JSON line, the
-// `remat.schedule/2` file and a timeline SVG with a lane per transfer channel.
+// `remat.schedule/2` file and a timeline SVG with a lane per transfer channel. With
+// --solver checkmate (where a MILP backend is built), Checkmate's MILP with offload variables
+// (remat/offload/checkmate.hpp) also runs, started from the combined planner's plan.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -17,6 +19,13 @@
 #include <remat/io/offload_json.hpp>
 #include <remat/io/offload_svg.hpp>
 #include <remat/offload/combined.hpp>
+#ifdef REMAT_WITH_LPSOLVE
+#include <remat/milp/lp_solve.hpp>
+#include <remat/offload/checkmate.hpp>
+#endif
+#ifdef REMAT_WITH_CBC
+#include <remat/milp/cbc.hpp>
+#endif
 
 #include "format.hpp"
 #include "solver_table.hpp"
@@ -83,8 +92,12 @@ inline void print_offload_summary(std::ostream& out, const Problem& problem, con
     const auto rate = [](double b) { return b > 0 ? format_bytes(static_cast<Bytes>(b)) + "/s" : std::string("unlimited"); };
     out << printable(problem.name()) << ": problem, " << problem.data_count() << " data, " << problem.op_count()
         << " ops; T_ref " << number(ref.time) << ", P_ref " << bytes_both(ref.peak) << " (everything the step holds)\n";
-    out << "  planner   " << plan.method << " (activations by " << solver << " at " << bytes_both(plan.activation_budget)
-        << "), solved in " << number(seconds * 1e3, "%.3g") << " ms\n";
+    if (plan.method == "checkmate+offload")
+        out << "  planner   " << plan.method << " (Checkmate's MILP with offload variables, started from the combined "
+            << "planner's plan), solved in " << number(seconds * 1e3, "%.3g") << " ms\n";
+    else
+        out << "  planner   " << plan.method << " (activations by " << solver << " at " << bytes_both(plan.activation_budget)
+            << "), solved in " << number(seconds * 1e3, "%.3g") << " ms\n";
     out << "  budget    " << bytes_both(budget) << ", " << percent(double(budget), double(ref.peak)) << " of P_ref\n";
     out << "  time      " << number(r.makespan) << ", overhead " << signed_percent(r.makespan, ref.time)
         << " vs T_ref (compute " << number(r.compute_time) << ", waiting for transfers " << number(r.stall_time()) << ")\n";
@@ -113,6 +126,29 @@ inline TransferSettings offload_settings(const Problem& problem, const std::opti
     return t;
 }
 
+/// --offload --solver checkmate[:lpsolve|:cbc]: the combined planner (its activations by the
+/// default solver), then Checkmate's MILP with offload variables started from its plan, within
+/// --time-limit (60 s by default); the faster plan.
+inline std::optional<offload::OffloadPlan> plan_with_offload_milp(const Problem& problem, Bytes budget,
+                                                                  const EntrySolver& activations,
+                                                                  const SolveOptions& options,
+                                                                  const offload::CombinedOptions& combined) {
+#ifdef REMAT_WITH_LPSOLVE
+    offload::OffloadCheckmateOptions milp;
+    milp.time_limit_seconds = options.time_limit.value_or(60.0);
+    milp.transfers = combined.transfers;
+    milp.progress = options.progress;
+#ifdef REMAT_WITH_CBC
+    if (options.variant != "lpsolve")
+        return offload::plan_with_offload(problem, budget, activations, offload::OffloadCheckmate<milp::Cbc>(milp), combined);
+#endif
+    return offload::plan_with_offload(problem, budget, activations, offload::OffloadCheckmate<milp::LpSolve>(milp), combined);
+#else
+    (void)options;
+    return offload::plan_with_offload(problem, budget, activations, combined);  // no MILP backend: never listed
+#endif
+}
+
 /// remat-plan --offload (or a problem with updates, planned without transfers when
 /// `transfers_allowed` is false). Returns the exit code.
 inline int run_offload(const std::string& file, const std::optional<std::string>& budget_text,
@@ -135,9 +171,12 @@ inline int run_offload(const std::string& file, const std::optional<std::string>
     const std::string solver_label = std::string(entry.name) + (options.variant.empty() ? "" : ":" + options.variant);
     const offload::CombinedOptions combined{offload::GreedyVariant::repeated, 12, transfers};
     const Stopwatch clock;
-    const std::optional<offload::OffloadPlan> plan = transfers_allowed
-                                                         ? offload::plan_with_offload(problem, budget, solver, combined)
-                                                         : offload::plan_remat_only(problem, budget, solver, combined);
+    const std::optional<offload::OffloadPlan> plan =
+        !transfers_allowed ? offload::plan_remat_only(problem, budget, solver, combined)
+        : entry.name == "checkmate"
+            ? plan_with_offload_milp(problem, budget, EntrySolver{&default_solver(split.activations), &options}, options,
+                                     combined)
+            : offload::plan_with_offload(problem, budget, solver, combined);
     const double seconds = clock.seconds();
     if (plan && out_file)
         io::write_file(*out_file, io::to_json(problem, io::SavedOffloadSchedule{
@@ -148,7 +187,11 @@ inline int run_offload(const std::string& file, const std::optional<std::string>
                                                            plan->schedule}));
     if (plan && svg_file) io::write_file(*svg_file, offload_timeline_svg(problem, plan->schedule, plan->report, budget));
     if (json) print_offload_json(out, ref, budget, solver_label, plan, seconds, transfers);
-    else if (plan) print_offload_summary(out, problem, ref, budget, solver_label, *plan, transfers, seconds);
+    else if (plan)
+        print_offload_summary(out, problem, ref, budget,
+                              entry.name == "checkmate" && transfers_allowed ? std::string(default_solver(split.activations).name)
+                                                                             : solver_label,
+                              *plan, transfers, seconds);
     if (plan) return exit_ok;
     const Bytes bound = offload::device_memory_lower_bound(problem);
     err << "remat-plan: infeasible: no split of " << bytes_both(budget) << " between weights and activations fits ("

@@ -66,3 +66,20 @@ TEST_CASE("remat-plan --bound proves a lower bound no plan beats, in the summary
     CHECK(r.code == 2);
     CHECK_THAT(r.err, Catch::Contains("--bound needs --budget"));
 }
+
+TEST_CASE("remat-plan --offload --solver checkmate: the MILP with offload variables, started from the combined planner",
+          "[cli][offload]") {
+    const std::string training =
+        (std::filesystem::path(REMAT_SOURCE_DIR) / "examples" / "problems" / "gpt-like-training.json").string();
+    const CliResult iteration = remat_plan({training, "--offload", "--budget", "50%", "--json"});
+    REQUIRE(iteration.code == 0);
+    const CliResult r = remat_plan({training, "--offload", "--budget", "50%", "--solver", "checkmate", "--time-limit", "3",
+                                    "--json"});
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+    const auto line = nlohmann::json::parse(r.out), base = nlohmann::json::parse(iteration.out);
+    CHECK(line.at("solver") == "checkmate");
+    CHECK(line.at("peak").get<double>() <= line.at("budget").get<double>());
+    // Never slower than the combined planner alone.
+    CHECK(line.at("time").get<double>() <= base.at("time").get<double>() * (1 + 1e-12));
+}

@@ -52,6 +52,7 @@
 #include "../core/problem.hpp"
 #include "../core/progress.hpp"
 #include "../core/schedule.hpp"
+#include "../core/time_bounded.hpp"
 #include "../core/timing.hpp"
 #include "../milp/backend.hpp"
 #include "../milp/model.hpp"
@@ -718,6 +719,12 @@ public:
 
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "checkmate+offload"; }
     [[nodiscard]] const OffloadCheckmateOptions& options() const noexcept { return options_; }
+    /// A copy whose time limit is at most `seconds` (models TimeBoundedSolver's rule).
+    [[nodiscard]] OffloadCheckmate with_time_limit_at_most(double seconds) const {
+        OffloadCheckmateOptions o = options_;
+        o.time_limit_seconds = tightened_time_limit(o.time_limit_seconds, seconds);
+        return OffloadCheckmate(std::move(o), backend_);
+    }
 
     /// The fastest plan of the model within a total device `budget`: OffloadMilpResult::plan is
     /// empty when the model has none (its status says whether that is proven for the model,
@@ -838,10 +845,10 @@ private:
 };
 
 /// The combined planner with the MILP on top: the iteration's plan (plan_with_offload), then
-/// Checkmate's MILP with offload variables started from it; the faster of the two under the
-/// simulator. The MILP only ever improves the result; on graphs past the MILP's size cap
-/// (max_binary_variables) the iteration's plan is returned. Both must use the same transfer
-/// settings.
+/// Checkmate's MILP with offload variables started from it, within what is left of the MILP's
+/// time limit; the faster of the two under the simulator. The MILP only ever improves the
+/// result; on graphs past the MILP's size cap (max_binary_variables) the iteration's plan is
+/// returned. Both must use the same transfer settings.
 template <Solver S, milp::MilpBackend Backend>
 [[nodiscard]] std::optional<OffloadPlan> plan_with_offload(const Problem& full, Bytes budget, const S& solver,
                                                            const OffloadCheckmate<Backend>& milp,
@@ -849,9 +856,12 @@ template <Solver S, milp::MilpBackend Backend>
     const TransferSettings transfers = options.transfers.value_or(full.transfers());
     if (milp.options().transfers.value_or(full.transfers()) != transfers)
         throw InvalidInput("plan_with_offload: the MILP's transfer settings differ from the iteration's; give both the same");
+    const Stopwatch clock;
     std::optional<OffloadPlan> best = plan_with_offload(full, budget, solver, options);
     if (best && milp.binaries(full, budget) > milp.options().max_binary_variables) return best;
-    OffloadMilpResult result = milp.solve(full, budget, best ? std::optional(best->schedule) : std::nullopt);
+    const double left = std::max(0.01, milp.options().time_limit_seconds - clock.seconds());
+    OffloadMilpResult result =
+        milp.with_time_limit_at_most(left).solve(full, budget, best ? std::optional(best->schedule) : std::nullopt);
     if (result.plan && (!best || result.plan->report.makespan < best->report.makespan)) best = std::move(result.plan);
     return best;
 }
