@@ -728,7 +728,7 @@ public:
 
     /// The fastest plan of the model within a total device `budget`: OffloadMilpResult::plan is
     /// empty when the model has none (its status says whether that is proven for the model,
-    /// which fixes the passes and λ, or the time limit ran out).
+    /// which fixes the passes and λo, or the time limit ran out).
     /// `start`: a known plan (the iteration's) to start the search from, where the model
     /// can hold it (OffloadMilpResult::started says whether it could).
     [[nodiscard]] OffloadMilpResult solve(const Problem& full, Bytes budget,
