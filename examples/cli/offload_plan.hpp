@@ -92,12 +92,10 @@ inline void print_offload_summary(std::ostream& out, const Problem& problem, con
     const auto rate = [](double b) { return b > 0 ? format_bytes(static_cast<Bytes>(b)) + "/s" : std::string("unlimited"); };
     out << printable(problem.name()) << ": problem, " << problem.data_count() << " data, " << problem.op_count()
         << " ops; T_ref " << number(ref.time) << ", P_ref " << bytes_both(ref.peak) << " (everything the step holds)\n";
-    if (plan.method == "checkmate+offload")
-        out << "  planner   " << plan.method << " (Checkmate's MILP with offload variables, started from the combined "
-            << "planner's plan), solved in " << number(seconds * 1e3, "%.3g") << " ms\n";
-    else
-        out << "  planner   " << plan.method << " (activations by " << solver << " at " << bytes_both(plan.activation_budget)
-            << "), solved in " << number(seconds * 1e3, "%.3g") << " ms\n";
+    const std::string how = plan.method == "checkmate+offload"
+                                ? "Checkmate's MILP with offload variables, started from the combined planner's plan"
+                                : "activations by " + solver + " at " + bytes_both(plan.activation_budget);
+    out << "  planner   " << plan.method << " (" << how << "), solved in " << number(seconds * 1e3, "%.3g") << " ms\n";
     out << "  budget    " << bytes_both(budget) << ", " << percent(double(budget), double(ref.peak)) << " of P_ref\n";
     out << "  time      " << number(r.makespan) << ", overhead " << signed_percent(r.makespan, ref.time)
         << " vs T_ref (compute " << number(r.compute_time) << ", waiting for transfers " << number(r.stall_time()) << ")\n";
@@ -167,16 +165,21 @@ inline int run_offload(const std::string& file, const std::optional<std::string>
     const offload::TrainingSplit split = offload::split_training_state(problem);
     SolveOptions options = base_options;
     const SolverEntry& entry = solver_name ? find_solver(*solver_name, options) : default_solver(split.activations);
-    const EntrySolver solver{&entry, &options};
     const std::string solver_label = std::string(entry.name) + (options.variant.empty() ? "" : ":" + options.variant);
+    // With --solver checkmate the MILP runs after the combined planner, whose activations the
+    // default solver plans (its variant is the MILP backend's).
+    const bool with_milp = transfers_allowed && entry.name == "checkmate";
+    const SolverEntry& activation_entry = with_milp ? default_solver(split.activations) : entry;
+    SolveOptions activation_options = options;
+    if (with_milp) activation_options.variant.clear();
+    const EntrySolver activations{&activation_entry, &activation_options};
+    const std::string activation_label = with_milp ? std::string(activation_entry.name) : solver_label;
     const offload::CombinedOptions combined{offload::GreedyVariant::repeated, 12, transfers};
     const Stopwatch clock;
     const std::optional<offload::OffloadPlan> plan =
-        !transfers_allowed ? offload::plan_remat_only(problem, budget, solver, combined)
-        : entry.name == "checkmate"
-            ? plan_with_offload_milp(problem, budget, EntrySolver{&default_solver(split.activations), &options}, options,
-                                     combined)
-            : offload::plan_with_offload(problem, budget, solver, combined);
+        !transfers_allowed ? offload::plan_remat_only(problem, budget, activations, combined)
+        : with_milp        ? plan_with_offload_milp(problem, budget, activations, options, combined)
+                           : offload::plan_with_offload(problem, budget, activations, combined);
     const double seconds = clock.seconds();
     if (plan && out_file)
         io::write_file(*out_file, io::to_json(problem, io::SavedOffloadSchedule{
@@ -187,16 +190,12 @@ inline int run_offload(const std::string& file, const std::optional<std::string>
                                                            plan->schedule}));
     if (plan && svg_file) io::write_file(*svg_file, offload_timeline_svg(problem, plan->schedule, plan->report, budget));
     if (json) print_offload_json(out, ref, budget, solver_label, plan, seconds, transfers);
-    else if (plan)
-        print_offload_summary(out, problem, ref, budget,
-                              entry.name == "checkmate" && transfers_allowed ? std::string(default_solver(split.activations).name)
-                                                                             : solver_label,
-                              *plan, transfers, seconds);
+    else if (plan) print_offload_summary(out, problem, ref, budget, activation_label, *plan, transfers, seconds);
     if (plan) return exit_ok;
     const Bytes bound = offload::device_memory_lower_bound(problem);
     err << "remat-plan: infeasible: no split of " << bytes_both(budget) << " between weights and activations fits ("
         << (transfers_allowed ? "rematerialization with weight offloading" : "rematerialization alone, every weight on the device")
-        << ", activations by " << solver_label << ")\n";
+        << ", activations by " << activation_label << ")\n";
     if (budget < bound)
         err << "remat-plan: the budget is below a proven lower bound: every schedule needs at least " << bytes_both(bound)
             << " (an exactly-once op with what it reads, writes and updates, and the data that cannot leave the device)\n";
