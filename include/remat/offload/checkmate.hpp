@@ -736,9 +736,7 @@ public:
         const auto began = std::chrono::steady_clock::now();
         const TransferSettings transfers = options_.transfers.value_or(full.transfers());
         const remat::detail::checkmate::Analysis a = remat::detail::checkmate::analyse(full);
-        std::vector<DataId> movable;
-        for (const DataId d : full.initial())
-            if (full.data(d).offloadable) movable.push_back(d);
+        const std::vector<DataId> movable = movable_data(full);
         OffloadMilpResult result;
         // The start's makespan in the model bounds every plan worth finding (the big-M of the
         // time rows); the model is built again with it.
@@ -805,14 +803,15 @@ private:
                               std::optional<double> horizon) const {
         using namespace remat::detail::checkmate;
         Built built;
-        built.formulation = std::make_unique<Formulation>(full, a, make_layout(full, a, options_.extra_passes), budget, movable);
-        if (built.formulation->infeasible()) return built;
-        const std::size_t binaries = estimated_binaries(*built.formulation, movable.size());
-        if (binaries > options_.max_binary_variables)
+        Layout layout = make_layout(full, a, options_.extra_passes);
+        // Checked before the rows are built: the cap is there to keep them from being built.
+        if (const std::size_t binaries = estimated_binaries(layout, movable.size()); binaries > options_.max_binary_variables)
             throw SolverError("checkmate+offload: the MILP of '" + full.name() + "' would have about " +
                               std::to_string(binaries) + " binary variables, above max_binary_variables = " +
                               std::to_string(options_.max_binary_variables) +
                               "; use offload::plan_with_offload (the iteration) on graphs this large");
+        built.formulation = std::make_unique<Formulation>(full, a, std::move(layout), budget, movable);
+        if (built.formulation->infeasible()) return built;
         built.model = std::make_unique<detail::offload_milp::Model>(full, *built.formulation, movable, transfers,
                                                                     options_.offload_lag, budget, horizon);
         return built;
@@ -828,19 +827,24 @@ private:
 
 public:
     /// About how many binary variables the MILP of `full` has (max_binary_variables caps it).
-    [[nodiscard]] std::size_t binaries(const Problem& full, Bytes budget) const {
+    [[nodiscard]] std::size_t binaries(const Problem& full) const {
         const auto a = remat::detail::checkmate::analyse(full);
-        std::vector<DataId> movable;
-        for (const DataId d : full.initial())
-            if (full.data(d).offloadable) movable.push_back(d);
-        const remat::detail::checkmate::Formulation f(full, a, remat::detail::checkmate::make_layout(full, a, options_.extra_passes),
-                                                      budget, movable);
-        return estimated_binaries(f, movable.size());
+        return estimated_binaries(remat::detail::checkmate::make_layout(full, a, options_.extra_passes), movable_data(full).size());
     }
 
 private:
-    [[nodiscard]] static std::size_t estimated_binaries(const remat::detail::checkmate::Formulation& f, std::size_t movable) {
-        return f.model().integer_count() + movable * (4 * f.points().size() + 3);
+    // The run variables (one per point of the layout), and per movable data its copies, its
+    // transfers and where it starts.
+    [[nodiscard]] static std::size_t estimated_binaries(const remat::detail::checkmate::Layout& layout, std::size_t movable) {
+        const auto points = static_cast<std::size_t>(std::count(layout.allowed.begin(), layout.allowed.end(), char{1}));
+        return points + movable * (4 * points + 3);
+    }
+    // The data the model moves: the offloadable initial ones.
+    [[nodiscard]] static std::vector<DataId> movable_data(const Problem& full) {
+        std::vector<DataId> movable;
+        for (const DataId d : full.initial())
+            if (full.data(d).offloadable) movable.push_back(d);
+        return movable;
     }
 };
 
@@ -858,7 +862,7 @@ template <Solver S, milp::MilpBackend Backend>
         throw InvalidInput("plan_with_offload: the MILP's transfer settings differ from the iteration's; give both the same");
     const Stopwatch clock;
     std::optional<OffloadPlan> best = plan_with_offload(full, budget, solver, options);
-    if (best && milp.binaries(full, budget) > milp.options().max_binary_variables) return best;
+    if (best && milp.binaries(full) > milp.options().max_binary_variables) return best;
     const double left = std::max(0.01, milp.options().time_limit_seconds - clock.seconds());
     OffloadMilpResult result =
         milp.with_time_limit_at_most(left).solve(full, budget, best ? std::optional(best->schedule) : std::nullopt);
