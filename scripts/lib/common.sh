@@ -26,7 +26,7 @@ REMAT_CMAKE_OPTIONS=()
 
 # Debian packages remat builds against. Missing ones are installed when running as root.
 REMAT_PACKAGES=(g++ cmake make ccache pkg-config python3 catch2 nlohmann-json3-dev
-                liblpsolve55-dev coinor-libcbc-dev libtorch-dev python3-torch)
+                liblpsolve55-dev coinor-libcbc-dev libtorch-dev libgloo-dev python3-torch)
 
 remat_install_missing() {
   [ "$REMAT_TORCH" = pip ] && REMAT_PACKAGES+=(python3-venv)

@@ -123,7 +123,7 @@ public:
         try {
             backend_.commit();
         } catch (...) {
-            fail(schedule.size(), "handing the parameter gradients over");
+            fail(schedule.size(), " (handing the parameter gradients over)");
         }
         report_.backward_seconds = clock.seconds();
         report_.measured_peak = std::max(report_.forward_peak, report_.backward_peak);

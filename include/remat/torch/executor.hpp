@@ -40,6 +40,7 @@
 #include "detail/op_clock.hpp"
 #include "detail/runtime.hpp"
 #include "detail/step.hpp"
+#include "gradient_hooks.hpp"
 #include "memory.hpp"
 #include "profile.hpp"
 #include "stage.hpp"
@@ -179,12 +180,20 @@ class ChainBackend {
 public:
     using RngState = detail::RngState;
 
-    ChainBackend(std::shared_ptr<ExecutorCore<Probe>> core, const at::Tensor& input) : core_(std::move(core)) {
+    ChainBackend(std::shared_ptr<ExecutorCore<Probe>> core, const at::Tensor& input,
+                 std::shared_ptr<const GradientHooks> hooks = nullptr)
+        : core_(std::move(core)) {
         const std::size_t L = core_->stages.size();
         a_.resize(L + 1);
         s_.resize(L + 1);
         g_.resize(L + 1);
         pending_.reset(core_->table.parameters.size());
+        if (hooks) {
+            std::vector<std::size_t> units_of(core_->table.parameters.size(), 0);
+            for (const auto& indices : core_->table.of_stage)
+                for (const std::size_t p : indices) ++units_of[p];
+            pending_.watch(std::move(hooks), std::move(units_of));
+        }
         input_requires_grad_ = input.requires_grad();
         device_ = input.device();
         clock_ = OpClock(device_);
@@ -221,9 +230,15 @@ public:
         std::vector<at::Tensor> grads;
         at::Tensor input_grad = run_backward(s_[l], g_[l], input_grad_for(l), core_->table.trainable[l - 1], grads);
         const at::NoGradGuard no_grad;
-        for (std::size_t k = 0; k < indices.size(); ++k)
-            if (grads[k].defined()) pending_.add_copying(indices[k], std::move(grads[k]));
+        for (std::size_t k = 0; k < indices.size(); ++k) {
+            if (!grads[k].defined()) continue;
+            // Autograd may hand one tensor on as several gradients (`x + b`); one that hooks may
+            // change in place gets memory of its own.
+            if (pending_.announces() && shares_memory(grads[k], input_grad, grads, k)) grads[k] = grads[k].clone();
+            pending_.add_copying(indices[k], std::move(grads[k]));
+        }
         g_[l - 1] = std::move(input_grad);
+        pending_.unit_done(indices);
         pending_.recount();
     }
 
@@ -273,6 +288,16 @@ public:
 
 private:
     [[nodiscard]] bool input_grad_for(std::size_t l) const noexcept { return l > 1 || input_requires_grad_; }
+
+    [[nodiscard]] static bool shares_memory(const at::Tensor& t, const at::Tensor& input_grad,
+                                            const std::vector<at::Tensor>& grads, std::size_t own) {
+        const auto* storage = t.storage().unsafeGetStorageImpl();
+        const auto same = [&](const at::Tensor& u) { return u.defined() && u.storage().unsafeGetStorageImpl() == storage; };
+        if (same(input_grad)) return true;
+        for (std::size_t j = 0; j < grads.size(); ++j)
+            if (j != own && same(grads[j])) return true;
+        return false;
+    }
 
     std::shared_ptr<ExecutorCore<Probe>> core_;
     bool input_requires_grad_ = false;
@@ -328,10 +353,13 @@ public:
     }
 
     /// A step to drive by hand (or from an autograd function): forward(), then backward().
-    [[nodiscard]] ChainStep<Probe> start(const ExecutablePlan& plan, const at::Tensor& input, bool continuous = true) const {
+    /// `hooks`: what the step does with its parameter gradients besides handing them over
+    /// (torch/gradient_hooks.hpp).
+    [[nodiscard]] ChainStep<Probe> start(const ExecutablePlan& plan, const at::Tensor& input, bool continuous = true,
+                                         std::shared_ptr<const GradientHooks> hooks = nullptr) const {
         check_input(input);
-        return ChainStep<Probe>(engine_, plan, detail::executor::ChainBackend<Probe>(core_, input), &core_->probe,
-                                continuous);
+        return ChainStep<Probe>(engine_, plan, detail::executor::ChainBackend<Probe>(core_, input, std::move(hooks)),
+                                &core_->probe, continuous);
     }
 
     /// A whole training step: forward, `loss(output)` (with autograd), backward, and the

@@ -110,13 +110,20 @@ class ScriptBackend {
 public:
     using RngState = detail::RngState;
 
-    ScriptBackend(std::shared_ptr<const Core> core, std::shared_ptr<Scratch> scratch, const std::vector<at::Tensor>& inputs)
+    ScriptBackend(std::shared_ptr<const Core> core, std::shared_ptr<Scratch> scratch, const std::vector<at::Tensor>& inputs,
+                  std::shared_ptr<const GradientHooks> hooks = nullptr)
         : core_(std::move(core)), scratch_(std::move(scratch)), device_(core_->device), clock_(core_->device) {
         const std::size_t n_data = core_->problem.data_count();
         act_.resize(n_data);
         grad_.resize(n_data);
         graph_.resize(core_->groups.size());
         pending_.reset(core_->parameters.size());
+        if (hooks) {
+            std::vector<std::size_t> units_of(core_->parameters.size(), 0);
+            for (const auto& group : core_->groups)
+                for (const std::size_t p : group.parameters) ++units_of[p];
+            pending_.watch(std::move(hooks), std::move(units_of));
+        }
         for (std::size_t i = 0; i < inputs.size(); ++i) act_[core_->inputs[i].data.index].set_external(inputs[i]);
     }
     ScriptBackend(ScriptBackend&&) noexcept = default;
@@ -176,6 +183,7 @@ public:
         // run_backward gives every parameter gradient memory of its own.
         for (std::size_t j = 0; j < g.parameters.size(); ++j)
             if (r.parameter_grads[j].defined()) pending_.add_owned(g.parameters[j], std::move(r.parameter_grads[j]));
+        pending_.unit_done(g.parameters);
         pending_.recount();
     }
 
@@ -371,10 +379,14 @@ public:
     }
 
     /// A step to drive by hand: forward(), then backward().
+    /// `hooks`: what the step does with its parameter gradients besides handing them over
+    /// (torch/gradient_hooks.hpp).
     [[nodiscard]] ScriptStep<Probe> start(const ScriptPlan& plan, const std::vector<at::Tensor>& inputs,
-                                          bool continuous = true) const {
+                                          bool continuous = true,
+                                          std::shared_ptr<const GradientHooks> hooks = nullptr) const {
         check_inputs(*capture_.core(), inputs);
-        return ScriptStep<Probe>(engine_, plan, detail::capture::ScriptBackend(capture_.core(), scratch_, inputs),
+        return ScriptStep<Probe>(engine_, plan,
+                                 detail::capture::ScriptBackend(capture_.core(), scratch_, inputs, std::move(hooks)),
                                  probe_.get(), continuous);
     }
 
@@ -427,7 +439,8 @@ public:
     /// grad mode, this simply runs the module. `report`, when given, receives the step's
     /// report after its backward.
     [[nodiscard]] std::vector<at::Tensor> forward(const ScriptPlan& plan, const std::vector<at::Tensor>& inputs,
-                                                  std::shared_ptr<StepReport> report = nullptr) const {
+                                                  std::shared_ptr<StepReport> report = nullptr,
+                                                  std::shared_ptr<const GradientHooks> hooks = nullptr) const {
         const auto& core = *capture_.core();
         bool wants_grad = ::torch::autograd::GradMode::is_enabled();
         if (wants_grad) {
@@ -443,7 +456,8 @@ public:
             return outputs;
         }
         detail::StepHandle<ScriptStep<Probe>> handle{
-            std::make_shared<ScriptStep<Probe>>(start(plan, inputs, /*continuous=*/false)), std::move(report)};
+            std::make_shared<ScriptStep<Probe>>(start(plan, inputs, /*continuous=*/false, std::move(hooks))),
+            std::move(report)};
         std::vector<char> differentiable;
         for (const auto& d : core.output_grad) differentiable.push_back(d.has_value() ? 1 : 0);
         return detail::capture::PlannedScript<Probe>::apply(at::TensorList(inputs), at::TensorList(core.parameters),

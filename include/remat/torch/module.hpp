@@ -180,8 +180,9 @@ public:
     }
 
     [[nodiscard]] at::Tensor run(const Executor& executor, const ExecutablePlan& plan, const at::Tensor& input,
-                                 const std::shared_ptr<StepReport>& report) const {
-        auto step = std::make_shared<ChainStep<Probe>>(executor.start(plan, input, false));
+                                 const std::shared_ptr<StepReport>& report,
+                                 const std::shared_ptr<const GradientHooks>& hooks) const {
+        auto step = std::make_shared<ChainStep<Probe>>(executor.start(plan, input, false, hooks));
         return detail::module::PlannedChain<Probe>::apply(input, at::TensorList(executor.parameters()),
                                                           detail::StepHandle<ChainStep<Probe>>{std::move(step), report});
     }

@@ -29,10 +29,12 @@
 #include "../core/errors.hpp"
 #include "../core/explain.hpp"
 #include "../core/progress.hpp"
+#include "../core/simulate.hpp"
 #include "../core/solver.hpp"
 #include "../exec/report.hpp"
 #include "../io/budget.hpp"
 #include "../solvers/store_all.hpp"
+#include "gradient_hooks.hpp"
 #include "memory.hpp"
 
 namespace remat::torch {
@@ -104,7 +106,41 @@ public:
     Result forward(const Arguments& arguments) {
         if (auto eager = front_.without_autograd(arguments)) return std::move(*eager);
         const std::shared_ptr<Compiled> c = plan_for(arguments);
-        return front_.run(c->executor, c->plan, arguments, last_report_);
+        return front_.run(c->executor, c->plan, arguments, last_report_, gradient_hooks_);
+    }
+
+    /// What every later step does with its parameter gradients besides handing them over
+    /// (torch/gradient_hooks.hpp; a data-parallel wrapper reduces them across processes);
+    /// empty hooks: none.
+    void set_gradient_hooks(GradientHooks hooks) {
+        gradient_hooks_ = hooks.on_final || hooks.before_hand_over || hooks.on_abandon
+                              ? std::make_shared<const GradientHooks>(std::move(hooks))
+                              : nullptr;
+    }
+
+    /// Runs `plan` for the current input shape instead of the module's own: a plan made
+    /// elsewhere (by another process of a data-parallel job, or by hand). It must be a valid
+    /// schedule of this module's problem (InvalidInput names the step otherwise) and fit this
+    /// module's budget as this module measured its problem (Infeasible otherwise); on either
+    /// error the module's plan stays.
+    void adopt_plan(Plan plan) {
+        const Problem& own = problem();
+        const SimulationReport simulated = simulate(own, plan.schedule);
+        if (!simulated.valid)
+            throw InvalidInput(front_.name() + ": the plan to adopt is not a valid schedule of '" + own.name() +
+                               "' as this process captured it: " + simulated.error);
+        if (simulated.peak > current_->budget)
+            throw Infeasible(front_.name() + ": the plan to adopt peaks at " + format_bytes(simulated.peak) +
+                                 " on this process's measurements, above its budget of " +
+                                 format_bytes(current_->budget),
+                             current_->budget, std::nullopt, current_->reference.peak);
+        plan.time = simulated.time;
+        plan.peak = simulated.peak;
+        plan.budget = current_->budget;
+        auto adopted = std::make_shared<Compiled>(Compiled{current_->executor, current_->reference, current_->budget,
+                                                           current_->executor.prepare(std::move(plan))});
+        std::replace(cache_.begin(), cache_.end(), current_, adopted);
+        current_ = std::move(adopted);
     }
 
     void train(bool on = true) override {
@@ -232,6 +268,7 @@ private:
     Options options_;
     Probe probe_;
     std::shared_ptr<StepReport> last_report_;
+    std::shared_ptr<const GradientHooks> gradient_hooks_;
     std::shared_ptr<Compiled> current_;
     std::vector<std::shared_ptr<Compiled>> cache_;
 };

@@ -131,9 +131,10 @@ public:
 
     /// The module's forward under the plan; its result has the module's own structure.
     [[nodiscard]] Result run(const Executor& executor, const ScriptPlan& plan, const Arguments& arguments,
-                             const std::shared_ptr<StepReport>& report) const {
+                             const std::shared_ptr<StepReport>& report,
+                             const std::shared_ptr<const GradientHooks>& hooks) const {
         const ScriptCapture& c = executor.capture();
-        return c.pack_outputs(executor.forward(plan, c.input_tensors(arguments), report));
+        return c.pack_outputs(executor.forward(plan, c.input_tensors(arguments), report, hooks));
     }
 
     [[nodiscard]] std::string describe(const Executor& executor) const {

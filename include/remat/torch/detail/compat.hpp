@@ -11,6 +11,10 @@
 // - CUDA events: c10::cuda::CUDAEvent (c10/cuda/CUDAEvent.h) in recent 2.x, with no alias left
 //   in at::cuda; at::cuda::CUDAEvent (ATen/cuda/CUDAEvent.h) before. Told apart by which
 //   header exists, as the move happened within 2.x.
+// - c10d: in 1.13 ProcessGroupGloo and ProcessGroupNCCL are c10d::ProcessGroups; since 2.0 they
+//   are c10d::Backends, and a ProcessGroup dispatches each collective to the backend of its
+//   tensors' device type (pytorch/pytorch#88330). process_group_of() makes either a process
+//   group (distributed/process_group.hpp includes c10d; this header does not).
 // The CPU allocator's interface changed too (allocate const in 1.x, non-const from 2.3;
 // copy_data pure virtual from 2.3); TrackingCpuAllocator (memory.hpp) declares both spellings,
 // which needs no version test.
@@ -19,7 +23,9 @@
 #include <cstdint>
 #include <optional>
 
+#include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
+#include <c10/util/intrusive_ptr.h>
 #include <torch/version.h>
 
 #if REMAT_WITH_CUDA
@@ -103,5 +109,26 @@ using CudaEvent = at::cuda::CUDAEvent;
 #endif
 
 #endif  // REMAT_WITH_CUDA
+
+/// A c10d Gloo or NCCL backend (`backend`, made by the caller) as a c10d::ProcessGroup of `size`
+/// processes: the backend itself in 1.13; since 2.0 a ProcessGroup that sends `device`'s
+/// collectives to it, `backend_name` ("gloo", "nccl") naming its type. Templated so that this
+/// header needs no c10d include.
+template <class ProcessGroup, class Backend, class Store>
+[[nodiscard]] c10::intrusive_ptr<ProcessGroup> process_group_of(c10::intrusive_ptr<Backend> backend,
+                                                                const c10::intrusive_ptr<Store>& store, int rank,
+                                                                int size, c10::DeviceType device,
+                                                                const char* backend_name) {
+#if TORCH_VERSION_MAJOR >= 2
+    auto group = c10::make_intrusive<ProcessGroup>(store, rank, size);
+    const auto type = ProcessGroup::strToBackendType(backend_name);
+    group->setBackend(device, type, backend);
+    group->setDefaultBackend(type);
+    return group;
+#else
+    (void)store, (void)rank, (void)size, (void)device, (void)backend_name;
+    return backend;
+#endif
+}
 
 }  // namespace remat::torch::detail::compat

@@ -19,6 +19,7 @@
 #include "../../core/schedule.hpp"
 #include "../../core/simulate.hpp"
 #include "../../core/solver.hpp"
+#include "../gradient_hooks.hpp"
 #include "runtime.hpp"
 
 namespace remat::torch::detail {
@@ -47,6 +48,28 @@ public:
         bytes_ = 0;
     }
 
+    /// With hooks: `units_of[p]` units write parameter p's gradient; once that many have
+    /// reported (unit_done), the gradient is final and hooks.on_final hears of it.
+    void watch(std::shared_ptr<const GradientHooks> hooks, std::vector<std::size_t> units_of) {
+        hooks_ = std::move(hooks);
+        remaining_ = std::move(units_of);
+        announced_ = false;
+    }
+
+    /// Whether hooks hear of final gradients: they may then change them in place while the
+    /// backward goes on, so a gradient must not share memory with any other tensor the step uses.
+    [[nodiscard]] bool announces() const noexcept { return hooks_ && hooks_->on_final; }
+
+    /// A unit's backward has run: its parameters' gradients have one writer fewer to wait for.
+    void unit_done(const std::vector<std::size_t>& parameters) {
+        if (!hooks_ || !hooks_->on_final) return;
+        for (const std::size_t p : parameters) {
+            if (p >= remaining_.size() || remaining_[p] == 0 || --remaining_[p] > 0) continue;
+            announced_ = true;
+            hooks_->on_final(p, sums_[p]);
+        }
+    }
+
     /// Adds out of place: `grad` may share memory with another gradient (autograd hands some
     /// through unchanged), which an in-place sum would change.
     void add_copying(std::size_t parameter, at::Tensor grad) {
@@ -72,20 +95,36 @@ public:
     [[nodiscard]] Bytes bytes() const noexcept { return bytes_; }
 
     /// The sums, per parameter (undefined where no backward reached it), for the step's end.
-    [[nodiscard]] std::vector<at::Tensor> take() noexcept {
+    /// With hooks, before_hand_over sees them first (and may throw: nothing is taken then).
+    [[nodiscard]] std::vector<at::Tensor> take() {
+        if (hooks_ && hooks_->before_hand_over) hooks_->before_hand_over(sums_);
         std::vector<at::Tensor> sums = std::move(sums_);
+        announced_ = false;
         clear();
         return sums;
     }
 
+    /// Drops the sums; a step that announced gradients and did not hand them over tells the
+    /// hooks to forget them.
     void clear() noexcept {
         sums_.clear();
         bytes_ = 0;
+        if (announced_ && hooks_ && hooks_->on_abandon) {
+            try {
+                hooks_->on_abandon();
+            } catch (...) {
+                // Forgetting is best effort: the step's own error is the one the caller hears.
+            }
+        }
+        announced_ = false;
     }
 
 private:
     std::vector<at::Tensor> sums_;
     Bytes bytes_ = 0;
+    std::shared_ptr<const GradientHooks> hooks_;
+    std::vector<std::size_t> remaining_;  // per parameter, the units still to write its gradient
+    bool announced_ = false;              // on_final was called this step
 };
 
 // ------------------------------------------------------------------------------- failures
