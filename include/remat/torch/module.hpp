@@ -102,9 +102,11 @@ struct PlannedChain : ::torch::autograd::Function<PlannedChain<Probe>> {
         return output;
     }
 
-    // `grad_outputs` by reference: it is autograd's own list (CppNode::apply passes the
-    // gradients it moved in), and moving them out leaves the plan the only holder, so that its
-    // frees of the outputs' gradients free their memory.
+    // `grad_outputs` by reference: on LibTorch 2.x it is autograd's own list (CppNode::apply
+    // passes the gradients it moved in), and moving them out leaves the plan the only holder,
+    // so that its frees of the outputs' gradients free their memory. LibTorch 1.13's
+    // CppNode::apply passes a copy and keeps its own list until this returns: there the
+    // outputs' gradients stay allocated through the backward, beyond the prediction.
     static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
                                                      ::torch::autograd::variable_list& grad_outputs) {
         const Handle handle = take_step<ChainStep<Probe>>(ctx, capsule_key, "remat checkpointed module");

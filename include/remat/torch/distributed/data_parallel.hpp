@@ -441,7 +441,7 @@ public:
 private:
     void broadcast_state() {
         for (const at::Tensor& p : module_->parameters()) control_->broadcast_in_place(p);
-        for (const at::Tensor& b : module_->buffers()) control_->broadcast_in_place(b);
+        for (const at::Tensor& b : module_->front_end().state_buffers(*module_)) control_->broadcast_in_place(b);
     }
 
     // Rank 0's plan on this rank: empty when adopted, else why not.
