@@ -247,12 +247,16 @@ public:
         switch (data.kind) {
             case DataKind::activation: a_[data.stage].release(); break;
             case DataKind::saved: s_[data.stage].clear(); break;
-            case DataKind::gradient: g_[data.stage] = at::Tensor(); break;
+            case DataKind::gradient:
+                if (data.stage == core_->stages.size()) release_output_gradient(g_[data.stage], gradients_from_autograd_, held_outside_);
+                else g_[data.stage] = at::Tensor();
+                break;
         }
     }
 
     [[nodiscard]] Bytes pending_gradient_bytes() const noexcept { return pending_.bytes(); }
-    [[nodiscard]] Bytes caller_bytes() const noexcept { return 0; }
+    /// The output's gradient where autograd still holds it after the plan freed it.
+    [[nodiscard]] Bytes caller_bytes() const noexcept { return held_outside_.bytes(); }
     void begin_step() { rollback_.save(core_->stages, device_); }
     void commit() {
         result_.input = g_[0];
@@ -265,6 +269,7 @@ public:
         for (auto& g : g_) g = at::Tensor();
         pending_.clear();
         rollback_.clear();
+        held_outside_.clear();
     }
     void synchronize() const { detail::synchronize(device_); }
     [[nodiscard]] std::string describe(std::size_t l) const {
@@ -284,6 +289,8 @@ public:
         if (!g.defined()) throw InvalidInput("chain step: the gradient of the output is undefined");
         g_.back() = std::move(g);
     }
+    /// The output gradients come from autograd, into a custom Function's backward.
+    void output_gradients_from_autograd() noexcept { gradients_from_autograd_ = true; }
     [[nodiscard]] StepGradients take_result() noexcept { return std::move(result_); }
 
 private:
@@ -309,6 +316,8 @@ private:
     PendingGradients pending_;
     StepRollback rollback_;
     StepGradients result_;
+    bool gradients_from_autograd_ = false;
+    HeldOutside held_outside_;
 };
 
 }  // namespace detail::executor

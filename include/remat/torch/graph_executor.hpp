@@ -194,29 +194,25 @@ public:
                 if (std::find(exposed_.begin(), exposed_.end(), d.index) != exposed_.end()) {
                     // The caller holds it: forget it (a recomputation produces it afresh), and count
                     // its bytes as the caller's for as long as the caller keeps it.
-                    if (act_[d.index].live()) {
-                        const c10::Storage& storage = act_[d.index].tensor().storage();
-                        caller_held_.emplace_back(storage.getWeakStorageImpl(), storage_bytes(act_[d.index].tensor()));
-                    }
+                    if (act_[d.index].live()) caller_held_.add(act_[d.index].tensor());
                     act_[d.index].clear();
                 } else {
                     act_[d.index].release();
                 }
                 break;
             case DataRole::saved: graph_[e.group].clear(); break;
-            case DataRole::gradient: grad_[d.index] = at::Tensor(); break;
+            case DataRole::gradient:
+                if (output_gradient_.size() > d.index && output_gradient_[d.index]) release_output_gradient(grad_[d.index], gradients_from_autograd_, caller_held_);
+                else grad_[d.index] = at::Tensor();
+                break;
             case DataRole::marker: break;
         }
     }
 
     [[nodiscard]] Bytes pending_gradient_bytes() const noexcept { return pending_.bytes(); }
-    // Bytes of outputs the plan has freed but the caller still holds.
-    [[nodiscard]] Bytes caller_bytes() const noexcept {
-        Bytes total = 0;
-        for (const auto& [storage, bytes] : caller_held_)
-            if (storage.use_count() > 0) total += bytes;
-        return total;
-    }
+    // Bytes of outputs the plan has freed but the caller still holds, and of output gradients
+    // that autograd still holds.
+    [[nodiscard]] Bytes caller_bytes() const noexcept { return caller_held_.bytes(); }
     void begin_step() { rollback_.save(core_->groups, device_); }
     void commit() {
         const at::NoGradGuard no_grad;
@@ -276,8 +272,12 @@ public:
                 g = g.contiguous();
             }
             grad_[core_->output_grad[o]->index] = std::move(g);
+            output_gradient_.resize(grad_.size(), 0);
+            output_gradient_[core_->output_grad[o]->index] = 1;
         }
     }
+    /// The output gradients come from autograd, into a custom Function's backward.
+    void output_gradients_from_autograd() noexcept { gradients_from_autograd_ = true; }
     [[nodiscard]] ScriptGradients take_result() noexcept { return std::move(result_); }
 
 private:
@@ -289,8 +289,10 @@ private:
     std::vector<at::Tensor> grad_;
     std::vector<GroupGraph> graph_;
     std::vector<std::size_t> exposed_;
-    std::vector<std::pair<c10::weak_intrusive_ptr<c10::StorageImpl>, Bytes>> caller_held_;
+    HeldOutside caller_held_;
     PendingGradients pending_;
+    std::vector<char> output_gradient_;  // by data: the gradient of an output, handed in by the caller
+    bool gradients_from_autograd_ = false;
     StepRollback rollback_;
     ScriptGradients result_;
 };

@@ -130,12 +130,8 @@ template <MemoryProbe Probe>
     return out;
 }
 
-/// Moves a tensor's memory out and back while the tensor, its storage and its shape stay.
-inline void release_memory(const at::Tensor& t) {
-    c10::Storage storage = t.storage();
-    storage.set_data_ptr_noswap(at::DataPtr(nullptr, storage.device()));
-    storage.set_nbytes(std::size_t{0});
-}
+/// Moves a tensor's memory back in (detail::release_memory moved it out) while the tensor, its
+/// storage and its shape stay.
 inline void allocate_memory(const at::Tensor& t, std::size_t nbytes) {
     c10::Storage storage = t.storage();
     if (storage.device().is_cpu()) {
@@ -331,7 +327,7 @@ public:
         for (const at::Tensor& t : tensors_of(d)) detail::offload::allocate_memory(t, t.nbytes());
     }
     void drop_device_copy(DataId d) {
-        for (const at::Tensor& t : tensors_of(d)) detail::offload::release_memory(t);
+        for (const at::Tensor& t : tensors_of(d)) detail::release_memory(t);
     }
 
     /// The loss of the last step.

@@ -28,6 +28,7 @@ template <class B>
 concept StepBackend = requires(B& backend, typename B::OutputGradients grads) {
     backend.expose_outputs();
     backend.set_output_gradients(std::move(grads));
+    backend.output_gradients_from_autograd();
     backend.take_result();
 };
 
@@ -58,9 +59,14 @@ public:
     }
 
     /// Runs the rest of the plan with the gradients of the loss with respect to the outputs.
-    /// The executor keeps no reference to them beyond the plan's frees.
-    auto backward(OutputGradients grads) {
-        if (step_.phase() == StepPhase::between) step_.backend().set_output_gradients(std::move(grads));
+    /// The executor keeps no reference to them beyond the plan's frees. `from_autograd`: they
+    /// come from autograd into a custom Function's backward (which may then give their memory
+    /// back where the plan frees them although autograd still references them, detail/runtime.hpp).
+    auto backward(OutputGradients grads, bool from_autograd = false) {
+        if (step_.phase() == StepPhase::between) {
+            step_.backend().set_output_gradients(std::move(grads));
+            if (from_autograd) step_.backend().output_gradients_from_autograd();
+        }
         step_.backward();
         return step_.backend().take_result();
     }

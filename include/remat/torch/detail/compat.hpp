@@ -15,6 +15,9 @@
 //   are c10d::Backends, and a ProcessGroup dispatches each collective to the backend of its
 //   tensors' device type (pytorch/pytorch#88330). process_group_of() makes either a process
 //   group (distributed/process_group.hpp includes c10d; this header does not).
+// - custom autograd Functions: 1.13's CppNode::apply hands backward() a copy of the output
+//   gradients and keeps its own list until backward() returns; 2.x moves the list in
+//   (custom_function_keeps_output_gradients).
 // The CPU allocator's interface changed too (allocate const in 1.x, non-const from 2.3;
 // copy_data pure virtual from 2.3); TrackingCpuAllocator (memory.hpp) declares both spellings,
 // which needs no version test.
@@ -130,5 +133,9 @@ template <class ProcessGroup, class Backend, class Store>
     return backend;
 #endif
 }
+
+/// Whether autograd keeps a reference to a custom Function's output gradients while its
+/// backward runs (LibTorch 1.x), so that dropping the Function's own does not free them.
+inline constexpr bool custom_function_keeps_output_gradients = TORCH_VERSION_MAJOR < 2;
 
 }  // namespace remat::torch::detail::compat

@@ -31,6 +31,7 @@
 #endif
 
 #include "../../core/errors.hpp"
+#include "compat.hpp"
 #include "../stage.hpp"
 
 namespace remat::torch {
@@ -438,6 +439,51 @@ inline void check_output_is_fresh(const ChainStage& stage, const at::Tensor& inp
         if (same(p)) throw InvalidInput("stage '" + stage.name + "' returns (a view of) one of its parameters");
     for (const at::Tensor& b : stage.buffers)
         if (same(b)) throw InvalidInput("stage '" + stage.name + "' returns (a view of) one of its buffers");
+}
+
+/// Gives a tensor's memory back while the tensor, its storage and its shape stay (the storage
+/// is left empty).
+inline void release_memory(const at::Tensor& t) {
+    c10::Storage storage = t.storage();
+    storage.set_data_ptr_noswap(at::DataPtr(nullptr, storage.device()));
+    storage.set_nbytes(std::size_t{0});
+}
+
+/// Memory a step has let go of that someone else still holds, counted outside the plan while it
+/// lives: outputs the caller keeps after the plan frees them, output gradients that autograd
+/// keeps until the step's backward returns.
+class HeldOutside {
+public:
+    void add(const at::Tensor& t) {
+        if (t.defined() && t.has_storage()) items_.emplace_back(t.storage().getWeakStorageImpl(), storage_bytes(t));
+    }
+    [[nodiscard]] Bytes bytes() const noexcept {
+        Bytes total = 0;
+        for (const auto& [storage, bytes] : items_)
+            if (storage.use_count() > 0) total += bytes;
+        return total;
+    }
+    void clear() noexcept { items_.clear(); }
+
+private:
+    std::vector<std::pair<c10::weak_intrusive_ptr<c10::StorageImpl>, Bytes>> items_;
+};
+
+/// Drops a planned step's reference to the gradient of one of its outputs, which the plan frees.
+/// When the gradient came from autograd into a custom Function's backward (`from_autograd`) and
+/// autograd keeps its own reference until that backward returns (LibTorch 1.13, compat.hpp),
+/// the memory is given back now if that reference is the only other one (no other tensor on
+/// its memory, no hook that kept it): autograd then drops an empty tensor, which it does not
+/// read. Memory that someone else still holds is counted in `held`.
+inline void release_output_gradient(at::Tensor& gradient, [[maybe_unused]] bool from_autograd, HeldOutside& held) {
+    if (!gradient.defined()) return;
+    if constexpr (compat::custom_function_keeps_output_gradients) {
+        if (from_autograd && gradient.use_count() == 2 && gradient.has_storage() &&
+            gradient.storage().use_count() == 1 && !gradient.is_view())
+            release_memory(gradient);
+    }
+    held.add(gradient);
+    gradient = at::Tensor();
 }
 
 }  // namespace remat::torch::detail

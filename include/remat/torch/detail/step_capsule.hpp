@@ -29,10 +29,10 @@ struct StepHandle {
     std::shared_ptr<Step> step;
     std::shared_ptr<Report> report;
 
-    /// Runs the rest of the plan and hands the report over.
+    /// Runs the rest of the plan (the gradients come from autograd) and hands the report over.
     template <class Grads>
     auto backward(Grads&& grads) const {
-        auto gradients = step->backward(std::forward<Grads>(grads));
+        auto gradients = step->backward(std::forward<Grads>(grads), /*from_autograd=*/true);
         if (report) *report = step->report();
         return gradients;
     }
