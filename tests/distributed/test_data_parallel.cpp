@@ -95,7 +95,16 @@ std::string self_path() {
     return fs::read_symlink("/proc/self/exe").string();
 }
 
-Launch launch(const std::string& scenario, int world, std::chrono::seconds deadline = std::chrono::seconds(60)) {
+// How the ranks are started: by default this program itself on this machine, meeting through
+// a file; `hosts` runs rank r inside network namespace hosts[r], meeting over TCP at the
+// addresses given.
+struct Placement {
+    std::vector<std::string> namespaces;
+    std::vector<std::string> addresses;
+};
+
+Launch launch(const std::string& scenario, int world, std::chrono::seconds deadline = std::chrono::seconds(60),
+              const Placement& placement = {}) {
     const fs::path dir = fs::temp_directory_path() / ("remat-ddp-" + std::to_string(::getpid()) + "-" + scenario);
     fs::remove_all(dir);
     fs::create_directories(dir);
@@ -103,7 +112,19 @@ Launch launch(const std::string& scenario, int world, std::chrono::seconds deadl
     options.environment = {"REMAT_DDP_SCENARIO=" + scenario, "REMAT_DDP_DIR=" + dir.string(), "OMP_NUM_THREADS=1"};
     options.log_folder = dir;
     options.deadline = deadline;
-    const rt::distributed::LocalJob job = rt::distributed::launch_local(self_path(), {"[ddp-worker]"}, world, options);
+    std::string program = self_path();
+    std::vector<std::string> arguments = {"[ddp-worker]"};
+    if (!placement.namespaces.empty()) {
+        std::string addresses;
+        for (const std::string& a : placement.addresses) addresses += (addresses.empty() ? "" : ",") + a;
+        options.environment.push_back("REMAT_DDP_ADDRESSES=" + addresses);
+        options.master_address = placement.addresses.at(0);
+        // A shell picks rank $RANK's namespace (the namespaces are named <prefix>$RANK).
+        const std::string prefix = placement.namespaces[0].substr(0, placement.namespaces[0].size() - 1);
+        arguments = {"-c", "exec ip netns exec " + prefix + "$RANK \"$0\" \"[ddp-worker]\"", program};
+        program = "/bin/sh";
+    }
+    const rt::distributed::LocalJob job = rt::distributed::launch_local(program, arguments, world, options);
     Launch result;
     result.timed_out = job.timed_out;
     result.seconds = job.seconds;
@@ -178,16 +199,24 @@ TEST_CASE("data-parallel worker: one rank of a launched job", "[.][ddp-worker]")
     // rank 1's budget does not hold.
     const double percent = scenario == "mismatch" && where.rank == 1   ? 75.0
                            : scenario == "cannot-run" && where.rank == 0 ? 100.0
-                                                                          : 45.0;
+                                                                          : 40.0;
     rt::CheckpointOptions checkpoint_options;
     checkpoint_options.progress = [](const std::string&) {};
     auto module = rt::checkpoint(stages, local_x, rt::budget_percent(percent).or_smallest(), remat::Rotor{},
                                  checkpoint_options);
     rt::distributed::GroupOptions group_options;
     group_options.timeout = std::chrono::seconds(10);
-    const auto group = rt::distributed::make_gloo_group(
-        rt::distributed::file_rendezvous((dir / "store").string(), where.world_size), where.rank, where.world_size,
-        group_options);
+    // On separate hosts (REMAT_DDP_ADDRESSES: each rank's own address), the rendezvous is over
+    // TCP at MASTER_ADDR; on one machine, through a file.
+    rt::distributed::StorePtr store;
+    if (const std::string addresses = env("REMAT_DDP_ADDRESSES"); !addresses.empty()) {
+        std::istringstream list(addresses);
+        for (int r = 0; r <= where.rank; ++r) std::getline(list, group_options.address, ',');
+        store = rt::distributed::tcp_rendezvous(where, group_options.timeout);
+    } else {
+        store = rt::distributed::file_rendezvous((dir / "store").string(), where.world_size);
+    }
+    const auto group = rt::distributed::make_gloo_group(store, where.rank, where.world_size, group_options);
     rt::DataParallelOptions options;
     options.bucket_bytes = 8 * 1024;
     options.overlap = scenario != "no-overlap";
@@ -197,7 +226,7 @@ TEST_CASE("data-parallel worker: one rank of a launched job", "[.][ddp-worker]")
         ddp = std::make_unique<rt::DataParallel<rt::Checkpointed<remat::Rotor>>>(module, group, options);
     } catch (const std::exception& e) {
         say("error", e.what());
-        return;
+        FAIL("rank " << where.rank << " stops: " << e.what());  // the process exits with an error
     }
     say("fingerprint", std::to_string(ddp->plan_fingerprint()));
     say("budget", std::to_string(ddp->module()->budget()));
@@ -217,7 +246,7 @@ TEST_CASE("data-parallel worker: one rank of a launched job", "[.][ddp-worker]")
             for (const at::Tensor& p : ddp->parameters())
                 untouched = untouched && (!p.grad().defined() || torch::count_nonzero(p.grad()).item<std::int64_t>() == 0);
             say("unchanged", untouched ? "1" : "0");
-            return;
+            FAIL("rank " << where.rank << " stops: " << e.what());  // the process exits with an error
         }
         optimizer.step();
         const remat::StepReport& report = ddp->module()->last_report();
@@ -277,7 +306,7 @@ TEST_CASE("data-parallel: a rank that throws fails every rank's step, and no par
     show(l);
     REQUIRE_FALSE(l.timed_out);
     for (const RankOutcome& rank : l.ranks) {
-        REQUIRE(rank.exit_code == 0);
+        REQUIRE(rank.exit_code != 0);  // each process exits with an error
         REQUIRE(rank.facts.count("error") == 1);
         CHECK(rank.facts.at("unchanged") == "1");
         CHECK(rank.facts.count("done") == 0);
@@ -292,7 +321,7 @@ TEST_CASE("data-parallel: a peer that dies mid-step is an error on the others wi
     show(l);
     REQUIRE_FALSE(l.timed_out);
     CHECK(l.ranks[1].exit_code == 3);
-    REQUIRE(l.ranks[0].exit_code == 0);
+    REQUIRE(l.ranks[0].exit_code != 0);
     REQUIRE(l.ranks[0].facts.count("error") == 1);
     CHECK(l.ranks[0].facts.at("unchanged") == "1");
     CHECK(l.seconds < 30.0);
@@ -303,7 +332,7 @@ TEST_CASE("data-parallel: plans that differ are refused before the first step", 
     show(l);
     REQUIRE_FALSE(l.timed_out);
     for (const RankOutcome& rank : l.ranks) {
-        REQUIRE(rank.exit_code == 0);
+        REQUIRE(rank.exit_code != 0);
         REQUIRE(rank.facts.count("error") == 1);
         CHECK(rank.facts.at("error").find("plans differ") != std::string::npos);
         CHECK(rank.facts.count("peak1") == 0);
@@ -315,9 +344,76 @@ TEST_CASE("data-parallel: a rank whose budget rank 0's plan exceeds fails every 
     show(l);
     REQUIRE_FALSE(l.timed_out);
     for (const RankOutcome& rank : l.ranks) {
-        REQUIRE(rank.exit_code == 0);
+        REQUIRE(rank.exit_code != 0);
         REQUIRE(rank.facts.count("error") == 1);
         CHECK(rank.facts.at("error").find("rank(s) 1 cannot run rank 0's plan") != std::string::npos);
     }
     CHECK(l.ranks[1].facts.at("error").find("above its budget") != std::string::npos);
+}
+
+namespace {
+
+// Two hosts on this machine: network namespaces <prefix>0 and <prefix>1 joined by a veth pair,
+// each end with its own address. Made by `ip` (root); removed at the end.
+class TwoHosts {
+public:
+    TwoHosts() : prefix_("rmt" + std::to_string(::getpid() % 100000) + "n") {
+        const std::string a = prefix_ + "0", b = prefix_ + "1", va = prefix_ + "a", vb = prefix_ + "b";
+        const std::vector<std::string> steps = {
+            "ip netns add " + a,
+            "ip netns add " + b,
+            "ip link add " + va + " netns " + a + " type veth peer name " + vb + " netns " + b,
+            "ip -n " + a + " addr add 10.77.0.1/24 dev " + va,
+            "ip -n " + b + " addr add 10.77.0.2/24 dev " + vb,
+            "ip -n " + a + " link set " + va + " up",
+            "ip -n " + b + " link set " + vb + " up",
+            "ip -n " + a + " link set lo up",
+            "ip -n " + b + " link set lo up",
+        };
+        for (const std::string& step : steps)
+            if (std::system((step + " 2>/dev/null").c_str()) != 0) {
+                why_ = "'" + step + "' failed (network namespaces need root and CAP_NET_ADMIN)";
+                return;
+            }
+        made_ = true;
+    }
+    ~TwoHosts() {
+        for (const char* n : {"0", "1"}) (void)std::system(("ip netns del " + prefix_ + n + " 2>/dev/null").c_str());
+    }
+    TwoHosts(const TwoHosts&) = delete;
+    TwoHosts& operator=(const TwoHosts&) = delete;
+
+    [[nodiscard]] bool made() const noexcept { return made_; }
+    [[nodiscard]] const std::string& why() const noexcept { return why_; }
+    [[nodiscard]] Placement placement() const { return {{prefix_ + "0", prefix_ + "1"}, {"10.77.0.1", "10.77.0.2"}}; }
+
+private:
+    std::string prefix_;
+    bool made_ = false;
+    std::string why_;
+};
+
+}  // namespace
+
+TEST_CASE("data-parallel: two hosts, each rank in its own network namespace joined by a veth pair", "[ddp][netns]") {
+    const TwoHosts hosts;
+    if (!hosts.made()) {
+        WARN("skipped: no network namespaces here: " << hosts.why());
+        return;
+    }
+    const Launch l = launch("two-hosts", 2, std::chrono::seconds(60), hosts.placement());
+    show(l);
+    REQUIRE_FALSE(l.timed_out);
+    for (const RankOutcome& rank : l.ranks) {
+        REQUIRE(rank.exit_code == 0);
+        REQUIRE(rank.facts.count("done") == 1);
+    }
+    CHECK(l.ranks[0].facts.at("fingerprint") == l.ranks[1].facts.at("fingerprint"));
+    const std::vector<at::Tensor> p0 = load_parameters("two-hosts", 0), p1 = load_parameters("two-hosts", 1);
+    CHECK(all_equal(p0, p1));
+    const std::vector<at::Tensor> reference = single_process_training(2);
+    double largest = 0.0;
+    for (std::size_t i = 0; i < p0.size(); ++i)
+        largest = std::max(largest, (p0[i] - reference[i]).abs().max().item<double>());
+    CHECK(largest < 1e-5);
 }

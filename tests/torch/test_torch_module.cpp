@@ -577,3 +577,52 @@ TEST_CASE("module: a total budget counts parameters, gradients and optimizer sta
         CHECK_THAT(std::string(e.what()), Catch::Contains("optimizer state take alone"));
     }
 }
+
+// The output's gradient comes from autograd into the module's backward. LibTorch 1.13 keeps its
+// own reference to it until that backward returns; the plan's free of it must still give its
+// memory back (or, where someone else holds it, count it outside the plan), so that every step
+// of the measured timeline is the predicted one.
+TEST_CASE("module: the output's gradient is freed where the plan frees it, on every LibTorch", "[torch][module][memory]") {
+    torch::manual_seed(5);
+    torch::nn::Sequential model(torch::nn::Linear(64, 256), torch::nn::Tanh(), torch::nn::Linear(256, 256),
+                                torch::nn::Tanh(), torch::nn::Linear(256, 2048));
+    const at::Tensor x = torch::randn({32, 64});
+    const at::Tensor target = torch::randn({32, 2048});  // the output's gradient: 256 KiB
+    auto m = rt::checkpoint(model, x, rt::budget_percent(70).or_smallest(), remat::Rotor{});
+    const auto check_timeline = [&] {
+        const rt::StepReport& r = m->last_report();
+        const auto& predicted = m->executable_plan().simulation().timeline;
+        REQUIRE(r.measured_timeline.size() == predicted.size());
+        for (std::size_t i = 0; i < predicted.size(); ++i) {
+            if (r.measured_timeline[i] < 0) continue;  // the loss: the caller's
+            INFO("step " << i << ": " << remat::describe(m->problem(), m->plan().schedule[i]));
+            // Never above (the prediction counts the input's gradient, which B1 does not make
+            // here: the model's input needs none).
+            CHECK(r.measured_timeline[i] <= predicted[i].during);
+        }
+        CHECK(r.measured_peak == r.predicted_peak);
+    };
+    SECTION("a loss on the output itself: its gradient's memory goes back where the plan frees it") {
+        // Real memory at the end of the step, while autograd still holds its reference (the
+        // hand-over hook runs inside the module's backward), against after the backward.
+        const rt::CpuMemoryProbe probe;
+        remat::Bytes at_hand_over = 0;
+        rt::GradientHooks hooks;
+        hooks.before_hand_over = [&](std::vector<at::Tensor>&) { at_hand_over = probe.current(); };
+        m->set_gradient_hooks(hooks);
+        for (int step = 0; step < 2; ++step) {
+            for (at::Tensor& p : m->parameters()) p.mutable_grad() = at::Tensor();  // no accumulation
+            const at::Tensor loss = torch::mse_loss(m->forward(x), target);
+            loss.backward();
+            const remat::Bytes after = probe.current();
+            INFO("end of the step " << at_hand_over << " B, after the backward " << after << " B");
+            CHECK(at_hand_over - after < static_cast<remat::Bytes>(target.nbytes()) / 2);
+            check_timeline();
+        }
+    }
+    SECTION("a loss on a view of the output: a gradient someone else holds is counted outside the plan") {
+        const at::Tensor loss = torch::mse_loss(m->forward(x).reshape({-1, 64}), target.reshape({-1, 64}));
+        loss.backward();
+        check_timeline();
+    }
+}

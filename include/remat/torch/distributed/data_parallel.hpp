@@ -108,11 +108,17 @@ private:
     return f.value();
 }
 
+/// A schedule step as one number, the same on every rank: the op's or the data's index, times
+/// 2, plus 1 for a free.
+[[nodiscard]] inline std::uint64_t step_code(const Step& step) noexcept {
+    return (step.is_run() ? step.op().index : step.data().index) * 2 + (step.is_free() ? 1 : 0);
+}
+
 [[nodiscard]] inline std::uint64_t plan_fingerprint(const Problem& problem, const Schedule& schedule) {
     Fingerprint f;
     f.add(structure_fingerprint(problem));
     f.add(schedule.size());
-    for (const Step& step : schedule) f.add((step.is_run() ? step.op().index : step.data().index) * 2 + step.is_free());
+    for (const Step& step : schedule) f.add(step_code(step));
     return f.value();
 }
 
@@ -237,15 +243,18 @@ private:
         staged_[index] = in_memory_order(g);
     }
 
-    // The same memory, its dimensions ordered by decreasing stride: contiguous for a dense
-    // tensor (a copy only in the odd case where it is not).
-    [[nodiscard]] static at::Tensor in_memory_order(const at::Tensor& g) {
+    // `g`'s memory with its dimensions ordered by decreasing stride: contiguous for a dense
+    // tensor. In the odd case where it is not, `g` becomes a contiguous copy (the step then
+    // holds what the all-reduce writes).
+    [[nodiscard]] static at::Tensor in_memory_order(at::Tensor& g) {
         if (g.is_contiguous()) return g;
         std::vector<std::int64_t> order(static_cast<std::size_t>(g.dim()));
         for (std::size_t d = 0; d < order.size(); ++d) order[d] = static_cast<std::int64_t>(d);
         std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return g.stride(a) > g.stride(b); });
         at::Tensor view = g.permute(order);
-        return view.is_contiguous() ? view : g.contiguous();
+        if (view.is_contiguous()) return view;
+        g = g.contiguous();
+        return g;
     }
 
     void on_final(std::size_t index, at::Tensor& g) {
@@ -389,7 +398,7 @@ public:
             if (rank() == 0) {
                 message.push_back(static_cast<std::int64_t>(structure));
                 for (const Step& s : module_->plan().schedule)
-                    message.push_back(static_cast<std::int64_t>((s.is_run() ? s.op().index : s.data().index) * 2 + s.is_free()));
+                    message.push_back(static_cast<std::int64_t>(dd::step_code(s)));
             }
             message = control_->broadcast(std::move(message));
             if (rank() != 0) failure = adopt(message, structure);
@@ -451,12 +460,13 @@ private:
                    "'s problem has other ops or data than rank 0's (a different model, input shape or front end)";
         Plan plan;
         const Problem& problem = module_->problem();
-        for (std::size_t i = 1; i < message.size(); ++i) {
+        for (std::size_t i = 1; i < message.size(); ++i) {  // step_code's inverse
             const auto code = static_cast<std::size_t>(message[i]);
             const std::size_t index = code / 2;
-            if (code % 2 == 0 ? index >= problem.op_count() : index >= problem.data_count())
+            const bool free = code % 2 == 1;
+            if (index >= (free ? problem.data_count() : problem.op_count()))
                 return "rank 0's plan names an op or data that rank " + std::to_string(rank()) + " does not have";
-            plan.schedule.push_back(code % 2 == 0 ? Step::run(OpId{index}) : Step::free(DataId{index}));
+            plan.schedule.push_back(free ? Step::free(DataId{index}) : Step::run(OpId{index}));
         }
         plan.stats.solver = "rank 0's plan";
         try {
