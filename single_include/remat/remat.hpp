@@ -2162,6 +2162,61 @@ inline std::vector<OpId> choose_store_all_order(const Problem& p) {
     return detail::store_all::choose_store_all_order(problem);
 }
 
+/// The ops of store_all_order(problem) in another topological order, chosen for memory: at
+/// each point, among the ops whose reads are all live, the one after which the least memory is
+/// live (what it writes that is not live yet, less what it is the last remaining reader of),
+/// the earlier in store_all_order on ties. Where the store-all order runs independent branches
+/// side by side, so that their intermediates are live together, this order finishes one branch
+/// before starting the next: a plan may then fit by reordering alone. The greedy replays it as
+/// an alternative (GreedyOptions::order). O(ops² × reads).
+[[nodiscard]] inline std::vector<OpId> memory_aware_order(const Problem& problem) {
+    const std::vector<OpId> base = store_all_order(problem);
+    const auto distinct = [](std::vector<DataId> list) {
+        std::sort(list.begin(), list.end());
+        list.erase(std::unique(list.begin(), list.end()), list.end());
+        return list;
+    };
+    std::vector<std::vector<DataId>> reads, writes;
+    std::vector<std::size_t> readers_left(problem.data_count(), 0);
+    for (const OpId k : base) {
+        reads.push_back(distinct(problem.op(k).reads));
+        writes.push_back(distinct(problem.op(k).writes));
+        for (const DataId d : reads.back()) ++readers_left[d.index];
+    }
+    std::vector<char> live(problem.data_count(), 0);
+    for (const DataId d : problem.initial()) live[d.index] = 1;
+    const auto kept = [&](DataId d) { return problem.is_initial(d) || problem.is_final(d); };
+    std::vector<char> placed(base.size(), 0);
+    std::vector<OpId> order;
+    order.reserve(base.size());
+    while (order.size() < base.size()) {
+        std::size_t best = base.size();
+        Bytes best_change = 0;
+        for (std::size_t i = 0; i < base.size(); ++i) {
+            if (placed[i]) continue;
+            bool ready = true;
+            for (const DataId d : reads[i]) ready = ready && live[d.index];
+            if (!ready) continue;
+            Bytes change = 0;
+            for (const DataId d : writes[i])
+                if (!live[d.index] && (readers_left[d.index] > 0 || problem.is_final(d))) change += problem.data(d).bytes;
+            for (const DataId d : reads[i])
+                if (readers_left[d.index] == 1 && !kept(d)) change -= problem.data(d).bytes;
+            if (best == base.size() || change < best_change) {
+                best = i;
+                best_change = change;
+            }
+        }
+        if (best == base.size()) return base;  // nothing ready: keep the order that is known valid
+        placed[best] = 1;
+        order.push_back(base[best]);
+        for (const DataId d : writes[best]) live[d.index] = readers_left[d.index] > 0 || problem.is_final(d);
+        for (const DataId d : reads[best])
+            if (--readers_left[d.index] == 0 && !kept(d)) live[d.index] = 0;
+    }
+    return order;
+}
+
 /// Runs `order` once and frees each data right after its last read (or right after it is
 /// written when nothing reads it later), never an initial or final data — docs/formats.md §4 (store-all reference).
 [[nodiscard]] inline Schedule schedule_with_eager_frees(const Problem& problem, const std::vector<OpId>& order) {
@@ -4877,8 +4932,9 @@ namespace remat::detail {
 // would need too; recompute evicted tensors when they are read. Here that runs offline, once
 // per plan, on the problem's own numbers:
 //  - Follow the store-all order (the problem's `autograd` order, or the one store-all chooses;
-//    solvers/store_all.hpp). Exactly-once ops run there and nowhere else; other ops of the
-//    order are skipped when everything they write is live or never read again.
+//    solvers/store_all.hpp), or with GreedyOrder::memory_aware the same ops reordered for
+//    memory (memory_aware_order). Exactly-once ops run there and nowhere else; other ops of
+//    the order are skipped when everything they write is live or never read again.
 //  - Before an op runs, its reads are made live: a missing read is recomputed, recursively,
 //    by its cheapest writer that is not exactly-once and whose missing reads can be produced
 //    at a lower production level (graph/production.hpp), which rules out going round in
@@ -4898,7 +4954,7 @@ namespace remat::detail {
 // (randomised tie-breaking) — until the time is spent; with `improve`, the fastest plans are
 // locally improved (solvers/improve.hpp). The fastest plan that fits is kept. Off by
 // default: Greedy{} is the plain rule.
-// At a budget of at least P_ref nothing is evicted and the plan is store-all's. Below what it
+// At a budget of at least P_ref nothing is evicted and the plan is the order's own. Below what it
 // can fit, Greedy throws Infeasible with the smallest budget it fits, found by bisection
 // between the proven lower bound of core/bounds.hpp and P_ref (a greedy is not monotone in the
 // budget: when it fails at a budget but fits a smaller one, that plan is returned). Every plan
@@ -5301,9 +5357,17 @@ enum class GreedyEviction {
     return "unknown";
 }
 
+/// The order of ops the greedy replays.
+enum class GreedyOrder {
+    store_all,     ///< the store-all order (the problem's `autograd` order, or store-all's choice)
+    memory_aware,  ///< the same ops, reordered for memory (memory_aware_order, solvers/store_all.hpp)
+};
+
 struct GreedyOptions {
     /// The eviction rule; `both` costs two replays per budget and is never slower in plan time.
     GreedyEviction eviction = GreedyEviction::both;
+    /// The order replayed.
+    GreedyOrder order = GreedyOrder::store_all;
     /// How many writers deep the recompute cost of a data counts evicted inputs (DTR's evicted
     /// neighbourhood), for the dtr rule and for choosing among alternative writers. 0 counts
     /// the writer alone; deeper is more precise on long evicted chains and slower.
@@ -5345,17 +5409,20 @@ struct Analysis {
     std::vector<std::vector<std::size_t>> reads_at;  // per data: positions of the order that read it
     graph::ProductionLevels levels;                // without exactly-once ops, from the initial data
     Reference reference;                           // T_ref, P_ref
+    Bytes order_peak = 0;                          // the order's own peak, freeing eagerly (P_ref for store-all's)
     MemoryLowerBound lower_bound;
 };
 
-[[nodiscard]] inline Analysis analyse(const Problem& problem) {
+[[nodiscard]] inline Analysis analyse(const Problem& problem, GreedyOrder order = GreedyOrder::store_all) {
     Analysis a;
-    a.order = store_all_order(problem);
+    a.order = order == GreedyOrder::memory_aware ? memory_aware_order(problem) : store_all_order(problem);
     a.reads_at.assign(problem.data_count(), {});
     for (std::size_t pos = 0; pos < a.order.size(); ++pos)
         for (const DataId d : problem.op(a.order[pos]).reads) a.reads_at[d.index].push_back(pos);
     a.levels = graph::production_levels(problem, [](const Op& op) { return !op.exactly_once; });
     a.reference = store_all_reference(problem);
+    a.order_peak = order == GreedyOrder::store_all ? a.reference.peak
+                                                   : simulate(problem, schedule_with_eager_frees(problem, a.order)).peak;
     a.lower_bound = memory_lower_bound(problem);
     return a;
 }
@@ -5638,7 +5705,7 @@ public:
     /// A plan within `budget`; Infeasible (with the smallest budget the greedy fits) otherwise.
     [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
         const Stopwatch clock;
-        const detail::greedy::Analysis a = detail::greedy::analyse(problem);
+        const detail::greedy::Analysis a = detail::greedy::analyse(problem, options_.order);
         std::optional<detail::greedy::Outcome> best;
         if (budget >= a.lower_bound.bytes) best = plan(problem, a, budget);
         std::string note;
@@ -5650,7 +5717,8 @@ public:
             note = " (planned at " + std::to_string(smallest) + " bytes)";
         }
         SolverStats stats{std::string(name()), 0.0, SolveStatus::heuristic, std::nullopt,
-                          "eviction=" + std::string(to_string(best->rule)) +
+                          std::string(options_.order == GreedyOrder::memory_aware ? "order=memory-aware " : "") +
+                              "eviction=" + std::string(to_string(best->rule)) +
                               " depth=" + std::to_string(options_.neighbourhood_depth) + best->variant + note};
         stats.solve_seconds = clock.seconds();
         return make_checked_plan(problem, std::move(best->schedule), budget, std::move(stats));
@@ -5659,7 +5727,7 @@ public:
     /// The smallest budget this greedy fits `problem` in (bisection between the proven lower
     /// bound of core/bounds.hpp and P_ref, about log2(P_ref − bound) replays).
     [[nodiscard]] Bytes smallest_budget(const Problem& problem) const {
-        return smallest_budget(problem, detail::greedy::analyse(problem));
+        return smallest_budget(problem, detail::greedy::analyse(problem, options_.order));
     }
 
 private:
@@ -5743,10 +5811,10 @@ private:
 
     [[nodiscard]] Bytes smallest_budget(const Problem& problem, const detail::greedy::Analysis& a) const {
         Bytes lo = a.lower_bound.bytes - 1;  // no schedule at all fits lo
-        Bytes hi = a.reference.peak;         // store-all's own plan fits P_ref
+        Bytes hi = a.order_peak;             // the order's own schedule fits its peak (P_ref for store-all's)
         if (!fits(problem, a, hi))
-            throw SolverError("greedy: no plan of '" + problem.name() + "' at P_ref = " + std::to_string(hi) +
-                              " bytes, where store-all's own schedule fits (this is a bug in the greedy; please "
+            throw SolverError("greedy: no plan of '" + problem.name() + "' at " + std::to_string(hi) +
+                              " bytes, where the order's own schedule fits (this is a bug in the greedy; please "
                               "report it with the problem file)");
         while (hi - lo > 1) {
             const Bytes mid = lo + (hi - lo) / 2;
@@ -7956,16 +8024,19 @@ public:
             consider("greedy", greedy_plan(model.problem, budget, 0.5 * left(), improve()));
         if (model.rockmate && (left() > 0 || !best))
             consider("rockmate", rockmate_plan(*model.rockmate, budget, improve()));
-        if (!best) throw infeasible(model, budget);
+        if (!best) throw infeasible(model, budget, left());
         best->stats.solve_seconds = clock.seconds();
         return *std::move(best);
     }
 
-    /// The smallest budget H-Rockmate (hierarchy or greedy) plans for.
-    [[nodiscard]] Bytes smallest_budget(const HRockmateModel& model) const {
+    /// The smallest budget H-Rockmate (hierarchy or greedy) plans for; with `seconds`, the
+    /// hierarchy's search for it gets at most that long (none: skipped), the greedy's and
+    /// Rockmate's answers, which need no search, stand.
+    [[nodiscard]] Bytes smallest_budget(const HRockmateModel& model,
+                                        double seconds = std::numeric_limits<double>::infinity()) const {
         Bytes least = std::numeric_limits<Bytes>::max();
-        if (const auto top =
-                top_search(model, detail::exhaustive::SearchGoal::least_peak, std::numeric_limits<Bytes>::max()))
+        if (const auto top = top_search(model, detail::exhaustive::SearchGoal::least_peak,
+                                        std::numeric_limits<Bytes>::max(), seconds))
             least = top->peak;
         if (options_.compare_with_greedy) least = std::min(least, Greedy{options_.greedy}.smallest_budget(model.problem));
         if (model.rockmate) {
@@ -8254,15 +8325,19 @@ private:
     // ---------------------------------------------------------------- the top
 
     [[nodiscard]] std::optional<detail::exhaustive::ExhaustiveSearch::Result> top_search(
-        const HRockmateModel& model, detail::exhaustive::SearchGoal goal, Bytes budget) const {
+        const HRockmateModel& model, detail::exhaustive::SearchGoal goal, Bytes budget,
+        double seconds = std::numeric_limits<double>::infinity()) const {
         using namespace detail::hrockmate;
+        detail::hrockmate::SearchLimits limits = top_limits(model.hierarchy.clusters.empty(),
+                                                            options_.top_time_limit_seconds,
+                                                            options_.flat_time_limit_seconds);
+        limits.seconds = std::min(limits.seconds, seconds);
+        if (!(limits.seconds > 1e-3)) return std::nullopt;
         const std::vector<Child> children = children_of(model, model.hierarchy.top);
         const AbstractProblem a =
             abstract_problem(model.problem, model.top, children, model.hierarchy.top_ops, true, 0, model.problem.name());
         if (a.problem.data_count() > 128) return std::nullopt;
-        return search(a, goal, budget,
-                      top_limits(model.hierarchy.clusters.empty(), options_.top_time_limit_seconds,
-                                 options_.flat_time_limit_seconds));
+        return search(a, goal, budget, limits);
     }
 
     // The top searched at the budget and at the larger abstract budgets of
@@ -8486,9 +8561,10 @@ private:
         return make_checked_plan(problem, std::move(schedule), budget, std::move(stats));
     }
 
-    [[nodiscard]] Infeasible infeasible(const HRockmateModel& model, Bytes budget) const {
+    // Within the `seconds` left of the solve's limit: its smallest budget's search gets no more.
+    [[nodiscard]] Infeasible infeasible(const HRockmateModel& model, Bytes budget, double seconds) const {
         const MemoryLowerBound bound = memory_lower_bound(model.problem);
-        const Bytes least = smallest_budget(model);
+        const Bytes least = smallest_budget(model, seconds);
         std::ostringstream m;
         m << "hrockmate cannot plan '" << model.problem.name() << "' within " << budget << " bytes: ";
         if (budget < bound.bytes)
@@ -8517,12 +8593,15 @@ private:
 //     AutoOptions::max_block_ops ops each              → Rockmate (Zhao et al. 2023);
 //   - any other graph                                  → H-Rockmate (solvers/hierarchical.hpp);
 //   - a problem without a loss op (which the block and hierarchy solvers need) → the greedy.
-// When the chosen solver has no plan at the budget (or fails), the greedy with its portfolio
-// of eviction scores (solvers/greedy.hpp, after DTR, Kirisame et al. 2021) is tried last, so
-// that a budget another method reaches is never reported infeasible. An infeasible answer
-// says whether the budget is below the proven lower bound of core/bounds.hpp (no solver can
-// do it) or only beyond the reach of the solvers tried, and carries the smallest budget they
-// know to work. See docs/guide.md, "Choosing a solver".
+// When the chosen solver has no plan at the budget (or fails), the last resorts are tried in
+// turn, so that a budget another method reaches is never reported infeasible: the greedy with
+// its portfolio of eviction scores (solvers/greedy.hpp, after DTR, Kirisame et al. 2021), the
+// same greedy along an order chosen for memory (a plan may fit by reordering alone), and on
+// small problems the exact search (solvers/exhaustive.hpp), which either finds a plan or
+// proves the smallest budget any schedule needs. An infeasible answer says whether the budget
+// is below a proven bound (core/bounds.hpp, or the exact search's) or only beyond the reach of
+// the solvers tried, and carries the smallest budget they know to work. See docs/guide.md,
+// "Choosing a solver".
 
 #include <algorithm>
 #include <optional>
@@ -8561,8 +8640,14 @@ struct AutoOptions {
     /// Rockmate is chosen only when every block has at most this many ops (forward and
     /// backward): larger blocks make its per-block exact searches slow.
     std::size_t max_block_ops = 64;
-    /// Try the greedy when the chosen solver has no plan.
+    /// Try the greedy (along the store-all order, then along an order chosen for memory) when
+    /// the chosen solver has no plan.
     bool greedy_fallback = true;
+    /// Then, on problems of at most exact_fallback_max_data data, the exact search, for at most
+    /// exact_fallback_seconds (and within time_limit_seconds).
+    bool exact_fallback = true;
+    std::size_t exact_fallback_max_data = 64;
+    double exact_fallback_seconds = 10.0;
 };
 
 /// True when the problem is a sequence of at least two blocks of at most `max_block_ops` ops.
@@ -8606,27 +8691,43 @@ inline constexpr double auto_analysis_share = 0.75;
 
 namespace detail::automatic {
 
-// Why no solver Auto tried has a plan: below the proven lower bound, or only beyond their
-// reach, naming the one that reaches lower.
-[[nodiscard]] inline Infeasible infeasible(const Problem& problem, Bytes budget, std::string_view chosen,
-                                           const std::optional<Bytes>& chosen_least,
-                                           const std::optional<Bytes>& greedy_least) {
+// What one solver Auto tried knows of the smallest budget it plans.
+struct Reach {
+    std::string solver;
+    std::optional<Bytes> least;
+};
+
+// Why no solver Auto tried has a plan: below the proven lower bound, below the least peak of
+// any schedule (the exact search's proof), or only beyond the reach of the solvers tried,
+// naming the one that reaches lowest.
+[[nodiscard]] inline Infeasible infeasible(const Problem& problem, Bytes budget, const std::vector<Reach>& tried,
+                                           const std::optional<Bytes>& exact_least = std::nullopt) {
     const MemoryLowerBound bound = memory_lower_bound(problem);
     const auto show = [](const std::optional<Bytes>& b) { return b ? std::to_string(*b) + " bytes" : std::string("unknown"); };
     std::string message = "auto: no plan of '" + problem.name() + "' within " + std::to_string(budget) + " bytes: ";
+    std::optional<Bytes> least;
+    const Reach* lowest = nullptr;
+    for (const Reach& r : tried)
+        if (r.least && (!least || *r.least < *least)) {
+            least = r.least;
+            lowest = &r;
+        }
     if (budget < bound.bytes) {
         message += "the budget is below a proven lower bound: every schedule needs at least " +
                    std::to_string(bound.bytes) + " bytes (" + bound.reason + ")";
+    } else if (exact_least) {
+        message += "the budget is below a proven lower bound: the exact search finds no schedule within it, and the "
+                   "least peak of any schedule is " + std::to_string(*exact_least) + " bytes";
+        least = exact_least;
     } else {
         message += "the budget is above the proven lower bound of " + std::to_string(bound.bytes) + " bytes (" +
-                   bound.reason + ") but beyond the reach of " + std::string(chosen) + " (smallest budget " +
-                   show(chosen_least) + ") and greedy (" + show(greedy_least) + ")";
-        if (chosen_least && greedy_least && *chosen_least != *greedy_least)
-            message += "; " + std::string(*greedy_least < *chosen_least ? "greedy" : chosen) + " reaches lower";
+                   bound.reason + ") but beyond the reach of ";
+        for (std::size_t i = 0; i < tried.size(); ++i)
+            message += (i == 0 ? "" : i + 1 == tried.size() ? " and " : ", ") + tried[i].solver + " (smallest budget " +
+                       show(tried[i].least) + ")";
+        if (lowest && tried.size() > 1) message += "; " + lowest->solver + " reaches lowest";
         message += "; an exact solver (checkmate, or exhaustive on small problems) may reach further";
     }
-    std::optional<Bytes> least = chosen_least;
-    if (greedy_least && (!least || *greedy_least < *least)) least = greedy_least;
     return Infeasible(message, budget, least);
 }
 
@@ -8634,7 +8735,7 @@ namespace detail::automatic {
 // carries the smallest budget `least` says (called only then).
 template <class Least>
 void refuse_below_bound(const Problem& problem, Bytes budget, Least&& least) {
-    if (budget < memory_lower_bound(problem).bytes) throw infeasible(problem, budget, "auto", least(), std::nullopt);
+    if (budget < memory_lower_bound(problem).bytes) throw infeasible(problem, budget, {{"auto", least()}});
 }
 
 // The smallest budget known without an analysis: the greedy's, and Rotor's on a chain.
@@ -8688,10 +8789,12 @@ public:
                 model.rockmate = Rockmate<>(rockmate_options(partition_blocks(problem).blocks.size())).analyse(problem);
             if (model.choice == AutoChoice::hrockmate)
                 model.hrockmate = HRockmate(hrockmate_options(std::nullopt)).analyse(problem);
-        } catch (const SolverError& e) {
-            // the greedy still plans; solve() says why the chosen solver is missing
+        } catch (const Error& e) {
+            // A solver failure, or a valid problem outside the chosen solver's class (a
+            // hierarchy needs forward ops it may recompute): the last resorts still plan, and
+            // solve() says why the chosen solver is missing.
             report_progress(options_.progress, "auto: the analysis of " + std::string(to_string(model.choice)) +
-                                                   " failed (" + e.what() + "); the greedy plans alone");
+                                                   " failed (" + e.what() + "); the last resorts plan alone");
         }
         model.seconds = clock.seconds();
         return model;
@@ -8718,31 +8821,48 @@ public:
             const double share = std::max((1 - auto_analysis_share) * limit, limit - model.seconds);
             return std::max(0.0, share - clock.seconds());
         };
-        std::optional<Bytes> chosen_least, greedy_least;
+        std::vector<detail::automatic::Reach> tried{{std::string(to_string(model.choice)), std::nullopt}};
         try {
             return detail::automatic::tagged(solve_chosen(model, budget, left()), to_string(model.choice));
         } catch (const Infeasible& e) {
-            chosen_least = e.smallest_budget();
+            tried.back().least = e.smallest_budget();
             if (!options_.greedy_fallback) throw;
         } catch (const SolverError& e) {
             if (!options_.greedy_fallback) throw;
             report_progress(options_.progress, "auto: " + std::string(to_string(model.choice)) + " failed (" +
                                                    e.what() + "); trying the greedy");
         }
-        try {
-            return detail::automatic::tagged(Greedy(greedy_options(left())).solve(model.problem, budget),
-                                               "greedy (last resort)");
-        } catch (const Infeasible& e) {
-            greedy_least = e.smallest_budget();
+        for (const GreedyOrder order : {GreedyOrder::store_all, GreedyOrder::memory_aware}) {
+            const std::string who = order == GreedyOrder::store_all ? "greedy" : "greedy (memory-aware order)";
+            tried.push_back({who, std::nullopt});
+            try {
+                return detail::automatic::tagged(Greedy(greedy_options(left(), order)).solve(model.problem, budget),
+                                                   who + " (last resort)");
+            } catch (const Infeasible& e) {
+                tried.back().least = e.smallest_budget();
+            }
         }
-        throw detail::automatic::infeasible(model.problem, budget, to_string(model.choice), chosen_least,
-                                              greedy_least);
+        std::optional<Bytes> exact_least;
+        if (const auto exact = exact_search(model.problem, left())) {
+            report_progress(options_.progress, "auto: no heuristic plan; the exact search of '" + model.problem.name() +
+                                                   "' (" + std::to_string(model.problem.data_count()) + " data)");
+            try {
+                return detail::automatic::tagged(exact->solve(model.problem, budget), "exhaustive (last resort)");
+            } catch (const Infeasible& e) {
+                exact_least = e.smallest_budget();  // the least peak of any schedule, when found in time
+            } catch (const SolverError& e) {
+                report_progress(options_.progress, std::string("auto: the exact search gave up: ") + e.what());
+            }
+        }
+        throw detail::automatic::infeasible(model.problem, budget, tried, exact_least);
     }
 
     /// The smallest budget the chosen solver or the greedy plans (the lower of the two).
     [[nodiscard]] Bytes smallest_budget(const Problem& problem) const { return smallest_budget(analyse(problem)); }
     [[nodiscard]] Bytes smallest_budget(const AutoModel& model) const {
         Bytes least = Greedy(HRockmateOptions::default_greedy()).smallest_budget(model.problem);
+        if (options_.greedy_fallback)
+            least = std::min(least, Greedy(greedy_options(std::nullopt, GreedyOrder::memory_aware)).smallest_budget(model.problem));
         try {
             if (model.choice == AutoChoice::rotor)
                 least = std::min(least, Rotor(rotor_options()).smallest_budget(*as_chain(model.problem)));
@@ -8784,9 +8904,24 @@ private:
         return o;
     }
     // The greedy's portfolio and improvement within `planning` seconds, if given.
-    [[nodiscard]] static GreedyOptions greedy_options(const std::optional<double>& planning) {
-        const GreedyOptions o = HRockmateOptions::default_greedy();
+    [[nodiscard]] static GreedyOptions greedy_options(const std::optional<double>& planning,
+                                                      GreedyOrder order = GreedyOrder::store_all) {
+        GreedyOptions o = HRockmateOptions::default_greedy();
+        o.order = order;
         return planning ? greedy_within(o, *planning) : o;
+    }
+    // The exact search, on a problem small enough and with time left for it.
+    [[nodiscard]] std::optional<Exhaustive> exact_search(const Problem& problem,
+                                                         const std::optional<double>& planning) const {
+        if (!options_.exact_fallback || problem.data_count() > options_.exact_fallback_max_data ||
+            problem.data_count() > 128)
+            return std::nullopt;
+        const double seconds = std::min(options_.exact_fallback_seconds, planning.value_or(options_.exact_fallback_seconds));
+        if (!(seconds > 0.01)) return std::nullopt;
+        ExhaustiveOptions o;
+        o.time_limit_seconds = seconds;
+        o.max_states = 2'000'000;
+        return Exhaustive(o);
     }
     [[nodiscard]] Plan solve_chosen(const AutoModel& model, Bytes budget, const std::optional<double>& planning) const {
         if (model.choice == AutoChoice::rotor) return Rotor(rotor_options()).solve(model.problem, budget);

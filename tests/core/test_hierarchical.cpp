@@ -521,3 +521,112 @@ TEST_CASE("remat::Auto picks the solver by the graph's shape and never reports a
     CHECK(std::any_of(lines.begin(), lines.end(), [](const std::string& l) { return l.rfind("auto: hrockmate for", 0) == 0; }));
     CHECK(std::any_of(lines.begin(), lines.end(), [](const std::string& l) { return l.rfind("auto: rockmate for", 0) == 0; }));
 }
+
+namespace {
+
+// Two independent branches of large intermediates that nothing can recompute (every op runs
+// exactly once), their autograd order side by side: x → a1 → a2 and x → b1 → b2, the loss
+// reading a2 and b2. The store-all order keeps a1 and b1 live together; finishing one branch
+// first needs one of them at a time.
+Problem side_by_side_branches() {
+    ProblemBuilder b("branches");
+    const DataId x = b.add_data("x", 16);
+    const DataId a1 = b.add_data("a1", 400), b1 = b.add_data("b1", 400);
+    const DataId a2 = b.add_data("a2", 16), b2 = b.add_data("b2", 16);
+    const DataId loss = b.add_data("loss", 4);
+    const OpId fa1 = b.add_op({"Fa1", 1.0, 0, {x}, {a1}, true});
+    const OpId fb1 = b.add_op({"Fb1", 1.0, 0, {x}, {b1}, true});
+    const OpId fa2 = b.add_op({"Fa2", 1.0, 0, {a1}, {a2}, true});
+    const OpId fb2 = b.add_op({"Fb2", 1.0, 0, {b1}, {b2}, true});
+    const OpId l = b.add_op({"loss", 1.0, 0, {a2, b2}, {loss}, true});
+    b.add_initial(x);
+    b.add_final(loss);
+    b.set_loss(l);
+    b.set_autograd_order({fa1, fb1, fa2, fb2, l});
+    return b.build();
+}
+
+}  // namespace
+
+TEST_CASE("memory_aware_order: a valid order of the same ops that finishes a branch before the next", "[greedy][order]") {
+    const Problem p = side_by_side_branches();
+    const std::vector<OpId> order = memory_aware_order(p);
+    REQUIRE(order.size() == store_all_order(p).size());
+    const SimulationReport store_all = simulate(p, schedule_with_eager_frees(p, store_all_order(p)));
+    const SimulationReport reordered = simulate(p, schedule_with_eager_frees(p, order));
+    REQUIRE(reordered.valid);
+    CHECK(store_all.peak == 16 + 400 + 400 + 16);
+    CHECK(reordered.peak == 16 + 400 + 16 + 16);  // x, one large intermediate, its output, the other's
+    CHECK(reordered.time == store_all.time);
+    // On random training DAGs it is always a valid schedule of the same ops, run once each.
+    std::mt19937 rng(17);
+    for (int i = 0; i < 60; ++i) {
+        DagShape shape;
+        shape.forward_ops = 3 + static_cast<std::size_t>(i % 6);
+        const Problem dag = random_dag(rng, shape, "dag" + std::to_string(i));
+        const std::vector<OpId> o = memory_aware_order(dag);
+        std::vector<OpId> sorted = o, base = store_all_order(dag);
+        std::sort(sorted.begin(), sorted.end());
+        std::sort(base.begin(), base.end());
+        CHECK(sorted == base);
+        CHECK(simulate(dag, schedule_with_eager_frees(dag, o)).valid);
+    }
+}
+
+TEST_CASE("auto: a plan that fits by reordering alone is found, and an exact search proves the rest", "[hierarchical][auto]") {
+    const Problem p = side_by_side_branches();
+    const Bytes reordered_peak = 16 + 400 + 16 + 16;
+    // Store-all's order cannot fit: nothing can be recomputed, and it holds a1 and b1 together.
+    CHECK_THROWS_AS(Greedy(HRockmateOptions::default_greedy()).solve(p, reordered_peak), Infeasible);
+    GreedyOptions reordering = HRockmateOptions::default_greedy();
+    reordering.order = GreedyOrder::memory_aware;
+    CHECK(Greedy(reordering).solve(p, reordered_peak).time == store_all_reference(p).time);
+
+    AutoOptions quick;
+    quick.time_limit_seconds = 1.0;
+    const Plan plan = Auto(quick).solve(p, reordered_peak);
+    const SimulationReport report = simulate(p, plan.schedule);
+    REQUIRE(report.valid);
+    CHECK(report.peak <= reordered_peak);
+    CHECK(report.time == store_all_reference(p).time);  // no overhead: reordering alone
+    // One byte less: below the least peak of any schedule, which the exact search proves.
+    try {
+        (void)Auto(quick).solve(p, reordered_peak - 1);
+        FAIL("a budget below every schedule's peak was planned");
+    } catch (const Infeasible& e) {
+        CHECK_THAT(std::string(e.what()), Catch::Contains("the exact search finds no schedule"));
+        REQUIRE(e.smallest_budget());
+        CHECK(*e.smallest_budget() == reordered_peak);
+    }
+}
+
+TEST_CASE("auto never answers infeasible where the exact search finds a plan (random DAGs)", "[hierarchical][auto][property]") {
+    std::mt19937 rng(23);
+    AutoOptions options;
+    options.time_limit_seconds = 0.3;  // tiny graphs: the exact search takes milliseconds
+    const Auto solver(options);
+    int planned = 0;
+    double slowest = 0.0;
+    for (int i = 0; i < 16; ++i) {
+        DagShape shape;
+        shape.forward_ops = 2 + static_cast<std::size_t>(i % 5);
+        const Problem dag = random_dag(rng, shape, "dag" + std::to_string(i));
+        const Bytes least = exact_smallest_budget(dag);
+        const Bytes reference = store_all_reference(dag).peak;
+        for (const Bytes budget : {least, least + (reference - least) / 3, least + 2 * (reference - least) / 3}) {
+            INFO(dag.name() << " at " << budget << " bytes (least peak of any schedule " << least << ")");
+            const Stopwatch clock;
+            const Plan plan = solver.solve(dag, budget);  // throws (and fails the test) if infeasible
+            slowest = std::max(slowest, clock.seconds());
+            const SimulationReport report = simulate(dag, plan.schedule);
+            REQUIRE(report.valid);
+            CHECK(report.peak <= budget);
+            ++planned;
+        }
+        const Stopwatch clock;
+        CHECK_THROWS_AS(solver.solve(dag, least - 1), Infeasible);
+        slowest = std::max(slowest, clock.seconds());
+    }
+    CHECK(planned == 48);
+    WARN("slowest solve " << slowest << " s");
+}

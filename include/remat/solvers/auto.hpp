@@ -6,12 +6,15 @@
 //     AutoOptions::max_block_ops ops each              → Rockmate (Zhao et al. 2023);
 //   - any other graph                                  → H-Rockmate (solvers/hierarchical.hpp);
 //   - a problem without a loss op (which the block and hierarchy solvers need) → the greedy.
-// When the chosen solver has no plan at the budget (or fails), the greedy with its portfolio
-// of eviction scores (solvers/greedy.hpp, after DTR, Kirisame et al. 2021) is tried last, so
-// that a budget another method reaches is never reported infeasible. An infeasible answer
-// says whether the budget is below the proven lower bound of core/bounds.hpp (no solver can
-// do it) or only beyond the reach of the solvers tried, and carries the smallest budget they
-// know to work. See docs/guide.md, "Choosing a solver".
+// When the chosen solver has no plan at the budget (or fails), the last resorts are tried in
+// turn, so that a budget another method reaches is never reported infeasible: the greedy with
+// its portfolio of eviction scores (solvers/greedy.hpp, after DTR, Kirisame et al. 2021), the
+// same greedy along an order chosen for memory (a plan may fit by reordering alone), and on
+// small problems the exact search (solvers/exhaustive.hpp), which either finds a plan or
+// proves the smallest budget any schedule needs. An infeasible answer says whether the budget
+// is below a proven bound (core/bounds.hpp, or the exact search's) or only beyond the reach of
+// the solvers tried, and carries the smallest budget they know to work. See docs/guide.md,
+// "Choosing a solver".
 #pragma once
 
 #include <algorithm>
@@ -28,6 +31,7 @@
 #include "../core/solver.hpp"
 #include "../core/timing.hpp"
 #include "../partition/blocks.hpp"
+#include "exhaustive.hpp"
 #include "greedy.hpp"
 #include "hierarchical.hpp"
 #include "rockmate.hpp"
@@ -63,8 +67,14 @@ struct AutoOptions {
     /// Rockmate is chosen only when every block has at most this many ops (forward and
     /// backward): larger blocks make its per-block exact searches slow.
     std::size_t max_block_ops = 64;
-    /// Try the greedy when the chosen solver has no plan.
+    /// Try the greedy (along the store-all order, then along an order chosen for memory) when
+    /// the chosen solver has no plan.
     bool greedy_fallback = true;
+    /// Then, on problems of at most exact_fallback_max_data data, the exact search, for at most
+    /// exact_fallback_seconds (and within time_limit_seconds).
+    bool exact_fallback = true;
+    std::size_t exact_fallback_max_data = 64;
+    double exact_fallback_seconds = 10.0;
 };
 
 /// True when the problem is a sequence of at least two blocks of at most `max_block_ops` ops.
@@ -108,27 +118,43 @@ inline constexpr double auto_analysis_share = 0.75;
 
 namespace detail::automatic {
 
-// Why no solver Auto tried has a plan: below the proven lower bound, or only beyond their
-// reach, naming the one that reaches lower.
-[[nodiscard]] inline Infeasible infeasible(const Problem& problem, Bytes budget, std::string_view chosen,
-                                           const std::optional<Bytes>& chosen_least,
-                                           const std::optional<Bytes>& greedy_least) {
+// What one solver Auto tried knows of the smallest budget it plans.
+struct Reach {
+    std::string solver;
+    std::optional<Bytes> least;
+};
+
+// Why no solver Auto tried has a plan: below the proven lower bound, below the least peak of
+// any schedule (the exact search's proof), or only beyond the reach of the solvers tried,
+// naming the one that reaches lowest.
+[[nodiscard]] inline Infeasible infeasible(const Problem& problem, Bytes budget, const std::vector<Reach>& tried,
+                                           const std::optional<Bytes>& exact_least = std::nullopt) {
     const MemoryLowerBound bound = memory_lower_bound(problem);
     const auto show = [](const std::optional<Bytes>& b) { return b ? std::to_string(*b) + " bytes" : std::string("unknown"); };
     std::string message = "auto: no plan of '" + problem.name() + "' within " + std::to_string(budget) + " bytes: ";
+    std::optional<Bytes> least;
+    const Reach* lowest = nullptr;
+    for (const Reach& r : tried)
+        if (r.least && (!least || *r.least < *least)) {
+            least = r.least;
+            lowest = &r;
+        }
     if (budget < bound.bytes) {
         message += "the budget is below a proven lower bound: every schedule needs at least " +
                    std::to_string(bound.bytes) + " bytes (" + bound.reason + ")";
+    } else if (exact_least) {
+        message += "the budget is below a proven lower bound: the exact search finds no schedule within it, and the "
+                   "least peak of any schedule is " + std::to_string(*exact_least) + " bytes";
+        least = exact_least;
     } else {
         message += "the budget is above the proven lower bound of " + std::to_string(bound.bytes) + " bytes (" +
-                   bound.reason + ") but beyond the reach of " + std::string(chosen) + " (smallest budget " +
-                   show(chosen_least) + ") and greedy (" + show(greedy_least) + ")";
-        if (chosen_least && greedy_least && *chosen_least != *greedy_least)
-            message += "; " + std::string(*greedy_least < *chosen_least ? "greedy" : chosen) + " reaches lower";
+                   bound.reason + ") but beyond the reach of ";
+        for (std::size_t i = 0; i < tried.size(); ++i)
+            message += (i == 0 ? "" : i + 1 == tried.size() ? " and " : ", ") + tried[i].solver + " (smallest budget " +
+                       show(tried[i].least) + ")";
+        if (lowest && tried.size() > 1) message += "; " + lowest->solver + " reaches lowest";
         message += "; an exact solver (checkmate, or exhaustive on small problems) may reach further";
     }
-    std::optional<Bytes> least = chosen_least;
-    if (greedy_least && (!least || *greedy_least < *least)) least = greedy_least;
     return Infeasible(message, budget, least);
 }
 
@@ -136,7 +162,7 @@ namespace detail::automatic {
 // carries the smallest budget `least` says (called only then).
 template <class Least>
 void refuse_below_bound(const Problem& problem, Bytes budget, Least&& least) {
-    if (budget < memory_lower_bound(problem).bytes) throw infeasible(problem, budget, "auto", least(), std::nullopt);
+    if (budget < memory_lower_bound(problem).bytes) throw infeasible(problem, budget, {{"auto", least()}});
 }
 
 // The smallest budget known without an analysis: the greedy's, and Rotor's on a chain.
@@ -190,10 +216,12 @@ public:
                 model.rockmate = Rockmate<>(rockmate_options(partition_blocks(problem).blocks.size())).analyse(problem);
             if (model.choice == AutoChoice::hrockmate)
                 model.hrockmate = HRockmate(hrockmate_options(std::nullopt)).analyse(problem);
-        } catch (const SolverError& e) {
-            // the greedy still plans; solve() says why the chosen solver is missing
+        } catch (const Error& e) {
+            // A solver failure, or a valid problem outside the chosen solver's class (a
+            // hierarchy needs forward ops it may recompute): the last resorts still plan, and
+            // solve() says why the chosen solver is missing.
             report_progress(options_.progress, "auto: the analysis of " + std::string(to_string(model.choice)) +
-                                                   " failed (" + e.what() + "); the greedy plans alone");
+                                                   " failed (" + e.what() + "); the last resorts plan alone");
         }
         model.seconds = clock.seconds();
         return model;
@@ -220,31 +248,48 @@ public:
             const double share = std::max((1 - auto_analysis_share) * limit, limit - model.seconds);
             return std::max(0.0, share - clock.seconds());
         };
-        std::optional<Bytes> chosen_least, greedy_least;
+        std::vector<detail::automatic::Reach> tried{{std::string(to_string(model.choice)), std::nullopt}};
         try {
             return detail::automatic::tagged(solve_chosen(model, budget, left()), to_string(model.choice));
         } catch (const Infeasible& e) {
-            chosen_least = e.smallest_budget();
+            tried.back().least = e.smallest_budget();
             if (!options_.greedy_fallback) throw;
         } catch (const SolverError& e) {
             if (!options_.greedy_fallback) throw;
             report_progress(options_.progress, "auto: " + std::string(to_string(model.choice)) + " failed (" +
                                                    e.what() + "); trying the greedy");
         }
-        try {
-            return detail::automatic::tagged(Greedy(greedy_options(left())).solve(model.problem, budget),
-                                               "greedy (last resort)");
-        } catch (const Infeasible& e) {
-            greedy_least = e.smallest_budget();
+        for (const GreedyOrder order : {GreedyOrder::store_all, GreedyOrder::memory_aware}) {
+            const std::string who = order == GreedyOrder::store_all ? "greedy" : "greedy (memory-aware order)";
+            tried.push_back({who, std::nullopt});
+            try {
+                return detail::automatic::tagged(Greedy(greedy_options(left(), order)).solve(model.problem, budget),
+                                                   who + " (last resort)");
+            } catch (const Infeasible& e) {
+                tried.back().least = e.smallest_budget();
+            }
         }
-        throw detail::automatic::infeasible(model.problem, budget, to_string(model.choice), chosen_least,
-                                              greedy_least);
+        std::optional<Bytes> exact_least;
+        if (const auto exact = exact_search(model.problem, left())) {
+            report_progress(options_.progress, "auto: no heuristic plan; the exact search of '" + model.problem.name() +
+                                                   "' (" + std::to_string(model.problem.data_count()) + " data)");
+            try {
+                return detail::automatic::tagged(exact->solve(model.problem, budget), "exhaustive (last resort)");
+            } catch (const Infeasible& e) {
+                exact_least = e.smallest_budget();  // the least peak of any schedule, when found in time
+            } catch (const SolverError& e) {
+                report_progress(options_.progress, std::string("auto: the exact search gave up: ") + e.what());
+            }
+        }
+        throw detail::automatic::infeasible(model.problem, budget, tried, exact_least);
     }
 
     /// The smallest budget the chosen solver or the greedy plans (the lower of the two).
     [[nodiscard]] Bytes smallest_budget(const Problem& problem) const { return smallest_budget(analyse(problem)); }
     [[nodiscard]] Bytes smallest_budget(const AutoModel& model) const {
         Bytes least = Greedy(HRockmateOptions::default_greedy()).smallest_budget(model.problem);
+        if (options_.greedy_fallback)
+            least = std::min(least, Greedy(greedy_options(std::nullopt, GreedyOrder::memory_aware)).smallest_budget(model.problem));
         try {
             if (model.choice == AutoChoice::rotor)
                 least = std::min(least, Rotor(rotor_options()).smallest_budget(*as_chain(model.problem)));
@@ -286,9 +331,24 @@ private:
         return o;
     }
     // The greedy's portfolio and improvement within `planning` seconds, if given.
-    [[nodiscard]] static GreedyOptions greedy_options(const std::optional<double>& planning) {
-        const GreedyOptions o = HRockmateOptions::default_greedy();
+    [[nodiscard]] static GreedyOptions greedy_options(const std::optional<double>& planning,
+                                                      GreedyOrder order = GreedyOrder::store_all) {
+        GreedyOptions o = HRockmateOptions::default_greedy();
+        o.order = order;
         return planning ? greedy_within(o, *planning) : o;
+    }
+    // The exact search, on a problem small enough and with time left for it.
+    [[nodiscard]] std::optional<Exhaustive> exact_search(const Problem& problem,
+                                                         const std::optional<double>& planning) const {
+        if (!options_.exact_fallback || problem.data_count() > options_.exact_fallback_max_data ||
+            problem.data_count() > 128)
+            return std::nullopt;
+        const double seconds = std::min(options_.exact_fallback_seconds, planning.value_or(options_.exact_fallback_seconds));
+        if (!(seconds > 0.01)) return std::nullopt;
+        ExhaustiveOptions o;
+        o.time_limit_seconds = seconds;
+        o.max_states = 2'000'000;
+        return Exhaustive(o);
     }
     [[nodiscard]] Plan solve_chosen(const AutoModel& model, Bytes budget, const std::optional<double>& planning) const {
         if (model.choice == AutoChoice::rotor) return Rotor(rotor_options()).solve(model.problem, budget);

@@ -7,8 +7,9 @@
 // would need too; recompute evicted tensors when they are read. Here that runs offline, once
 // per plan, on the problem's own numbers:
 //  - Follow the store-all order (the problem's `autograd` order, or the one store-all chooses;
-//    solvers/store_all.hpp). Exactly-once ops run there and nowhere else; other ops of the
-//    order are skipped when everything they write is live or never read again.
+//    solvers/store_all.hpp), or with GreedyOrder::memory_aware the same ops reordered for
+//    memory (memory_aware_order). Exactly-once ops run there and nowhere else; other ops of
+//    the order are skipped when everything they write is live or never read again.
 //  - Before an op runs, its reads are made live: a missing read is recomputed, recursively,
 //    by its cheapest writer that is not exactly-once and whose missing reads can be produced
 //    at a lower production level (graph/production.hpp), which rules out going round in
@@ -28,7 +29,7 @@
 // (randomised tie-breaking) — until the time is spent; with `improve`, the fastest plans are
 // locally improved (solvers/improve.hpp). The fastest plan that fits is kept. Off by
 // default: Greedy{} is the plain rule.
-// At a budget of at least P_ref nothing is evicted and the plan is store-all's. Below what it
+// At a budget of at least P_ref nothing is evicted and the plan is the order's own. Below what it
 // can fit, Greedy throws Infeasible with the smallest budget it fits, found by bisection
 // between the proven lower bound of core/bounds.hpp and P_ref (a greedy is not monotone in the
 // budget: when it fails at a budget but fits a smaller one, that plan is returned). Every plan
@@ -76,9 +77,17 @@ enum class GreedyEviction {
     return "unknown";
 }
 
+/// The order of ops the greedy replays.
+enum class GreedyOrder {
+    store_all,     ///< the store-all order (the problem's `autograd` order, or store-all's choice)
+    memory_aware,  ///< the same ops, reordered for memory (memory_aware_order, solvers/store_all.hpp)
+};
+
 struct GreedyOptions {
     /// The eviction rule; `both` costs two replays per budget and is never slower in plan time.
     GreedyEviction eviction = GreedyEviction::both;
+    /// The order replayed.
+    GreedyOrder order = GreedyOrder::store_all;
     /// How many writers deep the recompute cost of a data counts evicted inputs (DTR's evicted
     /// neighbourhood), for the dtr rule and for choosing among alternative writers. 0 counts
     /// the writer alone; deeper is more precise on long evicted chains and slower.
@@ -120,17 +129,20 @@ struct Analysis {
     std::vector<std::vector<std::size_t>> reads_at;  // per data: positions of the order that read it
     graph::ProductionLevels levels;                // without exactly-once ops, from the initial data
     Reference reference;                           // T_ref, P_ref
+    Bytes order_peak = 0;                          // the order's own peak, freeing eagerly (P_ref for store-all's)
     MemoryLowerBound lower_bound;
 };
 
-[[nodiscard]] inline Analysis analyse(const Problem& problem) {
+[[nodiscard]] inline Analysis analyse(const Problem& problem, GreedyOrder order = GreedyOrder::store_all) {
     Analysis a;
-    a.order = store_all_order(problem);
+    a.order = order == GreedyOrder::memory_aware ? memory_aware_order(problem) : store_all_order(problem);
     a.reads_at.assign(problem.data_count(), {});
     for (std::size_t pos = 0; pos < a.order.size(); ++pos)
         for (const DataId d : problem.op(a.order[pos]).reads) a.reads_at[d.index].push_back(pos);
     a.levels = graph::production_levels(problem, [](const Op& op) { return !op.exactly_once; });
     a.reference = store_all_reference(problem);
+    a.order_peak = order == GreedyOrder::store_all ? a.reference.peak
+                                                   : simulate(problem, schedule_with_eager_frees(problem, a.order)).peak;
     a.lower_bound = memory_lower_bound(problem);
     return a;
 }
@@ -413,7 +425,7 @@ public:
     /// A plan within `budget`; Infeasible (with the smallest budget the greedy fits) otherwise.
     [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
         const Stopwatch clock;
-        const detail::greedy::Analysis a = detail::greedy::analyse(problem);
+        const detail::greedy::Analysis a = detail::greedy::analyse(problem, options_.order);
         std::optional<detail::greedy::Outcome> best;
         if (budget >= a.lower_bound.bytes) best = plan(problem, a, budget);
         std::string note;
@@ -425,7 +437,8 @@ public:
             note = " (planned at " + std::to_string(smallest) + " bytes)";
         }
         SolverStats stats{std::string(name()), 0.0, SolveStatus::heuristic, std::nullopt,
-                          "eviction=" + std::string(to_string(best->rule)) +
+                          std::string(options_.order == GreedyOrder::memory_aware ? "order=memory-aware " : "") +
+                              "eviction=" + std::string(to_string(best->rule)) +
                               " depth=" + std::to_string(options_.neighbourhood_depth) + best->variant + note};
         stats.solve_seconds = clock.seconds();
         return make_checked_plan(problem, std::move(best->schedule), budget, std::move(stats));
@@ -434,7 +447,7 @@ public:
     /// The smallest budget this greedy fits `problem` in (bisection between the proven lower
     /// bound of core/bounds.hpp and P_ref, about log2(P_ref − bound) replays).
     [[nodiscard]] Bytes smallest_budget(const Problem& problem) const {
-        return smallest_budget(problem, detail::greedy::analyse(problem));
+        return smallest_budget(problem, detail::greedy::analyse(problem, options_.order));
     }
 
 private:
@@ -518,10 +531,10 @@ private:
 
     [[nodiscard]] Bytes smallest_budget(const Problem& problem, const detail::greedy::Analysis& a) const {
         Bytes lo = a.lower_bound.bytes - 1;  // no schedule at all fits lo
-        Bytes hi = a.reference.peak;         // store-all's own plan fits P_ref
+        Bytes hi = a.order_peak;             // the order's own schedule fits its peak (P_ref for store-all's)
         if (!fits(problem, a, hi))
-            throw SolverError("greedy: no plan of '" + problem.name() + "' at P_ref = " + std::to_string(hi) +
-                              " bytes, where store-all's own schedule fits (this is a bug in the greedy; please "
+            throw SolverError("greedy: no plan of '" + problem.name() + "' at " + std::to_string(hi) +
+                              " bytes, where the order's own schedule fits (this is a bug in the greedy; please "
                               "report it with the problem file)");
         while (hi - lo > 1) {
             const Bytes mid = lo + (hi - lo) / 2;

@@ -321,16 +321,19 @@ public:
             consider("greedy", greedy_plan(model.problem, budget, 0.5 * left(), improve()));
         if (model.rockmate && (left() > 0 || !best))
             consider("rockmate", rockmate_plan(*model.rockmate, budget, improve()));
-        if (!best) throw infeasible(model, budget);
+        if (!best) throw infeasible(model, budget, left());
         best->stats.solve_seconds = clock.seconds();
         return *std::move(best);
     }
 
-    /// The smallest budget H-Rockmate (hierarchy or greedy) plans for.
-    [[nodiscard]] Bytes smallest_budget(const HRockmateModel& model) const {
+    /// The smallest budget H-Rockmate (hierarchy or greedy) plans for; with `seconds`, the
+    /// hierarchy's search for it gets at most that long (none: skipped), the greedy's and
+    /// Rockmate's answers, which need no search, stand.
+    [[nodiscard]] Bytes smallest_budget(const HRockmateModel& model,
+                                        double seconds = std::numeric_limits<double>::infinity()) const {
         Bytes least = std::numeric_limits<Bytes>::max();
-        if (const auto top =
-                top_search(model, detail::exhaustive::SearchGoal::least_peak, std::numeric_limits<Bytes>::max()))
+        if (const auto top = top_search(model, detail::exhaustive::SearchGoal::least_peak,
+                                        std::numeric_limits<Bytes>::max(), seconds))
             least = top->peak;
         if (options_.compare_with_greedy) least = std::min(least, Greedy{options_.greedy}.smallest_budget(model.problem));
         if (model.rockmate) {
@@ -619,15 +622,19 @@ private:
     // ---------------------------------------------------------------- the top
 
     [[nodiscard]] std::optional<detail::exhaustive::ExhaustiveSearch::Result> top_search(
-        const HRockmateModel& model, detail::exhaustive::SearchGoal goal, Bytes budget) const {
+        const HRockmateModel& model, detail::exhaustive::SearchGoal goal, Bytes budget,
+        double seconds = std::numeric_limits<double>::infinity()) const {
         using namespace detail::hrockmate;
+        detail::hrockmate::SearchLimits limits = top_limits(model.hierarchy.clusters.empty(),
+                                                            options_.top_time_limit_seconds,
+                                                            options_.flat_time_limit_seconds);
+        limits.seconds = std::min(limits.seconds, seconds);
+        if (!(limits.seconds > 1e-3)) return std::nullopt;
         const std::vector<Child> children = children_of(model, model.hierarchy.top);
         const AbstractProblem a =
             abstract_problem(model.problem, model.top, children, model.hierarchy.top_ops, true, 0, model.problem.name());
         if (a.problem.data_count() > 128) return std::nullopt;
-        return search(a, goal, budget,
-                      top_limits(model.hierarchy.clusters.empty(), options_.top_time_limit_seconds,
-                                 options_.flat_time_limit_seconds));
+        return search(a, goal, budget, limits);
     }
 
     // The top searched at the budget and at the larger abstract budgets of
@@ -851,9 +858,10 @@ private:
         return make_checked_plan(problem, std::move(schedule), budget, std::move(stats));
     }
 
-    [[nodiscard]] Infeasible infeasible(const HRockmateModel& model, Bytes budget) const {
+    // Within the `seconds` left of the solve's limit: its smallest budget's search gets no more.
+    [[nodiscard]] Infeasible infeasible(const HRockmateModel& model, Bytes budget, double seconds) const {
         const MemoryLowerBound bound = memory_lower_bound(model.problem);
-        const Bytes least = smallest_budget(model);
+        const Bytes least = smallest_budget(model, seconds);
         std::ostringstream m;
         m << "hrockmate cannot plan '" << model.problem.name() << "' within " << budget << " bytes: ";
         if (budget < bound.bytes)

@@ -133,6 +133,61 @@ inline std::vector<OpId> choose_store_all_order(const Problem& p) {
     return detail::store_all::choose_store_all_order(problem);
 }
 
+/// The ops of store_all_order(problem) in another topological order, chosen for memory: at
+/// each point, among the ops whose reads are all live, the one after which the least memory is
+/// live (what it writes that is not live yet, less what it is the last remaining reader of),
+/// the earlier in store_all_order on ties. Where the store-all order runs independent branches
+/// side by side, so that their intermediates are live together, this order finishes one branch
+/// before starting the next: a plan may then fit by reordering alone. The greedy replays it as
+/// an alternative (GreedyOptions::order). O(ops² × reads).
+[[nodiscard]] inline std::vector<OpId> memory_aware_order(const Problem& problem) {
+    const std::vector<OpId> base = store_all_order(problem);
+    const auto distinct = [](std::vector<DataId> list) {
+        std::sort(list.begin(), list.end());
+        list.erase(std::unique(list.begin(), list.end()), list.end());
+        return list;
+    };
+    std::vector<std::vector<DataId>> reads, writes;
+    std::vector<std::size_t> readers_left(problem.data_count(), 0);
+    for (const OpId k : base) {
+        reads.push_back(distinct(problem.op(k).reads));
+        writes.push_back(distinct(problem.op(k).writes));
+        for (const DataId d : reads.back()) ++readers_left[d.index];
+    }
+    std::vector<char> live(problem.data_count(), 0);
+    for (const DataId d : problem.initial()) live[d.index] = 1;
+    const auto kept = [&](DataId d) { return problem.is_initial(d) || problem.is_final(d); };
+    std::vector<char> placed(base.size(), 0);
+    std::vector<OpId> order;
+    order.reserve(base.size());
+    while (order.size() < base.size()) {
+        std::size_t best = base.size();
+        Bytes best_change = 0;
+        for (std::size_t i = 0; i < base.size(); ++i) {
+            if (placed[i]) continue;
+            bool ready = true;
+            for (const DataId d : reads[i]) ready = ready && live[d.index];
+            if (!ready) continue;
+            Bytes change = 0;
+            for (const DataId d : writes[i])
+                if (!live[d.index] && (readers_left[d.index] > 0 || problem.is_final(d))) change += problem.data(d).bytes;
+            for (const DataId d : reads[i])
+                if (readers_left[d.index] == 1 && !kept(d)) change -= problem.data(d).bytes;
+            if (best == base.size() || change < best_change) {
+                best = i;
+                best_change = change;
+            }
+        }
+        if (best == base.size()) return base;  // nothing ready: keep the order that is known valid
+        placed[best] = 1;
+        order.push_back(base[best]);
+        for (const DataId d : writes[best]) live[d.index] = readers_left[d.index] > 0 || problem.is_final(d);
+        for (const DataId d : reads[best])
+            if (--readers_left[d.index] == 0 && !kept(d)) live[d.index] = 0;
+    }
+    return order;
+}
+
 /// Runs `order` once and frees each data right after its last read (or right after it is
 /// written when nothing reads it later), never an initial or final data — docs/formats.md §4 (store-all reference).
 [[nodiscard]] inline Schedule schedule_with_eager_frees(const Problem& problem, const std::vector<OpId>& order) {
