@@ -202,7 +202,7 @@ public:
                 break;
             case DataRole::saved: graph_[e.group].clear(); break;
             case DataRole::gradient:
-                if (output_gradient_.size() > d.index && output_gradient_[d.index]) release_output_gradient(grad_[d.index], gradients_from_autograd_, caller_held_);
+                if (is_output_gradient(d)) release_output_gradient(grad_[d.index], gradients_from_autograd_, caller_held_);
                 else grad_[d.index] = at::Tensor();
                 break;
             case DataRole::marker: break;
@@ -272,8 +272,6 @@ public:
                 g = g.contiguous();
             }
             grad_[core_->output_grad[o]->index] = std::move(g);
-            output_gradient_.resize(grad_.size(), 0);
-            output_gradient_[core_->output_grad[o]->index] = 1;
         }
     }
     /// The output gradients come from autograd, into a custom Function's backward.
@@ -281,6 +279,11 @@ public:
     [[nodiscard]] ScriptGradients take_result() noexcept { return std::move(result_); }
 
 private:
+    // The gradient of one of the outputs, which the caller hands in.
+    [[nodiscard]] bool is_output_gradient(DataId d) const {
+        return std::any_of(core_->output_grad.begin(), core_->output_grad.end(),
+                           [&](const std::optional<DataId>& g) { return g && g->index == d.index; });
+    }
     std::shared_ptr<const Core> core_;
     std::shared_ptr<Scratch> scratch_;
     c10::Device device_;
@@ -291,7 +294,6 @@ private:
     std::vector<std::size_t> exposed_;
     HeldOutside caller_held_;
     PendingGradients pending_;
-    std::vector<char> output_gradient_;  // by data: the gradient of an output, handed in by the caller
     bool gradients_from_autograd_ = false;
     StepRollback rollback_;
     ScriptGradients result_;

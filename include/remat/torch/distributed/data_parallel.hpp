@@ -354,8 +354,8 @@ public:
         if (options_.bucket_bytes <= 0)
             throw InvalidInput("DataParallel: bucket_bytes must be positive, not " + std::to_string(options_.bucket_bytes));
         const auto& parameters = module_->executor().parameters();
-        device_ = parameters.empty() ? c10::Device(c10::kCPU) : parameters.front().device();
-        control_ = std::make_unique<detail::distributed::Control>(group_, device_);
+        control_ = std::make_unique<detail::distributed::Control>(
+            group_, parameters.empty() ? c10::Device(c10::kCPU) : parameters.front().device());
         if (options_.broadcast_state) broadcast_state();
         agree_on_plan();
     }
@@ -501,7 +501,6 @@ private:
     Module module_;
     remat::torch::distributed::ProcessGroupPtr group_;
     DataParallelOptions options_;
-    c10::Device device_{c10::kCPU};
     std::unique_ptr<detail::distributed::Control> control_;
     std::shared_ptr<detail::distributed::GradientReducer> reducer_;
     std::uint64_t fingerprint_ = 0;
