@@ -11976,6 +11976,12 @@ struct TrainingStateOptions {
     /// Whether the stages' outputs a<l> and saved states s<l> may be offloaded too, instead of
     /// kept or recomputed (POFO, Beaumont et al., NeurIPS 2021).
     bool offloadable_activations = false;
+    /// The caller's optimizer steps after the step (a drop-in module: loss.backward(), then
+    /// optimizer.step()): each gradient gw<l> is final (handed over when the step ends), each
+    /// update U<l> stands for that later optimizer step (it takes no time of the step, and the
+    /// weights must be on the device from it on, their host copies stale), and the caller's
+    /// optimizer state is not in the problem (optimizer_state_per_parameter is ignored).
+    bool gradients_to_caller = false;
 };
 
 /// The `remat.problem/2` problem of training a chain with `parameter_bytes[l - 1]` bytes of
@@ -11984,7 +11990,9 @@ struct TrainingStateOptions {
 /// weights come `w<l>` (read by F<l>, F<l>+ and B<l>), its gradient `gw<l>` (written by B<l>),
 /// its optimizer state `m<l>`, and the update `U<l>` (reads gw<l>, updates w<l> and m<l>,
 /// writes the zero-byte final marker `u<l>`). The autograd order runs U1..UL after the
-/// backward, as an optimizer step after loss.backward() does.
+/// backward, as an optimizer step after loss.backward() does. With
+/// TrainingStateOptions::gradients_to_caller, the gw<l> are final and U<l> is the caller's
+/// optimizer step after the step (no time, no state).
 [[nodiscard]] inline Problem training_problem(const Problem& chain_expansion, std::span<const Bytes> parameter_bytes,
                                               const TrainingStateOptions& options = {}) {
     const Problem& base = chain_expansion;
@@ -12006,7 +12014,9 @@ struct TrainingStateOptions {
         const std::string n = std::to_string(l);
         w[l] = b.add_data("w" + n, bytes, options.offloadable);
         gw[l] = b.add_data("gw" + n, bytes);
-        const auto state = static_cast<Bytes>(options.optimizer_state_per_parameter * static_cast<double>(bytes));
+        const auto state = options.gradients_to_caller
+                               ? Bytes{0}
+                               : static_cast<Bytes>(options.optimizer_state_per_parameter * static_cast<double>(bytes));
         if (state > 0) m[l] = b.add_data("m" + n, state, options.offloadable);
         u[l] = b.add_data("u" + n, 0);
     }
@@ -12031,7 +12041,9 @@ struct TrainingStateOptions {
     std::vector<OpId> order(base.autograd_order().begin(), base.autograd_order().end());
     for (std::size_t l = 1; l <= L; ++l) {
         if (!has_weights(l)) continue;
-        const double time = options.update_time_per_parameter_byte * static_cast<double>(parameter_bytes[l - 1]);
+        const double time = options.gradients_to_caller
+                                ? 0.0
+                                : options.update_time_per_parameter_byte * static_cast<double>(parameter_bytes[l - 1]);
         OpSpec update{"U" + std::to_string(l), time, 0, {gw[l]}, {u[l]}, true};
         update.updates.push_back(w[l]);
         if (m[l]) update.updates.push_back(*m[l]);
@@ -12039,6 +12051,7 @@ struct TrainingStateOptions {
         b.add_initial(w[l]);
         if (m[l]) b.add_initial(*m[l]);
         b.add_final(u[l]);
+        if (options.gradients_to_caller) b.add_final(gw[l]);
     }
     b.add_initial(ids.a[0]);
     b.add_final(ids.g[0]);
@@ -12108,6 +12121,10 @@ struct WeightOffloadOptions {
     std::optional<TransferSettings> transfers;
     /// Whether offloadable data that are not initial (activations, POFO) may move too.
     bool activations = true;
+    /// Whether a weight may spend the time between steps on the host (begin and end the step
+    /// there: the cyclic gap, `start_on_host`). Off for a drop-in module, whose caller's
+    /// optimizer updates the weights on the device after the step.
+    bool between_steps = true;
 };
 
 namespace detail::greedy {
@@ -12160,7 +12177,7 @@ inline void add_activation_gaps(Selection& s, std::size_t k) {
 }
 
 inline Selection find_gaps(const Problem& p, const Schedule& plan, const SimulationReport& base, Bytes budget,
-                           bool activations = true) {
+                           bool activations = true, bool between_steps = true) {
     Selection s;
     s.uses.resize(p.data_count());
     s.excess.push_back(base.initial - budget);
@@ -12196,6 +12213,7 @@ inline Selection find_gaps(const Problem& p, const Schedule& plan, const Simulat
             if (activations) add_activation_gaps(s, k);
             continue;
         }
+        if (!between_steps && s.uses[k].steps.empty()) continue;
         WeightUses& u = s.uses[k];
         const auto add = [&](Gap g) {
             u.gaps.push_back(s.gaps.size());
@@ -12205,10 +12223,12 @@ inline Selection find_gaps(const Problem& p, const Schedule& plan, const Simulat
             add(Gap{k, true, n, n, {{0, 2 * n}}, false});
             continue;
         }
-        Gap cyclic{k, true, u.steps.back(), u.steps.front(), {}, false};
-        if (u.steps.front() > 0) cyclic.ranges.emplace_back(0, 2 * u.steps.front() - 1);
-        if (u.steps.back() + 1 < n) cyclic.ranges.emplace_back(2 * u.steps.back() + 3, 2 * n);
-        add(std::move(cyclic));
+        if (between_steps) {
+            Gap cyclic{k, true, u.steps.back(), u.steps.front(), {}, false};
+            if (u.steps.front() > 0) cyclic.ranges.emplace_back(0, 2 * u.steps.front() - 1);
+            if (u.steps.back() + 1 < n) cyclic.ranges.emplace_back(2 * u.steps.back() + 3, 2 * n);
+            add(std::move(cyclic));
+        }
         for (std::size_t j = 0; j + 1 < u.steps.size(); ++j)
             if (u.steps[j + 1] > u.steps[j] + 1)
                 add(Gap{k, false, u.steps[j], u.steps[j + 1], {{2 * u.steps[j] + 3, 2 * u.steps[j + 1] - 1}}, false});
@@ -12445,7 +12465,8 @@ inline void free_unmoved_data_first(const Problem& problem, OffloadSchedule& sch
     const SimulationReport base = remat::simulate(problem, plan);
     if (!base.valid) throw InvalidInput("offload_weights: the plan of '" + problem.name() + "' is invalid: " + base.error);
     const TransferSettings transfers = options.transfers.value_or(problem.transfers());
-    detail::greedy::Selection selection = detail::greedy::find_gaps(problem, plan, base, budget, options.activations);
+    detail::greedy::Selection selection = detail::greedy::find_gaps(problem, plan, base, budget, options.activations,
+                                                                               options.between_steps);
     if (!detail::greedy::select(problem, selection, options.variant, transfers.host_limit)) return std::nullopt;
     OffloadSchedule schedule = detail::greedy::Placement(problem, plan, selection, transfers).build();
     detail::greedy::free_unmoved_data_first(problem, schedule);
@@ -12501,6 +12522,8 @@ struct CombinedOptions {
     /// Activation budgets tried between the solver's smallest and store-all's (evenly).
     std::size_t activation_budgets = 12;
     std::optional<TransferSettings> transfers;
+    /// Whether weights may spend the time between steps on the host (WeightOffloadOptions).
+    bool between_steps = true;
 };
 
 namespace detail::combined {
@@ -12608,7 +12631,8 @@ template <Solver S>
     const TrainingSplit split = split_training_state(full);
     const Plan store_all = StoreAll{}.solve(split.activations, std::numeric_limits<Bytes>::max());
     const Schedule plan = with_training_state(full, split, store_all.schedule);
-    const WeightOffloadOptions greedy{options.variant, transfers};
+    WeightOffloadOptions greedy{options.variant, transfers};
+    greedy.between_steps = options.between_steps;
     auto schedule = offload_weights(full, plan, budget, greedy);
     if (!schedule) return std::nullopt;
     return detail::combined::make(full, std::move(*schedule), budget, store_all.peak,
@@ -12628,7 +12652,8 @@ template <Solver S>
     if (auto offload = plan_offload_only(full, budget, options); detail::combined::better(offload, best))
         best = std::move(offload);
     const std::size_t points = std::max<std::size_t>(2, options.activation_budgets);
-    const WeightOffloadOptions greedy{options.variant, transfers};
+    WeightOffloadOptions greedy{options.variant, transfers};
+    greedy.between_steps = options.between_steps;
     bool moves_activations = false;
     for (std::size_t k = 0; k < full.data_count(); ++k)
         moves_activations = moves_activations || (full.data(DataId{k}).offloadable && !full.is_initial(DataId{k}));
@@ -13101,7 +13126,9 @@ namespace remat {
 /// updates), and the release of data that do not move (activations, gradients). A compute
 /// that also has abort_step() is told when a step fails, to drop what the step computed; one
 /// with prepare(op) is called before each op's measured window, for work that is not the
-/// op's (reading the random generators' state may allocate for a moment).
+/// op's (reading the random generators' state may allocate for a moment); one with
+/// held_outside() says how many bytes the plan freed that someone else still holds (an
+/// output the caller keeps), which are not counted as the plan's.
 template <class C>
 concept StepCompute = requires(C& compute, OpId op, DataId data) {
     compute.run(op);
@@ -13189,10 +13216,56 @@ public:
 
     /// The loss and the rest; every transfer is done when it returns.
     void backward() {
+        check_backward();
+        run_steps(loss_step_, schedule_.steps.size());
+        finish();
+    }
+
+    /// The rest after a loss that the caller computed between forward() and this call (a
+    /// drop-in module: the compute's loss op only takes the output's gradient the caller
+    /// gave). Device memory is measured from here on, taken to be the simulator's state after
+    /// the loss: what the caller allocated meanwhile (the loss, its graph) is not the plan's.
+    void backward_after_caller_loss() {
+        check_backward();
+        if (loss_step_ >= schedule_.steps.size())
+            throw InvalidInput("offloading step of '" + problem_->name() + "': the problem has no loss op to start from");
+        device_reference_ = probe_->current() - held_outside() - prediction_.timeline.at(loss_step_).device_after;
+        run_steps(loss_step_, schedule_.steps.size());
+        finish();
+    }
+
+    void run() {
+        forward();
+        backward();
+    }
+
+    /// Gives up a step between forward() and its backward (a caller that never runs it): the
+    /// moving data go back where the step found them. What the compute holds of the step is
+    /// the caller's to drop; as after a plain forward, the step's effects on the model (random
+    /// numbers drawn, running statistics) stay. Nothing happens to a step that completed,
+    /// failed or never started.
+    void abandon() noexcept {
+        if (!started_ || report_.completed || failed_) return;
+        failed_ = true;
+        try {
+            transfers_->roll_back();
+        } catch (...) {  // a transfer that failed has already left its data where it was
+        }
+    }
+    [[nodiscard]] bool completed() const noexcept { return report_.completed; }
+    [[nodiscard]] bool abandoned_or_failed() const noexcept { return failed_; }
+
+    [[nodiscard]] const OffloadStepReport& report() const noexcept { return report_; }
+    [[nodiscard]] const offload::OffloadReport& prediction() const noexcept { return prediction_; }
+
+private:
+    void check_backward() const {
         if (!started_ || report_.completed || failed_)
             throw ExecutionError(failed_ ? "offloading step: the step failed and was rolled back; start a new step"
                                          : "offloading step: backward() needs one forward() before it");
-        run_steps(loss_step_, schedule_.steps.size());
+    }
+
+    void finish() {
         try {
             transfers_->synchronize();
         } catch (...) {
@@ -13204,15 +13277,11 @@ public:
         report_.completed = true;
     }
 
-    void run() {
-        forward();
-        backward();
+    [[nodiscard]] Bytes held_outside() const {
+        if constexpr (requires(const Compute& c) { c.held_outside(); }) return compute_->held_outside();
+        return 0;
     }
 
-    [[nodiscard]] const OffloadStepReport& report() const noexcept { return report_; }
-    [[nodiscard]] const offload::OffloadReport& prediction() const noexcept { return prediction_; }
-
-private:
     void run_steps(std::size_t first, std::size_t end) {
         const Stopwatch clock;
         for (std::size_t i = first; i < end; ++i) {
@@ -13239,7 +13308,7 @@ private:
             case K::prefetch: transfers_->prefetch(step.data()); break;
             case K::free_host: transfers_->release_host(step.data()); break;
         }
-        if (!step.is_run()) memory = probe_->current() - device_reference_;
+        if (!step.is_run()) memory = probe_->current() - device_reference_ - held_outside();
         report_.measured_device_timeline[index] = memory;
         report_.measured_device_peak = std::max(report_.measured_device_peak, memory);
     }
@@ -13257,7 +13326,7 @@ private:
         if constexpr (requires(Compute& c) { c.prepare(id); }) compute_->prepare(id);
         probe_->reset_peak();
         compute_->run(id);
-        return probe_->peak() - device_reference_;
+        return probe_->peak() - device_reference_ - held_outside();
     }
 
     // Puts the data back as the step found them (the transfer backend waits for the copies in

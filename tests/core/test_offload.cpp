@@ -365,3 +365,38 @@ TEST_CASE("training state: an update that reads an activation keeps it live unti
     CHECK(frees_of_h == 1);
     CHECK(at > update_at);
 }
+
+TEST_CASE("caller's optimizer: gradients are final, updates take no time, and weights stay on the device between steps",
+          "[offload]") {
+    std::mt19937 rng(11);
+    int offloading_plans = 0;
+    for (int trial = 0; trial < 12; ++trial) {
+        const Chain chain = testing::random_chain(rng, 5);
+        std::vector<Bytes> params;
+        std::uniform_int_distribution<int> size(4, 16);
+        for (std::size_t l = 0; l < chain.length(); ++l) params.push_back(size(rng) * 16);
+        TrainingStateOptions state{2.0, 0.01, true};
+        state.gradients_to_caller = true;
+        const Problem full = training_problem(chain, params, state);
+        for (std::size_t l = 1; l <= chain.length(); ++l) {
+            const std::string n = std::to_string(l);
+            CHECK(full.is_final(full.data_id("gw" + n)));
+            CHECK_FALSE(full.find_data("m" + n));
+            CHECK(full.op(full.op_id("U" + n)).time == 0.0);
+        }
+        const Bytes reference = store_all_reference(full).peak;
+        CombinedOptions options{GreedyVariant::repeated, 8, TransferSettings{std::nullopt, 40.0, 40.0}};
+        options.between_steps = false;
+        for (const int percent : {90, 70, 50}) {
+            const Bytes budget = reference * percent / 100;
+            const auto plan = plan_with_offload(full, budget, Rotor{}, options);
+            if (!plan) continue;
+            INFO("trial " << trial << " at " << percent << " %: " << plan->report.error);
+            REQUIRE(plan->report.valid);
+            CHECK(plan->report.device_peak <= budget);
+            CHECK(plan->schedule.start_on_host.empty());
+            offloading_plans += plan->report.offloads > 0;
+        }
+    }
+    CHECK(offloading_plans > 0);  // the weights still leave the device inside the step
+}

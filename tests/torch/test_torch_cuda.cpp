@@ -27,6 +27,7 @@
 #include "remat/torch/cuda_transfers.hpp"
 #include "remat/torch/memory.hpp"
 #include "remat/torch/offload.hpp"
+#include "remat/torch/offload_module.hpp"
 #include "remat/torch/profile.hpp"
 #include "remat/torch/script.hpp"
 #include "remat/torch/script_module.hpp"
@@ -259,6 +260,59 @@ TEST_CASE("cuda: a chain trained with weights and momentum offloaded through Cud
         INFO("parameter " << i);
         CHECK(trained[i].unsafeGetTensorImpl() == identity[i]);
         CHECK(trained[i].device() == c.x.device());
+        CHECK(remat_test::max_diff(trained[i], expected[i]) <= cuda_tolerance * (1 + expected[i].abs().max().item<double>()));
+    }
+}
+
+TEST_CASE("cuda: the offloading drop-in module trains like plain autograd with torch::optim::Adam, at the predicted "
+          "device and host peaks",
+          "[.][torch][cuda][offload]") {
+    REQUIRE(torch::cuda::is_available());
+    deterministic();
+    at::manual_seed(13);
+    torch::nn::Sequential model = remat_test::make_mlp(256, 1024, 4, 10, 0.0);
+    model->to(at::kCUDA);
+    torch::nn::Sequential reference = remat_test::copy_of(model);
+    const at::Tensor x = at::randn({2048, 256}, on_gpu());
+    const at::Tensor y = at::randint(0, 10, {2048}, on_gpu().dtype(at::kLong));
+    remat::torch::OffloadModuleOptions options;
+    options.profile.repeats = 2;
+    options.transfers = remat::TransferSettings{std::nullopt, 12e9, 12e9};
+    options.optimizer_state_per_parameter = 2.0;
+    auto m = remat::torch::checkpoint_with_offload<remat::Rotor, CudaCopies, CudaMemoryProbe>(
+        model, x, remat::torch::budget_percent(100), remat::Rotor{}, options, CudaMemoryProbe{0});
+    // The highest budget, in steps of 4 % of everything the step holds, whose plan moves weights.
+    for (int percent = 96; percent >= 40 && m->plan().report.offloads == 0; percent -= 4) {
+        try {
+            m->replan(remat::torch::budget_percent(percent));
+        } catch (const remat::Infeasible&) {
+            break;
+        }
+    }
+    INFO(m->plan().method << " at " << m->budget() << " B of " << m->store_all_total() << " B");
+    REQUIRE(m->plan().report.offloads > 0);
+    torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
+    torch::optim::Adam adam_ref(reference->parameters(), torch::optim::AdamOptions(1e-3));
+    for (int step = 0; step < 3; ++step) {
+        INFO("step " << step);
+        const at::Tensor loss = at::cross_entropy_loss(m->forward(x), y);
+        loss.backward();
+        const at::Tensor loss_ref = at::cross_entropy_loss(reference->forward(x), y);
+        loss_ref.backward();
+        CHECK(loss.item<double>() == Approx(loss_ref.item<double>()).epsilon(cuda_tolerance));
+        adam.step();
+        adam_ref.step();
+        adam.zero_grad();
+        adam_ref.zero_grad();
+        const remat::OffloadStepReport& r = m->last_report();
+        CHECK(r.completed);
+        CHECK(r.measured_device_peak == r.predicted_device_peak);
+        CHECK(r.measured_host_peak == r.predicted_host_peak);
+    }
+    const std::vector<at::Tensor> trained = model->parameters(), expected = reference->parameters();
+    for (std::size_t i = 0; i < trained.size(); ++i) {
+        INFO("parameter " << i);
+        CHECK(trained[i].device() == x.device());
         CHECK(remat_test::max_diff(trained[i], expected[i]) <= cuda_tolerance * (1 + expected[i].abs().max().item<double>()));
     }
 }

@@ -10,6 +10,7 @@
 #include <remat/torch/executor.hpp>
 #include <remat/torch/memory.hpp>
 #include <remat/torch/offload.hpp>
+#include <remat/torch/offload_module.hpp>
 #include <remat/torch/profile.hpp>
 #include <remat/torch/sequential.hpp>
 #include <torch/csrc/jit/runtime/graph_executor.h>
@@ -603,4 +604,170 @@ TEST_CASE("offloading: a GPT-like chain trained with weights and momentum moved 
             INFO("parameter " << k);
             CHECK(same(p, reference_parameters.at(k++)));
         }
+}
+
+// ------------------------------------------------------- the drop-in module with offloading
+
+namespace {
+
+rt::OffloadModuleOptions quick_offload(double optimizer_state) {
+    rt::OffloadModuleOptions options;
+    options.profile = quick_profile();
+    options.transfers = remat::TransferSettings{std::nullopt, 1e10, 1e10};
+    options.optimizer_state_per_parameter = optimizer_state;
+    return options;
+}
+
+// Whether every parameter of the model owns its device memory (none is left on the host).
+bool all_on_device(const torch::nn::Sequential& model) {
+    for (const at::Tensor& p : model->parameters())
+        if (p.storage().nbytes() != p.nbytes() || p.data_ptr() == nullptr) return false;
+    return true;
+}
+
+// x -> 2x, whose backward throws while armed.
+struct ThrowingBackward : torch::autograd::Function<ThrowingBackward> {
+    static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, std::shared_ptr<bool> armed) {
+        ctx->saved_data["armed"] = at::IValue::make_capsule(c10::make_intrusive<Flag>(std::move(armed)));
+        return x * 2;
+    }
+    static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                   torch::autograd::variable_list grads) {
+        const auto* flag = static_cast<Flag*>(ctx->saved_data["armed"].toCapsule().get());
+        if (*flag->armed) throw std::runtime_error("injected backward failure");
+        return {grads[0] * 2, at::Tensor()};
+    }
+    struct Flag : torch::CustomClassHolder {
+        explicit Flag(std::shared_ptr<bool> a) : armed(std::move(a)) {}
+        std::shared_ptr<bool> armed;
+    };
+};
+
+}  // namespace
+
+TEST_CASE("offloading module: loss.backward() and torch::optim::Adam with weights offloaded equal plain training bitwise",
+          "[torch][offload][module]") {
+    at::set_num_threads(1);
+    torch::manual_seed(7);
+    torch::nn::Sequential model = remat_test::make_mlp(32, 128, 4, 5, 0.3);
+    torch::nn::Sequential reference = remat_test::copy_of(model);
+    const at::Tensor sample = torch::randn({64, 32});
+    std::vector<const void*> identity;
+    for (const at::Tensor& p : model->parameters()) identity.push_back(p.unsafeGetTensorImpl());
+
+    auto m = rt::checkpoint_with_offload(model, sample, rt::budget_percent(76), remat::Rotor{}, quick_offload(2.0));
+    INFO(m->plan().method << ", budget " << m->budget() << " of " << m->store_all_total());
+    REQUIRE(m->plan().report.offloads > 0);
+    CHECK(m->plan().schedule.start_on_host.empty());
+    CHECK(m->plan().report.device_peak + m->resident_bytes() <= m->budget());
+    // Rematerialization alone does not reach this budget.
+    remat::offload::CombinedOptions remat_only;
+    remat_only.transfers = remat::TransferSettings{std::nullopt, 1e10, 1e10};
+    CHECK_FALSE(remat::offload::plan_remat_only(m->planned_problem(), m->budget() - m->resident_bytes(), remat::Rotor{},
+                                                remat_only));
+    const std::vector<at::Tensor> exposed = m->parameters();
+    REQUIRE(exposed.size() == identity.size());
+    for (std::size_t i = 0; i < exposed.size(); ++i) CHECK(exposed[i].unsafeGetTensorImpl() == identity[i]);
+
+    torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
+    torch::optim::Adam adam_ref(reference->parameters(), torch::optim::AdamOptions(1e-3));
+    for (int step = 0; step < 3; ++step) {
+        INFO("step " << step);
+        torch::manual_seed(50 + step);
+        const at::Tensor x = torch::randn({64, 32});
+        const at::Tensor y = torch::randint(0, 5, {64}, torch::kLong);
+        torch::manual_seed(step);
+        const at::Tensor loss = cross_entropy(m->forward(x), y);
+        loss.backward();
+        torch::manual_seed(step);
+        const at::Tensor loss_ref = cross_entropy(reference->forward(x), y);
+        loss_ref.backward();
+        CHECK(loss.item<double>() == loss_ref.item<double>());
+        const auto p = model->parameters(), q = reference->parameters();
+        for (std::size_t i = 0; i < p.size(); ++i) CHECK(same(p[i].grad(), q[i].grad()));
+        adam.step();
+        adam_ref.step();
+        adam.zero_grad();
+        adam_ref.zero_grad();
+        for (std::size_t i = 0; i < p.size(); ++i) CHECK(same(p[i], q[i]));
+        CHECK(all_on_device(model));
+        const remat::OffloadStepReport& r = m->last_report();
+        CHECK(r.completed);
+        CHECK(r.measured_device_peak == r.predicted_device_peak);
+        CHECK(r.measured_host_peak == r.predicted_host_peak);
+    }
+}
+
+TEST_CASE("offloading module: a failing step, or one given up before its backward, leaves the model as it was",
+          "[torch][offload][module][faults]") {
+    at::set_num_threads(1);
+    torch::manual_seed(8);
+    const torch::nn::Sequential model = remat_test::make_mlp(32, 128, 4, 5, 0.3);
+    const auto armed = std::make_shared<bool>(false);
+    rt::StageList stages = remat_test::blocks_of(model);
+    stages.insert(stages.begin() + 1, rt::make_stage("fault", [armed](const at::Tensor& x) {
+                      return ThrowingBackward::apply(x, armed);
+                  }));
+    const at::Tensor sample = torch::randn({64, 32});
+    auto m = rt::checkpoint_with_offload(stages, sample, rt::budget_percent(94), remat::Rotor{}, quick_offload(2.0));
+    REQUIRE(m->plan().report.offloads > 0);
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    const at::Tensor y = torch::randint(0, 5, {64}, torch::kLong);
+    cross_entropy(m->forward(sample), y).backward();  // gradients and momentum are non-trivial from here on
+    sgd.step();
+    const auto snapshot = [&] {
+        std::vector<at::Tensor> out;
+        for (const at::Tensor& p : model->parameters()) {
+            out.push_back(p.detach().clone());
+            out.push_back(p.grad().clone());
+        }
+        for (const at::Tensor& b : model->buffers()) out.push_back(b.clone());
+        return out;
+    };
+    const auto unchanged = [&](const std::vector<at::Tensor>& before) {
+        const std::vector<at::Tensor> now = snapshot();
+        REQUIRE(now.size() == before.size());
+        for (std::size_t i = 0; i < now.size(); ++i) CHECK(same(now[i], before[i]));
+        CHECK(all_on_device(model));
+    };
+    {
+        INFO("a backward that throws");
+        const auto before = snapshot();
+        *armed = true;
+        const at::Tensor loss = cross_entropy(m->forward(sample), y);
+        CHECK_THROWS_WITH(loss.backward(), Catch::Matchers::Contains("injected backward failure"));
+        *armed = false;
+        unchanged(before);
+    }
+    {
+        INFO("a forward given up: the next forward takes over, the first backward is refused");
+        std::vector<at::Tensor> before;
+        for (const at::Tensor& p : model->parameters()) before.push_back(p.detach().clone());
+        const at::Tensor abandoned = cross_entropy(m->forward(sample), y);
+        const at::Tensor loss = cross_entropy(m->forward(sample), y);
+        CHECK_THROWS_WITH(abandoned.backward(), Catch::Matchers::Contains("given up"));
+        loss.backward();
+        CHECK(m->last_report().completed);
+        CHECK(m->last_report().measured_device_peak == m->last_report().predicted_device_peak);
+        CHECK(all_on_device(model));
+        const auto p = model->parameters();
+        for (std::size_t i = 0; i < p.size(); ++i) CHECK(same(p[i], before[i]));
+    }
+    {
+        INFO("a forward whose graph is dropped");
+        { const at::Tensor dropped = m->forward(sample); }
+        CHECK(all_on_device(model));
+        const torch::NoGradGuard no_grad;
+        CHECK(m->forward(sample).sizes() == std::vector<std::int64_t>{64, 5});
+    }
+    CHECK_THROWS_AS(rt::checkpoint_with_offload(stages, sample, rt::budget_bytes(1024), remat::Rotor{}, quick_offload(1.0)),
+                    remat::Infeasible);
+    CHECK_THROWS_WITH(m->forward(torch::randn({8, 32})), Catch::Matchers::Contains("build a module for that shape"));
+    const remat::Bytes budget = m->budget();
+    CHECK_THROWS_WITH(m->replan(rt::budget_bytes(1024)), Catch::Matchers::Contains("below the proven lower bound"));
+    CHECK(m->budget() == budget);  // the plan stays
+    m->replan(rt::budget_percent(100));
+    CHECK(m->plan().report.offloads == 0);
+    cross_entropy(m->forward(sample), y).backward();
+    CHECK(m->last_report().measured_device_peak == m->last_report().predicted_device_peak);
 }

@@ -31,7 +31,9 @@ namespace remat {
 /// updates), and the release of data that do not move (activations, gradients). A compute
 /// that also has abort_step() is told when a step fails, to drop what the step computed; one
 /// with prepare(op) is called before each op's measured window, for work that is not the
-/// op's (reading the random generators' state may allocate for a moment).
+/// op's (reading the random generators' state may allocate for a moment); one with
+/// held_outside() says how many bytes the plan freed that someone else still holds (an
+/// output the caller keeps), which are not counted as the plan's.
 template <class C>
 concept StepCompute = requires(C& compute, OpId op, DataId data) {
     compute.run(op);
@@ -119,10 +121,56 @@ public:
 
     /// The loss and the rest; every transfer is done when it returns.
     void backward() {
+        check_backward();
+        run_steps(loss_step_, schedule_.steps.size());
+        finish();
+    }
+
+    /// The rest after a loss that the caller computed between forward() and this call (a
+    /// drop-in module: the compute's loss op only takes the output's gradient the caller
+    /// gave). Device memory is measured from here on, taken to be the simulator's state after
+    /// the loss: what the caller allocated meanwhile (the loss, its graph) is not the plan's.
+    void backward_after_caller_loss() {
+        check_backward();
+        if (loss_step_ >= schedule_.steps.size())
+            throw InvalidInput("offloading step of '" + problem_->name() + "': the problem has no loss op to start from");
+        device_reference_ = probe_->current() - held_outside() - prediction_.timeline.at(loss_step_).device_after;
+        run_steps(loss_step_, schedule_.steps.size());
+        finish();
+    }
+
+    void run() {
+        forward();
+        backward();
+    }
+
+    /// Gives up a step between forward() and its backward (a caller that never runs it): the
+    /// moving data go back where the step found them. What the compute holds of the step is
+    /// the caller's to drop; as after a plain forward, the step's effects on the model (random
+    /// numbers drawn, running statistics) stay. Nothing happens to a step that completed,
+    /// failed or never started.
+    void abandon() noexcept {
+        if (!started_ || report_.completed || failed_) return;
+        failed_ = true;
+        try {
+            transfers_->roll_back();
+        } catch (...) {  // a transfer that failed has already left its data where it was
+        }
+    }
+    [[nodiscard]] bool completed() const noexcept { return report_.completed; }
+    [[nodiscard]] bool abandoned_or_failed() const noexcept { return failed_; }
+
+    [[nodiscard]] const OffloadStepReport& report() const noexcept { return report_; }
+    [[nodiscard]] const offload::OffloadReport& prediction() const noexcept { return prediction_; }
+
+private:
+    void check_backward() const {
         if (!started_ || report_.completed || failed_)
             throw ExecutionError(failed_ ? "offloading step: the step failed and was rolled back; start a new step"
                                          : "offloading step: backward() needs one forward() before it");
-        run_steps(loss_step_, schedule_.steps.size());
+    }
+
+    void finish() {
         try {
             transfers_->synchronize();
         } catch (...) {
@@ -134,15 +182,11 @@ public:
         report_.completed = true;
     }
 
-    void run() {
-        forward();
-        backward();
+    [[nodiscard]] Bytes held_outside() const {
+        if constexpr (requires(const Compute& c) { c.held_outside(); }) return compute_->held_outside();
+        return 0;
     }
 
-    [[nodiscard]] const OffloadStepReport& report() const noexcept { return report_; }
-    [[nodiscard]] const offload::OffloadReport& prediction() const noexcept { return prediction_; }
-
-private:
     void run_steps(std::size_t first, std::size_t end) {
         const Stopwatch clock;
         for (std::size_t i = first; i < end; ++i) {
@@ -169,7 +213,7 @@ private:
             case K::prefetch: transfers_->prefetch(step.data()); break;
             case K::free_host: transfers_->release_host(step.data()); break;
         }
-        if (!step.is_run()) memory = probe_->current() - device_reference_;
+        if (!step.is_run()) memory = probe_->current() - device_reference_ - held_outside();
         report_.measured_device_timeline[index] = memory;
         report_.measured_device_peak = std::max(report_.measured_device_peak, memory);
     }
@@ -187,7 +231,7 @@ private:
         if constexpr (requires(Compute& c) { c.prepare(id); }) compute_->prepare(id);
         probe_->reset_peak();
         compute_->run(id);
-        return probe_->peak() - device_reference_;
+        return probe_->peak() - device_reference_ - held_outside();
     }
 
     // Puts the data back as the step found them (the transfer backend waits for the copies in

@@ -45,6 +45,8 @@ struct CombinedOptions {
     /// Activation budgets tried between the solver's smallest and store-all's (evenly).
     std::size_t activation_budgets = 12;
     std::optional<TransferSettings> transfers;
+    /// Whether weights may spend the time between steps on the host (WeightOffloadOptions).
+    bool between_steps = true;
 };
 
 namespace detail::combined {
@@ -152,7 +154,8 @@ template <Solver S>
     const TrainingSplit split = split_training_state(full);
     const Plan store_all = StoreAll{}.solve(split.activations, std::numeric_limits<Bytes>::max());
     const Schedule plan = with_training_state(full, split, store_all.schedule);
-    const WeightOffloadOptions greedy{options.variant, transfers};
+    WeightOffloadOptions greedy{options.variant, transfers};
+    greedy.between_steps = options.between_steps;
     auto schedule = offload_weights(full, plan, budget, greedy);
     if (!schedule) return std::nullopt;
     return detail::combined::make(full, std::move(*schedule), budget, store_all.peak,
@@ -172,7 +175,8 @@ template <Solver S>
     if (auto offload = plan_offload_only(full, budget, options); detail::combined::better(offload, best))
         best = std::move(offload);
     const std::size_t points = std::max<std::size_t>(2, options.activation_budgets);
-    const WeightOffloadOptions greedy{options.variant, transfers};
+    WeightOffloadOptions greedy{options.variant, transfers};
+    greedy.between_steps = options.between_steps;
     bool moves_activations = false;
     for (std::size_t k = 0; k < full.data_count(); ++k)
         moves_activations = moves_activations || (full.data(DataId{k}).offloadable && !full.is_initial(DataId{k}));

@@ -53,6 +53,10 @@ struct WeightOffloadOptions {
     std::optional<TransferSettings> transfers;
     /// Whether offloadable data that are not initial (activations, POFO) may move too.
     bool activations = true;
+    /// Whether a weight may spend the time between steps on the host (begin and end the step
+    /// there: the cyclic gap, `start_on_host`). Off for a drop-in module, whose caller's
+    /// optimizer updates the weights on the device after the step.
+    bool between_steps = true;
 };
 
 namespace detail::greedy {
@@ -105,7 +109,7 @@ inline void add_activation_gaps(Selection& s, std::size_t k) {
 }
 
 inline Selection find_gaps(const Problem& p, const Schedule& plan, const SimulationReport& base, Bytes budget,
-                           bool activations = true) {
+                           bool activations = true, bool between_steps = true) {
     Selection s;
     s.uses.resize(p.data_count());
     s.excess.push_back(base.initial - budget);
@@ -141,6 +145,7 @@ inline Selection find_gaps(const Problem& p, const Schedule& plan, const Simulat
             if (activations) add_activation_gaps(s, k);
             continue;
         }
+        if (!between_steps && s.uses[k].steps.empty()) continue;
         WeightUses& u = s.uses[k];
         const auto add = [&](Gap g) {
             u.gaps.push_back(s.gaps.size());
@@ -150,10 +155,12 @@ inline Selection find_gaps(const Problem& p, const Schedule& plan, const Simulat
             add(Gap{k, true, n, n, {{0, 2 * n}}, false});
             continue;
         }
-        Gap cyclic{k, true, u.steps.back(), u.steps.front(), {}, false};
-        if (u.steps.front() > 0) cyclic.ranges.emplace_back(0, 2 * u.steps.front() - 1);
-        if (u.steps.back() + 1 < n) cyclic.ranges.emplace_back(2 * u.steps.back() + 3, 2 * n);
-        add(std::move(cyclic));
+        if (between_steps) {
+            Gap cyclic{k, true, u.steps.back(), u.steps.front(), {}, false};
+            if (u.steps.front() > 0) cyclic.ranges.emplace_back(0, 2 * u.steps.front() - 1);
+            if (u.steps.back() + 1 < n) cyclic.ranges.emplace_back(2 * u.steps.back() + 3, 2 * n);
+            add(std::move(cyclic));
+        }
         for (std::size_t j = 0; j + 1 < u.steps.size(); ++j)
             if (u.steps[j + 1] > u.steps[j] + 1)
                 add(Gap{k, false, u.steps[j], u.steps[j + 1], {{2 * u.steps[j] + 3, 2 * u.steps[j + 1] - 1}}, false});
@@ -390,7 +397,8 @@ inline void free_unmoved_data_first(const Problem& problem, OffloadSchedule& sch
     const SimulationReport base = remat::simulate(problem, plan);
     if (!base.valid) throw InvalidInput("offload_weights: the plan of '" + problem.name() + "' is invalid: " + base.error);
     const TransferSettings transfers = options.transfers.value_or(problem.transfers());
-    detail::greedy::Selection selection = detail::greedy::find_gaps(problem, plan, base, budget, options.activations);
+    detail::greedy::Selection selection = detail::greedy::find_gaps(problem, plan, base, budget, options.activations,
+                                                                               options.between_steps);
     if (!detail::greedy::select(problem, selection, options.variant, transfers.host_limit)) return std::nullopt;
     OffloadSchedule schedule = detail::greedy::Placement(problem, plan, selection, transfers).build();
     detail::greedy::free_unmoved_data_first(problem, schedule);

@@ -225,6 +225,12 @@ struct TrainingStateOptions {
     /// Whether the stages' outputs a<l> and saved states s<l> may be offloaded too, instead of
     /// kept or recomputed (POFO, Beaumont et al., NeurIPS 2021).
     bool offloadable_activations = false;
+    /// The caller's optimizer steps after the step (a drop-in module: loss.backward(), then
+    /// optimizer.step()): each gradient gw<l> is final (handed over when the step ends), each
+    /// update U<l> stands for that later optimizer step (it takes no time of the step, and the
+    /// weights must be on the device from it on, their host copies stale), and the caller's
+    /// optimizer state is not in the problem (optimizer_state_per_parameter is ignored).
+    bool gradients_to_caller = false;
 };
 
 /// The `remat.problem/2` problem of training a chain with `parameter_bytes[l - 1]` bytes of
@@ -233,7 +239,9 @@ struct TrainingStateOptions {
 /// weights come `w<l>` (read by F<l>, F<l>+ and B<l>), its gradient `gw<l>` (written by B<l>),
 /// its optimizer state `m<l>`, and the update `U<l>` (reads gw<l>, updates w<l> and m<l>,
 /// writes the zero-byte final marker `u<l>`). The autograd order runs U1..UL after the
-/// backward, as an optimizer step after loss.backward() does.
+/// backward, as an optimizer step after loss.backward() does. With
+/// TrainingStateOptions::gradients_to_caller, the gw<l> are final and U<l> is the caller's
+/// optimizer step after the step (no time, no state).
 [[nodiscard]] inline Problem training_problem(const Problem& chain_expansion, std::span<const Bytes> parameter_bytes,
                                               const TrainingStateOptions& options = {}) {
     const Problem& base = chain_expansion;
@@ -255,7 +263,9 @@ struct TrainingStateOptions {
         const std::string n = std::to_string(l);
         w[l] = b.add_data("w" + n, bytes, options.offloadable);
         gw[l] = b.add_data("gw" + n, bytes);
-        const auto state = static_cast<Bytes>(options.optimizer_state_per_parameter * static_cast<double>(bytes));
+        const auto state = options.gradients_to_caller
+                               ? Bytes{0}
+                               : static_cast<Bytes>(options.optimizer_state_per_parameter * static_cast<double>(bytes));
         if (state > 0) m[l] = b.add_data("m" + n, state, options.offloadable);
         u[l] = b.add_data("u" + n, 0);
     }
@@ -280,7 +290,9 @@ struct TrainingStateOptions {
     std::vector<OpId> order(base.autograd_order().begin(), base.autograd_order().end());
     for (std::size_t l = 1; l <= L; ++l) {
         if (!has_weights(l)) continue;
-        const double time = options.update_time_per_parameter_byte * static_cast<double>(parameter_bytes[l - 1]);
+        const double time = options.gradients_to_caller
+                                ? 0.0
+                                : options.update_time_per_parameter_byte * static_cast<double>(parameter_bytes[l - 1]);
         OpSpec update{"U" + std::to_string(l), time, 0, {gw[l]}, {u[l]}, true};
         update.updates.push_back(w[l]);
         if (m[l]) update.updates.push_back(*m[l]);
@@ -288,6 +300,7 @@ struct TrainingStateOptions {
         b.add_initial(w[l]);
         if (m[l]) b.add_initial(*m[l]);
         b.add_final(u[l]);
+        if (options.gradients_to_caller) b.add_final(gw[l]);
     }
     b.add_initial(ids.a[0]);
     b.add_final(ids.g[0]);

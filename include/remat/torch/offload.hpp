@@ -6,7 +6,10 @@
 // remat::torch::CudaTransfers from torch/cuda_transfers.hpp).
 //
 // OffloadedChain is what the offloading engine (exec/offload_step.hpp) runs the ops with
-// (StepCompute) and where the moving data live (DeviceStore). A stage's weights are the data
+// (StepCompute) and where the moving data live (DeviceStore). It runs the loss and the optimizer
+// inside the plan, or leaves both to the caller (the drop-in module of torch/offload_module.hpp:
+// the loss op takes the output's gradient the caller's backward gives, and each update hands
+// the stage's gradients over). A stage's weights are the data
 // `w<l>`, its momentum buffers `m<l>`, its parameter gradients `gw<l>`, as
 // remat::offload::training_problem names them; offload_training_problems() builds the problems
 // to plan and to predict with from a profile.
@@ -173,6 +176,37 @@ private:
 
 }  // namespace detail::offload
 
+namespace detail::offload {
+
+/// The planned and predicting problems of a profiled chain, its backward overheads measured
+/// again as OffloadedChain runs them, with `loss_bytes` of loss overhead.
+template <MemoryProbe Probe>
+[[nodiscard]] OffloadTrainingProblems training_problems(const StageList& stages, const ChainProfile& profile,
+                                                        const at::Tensor& sample, Bytes loss_bytes,
+                                                        const remat::offload::TrainingStateOptions& options, Probe& probe) {
+    const std::vector<std::vector<at::Tensor>> parameters = stage_parameters(stages);
+    std::vector<Bytes> parameter_bytes;
+    for (const auto& of_stage : parameters) {
+        Bytes bytes = 0;
+        for (const at::Tensor& p : of_stage) bytes += static_cast<Bytes>(p.nbytes());
+        parameter_bytes.push_back(bytes);
+    }
+    ChainProfile measured = profile;
+    const std::vector<Bytes> backward = backward_overheads(stages, parameters, sample, probe);
+    for (std::size_t l = 0; l < backward.size(); ++l) measured.chain.stages[l].bwd_overhead = backward[l];
+    return {remat::offload::training_problem(to_problem(measured.chain), parameter_bytes, options),
+            remat::offload::training_problem(measured_problem(measured, loss_bytes), parameter_bytes, options),
+            parameter_bytes};
+}
+
+inline void check_profile(const StageList& stages, const ChainProfile& profile) {
+    if (stages.size() != profile.chain.length())
+        throw InvalidInput("offloading: " + std::to_string(stages.size()) + " stages for a profile of " +
+                           std::to_string(profile.chain.length()));
+}
+
+}  // namespace detail::offload
+
 /// The training problems of a profiled chain (profile_chain on `sample`): its stages'
 /// parameter sizes, each backward's overhead measured again as OffloadedChain runs it (the
 /// weight gradients are data of the problem, the saved state stays until the plan frees it),
@@ -184,30 +218,31 @@ template <MemoryProbe Probe = CpuMemoryProbe>
                                                                 const ChainLoss& loss, const at::Tensor& sample,
                                                                 remat::offload::TrainingStateOptions options,
                                                                 Probe probe = Probe{}) {
-    if (stages.size() != profile.chain.length())
-        throw InvalidInput("offload_training_problems: " + std::to_string(stages.size()) + " stages for a profile of " +
-                           std::to_string(profile.chain.length()));
+    detail::offload::check_profile(stages, profile);
     at::Tensor sample_output = sample.detach();
     {
         const detail::profile::ModelStateGuard guard(stages, sample.device());
         for (const ChainStage& stage : stages) sample_output = detail::run_no_grad(stage, sample_output);
     }
-    const std::vector<std::vector<at::Tensor>> parameters = detail::offload::stage_parameters(stages);
-    std::vector<Bytes> parameter_bytes;
-    for (const auto& stage_parameters : parameters) {
-        Bytes bytes = 0;
-        for (const at::Tensor& p : stage_parameters) bytes += static_cast<Bytes>(p.nbytes());
-        parameter_bytes.push_back(bytes);
-    }
     options.optimizer_state_per_parameter = 1.0;
     options.backward_overhead_includes_gradients = false;
-    ChainProfile measured = profile;
-    const std::vector<Bytes> backward = detail::offload::backward_overheads(stages, parameters, sample, probe);
-    for (std::size_t l = 0; l < backward.size(); ++l) measured.chain.stages[l].bwd_overhead = backward[l];
+    options.gradients_to_caller = false;
     const Bytes loss_bytes = detail::offload::loss_overhead(loss, sample_output, probe);
-    return {remat::offload::training_problem(to_problem(measured.chain), parameter_bytes, options),
-            remat::offload::training_problem(measured_problem(measured, loss_bytes), parameter_bytes, options),
-            parameter_bytes};
+    return detail::offload::training_problems(stages, profile, sample, loss_bytes, options, probe);
+}
+
+/// The training problems of a profiled chain whose caller computes the loss and runs the
+/// optimizer after the step (TrainingStateOptions::gradients_to_caller), for
+/// OffloadedChain's constructor without loss and SGD: the loss's memory is the caller's.
+template <MemoryProbe Probe = CpuMemoryProbe>
+[[nodiscard]] OffloadTrainingProblems caller_optimizer_problems(const StageList& stages, const ChainProfile& profile,
+                                                                const at::Tensor& sample, TransferSettings transfers,
+                                                                Probe probe = Probe{}) {
+    detail::offload::check_profile(stages, profile);
+    remat::offload::TrainingStateOptions options;
+    options.transfers = transfers;
+    options.gradients_to_caller = true;
+    return detail::offload::training_problems(stages, profile, sample, 0, options, probe);
 }
 
 /// Runs a chain's training ops for OffloadStep and keeps its moving data; see the top of this
@@ -217,7 +252,20 @@ public:
     /// `problem`: offload_training_problems(...).predicting (or another training problem of the
     /// same chain); `input`: the chain's input for the steps to come (set_input changes it).
     OffloadedChain(StageList stages, const Problem& problem, ChainLoss loss, SgdMomentum sgd, at::Tensor input)
+        : OffloadedChain(std::move(stages), problem, std::move(loss), std::optional<SgdMomentum>(sgd), std::move(input)) {}
+
+    /// The caller's loss and optimizer: the loss op takes the gradient given to
+    /// set_output_gradient(), and each update hands its stage's gradients over, for
+    /// take_gradients() once the step is done. `problem`: caller_optimizer_problems(...).predicting
+    /// (made with TrainingStateOptions::gradients_to_caller).
+    OffloadedChain(StageList stages, const Problem& problem, at::Tensor input)
+        : OffloadedChain(std::move(stages), problem, ChainLoss{}, std::nullopt, std::move(input)) {}
+
+private:
+    OffloadedChain(StageList stages, const Problem& problem, ChainLoss loss, std::optional<SgdMomentum> sgd,
+                   at::Tensor input)
         : stages_(std::move(stages)), loss_(std::move(loss)), sgd_(sgd), device_(input.device()) {
+        if (sgd_ && !loss_) throw InvalidInput("OffloadedChain: the loss function is empty");
         if (!device_.is_cpu() && !device_.is_cuda())
             throw InvalidInput("OffloadedChain: the chain's input is on " + device_.str() +
                                "; offloading has transfer backends for the CPU (remat::CpuTransfers) and CUDA "
@@ -244,11 +292,14 @@ public:
         const at::NoGradGuard no_grad;
         momentum_.resize(L + 1);
         momentum_factor_.resize(L + 1);
+        handed_.resize(L + 1);
         for (std::size_t l = 1; l <= L; ++l) {
             recompute_buffers_.emplace_back(stages_[l - 1].buffers);
+            check_caller_problem(problem, l);
             for (const at::Tensor& p : parameters_[l - 1]) {
+                if (!sgd_) continue;
                 momentum_[l].push_back(at::zeros_like(p));
-                momentum_factor_[l].push_back(at::scalar_tensor(sgd_.momentum, at::TensorOptions().dtype(p.scalar_type())));
+                momentum_factor_[l].push_back(at::scalar_tensor(sgd_->momentum, at::TensorOptions().dtype(p.scalar_type())));
                 momentum_factor_[l].back().unsafeGetTensorImpl()->set_wrapped_number(true);
             }
             const std::string n = std::to_string(l);
@@ -261,6 +312,7 @@ public:
         set_input(std::move(input));
     }
 
+public:
     /// The input of the next steps (its gradient is not taken).
     void set_input(at::Tensor input) {
         input_ = input.detach();
@@ -297,9 +349,13 @@ public:
     void release(DataId d) {
         const auto [role, l] = role_[d.index];
         switch (role) {
-            case Role::activation: return a_[l].release();
+            case Role::activation:
+                if (l == stages_.size() && !sgd_) held_outside_.add(a_[l].tensor());  // exposed: the caller may keep it
+                return a_[l].release();
             case Role::saved: return s_[l].clear();
-            case Role::activation_gradient: return void(g_[l] = at::Tensor());
+            case Role::activation_gradient:
+                if (l == stages_.size()) return detail::release_output_gradient(g_[l], gradient_from_autograd_, held_outside_);
+                return void(g_[l] = at::Tensor());
             case Role::gradients: return gw_[l].clear();
             case Role::weights:
             case Role::momentum: return drop_device_copy(d);
@@ -330,7 +386,40 @@ public:
         for (const at::Tensor& t : tensors_of(d)) detail::release_memory(t);
     }
 
-    /// The loss of the last step.
+    /// Bytes the plan freed that the caller still holds: the output it kept, the output's
+    /// gradient where autograd keeps it until the backward returns (LibTorch 1.13).
+    [[nodiscard]] Bytes held_outside() const noexcept { return held_outside_.bytes(); }
+
+    // ---- The caller's loss and optimizer
+    /// The chain's output after the forward phase: the caller's from now on (the plan's frees
+    /// of it then only drop this object's references).
+    [[nodiscard]] at::Tensor expose_output() {
+        a_.back().expose();
+        return a_.back().tensor().detach();
+    }
+    /// The gradient of the output, for the loss op; `from_autograd`: it came into a custom
+    /// Function's backward (LibTorch 1.13 keeps its own reference until that returns).
+    void set_output_gradient(at::Tensor gradient, bool from_autograd) {
+        if (sgd_) throw InvalidInput("OffloadedChain: this chain runs its own loss; set_output_gradient() is for a chain "
+                                     "made without loss and optimizer");
+        if (!gradient.defined()) throw InvalidInput("OffloadedChain: the gradient of the output is undefined");
+        output_gradient_ = std::move(gradient);
+        gradient_from_autograd_ = from_autograd;
+    }
+    /// The parameter gradients the updates handed over, in the order of the stages'
+    /// trainable parameters (undefined where a parameter got none); moved out.
+    [[nodiscard]] std::vector<at::Tensor> take_gradients() {
+        std::vector<at::Tensor> out;
+        for (std::size_t l = 1; l < handed_.size(); ++l)
+            for (std::size_t k = 0; k < parameters_[l - 1].size(); ++k)
+                out.push_back(k < handed_[l].size() ? std::move(handed_[l][k]) : at::Tensor());
+        for (auto& h : handed_) h.clear();
+        return out;
+    }
+    /// The stages' trainable parameters, by stage (0-based): what the problem's w<l> are.
+    [[nodiscard]] const std::vector<std::vector<at::Tensor>>& stage_parameters() const noexcept { return parameters_; }
+
+    /// The loss of the last step (a chain that runs its own loss).
     [[nodiscard]] double loss() const noexcept { return loss_value_; }
     /// The momentum buffers of stage l (1-based), in the order of its trainable parameters.
     [[nodiscard]] const std::vector<at::Tensor>& momentum(std::size_t l) const { return momentum_.at(l); }
@@ -340,6 +429,10 @@ public:
         for (auto& s : s_) s.clear();
         for (auto& g : g_) g = at::Tensor();
         for (auto& gw : gw_) gw.clear();
+        for (auto& h : handed_) h.clear();
+        output_gradient_ = at::Tensor();
+        gradient_from_autograd_ = false;
+        held_outside_.clear();
         for (auto& r : first_rng_) r.reset();
         resume_rng_.reset();
         prepared_.reset();
@@ -357,6 +450,22 @@ private:
         if (role == Role::weights) return parameters_[l - 1];
         if (role == Role::momentum) return momentum_[l];
         return none;
+    }
+
+    // Each stage with weights: momentum buffers m<l> in the problem exactly when this chain runs
+    // SGD with momentum itself, and gradients that outlive the step when the caller's optimizer
+    // takes them.
+    void check_caller_problem(const Problem& problem, std::size_t l) const {
+        const std::string n = std::to_string(l);
+        const auto gw = problem.find_data("gw" + n);
+        if (!gw) return;
+        if (sgd_ && (problem.is_final(*gw) || !problem.find_data("m" + n)))
+            throw InvalidInput("OffloadedChain: '" + problem.name() + "' hands its gradients to the caller "
+                               "(TrainingStateOptions::gradients_to_caller); use the constructor without loss and SGD");
+        if (!sgd_ && (!problem.is_final(*gw) || problem.find_data("m" + n)))
+            throw InvalidInput("OffloadedChain: '" + problem.name() + "' keeps optimizer state or frees the gradients in "
+                               "the step; the caller's optimizer needs a problem made with "
+                               "TrainingStateOptions::gradients_to_caller (caller_optimizer_problems)");
     }
 
     void start_step() {
@@ -392,6 +501,12 @@ private:
     }
 
     void run_loss() {
+        if (!sgd_) {
+            if (!output_gradient_.defined())
+                throw ExecutionError("OffloadedChain: the loss op ran without the output's gradient (set_output_gradient)");
+            g_.back() = std::move(output_gradient_);
+            return;
+        }
         const at::Tensor leaf = a_.back().tensor().detach().requires_grad_(true);
         const at::Tensor value = loss_(leaf);
         g_.back() = ::torch::autograd::grad({value}, {leaf})[0];
@@ -411,18 +526,23 @@ private:
     // a wrapped number of the parameter's dtype made once: the Scalar that SGD passes becomes
     // that (so the arithmetic is the same), but allocated in every update.
     void update(std::size_t l) {
+        if (!sgd_) {  // the caller's optimizer steps after the step
+            handed_[l] = std::move(gw_[l]);
+            gw_[l].clear();
+            return;
+        }
         const at::NoGradGuard no_grad;
         for (std::size_t k = 0; k < parameters_[l - 1].size(); ++k) {
             if (k >= gw_[l].size() || !gw_[l][k].defined()) continue;
             at::Tensor& buffer = momentum_[l][k];
             buffer.mul_(momentum_factor_[l][k]).add_(gw_[l][k]);
-            parameters_[l - 1][k].add_(buffer, -sgd_.lr);
+            parameters_[l - 1][k].add_(buffer, -sgd_->lr);
         }
     }
 
     StageList stages_;
     ChainLoss loss_;
-    SgdMomentum sgd_;
+    std::optional<SgdMomentum> sgd_;  // none: the caller's loss and optimizer
     c10::Device device_;
     at::Tensor input_;
     std::vector<std::vector<at::Tensor>> parameters_;  // by stage (0-based)
@@ -431,6 +551,10 @@ private:
     std::vector<detail::StageGraph> s_;
     std::vector<at::Tensor> g_;
     std::vector<std::vector<at::Tensor>> gw_;
+    std::vector<std::vector<at::Tensor>> handed_;  // by stage (1-based): gradients for the caller
+    at::Tensor output_gradient_;
+    bool gradient_from_autograd_ = false;
+    detail::HeldOutside held_outside_;
     std::vector<std::optional<detail::RngState>> first_rng_;
     std::optional<detail::RngState> resume_rng_;  // where a recomputation leaves the generators
     std::optional<OpId> prepared_;                // the op prepare() was called for
