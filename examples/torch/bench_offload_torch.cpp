@@ -10,6 +10,12 @@
 // and host peaks (the tracking allocator on the CPU, the caching allocator's requested bytes
 // on a GPU), and the bandwidth the plan's copies reached.
 //
+// A second table does the same for the drop-in module (remat/torch/offload_module.hpp): the
+// caller's loss.backward() and torch::optim::Adam step after it, the Adam state on the device
+// and in the budget, weights offloaded only inside the step. Its budgets count everything the
+// step holds, Adam's state included; "remat alone" is the predicted overhead of
+// rematerialization without offloading at the same budget.
+//
 //   bench_offload_torch [--device cpu|cuda] [--quick] [--steps N]
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -29,6 +35,7 @@
 #include <remat/torch/detail/runtime.hpp>
 #include <remat/torch/memory.hpp>
 #include <remat/torch/offload.hpp>
+#include <remat/torch/offload_module.hpp>
 #include <remat/torch/profile.hpp>
 #include <remat/torch/sequential.hpp>
 
@@ -153,6 +160,74 @@ void table(const Settings& s, Probe probe, MakeTransfers make_transfers) {
     }
 }
 
+// The drop-in module at budgets from store-all's total down, in steps of 5 %, until none fits.
+// Half the width and four times the batch: its weights, gradients and Adam's state are all on
+// the device at the end of the step, so it saves memory where activations dominate.
+template <class Probe, class Transfers>
+void module_table(Settings s, Probe probe) {
+    s.width /= 2;
+    s.batch *= 4;
+    at::manual_seed(2);
+    torch::nn::Sequential model = make_mlp(s);
+    torch::nn::Sequential reference(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model->clone()));
+    const at::Tensor x = at::randn({s.batch, s.width}, at::TensorOptions().device(s.device));
+    const at::Tensor y = at::randint(0, 10, {s.batch}, at::TensorOptions().device(s.device).dtype(at::kLong));
+    const auto [to_host, to_device] = link_rates(s.device);
+    rt::OffloadModuleOptions options;
+    options.profile.repeats = 3;
+    options.transfers = remat::TransferSettings{std::nullopt, to_host, to_device};
+    options.optimizer_state_per_parameter = 2.0;
+    rt::OffloadCheckpointed<remat::Rotor, Transfers, Probe> m(std::make_shared<rt::OffloadCheckpointedImpl<remat::Rotor, Transfers, Probe>>(
+        rt::group_stages_before(rt::stages_of(model), rt::starts_with<torch::nn::LinearImpl>), x, rt::budget_percent(100),
+        remat::Rotor{}, options, probe));
+    torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-4));
+    torch::optim::Adam adam_ref(reference->parameters(), torch::optim::AdamOptions(1e-4));
+    const double plain = median_seconds(s.steps, s.device, [&] {
+        at::cross_entropy_loss(reference->forward(x), y).backward();
+        adam_ref.step();
+        adam_ref.zero_grad();
+    });
+    const double store_all_time = remat::store_all_reference(m->problem()).time;
+    std::printf("\n%s, the drop-in module: MLP of %lld blocks of width %lld, batch %lld, torch::optim::Adam after each step; "
+                "plain step %.2f ms; store-all total %s (%s of it outside the plan: Adam's state, buffers)\n",
+                s.device.str().c_str(), static_cast<long long>(s.blocks), static_cast<long long>(s.width),
+                static_cast<long long>(s.batch), plain * 1e3, remat::format_bytes(m->store_all_total()).c_str(),
+                remat::format_bytes(m->resident_bytes()).c_str());
+    std::printf("    %-18s| %-12s %-14s %8s %8s | %10s %10s | %10s %10s\n", "budget", "remat alone", "offloading", "pred ovh",
+                "meas ovh", "dev pred", "dev meas", "host pred", "host meas");
+    remat::offload::CombinedOptions alone;
+    alone.transfers = options.transfers;
+    alone.between_steps = false;
+    for (int percent = 100; percent >= 5; percent -= 5) {
+        try {
+            m->replan(rt::budget_percent(percent));
+        } catch (const remat::Infeasible&) {
+            std::printf("    %5d%% %10s | no plan\n", percent,
+                        remat::format_bytes(remat::percent_of(m->store_all_total(), percent)).c_str());
+            break;
+        }
+        const auto remat_alone =
+            remat::offload::plan_remat_only(m->planned_problem(), m->budget() - m->resident_bytes(), remat::Rotor{}, alone);
+        char remat_column[32] = "no plan";
+        if (remat_alone)
+            std::snprintf(remat_column, sizeof remat_column, "%+.1f%%",
+                          100.0 * (remat::offload::simulate(m->problem(), remat_alone->schedule).makespan / store_all_time - 1.0));
+        const double measured = median_seconds(s.steps, s.device, [&] {
+            at::cross_entropy_loss(m->forward(x), y).backward();
+            adam.step();
+            adam.zero_grad();
+        });
+        const remat::OffloadStepReport& r = m->last_report();
+        const bool exact = r.measured_device_peak == r.predicted_device_peak && r.measured_host_peak == r.predicted_host_peak;
+        std::printf("    %5d%% %10s | %-12s %-14s %+7.1f%% %+7.1f%% | %10s %10s | %10s %10s%s\n", percent,
+                    remat::format_bytes(m->budget()).c_str(), remat_column,
+                    m->plan().method.c_str(), 100.0 * (m->plan().report.makespan / store_all_time - 1.0),
+                    100.0 * (measured / plain - 1.0), remat::format_bytes(r.predicted_device_peak).c_str(),
+                    remat::format_bytes(r.measured_device_peak).c_str(), remat::format_bytes(r.predicted_host_peak).c_str(),
+                    remat::format_bytes(r.measured_host_peak).c_str(), exact ? "" : "  <- measured peak differs");
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -179,6 +254,8 @@ int main(int argc, char** argv) {
             [&](rt::OffloadedChain& chain, const remat::Problem& problem) {
                 return rt::CudaTransfers<rt::OffloadedChain>(chain, problem, s.device);
             });
+        module_table<rt::CudaMemoryProbe, rt::CudaTransfers<rt::OffloadedChain>>(
+            s, rt::CudaMemoryProbe(s.device.has_index() ? s.device.index() : 0));
         return 0;
 #else
         std::fprintf(stderr, "bench_offload_torch: this LibTorch has no CUDA\n");
@@ -190,4 +267,5 @@ int main(int argc, char** argv) {
         s, rt::CpuMemoryProbe{}, [](rt::OffloadedChain& chain, const remat::Problem& problem) {
             return remat::CpuTransfers<rt::OffloadedChain>(chain, problem);
         });
+    module_table<rt::CpuMemoryProbe, remat::CpuTransfers<rt::OffloadedChain>>(s, rt::CpuMemoryProbe{});
 }

@@ -11982,6 +11982,9 @@ struct TrainingStateOptions {
     /// weights must be on the device from it on, their host copies stale), and the caller's
     /// optimizer state is not in the problem (optimizer_state_per_parameter is ignored).
     bool gradients_to_caller = false;
+    /// Whether the backward computes the gradient g0 of the chain's input; when it does not
+    /// (an input that does not require grad), g0 takes no memory.
+    bool input_gradient = true;
 };
 
 /// The `remat.problem/2` problem of training a chain with `parameter_bytes[l - 1]` bytes of
@@ -12004,8 +12007,11 @@ struct TrainingStateOptions {
     ProblemBuilder b(base.name());
     std::vector<char> activation(base.data_count(), 0);
     for (std::size_t l = 1; l <= L; ++l) activation[ids.a[l].index] = activation[ids.s[l].index] = 1;
-    for (std::size_t k = 0; k < base.data_count(); ++k)
-        b.add_data(base.data(DataId{k}).name, base.data(DataId{k}).bytes, options.offloadable_activations && activation[k]);
+    for (std::size_t k = 0; k < base.data_count(); ++k) {
+        const bool no_input_gradient = !options.input_gradient && DataId{k} == ids.g[0];
+        b.add_data(base.data(DataId{k}).name, no_input_gradient ? 0 : base.data(DataId{k}).bytes,
+                   options.offloadable_activations && activation[k]);
+    }
     std::vector<DataId> w(L + 1), gw(L + 1), u(L + 1);
     std::vector<std::optional<DataId>> m(L + 1);  // none when the optimizer keeps no state
     for (std::size_t l = 1; l <= L; ++l) {
@@ -12545,6 +12551,7 @@ std::optional<Schedule> full_plan(const Problem& full, const TrainingSplit& spli
 inline OffloadPlan make(const Problem& full, OffloadSchedule schedule, Bytes budget, Bytes activation_budget,
                         std::string method, const TransferSettings& transfers) {
     OffloadReport report = simulate(full, schedule, transfers);
+    if (report.offloads == 0 && report.prefetches == 0 && method.starts_with("remat+")) method = "remat";  // nothing moved
     return OffloadPlan{std::move(schedule), std::move(report), budget, activation_budget, std::move(method)};
 }
 
@@ -12620,8 +12627,23 @@ template <Solver S>
         if (auto plan = fitting(mid)) best.emplace(mid, std::move(*plan)), low = mid;
         else fails = mid;
     }
-    if (!best) return std::nullopt;
-    return detail::combined::make(full, with_no_transfers(best->second), budget, best->first, "remat", transfers);
+    // The step's peak is not monotone in the activation budget (the gradients and updates put
+    // back peak where the activation plan did not), so the bisection may miss budgets that
+    // fit: a grid from the solver's smallest budget up is tried too, and the fastest plan wins.
+    std::optional<OffloadPlan> fastest;
+    if (best) fastest = detail::combined::make(full, with_no_transfers(best->second), budget, best->first, "remat", transfers);
+    const Bytes smallest = std::min(top, smallest_budget_of(solver, split.activations).value_or(0));
+    const std::size_t points = std::max<std::size_t>(2, options.activation_budgets);
+    for (std::size_t i = 0; i + 1 < points; ++i) {
+        const Bytes b = smallest + static_cast<Bytes>(static_cast<double>(top - smallest) * static_cast<double>(i) /
+                                                      static_cast<double>(points - 1));
+        if (best && b == best->first) continue;
+        if (auto plan = fitting(b)) {
+            auto candidate = detail::combined::make(full, with_no_transfers(*plan), budget, b, "remat", transfers);
+            if (detail::combined::better(candidate, fastest)) fastest = std::move(candidate);
+        }
+    }
+    return fastest;
 }
 
 /// Weight offloading alone: store-all's activations, and Greedy or Greedy* on the weights.

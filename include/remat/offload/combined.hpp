@@ -68,6 +68,7 @@ std::optional<Schedule> full_plan(const Problem& full, const TrainingSplit& spli
 inline OffloadPlan make(const Problem& full, OffloadSchedule schedule, Bytes budget, Bytes activation_budget,
                         std::string method, const TransferSettings& transfers) {
     OffloadReport report = simulate(full, schedule, transfers);
+    if (report.offloads == 0 && report.prefetches == 0 && method.starts_with("remat+")) method = "remat";  // nothing moved
     return OffloadPlan{std::move(schedule), std::move(report), budget, activation_budget, std::move(method)};
 }
 
@@ -143,8 +144,23 @@ template <Solver S>
         if (auto plan = fitting(mid)) best.emplace(mid, std::move(*plan)), low = mid;
         else fails = mid;
     }
-    if (!best) return std::nullopt;
-    return detail::combined::make(full, with_no_transfers(best->second), budget, best->first, "remat", transfers);
+    // The step's peak is not monotone in the activation budget (the gradients and updates put
+    // back peak where the activation plan did not), so the bisection may miss budgets that
+    // fit: a grid from the solver's smallest budget up is tried too, and the fastest plan wins.
+    std::optional<OffloadPlan> fastest;
+    if (best) fastest = detail::combined::make(full, with_no_transfers(best->second), budget, best->first, "remat", transfers);
+    const Bytes smallest = std::min(top, smallest_budget_of(solver, split.activations).value_or(0));
+    const std::size_t points = std::max<std::size_t>(2, options.activation_budgets);
+    for (std::size_t i = 0; i + 1 < points; ++i) {
+        const Bytes b = smallest + static_cast<Bytes>(static_cast<double>(top - smallest) * static_cast<double>(i) /
+                                                      static_cast<double>(points - 1));
+        if (best && b == best->first) continue;
+        if (auto plan = fitting(b)) {
+            auto candidate = detail::combined::make(full, with_no_transfers(*plan), budget, b, "remat", transfers);
+            if (detail::combined::better(candidate, fastest)) fastest = std::move(candidate);
+        }
+    }
+    return fastest;
 }
 
 /// Weight offloading alone: store-all's activations, and Greedy or Greedy* on the weights.

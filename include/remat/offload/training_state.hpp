@@ -231,6 +231,9 @@ struct TrainingStateOptions {
     /// weights must be on the device from it on, their host copies stale), and the caller's
     /// optimizer state is not in the problem (optimizer_state_per_parameter is ignored).
     bool gradients_to_caller = false;
+    /// Whether the backward computes the gradient g0 of the chain's input; when it does not
+    /// (an input that does not require grad), g0 takes no memory.
+    bool input_gradient = true;
 };
 
 /// The `remat.problem/2` problem of training a chain with `parameter_bytes[l - 1]` bytes of
@@ -253,8 +256,11 @@ struct TrainingStateOptions {
     ProblemBuilder b(base.name());
     std::vector<char> activation(base.data_count(), 0);
     for (std::size_t l = 1; l <= L; ++l) activation[ids.a[l].index] = activation[ids.s[l].index] = 1;
-    for (std::size_t k = 0; k < base.data_count(); ++k)
-        b.add_data(base.data(DataId{k}).name, base.data(DataId{k}).bytes, options.offloadable_activations && activation[k]);
+    for (std::size_t k = 0; k < base.data_count(); ++k) {
+        const bool no_input_gradient = !options.input_gradient && DataId{k} == ids.g[0];
+        b.add_data(base.data(DataId{k}).name, no_input_gradient ? 0 : base.data(DataId{k}).bytes,
+                   options.offloadable_activations && activation[k]);
+    }
     std::vector<DataId> w(L + 1), gw(L + 1), u(L + 1);
     std::vector<std::optional<DataId>> m(L + 1);  // none when the optimizer keeps no state
     for (std::size_t l = 1; l <= L; ++l) {

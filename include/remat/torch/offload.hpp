@@ -183,7 +183,7 @@ namespace detail::offload {
 template <MemoryProbe Probe>
 [[nodiscard]] OffloadTrainingProblems training_problems(const StageList& stages, const ChainProfile& profile,
                                                         const at::Tensor& sample, Bytes loss_bytes,
-                                                        const remat::offload::TrainingStateOptions& options, Probe& probe) {
+                                                        remat::offload::TrainingStateOptions options, Probe& probe) {
     const std::vector<std::vector<at::Tensor>> parameters = stage_parameters(stages);
     std::vector<Bytes> parameter_bytes;
     for (const auto& of_stage : parameters) {
@@ -194,8 +194,12 @@ template <MemoryProbe Probe>
     ChainProfile measured = profile;
     const std::vector<Bytes> backward = backward_overheads(stages, parameters, sample, probe);
     for (std::size_t l = 0; l < backward.size(); ++l) measured.chain.stages[l].bwd_overhead = backward[l];
+    // OffloadedChain takes no gradient of the input (set_input detaches it): the prediction
+    // gives g0 no memory. The solvers' problem keeps it, for Rotor's chain form (a safe excess).
+    remat::offload::TrainingStateOptions predicting = options;
+    predicting.input_gradient = false;
     return {remat::offload::training_problem(to_problem(measured.chain), parameter_bytes, options),
-            remat::offload::training_problem(measured_problem(measured, loss_bytes), parameter_bytes, options),
+            remat::offload::training_problem(measured_problem(measured, loss_bytes), parameter_bytes, predicting),
             parameter_bytes};
 }
 
