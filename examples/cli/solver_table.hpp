@@ -44,6 +44,9 @@ struct SolveOptions {
     /// Progress lines of the solvers; remat-plan prints them with the elapsed time (every
     /// line with --verbose, one every few seconds by default, none with --quiet).
     ProgressCallback progress;
+    /// --solver auto: H-Rockmate's second opinion beside Rotor or Rockmate on small problems
+    /// (AutoOptions::second_opinion_max_ops); off where one plan costs too much time to repeat.
+    bool second_opinion = true;
 };
 
 struct SolverEntry {
@@ -177,6 +180,7 @@ inline HRockmateOptions hrockmate_options(const SolveOptions& o) {
     AutoOptions options;
     options.time_limit_seconds = o.time_limit;
     options.progress = o.progress;
+    if (!o.second_opinion) options.second_opinion_max_ops = 0;
     const Auto solver(std::move(options));
     return [solver, p = std::make_shared<const Problem>(problem), model = std::shared_ptr<const AutoModel>(),
             first = true](Bytes budget) mutable -> Plan {

@@ -630,3 +630,45 @@ TEST_CASE("auto never answers infeasible where the exact search finds a plan (ra
     CHECK(planned == 48);
     WARN("slowest solve " << slowest << " s");
 }
+
+TEST_CASE("auto on chains: H-Rockmate's second opinion is never worse than Rotor and is kept when faster",
+          "[hierarchical][auto]") {
+    std::mt19937 rng(8);
+    remat::AutoOptions options;
+    options.second_opinion_seconds = 0.5;
+    const remat::Auto solver(options);
+    remat::AutoOptions rotor_only = options;
+    rotor_only.second_opinion_max_ops = 0;
+    int faster = 0;
+    for (int trial = 0; trial < 6; ++trial) {
+        const Chain chain = remat::testing::random_chain(rng, 8);
+        const Problem p = to_problem(chain);
+        const Reference ref = store_all_reference(p);
+        const remat::AutoModel model = solver.analyse(p);
+        REQUIRE(model.choice == remat::AutoChoice::rotor);
+        REQUIRE(model.hrockmate);  // 25 ops: within second_opinion_max_ops
+        CHECK_FALSE(remat::Auto(rotor_only).analyse(p).hrockmate);
+        for (const int percent : {50, 70}) {
+            const Bytes budget = percent_of(ref.peak, percent);
+            std::optional<Plan> rotor;
+            try {
+                rotor = Rotor{}.solve(p, budget);
+            } catch (const Infeasible&) {
+                continue;
+            }
+            const Plan plan = solver.solve(model, budget);
+            const SimulationReport report = simulate(p, plan.schedule);
+            INFO("trial " << trial << " at " << percent << " %: " << plan.stats.options);
+            REQUIRE(report.valid);
+            CHECK(report.peak <= budget);
+            CHECK(plan.time <= rotor->time);
+            if (plan.time < rotor->time) {
+                ++faster;
+                CHECK_THAT(plan.stats.options, Catch::StartsWith("chose hrockmate (faster than rotor by"));
+            } else {
+                CHECK_THAT(plan.stats.options, Catch::StartsWith("chose rotor"));
+            }
+        }
+    }
+    WARN("H-Rockmate's plan was faster than Rotor's in " << faster << " of the cases");
+}

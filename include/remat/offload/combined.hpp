@@ -8,7 +8,10 @@
 // offloading (offload/greedy.hpp) covers the rest. The plan with the least makespan wins. The
 // candidates include rematerialization alone (the largest activation budget that fits with
 // every weight on the device) and weight offloading alone (store-all's activations), so the
-// result is never worse than either part alone.
+// result is never worse than either part alone. The solver plans some 25 activation budgets,
+// each anew: remat::Auto with its second opinion (H-Rockmate, a second or two a budget on
+// small problems) is slow here; AutoOptions::second_opinion_max_ops = 0 keeps it to Rotor's
+// or Rockmate's milliseconds.
 #pragma once
 
 #include <algorithm>
