@@ -779,3 +779,53 @@ TEST_CASE("offloading module: a failing step, or one given up before its backwar
     cross_entropy(m->forward(sample), y).backward();
     CHECK(m->last_report().measured_device_peak == m->last_report().predicted_device_peak);
 }
+
+TEST_CASE("offloading module: a GPT-like chain trained with torch::optim::Adam and weights offloaded equals plain training "
+          "bitwise",
+          "[torch][offload][module]") {
+    at::set_num_threads(1);
+    const torch::jit::GraphOptimizerEnabledGuard eager(false);  // as in the OffloadedChain test above
+    const GptChain model, reference;
+    const at::Tensor tokens = at::randint(0, model.vocab, {4, 32}, at::kLong);
+    const at::Tensor targets = at::randint(0, model.vocab, {4, 32}, at::kLong);
+    const auto loss_of = [&](const at::Tensor& out) {
+        return cross_entropy(out.reshape({-1, model.vocab}), targets.reshape({-1}));
+    };
+    auto m = rt::checkpoint_with_offload(model.stages(), tokens, rt::budget_percent(100), remat::Rotor{}, quick_offload(2.0));
+    for (int percent = 98; percent >= 30; percent -= 2) {
+        try {
+            m->replan(rt::budget_percent(percent));
+        } catch (const remat::Infeasible&) {
+            break;
+        }
+        if (m->plan().report.offloads > 0 && percent <= 90) break;
+    }
+    INFO(m->plan().method << " at " << m->budget() << " of " << m->store_all_total());
+    REQUIRE(m->plan().report.offloads > 0);
+    const rt::StageList reference_stages = reference.stages();
+    std::vector<at::Tensor> parameters, reference_parameters;
+    for (const rt::ChainStage& stage : model.stages()) parameters.insert(parameters.end(), stage.parameters.begin(), stage.parameters.end());
+    for (const rt::ChainStage& stage : reference_stages)
+        reference_parameters.insert(reference_parameters.end(), stage.parameters.begin(), stage.parameters.end());
+    torch::optim::Adam adam(parameters, torch::optim::AdamOptions(1e-3));
+    torch::optim::Adam adam_ref(reference_parameters, torch::optim::AdamOptions(1e-3));
+    for (int step = 0; step < 2; ++step) {
+        INFO("step " << step);
+        torch::manual_seed(300 + step);
+        const at::Tensor loss = loss_of(m->forward(tokens));
+        loss.backward();
+        torch::manual_seed(300 + step);
+        at::Tensor x = tokens;
+        for (const rt::ChainStage& stage : reference_stages) x = stage.forward(x);
+        const at::Tensor loss_ref = loss_of(x);
+        loss_ref.backward();
+        CHECK(loss.item<double>() == loss_ref.item<double>());
+        adam.step();
+        adam_ref.step();
+        adam.zero_grad();
+        adam_ref.zero_grad();
+        for (std::size_t i = 0; i < parameters.size(); ++i) CHECK(same(parameters[i], reference_parameters[i]));
+        CHECK(m->last_report().measured_device_peak == m->last_report().predicted_device_peak);
+        CHECK(m->last_report().measured_host_peak == m->last_report().predicted_host_peak);
+    }
+}
