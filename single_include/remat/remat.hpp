@@ -3193,7 +3193,10 @@ struct RotorUnits {
             const Bytes saved = ceil_units(o.saved_bytes, unit);
             opt.fwd = u.x[l - 1] + saved + ceil_units(o.fwd_overhead, unit);
             opt.bwd = u.x[l - 1] + saved + u.y[l] + u.y[l - 1] + ceil_units(o.bwd_overhead, unit);
-            opt.extra = ceil_units(o.saved_bytes - s.out_bytes, unit);
+            // Rounded jointly with a_l: the two are live together (a_l is part of what the
+            // stage saves), so ⌈saved⌉ − ⌈out⌉ beside a_l's ⌈out⌉ covers them exactly where
+            // ⌈saved − out⌉ could waste a slot.
+            opt.extra = saved - u.x[l];
             opt.leaf = std::max(opt.fwd + u.upper(l), opt.bwd);
             if (l == L) opt.leaf = std::max(opt.leaf, u.x[l - 1] + saved + u.y[l] + loss_ov);
             opt.time = o.fwd_time + o.bwd_time;

@@ -474,3 +474,18 @@ TEST_CASE("property: with arbitrary byte sizes, rounded slots still fit the budg
         }
     }
 }
+
+TEST_CASE("rotor slots: a stored stage is rounded jointly, ⌈saved⌉ slots beside its input, not ⌈out⌉ + ⌈saved − out⌉",
+          "[rotor]") {
+    // Output 15 bytes and saved state 20 bytes (the output included) at 10-byte slots: the
+    // stored stage takes 2 slots, where rounding the output and the rest apart took 3.
+    Chain chain{"joint", 10, {}};
+    chain.stages.push_back({"s1", 1.0, 2.0, 15, 20, 0, 0});
+    chain.stages.push_back({"s2", 1.0, 2.0, 10, 10, 0, 0});
+    const auto units = remat::detail::rotor::make_units(to_rotor_chain(chain), 10);
+    CHECK(units.x[1] == 2);
+    CHECK(units.options[1][0].extra == 0);
+    CHECK(units.x[1] + units.options[1][0].extra == 2);  // ⌈20 / 10⌉
+    // Exact sizes are unchanged: saved − out.
+    CHECK(remat::detail::rotor::make_units(to_rotor_chain(chain), 1).options[1][0].extra == 5);
+}
