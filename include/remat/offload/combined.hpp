@@ -75,6 +75,19 @@ inline OffloadPlan make(const Problem& full, OffloadSchedule schedule, Bytes bud
     return OffloadPlan{std::move(schedule), std::move(report), budget, activation_budget, std::move(method)};
 }
 
+// The i-th of `points` activation budgets spaced evenly from `smallest` to `top`.
+inline Bytes grid_budget(Bytes smallest, Bytes top, std::size_t i, std::size_t points) {
+    return smallest + static_cast<Bytes>(static_cast<double>(top - smallest) * static_cast<double>(i) /
+                                         static_cast<double>(points - 1));
+}
+
+// The weight-offloading pass the options ask for.
+inline WeightOffloadOptions greedy_options(const CombinedOptions& options, const TransferSettings& transfers) {
+    WeightOffloadOptions greedy{options.variant, transfers};
+    greedy.between_steps = options.between_steps;
+    return greedy;
+}
+
 inline bool better(const std::optional<OffloadPlan>& candidate, const std::optional<OffloadPlan>& best) {
     return candidate && (!best || candidate->report.makespan < best->report.makespan);
 }
@@ -155,8 +168,7 @@ template <Solver S>
     const Bytes smallest = std::min(top, smallest_budget_of(solver, split.activations).value_or(0));
     const std::size_t points = std::max<std::size_t>(2, options.activation_budgets);
     for (std::size_t i = 0; i + 1 < points; ++i) {
-        const Bytes b = smallest + static_cast<Bytes>(static_cast<double>(top - smallest) * static_cast<double>(i) /
-                                                      static_cast<double>(points - 1));
+        const Bytes b = detail::combined::grid_budget(smallest, top, i, points);
         if (best && b == best->first) continue;
         if (auto plan = fitting(b)) {
             auto candidate = detail::combined::make(full, with_no_transfers(*plan), budget, b, "remat", transfers);
@@ -173,8 +185,7 @@ template <Solver S>
     const TrainingSplit split = split_training_state(full);
     const Plan store_all = StoreAll{}.solve(split.activations, std::numeric_limits<Bytes>::max());
     const Schedule plan = with_training_state(full, split, store_all.schedule);
-    WeightOffloadOptions greedy{options.variant, transfers};
-    greedy.between_steps = options.between_steps;
+    const WeightOffloadOptions greedy = detail::combined::greedy_options(options, transfers);
     auto schedule = offload_weights(full, plan, budget, greedy);
     if (!schedule) return std::nullopt;
     return detail::combined::make(full, std::move(*schedule), budget, store_all.peak,
@@ -194,15 +205,12 @@ template <Solver S>
     if (auto offload = plan_offload_only(full, budget, options); detail::combined::better(offload, best))
         best = std::move(offload);
     const std::size_t points = std::max<std::size_t>(2, options.activation_budgets);
-    WeightOffloadOptions greedy{options.variant, transfers};
-    greedy.between_steps = options.between_steps;
+    const WeightOffloadOptions greedy = detail::combined::greedy_options(options, transfers);
     bool moves_activations = false;
     for (std::size_t k = 0; k < full.data_count(); ++k)
         moves_activations = moves_activations || (full.data(DataId{k}).offloadable && !full.is_initial(DataId{k}));
     for (std::size_t i = 0; i < points; ++i) {
-        const Bytes activation_budget =
-            smallest + static_cast<Bytes>(static_cast<double>(reference - smallest) * static_cast<double>(i) /
-                                          static_cast<double>(points - 1));
+        const Bytes activation_budget = detail::combined::grid_budget(smallest, reference, i, points);
         const std::optional<Schedule> plan = detail::combined::full_plan(full, split, solver, activation_budget);
         if (!plan) continue;
         // With offloadable activations, also the weights alone: the greedy's choices ignore
