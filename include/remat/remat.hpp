@@ -39,6 +39,7 @@
 #include "exec/report.hpp"
 #include "exec/plan.hpp"
 #include "exec/backend.hpp"
+#include "exec/unit_runs.hpp"
 #include "exec/executor.hpp"
 #include "io/budget.hpp"
 #include "io/svg.hpp"
@@ -50,3 +51,4 @@
 #include "offload/combined.hpp"
 #include "exec/transfer.hpp"
 #include "exec/offload_step.hpp"
+#include "exec/backend_compute.hpp"

@@ -10035,14 +10035,8 @@ struct ExecutionTable {
     }
 };
 
-/// A plan checked against an executor's problem, with what its steps look up at run time.
-struct PreparedPlan {
-    Plan plan;
-    /// On the problem predictions use.
-    SimulationReport simulation;
-    /// The simulator's peak on the problem the solver planned with.
-    Bytes planned_peak = 0;
-    std::size_t loss_step = 0;
+/// Where each unit's forwards come in a plan: what random-number replay needs to know.
+struct ForwardLandmarks {
     /// Per unit: how many forwards the plan runs. A unit run more than once is recomputed,
     /// so its random numbers are kept at its first run.
     std::vector<std::size_t> forward_runs;
@@ -10050,6 +10044,38 @@ struct PreparedPlan {
     /// the loss.
     std::vector<std::size_t> first_forward_order;
     std::vector<char> first_run_before_loss;
+};
+
+/// The landmarks of the ops a plan runs, in order (`run_ops`; loss included).
+template <class Ops>
+[[nodiscard]] ForwardLandmarks forward_landmarks(const ExecutionTable& table, const Ops& run_ops) {
+    ForwardLandmarks out;
+    out.forward_runs.assign(table.units, 0);
+    bool after_loss = false;
+    for (const OpId op : run_ops) {
+        const ExecOpRole role = table.op_role.at(op.index);
+        if (role == ExecOpRole::loss) {
+            after_loss = true;
+        } else if (role == ExecOpRole::forward || role == ExecOpRole::forward_grad) {
+            const std::size_t unit = table.op_unit[op.index];
+            if (out.forward_runs.at(unit)++ == 0) {
+                out.first_forward_order.push_back(unit);
+                out.first_run_before_loss.push_back(after_loss ? 0 : 1);
+            }
+        }
+    }
+    return out;
+}
+
+/// A plan checked against an executor's problem, with what its steps look up at run time
+/// (its forward landmarks among them).
+struct PreparedPlan : ForwardLandmarks {
+    Plan plan;
+    /// On the problem predictions use.
+    SimulationReport simulation;
+    /// The simulator's peak on the problem the solver planned with.
+    Bytes planned_peak = 0;
+    std::size_t loss_step = 0;
 };
 
 /// A prepared plan, shareable between steps and executors of the same problem.
@@ -10089,23 +10115,18 @@ private:
     auto prepared = std::make_shared<PreparedPlan>();
     prepared->simulation = &planned == &predicting ? on_planned : checked_simulation(predicting, plan.schedule, subject);
     prepared->planned_peak = on_planned.peak;
-    prepared->forward_runs.assign(table.units, 0);
     bool found_loss = false;
+    std::vector<OpId> run_ops;
     for (std::size_t i = 0; i < plan.schedule.size(); ++i) {
         const Step& step = plan.schedule[i];
         if (!step.is_run()) continue;
-        const ExecOpRole role = table.op_role.at(step.op().index);
-        if (role == ExecOpRole::loss) {
+        run_ops.push_back(step.op());
+        if (table.op_role.at(step.op().index) == ExecOpRole::loss) {
             prepared->loss_step = i;
             found_loss = true;
-        } else if (role == ExecOpRole::forward || role == ExecOpRole::forward_grad) {
-            const std::size_t unit = table.op_unit[step.op().index];
-            if (prepared->forward_runs.at(unit)++ == 0) {
-                prepared->first_forward_order.push_back(unit);
-                prepared->first_run_before_loss.push_back(found_loss ? 0 : 1);
-            }
         }
     }
+    static_cast<ForwardLandmarks&>(*prepared) = forward_landmarks(table, run_ops);
     if (!found_loss) throw InvalidInput("the plan never runs 'loss'");
     prepared->plan = std::move(plan);
     return ExecutionPlan(std::move(prepared));
@@ -10214,6 +10235,181 @@ concept HasClock = requires(const B& backend) {
 
 }  // namespace remat
 // ---- end remat/exec/backend.hpp ----
+// ---- begin remat/exec/unit_runs.hpp ----
+// remat/exec/unit_runs.hpp — what running a plan's forwards and backwards through a framework's
+// backend (backend.hpp) takes besides the framework itself: which forward really runs, and
+// random-number replay. Written once for the execution engine (executor.hpp) and for the
+// offloading engine's backend adapter (backend_compute.hpp). Standard library only.
+//
+// docs/design.md §6 (execution engine):
+//   - a forward with grad whose saved state is already live only rewrites its missing
+//     activations, one whose activations are all live does nothing, and live activations are
+//     released before they are rewritten (the simulator counts a rewritten data once);
+//   - the generators' state is read at the first run of a unit the plan recomputes, and put
+//     back around each recomputation; when a plan runs random units out of the model's order,
+//     their states are drawn ahead in the model's order (DrawsLike) and every run replays them.
+
+#include <algorithm>
+#include <cstddef>
+#include <optional>
+#include <utility>
+#include <vector>
+
+
+namespace remat {
+
+/// The liveness of a step's data and the random state of its units, for one step of one plan.
+template <ExecutionBackend Backend>
+class UnitRuns {
+public:
+    using RngState = typename Backend::RngState;
+
+    UnitRuns(const Problem& predicting, const ExecutionTable& table, ForwardLandmarks landmarks)
+        : problem_(&predicting), table_(&table), landmarks_(std::move(landmarks)) {
+        live_.assign(predicting.data_count(), 0);
+        for (const DataId d : predicting.initial()) live_[d.index] = 1;
+        rng_.resize(table.units);
+        ran_.assign(table.units, 0);
+    }
+
+    /// Whether a data is live at this point of the step (the simulator's view).
+    [[nodiscard]] bool live(DataId d) const { return live_.at(d.index) != 0; }
+    /// Set when the random draws were chained (see chain_random_draws): where the model's
+    /// forward leaves the generators, for the end of the forward phase.
+    [[nodiscard]] const std::optional<RngState>& chain_end() const noexcept { return chain_end_; }
+
+    // A plan that runs random units out of the model's order (Rockmate and H-Rockmate may
+    // reorder independent ops) would hand them other numbers than plain autograd. Instead,
+    // each random unit's state is found up front — the units draw in the model's order,
+    // computing nothing (DrawsLike) — and every run of it, the first included, replays it.
+    /// Before the step's first op. Throws when the backend cannot draw ahead.
+    void chain_random_draws(Backend& backend) {
+        if (random_units_in_model_order(backend)) return;
+        if constexpr (DrawsLike<Backend>) {
+            std::vector<std::size_t> units;
+            for (std::size_t u = 0; u < table_->units; ++u)
+                if (backend.random(u) && landmarks_.forward_runs[u] > 0) units.push_back(u);
+            std::stable_sort(units.begin(), units.end(), [&](std::size_t a, std::size_t b) {
+                return draw_rank(backend, a) < draw_rank(backend, b);
+            });
+            for (const std::size_t u : units) {
+                rng_[u] = backend.capture_rng();
+                backend.draw_like(u);
+            }
+            chain_end_ = backend.capture_rng();
+        } else {
+            throw ExecutionError("the plan runs units that draw random numbers in another order than the model "
+                                 "(or after the loss), and this backend cannot draw them ahead (DrawsLike, "
+                                 "exec/backend.hpp); the step would not be plain autograd's");
+        }
+    }
+
+    // Whether a forward runs with grad, or nullopt when it has nothing to do: a forward with
+    // grad whose saved state is live only rewrites missing activations, one whose activations
+    // are all live does nothing. Live activations it rewrites are released now.
+    /// Before the op's measured window.
+    std::optional<bool> forward_to_run(Backend& backend, OpId k, bool with_grad) {
+        const Op& op = problem_->op(k);
+        bool saved_live = false, activations_live = true;
+        for (const DataId d : op.writes) {
+            if (is_saved(d))
+                saved_live = saved_live || live_[d.index];
+            else
+                activations_live = activations_live && live_[d.index];
+        }
+        if (with_grad && saved_live) with_grad = false;
+        if (!with_grad && activations_live) return std::nullopt;
+        for (const DataId d : op.writes)
+            if (!is_saved(d) && live_[d.index]) release(backend, d);
+        return with_grad;
+    }
+
+    // A unit's random state is needed at its first run when the plan runs it again (to
+    // replay), and at a replay (to put the sequence back afterwards) — every run of a chained
+    // unit is one. Reading it may allocate for a moment: before the op's measured window.
+    [[nodiscard]] std::optional<RngState> rng_for(Backend& backend, std::size_t unit) const {
+        if (!backend.random(unit)) return std::nullopt;
+        if (rng_[unit] || (ran_[unit] == 0 && landmarks_.forward_runs[unit] > 1)) return backend.capture_rng();
+        return std::nullopt;
+    }
+
+    void run_forward(Backend& backend, OpId k, std::size_t unit, bool with_grad, std::optional<RngState> rng_now) {
+        const bool first = ran_[unit] == 0;
+        ran_[unit] = 1;
+        RestoreRng restore(backend);
+        if (rng_[unit] && rng_now) {  // a recomputation, or any run of a chained unit
+            restore.state = &*rng_now;
+            backend.restore_rng(*rng_[unit]);
+        } else if (first && rng_now) {
+            rng_[unit] = std::move(rng_now);  // the numbers its later runs replay
+        }
+        backend.forward(unit, with_grad, first);
+        for (const DataId d : problem_->op(k).writes)
+            if (with_grad || !is_saved(d)) live_[d.index] = 1;
+    }
+
+    void run_backward(Backend& backend, OpId k, std::size_t unit) {
+        backend.backward(unit);
+        mark_written(k);
+    }
+
+    /// An op's writes are live (the loss's: the gradients the caller hands back).
+    void mark_written(OpId k) {
+        for (const DataId d : problem_->op(k).writes) live_[d.index] = 1;
+    }
+
+    void release(Backend& backend, DataId d) {
+        backend.release(d);
+        live_[d.index] = 0;
+    }
+
+private:
+    [[nodiscard]] bool is_saved(DataId d) const { return table_->data_role[d.index] == ExecDataRole::saved; }
+
+    [[nodiscard]] static std::size_t draw_rank(const Backend& backend, std::size_t unit) {
+        if constexpr (DrawsLike<Backend>)
+            return backend.draw_rank(unit);
+        else
+            return unit;
+    }
+
+    // Whether the plan's first runs of random units draw in the model's order, all before the
+    // loss: then the generators' own sequence gives each unit plain autograd's numbers.
+    [[nodiscard]] bool random_units_in_model_order(const Backend& backend) const {
+        std::optional<std::size_t> last_rank;
+        for (std::size_t i = 0; i < landmarks_.first_forward_order.size(); ++i) {
+            const std::size_t unit = landmarks_.first_forward_order[i];
+            if (!backend.random(unit)) continue;
+            const std::size_t rank = draw_rank(backend, unit);
+            if (!landmarks_.first_run_before_loss[i] || (last_rank && rank < *last_rank)) return false;
+            last_rank = rank;
+        }
+        return true;
+    }
+
+    // Puts the generators back on exit (after a replayed recomputation), exceptions included.
+    struct RestoreRng {
+        Backend& backend;
+        const RngState* state = nullptr;
+        explicit RestoreRng(Backend& b) : backend(b) {}
+        RestoreRng(const RestoreRng&) = delete;
+        RestoreRng& operator=(const RestoreRng&) = delete;
+        ~RestoreRng() {
+            if (state != nullptr) backend.restore_rng(*state);
+        }
+    };
+
+    const Problem* problem_;
+    const ExecutionTable* table_;
+    ForwardLandmarks landmarks_;
+    std::vector<char> live_;
+    std::vector<std::optional<RngState>> rng_;
+    std::optional<RngState> chain_end_;
+    std::vector<char> ran_;
+};
+
+}  // namespace remat
+// ---- end remat/exec/unit_runs.hpp ----
 // ---- begin remat/exec/executor.hpp ----
 // remat/exec/executor.hpp — the execution engine: runs any simulator-checked schedule of any
 // problem, step by step, through a framework's backend (backend.hpp). Standard library only.
@@ -10229,7 +10425,8 @@ concept HasClock = requires(const B& backend) {
 //   - random-number replay: the generators' state is read before the measured window at the
 //     first run of a unit the plan recomputes, and put back around each recomputation; when a
 //     plan runs random units out of the model's order, their states are drawn ahead in the
-//     model's order (DrawsLike) and replayed at every run;
+//     model's order (DrawsLike) and replayed at every run (these two in unit_runs.hpp, which
+//     the offloading engine's backend adapter shares);
 //   - the plan's timeline against measured memory: the probe's peak while each op runs, minus
 //     the parameter gradients collected so far and what the caller holds, on the simulator's
 //     scale (the step's start plus the inputs);
@@ -10271,12 +10468,7 @@ public:
     ExecutionStep(std::shared_ptr<const ExecutionModel> model, ExecutionPlan plan, Backend backend, Probe& probe,
                   bool continuous)
         : model_(std::move(model)), plan_(std::move(plan)), backend_(std::move(backend)), probe_(&probe),
-          continuous_(continuous) {
-        const Problem& p = model_->predicting;
-        live_.assign(p.data_count(), 0);
-        for (const DataId d : p.initial()) live_[d.index] = 1;
-        rng_.resize(model_->table.units);
-        ran_.assign(model_->table.units, 0);
+          continuous_(continuous), runs_(model_->predicting, model_->table, plan_.prepared()) {
         report_.predicted_peak = plan_.predicted_peak();
         report_.planned_peak = plan_.planned_peak();
         report_.predicted_time = plan_.predicted_time();
@@ -10299,13 +10491,17 @@ public:
         backend_.begin_step();
         phase_ = StepPhase::forward;
         const Stopwatch clock;
-        chain_random_draws();
+        try {
+            runs_.chain_random_draws(backend_);
+        } catch (...) {
+            fail(0, " (drawing the units' random numbers in the model's order before the forward)");
+        }
         report_.forward_peak = model_->predicting.initial_bytes();
         forward_reference_ = probe_->current() - model_->predicting.initial_bytes();
         for (std::size_t i = 0; i < loss_step(); ++i) execute(i, forward_reference_, report_.forward_peak);
         sync_or_fail(loss_step());
         // After a chained forward the generators stand where the model's forward leaves them.
-        if (chain_end_) backend_.restore_rng(*chain_end_);
+        if (runs_.chain_end()) backend_.restore_rng(*runs_.chain_end());
         report_.forward_seconds = clock.seconds();
         phase_ = StepPhase::between;
     }
@@ -10324,7 +10520,7 @@ public:
         report_.caller_bytes = (now - forward_reference_) - after_loss;
         report_.backward_peak = after_loss;
         const Bytes reference = continuous_ ? forward_reference_ : now - after_loss;
-        mark_live(loss_step());
+        runs_.mark_written(plan_.schedule()[loss_step()].op());
         const Schedule& schedule = plan_.schedule();
         for (std::size_t i = loss_step() + 1; i < schedule.size(); ++i) execute(i, reference, report_.backward_peak);
         sync_or_fail(schedule.size());
@@ -10357,17 +10553,11 @@ public:
     [[nodiscard]] Backend& backend() noexcept { return backend_; }
     [[nodiscard]] const Backend& backend() const noexcept { return backend_; }
     /// Whether a data is live at this point of the step (the simulator's view).
-    [[nodiscard]] bool live(DataId d) const { return live_.at(d.index) != 0; }
+    [[nodiscard]] bool live(DataId d) const { return runs_.live(d); }
 
 private:
     [[nodiscard]] std::size_t loss_step() const noexcept { return plan_.prepared().loss_step; }
     [[nodiscard]] const ExecutionTable& table() const noexcept { return model_->table; }
-
-    // The loss's writes (the gradients the caller hands back) are live from its step on.
-    void mark_live(std::size_t index) {
-        const Step& step = plan_.schedule()[index];
-        for (const DataId d : model_->predicting.op(step.op()).writes) live_[d.index] = 1;
-    }
 
     [[nodiscard]] Bytes held_outside() const { return backend_.pending_gradient_bytes() + backend_.caller_bytes(); }
 
@@ -10375,7 +10565,7 @@ private:
         const Step& step = plan_.schedule()[index];
         if (step.is_free()) {
             try {
-                release(step.data());
+                runs_.release(backend_, step.data());
             } catch (...) {
                 fail(index, "");
             }
@@ -10394,7 +10584,7 @@ private:
         std::optional<typename Backend::RngState> rng_now;
         if (role != ExecOpRole::backward) {
             try {
-                with_grad = forward_to_run(OpId{k}, role == ExecOpRole::forward_grad);
+                with_grad = runs_.forward_to_run(backend_, OpId{k}, role == ExecOpRole::forward_grad);
             } catch (...) {
                 fail(index, backend_.describe(unit));
             }
@@ -10402,17 +10592,19 @@ private:
                 report_.measured_timeline[index] = probe_->current() - held_outside() - reference;
                 return;
             }
-            if (wants_rng(unit)) rng_now = backend_.capture_rng();
+            rng_now = runs_.rng_for(backend_, unit);
         }
         const Bytes outside_before = held_outside();
         probe_->reset_peak();
         double t0 = 0.0;
         if constexpr (HasClock<Backend>) t0 = backend_.now();
         try {
-            if (role == ExecOpRole::backward)
-                run_backward(OpId{k}, unit);
-            else
-                run_forward(OpId{k}, unit, *with_grad, std::move(rng_now));
+            if (role == ExecOpRole::backward) {
+                runs_.run_backward(backend_, OpId{k}, unit);
+            } else {
+                ++report_.forward_runs;
+                runs_.run_forward(backend_, OpId{k}, unit, *with_grad, std::move(rng_now));
+            }
             backend_.synchronize();
         } catch (...) {
             fail(index, backend_.describe(unit));
@@ -10421,131 +10613,6 @@ private:
         const Bytes during = probe_->peak() - outside_before - reference;
         report_.measured_timeline[index] = during;
         peak = std::max(peak, during);
-    }
-
-    void release(DataId d) {
-        backend_.release(d);
-        live_[d.index] = 0;
-    }
-
-    // A unit's random state is needed at its first run when the plan runs it again (to
-    // replay), and at a replay (to put the sequence back afterwards) — every run of a chained
-    // unit is one.
-    [[nodiscard]] bool wants_rng(std::size_t unit) const {
-        if (!backend_.random(unit)) return false;
-        if (rng_[unit]) return true;
-        return ran_[unit] == 0 && plan_.prepared().forward_runs[unit] > 1;
-    }
-
-    [[nodiscard]] std::size_t draw_rank(std::size_t unit) const {
-        if constexpr (DrawsLike<Backend>)
-            return backend_.draw_rank(unit);
-        else
-            return unit;
-    }
-
-    // Whether the plan's first runs of random units draw in the model's order, all before the
-    // loss: then the generators' own sequence gives each unit plain autograd's numbers.
-    [[nodiscard]] bool random_units_in_model_order() const {
-        const PreparedPlan& prepared = plan_.prepared();
-        std::optional<std::size_t> last_rank;
-        for (std::size_t i = 0; i < prepared.first_forward_order.size(); ++i) {
-            const std::size_t unit = prepared.first_forward_order[i];
-            if (!backend_.random(unit)) continue;
-            const std::size_t rank = draw_rank(unit);
-            if (!prepared.first_run_before_loss[i] || (last_rank && rank < *last_rank)) return false;
-            last_rank = rank;
-        }
-        return true;
-    }
-
-    // A plan that runs random units out of the model's order (Rockmate and H-Rockmate may
-    // reorder independent ops) would hand them other numbers than plain autograd. Instead,
-    // each random unit's state is found up front — the units draw in the model's order,
-    // computing nothing (DrawsLike) — and every run of it, the first included, replays it;
-    // the forward phase ends with the generators where the model's forward leaves them.
-    void chain_random_draws() {
-        if (random_units_in_model_order()) return;
-        if constexpr (DrawsLike<Backend>) {
-            std::vector<std::size_t> units;
-            for (std::size_t u = 0; u < table().units; ++u)
-                if (backend_.random(u) && plan_.prepared().forward_runs[u] > 0) units.push_back(u);
-            std::stable_sort(units.begin(), units.end(),
-                             [this](std::size_t a, std::size_t b) { return draw_rank(a) < draw_rank(b); });
-            try {
-                for (const std::size_t u : units) {
-                    rng_[u] = backend_.capture_rng();
-                    backend_.draw_like(u);
-                }
-                chain_end_ = backend_.capture_rng();
-            } catch (...) {
-                fail(0, " (drawing the units' random numbers in the model's order before the forward)");
-            }
-        } else {
-            try {
-                throw ExecutionError("the plan runs units that draw random numbers in another order than the model "
-                                     "(or after the loss), and this backend cannot draw them ahead (DrawsLike, "
-                                     "exec/backend.hpp); the step would not be plain autograd's");
-            } catch (...) {
-                fail(0, "");
-            }
-        }
-    }
-
-    // Puts the generators back on exit (after a replayed recomputation), exceptions included.
-    struct RestoreRng {
-        Backend& backend;
-        const typename Backend::RngState* state = nullptr;
-        explicit RestoreRng(Backend& b) : backend(b) {}
-        RestoreRng(const RestoreRng&) = delete;
-        RestoreRng& operator=(const RestoreRng&) = delete;
-        ~RestoreRng() {
-            if (state != nullptr) backend.restore_rng(*state);
-        }
-    };
-
-    // Whether a forward runs with grad, or nullopt when it has nothing to do: a forward with
-    // grad whose saved state is live only rewrites missing activations, one whose activations
-    // are all live does nothing. Live activations it rewrites are released now (the simulator
-    // counts a rewritten data once).
-    std::optional<bool> forward_to_run(OpId k, bool with_grad) {
-        const Op& op = model_->predicting.op(k);
-        bool saved_live = false, activations_live = true;
-        for (const DataId d : op.writes) {
-            if (is_saved(d))
-                saved_live = saved_live || live_[d.index];
-            else
-                activations_live = activations_live && live_[d.index];
-        }
-        if (with_grad && saved_live) with_grad = false;
-        if (!with_grad && activations_live) return std::nullopt;
-        for (const DataId d : op.writes)
-            if (!is_saved(d) && live_[d.index]) release(d);
-        return with_grad;
-    }
-
-    [[nodiscard]] bool is_saved(DataId d) const { return table().data_role[d.index] == ExecDataRole::saved; }
-
-    void run_forward(OpId k, std::size_t unit, bool with_grad, std::optional<typename Backend::RngState> rng_now) {
-        const Op& op = model_->predicting.op(k);
-        const bool first = ran_[unit] == 0;
-        ran_[unit] = 1;
-        RestoreRng restore(backend_);
-        if (rng_[unit] && rng_now) {  // a recomputation, or any run of a chained unit
-            restore.state = &*rng_now;
-            backend_.restore_rng(*rng_[unit]);
-        } else if (first && rng_now) {
-            rng_[unit] = std::move(rng_now);  // the numbers its later runs replay
-        }
-        ++report_.forward_runs;
-        backend_.forward(unit, with_grad, first);
-        for (const DataId d : op.writes)
-            if (with_grad || !is_saved(d)) live_[d.index] = 1;
-    }
-
-    void run_backward(OpId k, std::size_t unit) {
-        backend_.backward(unit);
-        for (const DataId d : model_->predicting.op(k).writes) live_[d.index] = 1;
     }
 
     void sync_or_fail(std::size_t index) {
@@ -10595,10 +10662,7 @@ private:
     Probe* probe_;
     bool continuous_ = false;
     StepPhase phase_ = StepPhase::ready;
-    std::vector<char> live_;
-    std::vector<std::optional<typename Backend::RngState>> rng_;
-    std::optional<typename Backend::RngState> chain_end_;  // set when the random draws are chained
-    std::vector<char> ran_;
+    UnitRuns<Backend> runs_;
     Bytes forward_reference_ = 0;
     StepReport report_;
     std::vector<double> step_seconds_;
@@ -12059,6 +12123,119 @@ struct TrainingStateOptions {
     bool input_gradient = true;
 };
 
+/// A weight of a problem's ops, for training_problem(): the ops that read it (forwards,
+/// forwards with grad, backwards) and the backward that writes its gradient.
+struct WeightUse {
+    std::string name;
+    Bytes bytes = 0;
+    std::vector<OpId> readers;
+    OpId gradient_writer{};
+};
+
+namespace detail {
+
+// What a copied base data becomes: its bytes and whether it may be offloaded.
+struct CopiedData {
+    Bytes bytes = 0;
+    bool offloadable = false;
+};
+
+// `base` with, for each weight, its data `w<suffix>`, gradient `gw<suffix>`, optimizer state
+// `m<suffix>`, marker `u<suffix>` and update `U<suffix>` (suffix: the stage number of a chain,
+// ":name" otherwise); `copy(d)` says what base data d becomes.
+template <class CopyData>
+[[nodiscard]] Problem with_weights(const Problem& base, std::span<const WeightUse> weights,
+                                   const std::vector<std::string>& suffixes, const TrainingStateOptions& options,
+                                   const CopyData& copy) {
+    ProblemBuilder b(base.name());
+    for (std::size_t k = 0; k < base.data_count(); ++k) {
+        const CopiedData data = copy(DataId{k});
+        b.add_data(base.data(DataId{k}).name, data.bytes, data.offloadable);
+    }
+    struct Ids {
+        DataId w, gw, u;
+        std::optional<DataId> m;  // none when the optimizer keeps no state
+    };
+    std::vector<Ids> ids;
+    for (std::size_t i = 0; i < weights.size(); ++i) {
+        const WeightUse& weight = weights[i];
+        if (weight.bytes <= 0)
+            throw InvalidInput("training_problem: weight '" + weight.name + "' of '" + base.name() + "' has " +
+                               std::to_string(weight.bytes) + " bytes; leave out weights without bytes");
+        const auto state = options.gradients_to_caller
+                               ? Bytes{0}
+                               : static_cast<Bytes>(options.optimizer_state_per_parameter * static_cast<double>(weight.bytes));
+        Ids id{b.add_data("w" + suffixes[i], weight.bytes, options.offloadable), b.add_data("gw" + suffixes[i], weight.bytes),
+               DataId{}, std::nullopt};
+        if (state > 0) id.m = b.add_data("m" + suffixes[i], state, options.offloadable);
+        id.u = b.add_data("u" + suffixes[i], 0);
+        ids.push_back(id);
+    }
+    for (std::size_t k = 0; k < base.op_count(); ++k) {
+        const Op& op = base.op(OpId{k});
+        OpSpec spec{op.name, op.time, op.overhead, op.reads, op.writes, op.exactly_once};
+        for (std::size_t i = 0; i < weights.size(); ++i) {
+            const WeightUse& weight = weights[i];
+            if (std::find(weight.readers.begin(), weight.readers.end(), OpId{k}) != weight.readers.end())
+                spec.reads.push_back(ids[i].w);
+            if (weight.gradient_writer != OpId{k}) continue;
+            spec.writes.push_back(ids[i].gw);
+            // A profile that measured the backward with its weight gradients counted them in its
+            // overhead; they are a data now.
+            if (options.backward_overhead_includes_gradients) spec.overhead = std::max<Bytes>(0, spec.overhead - weight.bytes);
+        }
+        b.add_op(std::move(spec));
+    }
+    std::vector<OpId> order(base.autograd_order().begin(), base.autograd_order().end());
+    for (std::size_t i = 0; i < weights.size(); ++i) {
+        const double time = options.gradients_to_caller
+                                ? 0.0
+                                : options.update_time_per_parameter_byte * static_cast<double>(weights[i].bytes);
+        OpSpec update{"U" + suffixes[i], time, 0, {ids[i].gw}, {ids[i].u}, true};
+        update.updates.push_back(ids[i].w);
+        if (ids[i].m) update.updates.push_back(*ids[i].m);
+        order.push_back(b.add_op(std::move(update)));
+        b.add_initial(ids[i].w);
+        if (ids[i].m) b.add_initial(*ids[i].m);
+        b.add_final(ids[i].u);
+        if (options.gradients_to_caller) b.add_final(ids[i].gw);
+    }
+    for (const DataId d : base.initial()) b.add_initial(d);
+    for (const DataId d : base.final_data()) b.add_final(d);
+    if (const auto loss = base.loss()) b.set_loss(*loss);
+    b.set_autograd_order(std::move(order));
+    b.set_transfers(options.transfers);
+    return b.build();
+}
+
+}  // namespace detail
+
+/// The `remat.problem/2` problem of training any problem's weights: `activations` is kept
+/// (its data and ops keep their ids), and for each weight come `w:<name>` (read by its
+/// readers), its gradient `gw:<name>` (written by its gradient writer), its optimizer state
+/// `m:<name>`, and the update `U:<name>` (reads gw, updates w and m, writes the zero-byte
+/// final marker `u:<name>`), after the backward in the autograd order. With
+/// TrainingStateOptions::gradients_to_caller, the gradients are final and each update is the
+/// caller's optimizer step after the step (no time, no state). Throws InvalidInput for a weight
+/// that names an op the problem does not have, or that has no bytes.
+[[nodiscard]] inline Problem training_problem(const Problem& activations, std::span<const WeightUse> weights,
+                                              const TrainingStateOptions& options = {}) {
+    std::vector<std::string> suffixes;
+    for (const WeightUse& weight : weights) {
+        const auto check = [&](OpId op) {
+            if (op.index >= activations.op_count())
+                throw InvalidInput("training_problem: weight '" + weight.name + "' names op #" + std::to_string(op.index) +
+                                   " but '" + activations.name() + "' has " + std::to_string(activations.op_count()));
+        };
+        for (const OpId op : weight.readers) check(op);
+        check(weight.gradient_writer);
+        suffixes.push_back(":" + weight.name);
+    }
+    return detail::with_weights(activations, weights, suffixes, options, [&](DataId d) {
+        return detail::CopiedData{activations.data(d).bytes, activations.data(d).offloadable};
+    });
+}
+
 /// The `remat.problem/2` problem of training a chain with `parameter_bytes[l - 1]` bytes of
 /// weights in stage l. `chain_expansion` is the chain's expansion (§5: `to_problem(chain)`, or
 /// a profile's exact problem with the same data and ops): it is kept, and for each stage with
@@ -12076,67 +12253,20 @@ struct TrainingStateOptions {
         throw InvalidInput("training_problem: '" + base.name() + "' is not the expansion of a chain of " +
                            std::to_string(L) + " stages (one parameter size per stage)");
     const ChainIds ids = chain_ids(L);
-    ProblemBuilder b(base.name());
     std::vector<char> activation(base.data_count(), 0);
     for (std::size_t l = 1; l <= L; ++l) activation[ids.a[l].index] = activation[ids.s[l].index] = 1;
-    for (std::size_t k = 0; k < base.data_count(); ++k) {
-        const bool no_input_gradient = !options.input_gradient && DataId{k} == ids.g[0];
-        b.add_data(base.data(DataId{k}).name, no_input_gradient ? 0 : base.data(DataId{k}).bytes,
-                   options.offloadable_activations && activation[k]);
-    }
-    std::vector<DataId> w(L + 1), gw(L + 1), u(L + 1);
-    std::vector<std::optional<DataId>> m(L + 1);  // none when the optimizer keeps no state
+    std::vector<WeightUse> weights;
+    std::vector<std::string> suffixes;
     for (std::size_t l = 1; l <= L; ++l) {
-        const Bytes bytes = parameter_bytes[l - 1];
-        if (bytes <= 0) continue;
-        const std::string n = std::to_string(l);
-        w[l] = b.add_data("w" + n, bytes, options.offloadable);
-        gw[l] = b.add_data("gw" + n, bytes);
-        const auto state = options.gradients_to_caller
-                               ? Bytes{0}
-                               : static_cast<Bytes>(options.optimizer_state_per_parameter * static_cast<double>(bytes));
-        if (state > 0) m[l] = b.add_data("m" + n, state, options.offloadable);
-        u[l] = b.add_data("u" + n, 0);
+        if (parameter_bytes[l - 1] <= 0) continue;
+        weights.push_back({std::to_string(l), parameter_bytes[l - 1], {ids.fwd[l], ids.fwd_grad[l], ids.bwd[l]}, ids.bwd[l]});
+        suffixes.push_back(std::to_string(l));
     }
-    const auto has_weights = [&](std::size_t l) { return parameter_bytes[l - 1] > 0; };
-    for (std::size_t k = 0; k < base.op_count(); ++k) {
-        const Op& op = base.op(OpId{k});
-        OpSpec spec{op.name, op.time, op.overhead, op.reads, op.writes, op.exactly_once};
-        for (std::size_t l = 1; l <= L; ++l) {
-            if (!has_weights(l)) continue;
-            if (OpId{k} == ids.fwd[l] || OpId{k} == ids.fwd_grad[l]) spec.reads.push_back(w[l]);
-            if (OpId{k} == ids.bwd[l]) {
-                spec.reads.push_back(w[l]);
-                spec.writes.push_back(gw[l]);
-                // A profile that measured the backward with its weight gradients counted them
-                // in its overhead; they are a data now.
-                if (options.backward_overhead_includes_gradients)
-                    spec.overhead = std::max<Bytes>(0, spec.overhead - parameter_bytes[l - 1]);
-            }
-        }
-        b.add_op(std::move(spec));
-    }
-    std::vector<OpId> order(base.autograd_order().begin(), base.autograd_order().end());
-    for (std::size_t l = 1; l <= L; ++l) {
-        if (!has_weights(l)) continue;
-        const double time = options.gradients_to_caller
-                                ? 0.0
-                                : options.update_time_per_parameter_byte * static_cast<double>(parameter_bytes[l - 1]);
-        OpSpec update{"U" + std::to_string(l), time, 0, {gw[l]}, {u[l]}, true};
-        update.updates.push_back(w[l]);
-        if (m[l]) update.updates.push_back(*m[l]);
-        order.push_back(b.add_op(std::move(update)));
-        b.add_initial(w[l]);
-        if (m[l]) b.add_initial(*m[l]);
-        b.add_final(u[l]);
-        if (options.gradients_to_caller) b.add_final(gw[l]);
-    }
-    b.add_initial(ids.a[0]);
-    b.add_final(ids.g[0]);
-    b.set_loss(ids.loss);
-    b.set_autograd_order(std::move(order));
-    b.set_transfers(options.transfers);
-    return b.build();
+    return detail::with_weights(base, weights, suffixes, options, [&](DataId d) {
+        const bool no_input_gradient = !options.input_gradient && d == ids.g[0];
+        return detail::CopiedData{no_input_gradient ? 0 : base.data(d).bytes,
+                                  options.offloadable_activations && activation[d.index] != 0};
+    });
 }
 
 /// The same, from a chain (§5).
@@ -13429,9 +13559,12 @@ private:
             if (options_.rollback) transfers_->keep_for_rollback(d);
         }
         if constexpr (requires(Compute& c) { c.prepare(id); }) compute_->prepare(id);
+        // What others hold from before the op: memory the op makes that someone else keeps
+        // afterwards (a parameter gradient outside the plan) was the op's while it ran.
+        const Bytes outside_before = held_outside();
         probe_->reset_peak();
         compute_->run(id);
-        return probe_->peak() - device_reference_ - held_outside();
+        return probe_->peak() - device_reference_ - outside_before;
     }
 
     // Puts the data back as the step found them (the transfer backend waits for the copies in
@@ -13486,4 +13619,171 @@ private:
 
 }  // namespace remat
 // ---- end remat/exec/offload_step.hpp ----
+// ---- begin remat/exec/backend_compute.hpp ----
+// remat/exec/backend_compute.hpp — BackendCompute: the ops of a training problem run through a
+// framework's ExecutionBackend (backend.hpp), for the offloading engine (offload_step.hpp).
+// Standard library only.
+//
+// The training problem is a backend's activation problem with its weights added
+// (offload::training_problem(activations, weights, options) with
+// TrainingStateOptions::gradients_to_caller): the activation problem's ops and data keep
+// their ids, and after them come each weight `w:<name>`, its gradient `gw:<name>` and the
+// update `U:<name>`. The weights move through the transfer backend; everything else runs as
+// the execution engine runs it (unit_runs.hpp: which forward really runs, random-number
+// replay). The updates are the caller's optimizer after the step: they run nothing. The
+// gradients are the backend's collected parameter gradients, handed over by finish(); the
+// ones the problem models are part of the plan's memory, and any others (a parameter that
+// stays outside the problem, e.g. one several units share) are held outside it.
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+
+namespace remat {
+
+/// The activation problem inside a training problem, checked: the same ops and data first.
+/// Throws InvalidInput when `training` is not `activations` with weights added after, or when
+/// its gradients are not handed to the caller.
+inline void check_training_problem(const Problem& training, const Problem& activations) {
+    const std::string who = "training problem '" + training.name() + "'";
+    const offload::TrainingSplit split = offload::split_training_state(training);
+    const Problem& kept = split.activations;
+    bool same = kept.op_count() == activations.op_count() && kept.data_count() == activations.data_count();
+    for (std::size_t k = 0; same && k < kept.op_count(); ++k)
+        same = split.op_in_full[k] == k && kept.op(OpId{k}).name == activations.op(OpId{k}).name;
+    for (std::size_t k = 0; same && k < kept.data_count(); ++k)
+        same = split.data_in_full[k] == k && kept.data(DataId{k}).name == activations.data(DataId{k}).name;
+    if (!same)
+        throw InvalidInput(who + " is not '" + activations.name() + "' with weights added after its own ops and data "
+                                 "(offload::training_problem(activations, weights, options))");
+    for (std::size_t k = activations.data_count(); k < training.data_count(); ++k) {
+        const DataId d{k};
+        if (!training.updater(d) && !training.is_final(d) && training.data(d).bytes > 0)
+            throw InvalidInput(who + ": gradient '" + training.data(d).name +
+                               "' is freed inside the step; the optimizer here is the caller's, after the step: "
+                               "make the problem with TrainingStateOptions::gradients_to_caller");
+    }
+}
+
+/// Runs the ops of a training problem through `Backend` (see the top of this header): the
+/// StepCompute of OffloadStep, one step at a time. After OffloadStep's forward phase call
+/// end_forward(), after its backward finish(); a failed step has been rolled back (abort_step).
+template <ExecutionBackend Backend>
+class BackendCompute {
+public:
+    /// `training` and `activations` must outlive the compute; `table`: the activation problem's.
+    BackendCompute(const Problem& training, const Problem& activations, const ExecutionTable& table,
+                   const offload::OffloadSchedule& schedule, Backend backend)
+        : training_(&training), activations_(&activations), table_(&table), backend_(std::move(backend)),
+          runs_(activations, table, landmarks(activations, table, schedule)) {
+        check_training_problem(training, activations);
+    }
+
+    // ---- StepCompute
+    /// Before the op's measured window: the step's start (the random draws of a plan that runs
+    /// random units out of the model's order), what a forward really runs and the release of
+    /// what it rewrites, and the generators' state.
+    void prepare(OpId op) {
+        if (!started_) start();
+        prepared_ = op;
+        with_grad_.reset();
+        rng_now_.reset();
+        if (!is_activation_op(op)) return;
+        const ExecOpRole role = table_->op_role[op.index];
+        if (role != ExecOpRole::forward && role != ExecOpRole::forward_grad) return;
+        with_grad_ = runs_.forward_to_run(backend_, op, role == ExecOpRole::forward_grad);
+        if (with_grad_) rng_now_ = runs_.rng_for(backend_, table_->op_unit[op.index]);
+    }
+    void run(OpId op) {
+        if (prepared_ != op) prepare(op);
+        prepared_.reset();
+        if (!is_activation_op(op)) return;  // an update: the caller's optimizer, after the step
+        const ExecOpRole role = table_->op_role[op.index];
+        const std::size_t unit = table_->op_unit[op.index];
+        switch (role) {
+            case ExecOpRole::loss: runs_.mark_written(op); loss_done_ = true; break;
+            case ExecOpRole::backward:
+                runs_.run_backward(backend_, op, unit);
+                for (const DataId d : training_->op(op).writes)
+                    if (d.index >= activations_->data_count()) modeled_gradient_bytes_ += training_->data(d).bytes;
+                break;
+            case ExecOpRole::forward:
+            case ExecOpRole::forward_grad:
+                if (!with_grad_) return;  // everything it writes is live
+                ++forward_runs_;
+                runs_.run_forward(backend_, op, unit, *with_grad_, std::move(rng_now_));
+                break;
+        }
+        backend_.synchronize();
+    }
+    void release(DataId d) {
+        if (d.index < activations_->data_count()) runs_.release(backend_, d);
+        // The weights move through the transfer backend; their gradients are final and the
+        // update markers hold nothing.
+    }
+    /// What the plan does not count that the device holds: parameter gradients the problem
+    /// does not model, and what the caller holds (outputs it kept).
+    [[nodiscard]] Bytes held_outside() const {
+        return backend_.pending_gradient_bytes() - modeled_gradient_bytes_ + backend_.caller_bytes();
+    }
+    /// A failed step: the backend rolls back (the generators too, before the loss: the caller
+    /// may have drawn from them after it) and drops what the step holds.
+    void abort_step() noexcept {
+        if (started_) backend_.rollback(!loss_done_);
+        backend_.clear();
+        started_ = false;
+    }
+
+    // ---- The step's phases
+    /// After the forward phase: the generators stand where the model's forward leaves them.
+    void end_forward() {
+        if (runs_.chain_end()) backend_.restore_rng(*runs_.chain_end());
+    }
+    /// After the backward phase: hands the collected parameter gradients over (Backend::commit).
+    void finish() {
+        backend_.commit();
+        started_ = false;
+    }
+
+    [[nodiscard]] Backend& backend() noexcept { return backend_; }
+    [[nodiscard]] const Backend& backend() const noexcept { return backend_; }
+    /// Forward runs so far (recomputations included).
+    [[nodiscard]] std::size_t forward_runs() const noexcept { return forward_runs_; }
+
+private:
+    [[nodiscard]] static ForwardLandmarks landmarks(const Problem& activations, const ExecutionTable& table,
+                                                    const offload::OffloadSchedule& schedule) {
+        table.check(activations);
+        std::vector<OpId> ops;
+        for (const offload::TransferStep& step : schedule.steps)
+            if (step.is_run() && step.op().index < activations.op_count()) ops.push_back(step.op());
+        return forward_landmarks(table, ops);
+    }
+    [[nodiscard]] bool is_activation_op(OpId op) const { return op.index < activations_->op_count(); }
+
+    void start() {
+        backend_.begin_step();
+        started_ = true;
+        runs_.chain_random_draws(backend_);
+    }
+
+    const Problem* training_;
+    const Problem* activations_;
+    const ExecutionTable* table_;
+    Backend backend_;
+    UnitRuns<Backend> runs_;
+    std::optional<OpId> prepared_;
+    std::optional<bool> with_grad_;
+    std::optional<typename Backend::RngState> rng_now_;
+    Bytes modeled_gradient_bytes_ = 0;
+    std::size_t forward_runs_ = 0;
+    bool started_ = false;
+    bool loss_done_ = false;
+};
+
+}  // namespace remat
+// ---- end remat/exec/backend_compute.hpp ----
 // ---- end remat/remat.hpp ----

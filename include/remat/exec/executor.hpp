@@ -12,7 +12,8 @@
 //   - random-number replay: the generators' state is read before the measured window at the
 //     first run of a unit the plan recomputes, and put back around each recomputation; when a
 //     plan runs random units out of the model's order, their states are drawn ahead in the
-//     model's order (DrawsLike) and replayed at every run;
+//     model's order (DrawsLike) and replayed at every run (these two in unit_runs.hpp, which
+//     the offloading engine's backend adapter shares);
 //   - the plan's timeline against measured memory: the probe's peak while each op runs, minus
 //     the parameter gradients collected so far and what the caller holds, on the simulator's
 //     scale (the step's start plus the inputs);
@@ -40,6 +41,7 @@
 #include "backend.hpp"
 #include "plan.hpp"
 #include "report.hpp"
+#include "unit_runs.hpp"
 
 namespace remat {
 
@@ -63,12 +65,7 @@ public:
     ExecutionStep(std::shared_ptr<const ExecutionModel> model, ExecutionPlan plan, Backend backend, Probe& probe,
                   bool continuous)
         : model_(std::move(model)), plan_(std::move(plan)), backend_(std::move(backend)), probe_(&probe),
-          continuous_(continuous) {
-        const Problem& p = model_->predicting;
-        live_.assign(p.data_count(), 0);
-        for (const DataId d : p.initial()) live_[d.index] = 1;
-        rng_.resize(model_->table.units);
-        ran_.assign(model_->table.units, 0);
+          continuous_(continuous), runs_(model_->predicting, model_->table, plan_.prepared()) {
         report_.predicted_peak = plan_.predicted_peak();
         report_.planned_peak = plan_.planned_peak();
         report_.predicted_time = plan_.predicted_time();
@@ -91,13 +88,17 @@ public:
         backend_.begin_step();
         phase_ = StepPhase::forward;
         const Stopwatch clock;
-        chain_random_draws();
+        try {
+            runs_.chain_random_draws(backend_);
+        } catch (...) {
+            fail(0, " (drawing the units' random numbers in the model's order before the forward)");
+        }
         report_.forward_peak = model_->predicting.initial_bytes();
         forward_reference_ = probe_->current() - model_->predicting.initial_bytes();
         for (std::size_t i = 0; i < loss_step(); ++i) execute(i, forward_reference_, report_.forward_peak);
         sync_or_fail(loss_step());
         // After a chained forward the generators stand where the model's forward leaves them.
-        if (chain_end_) backend_.restore_rng(*chain_end_);
+        if (runs_.chain_end()) backend_.restore_rng(*runs_.chain_end());
         report_.forward_seconds = clock.seconds();
         phase_ = StepPhase::between;
     }
@@ -116,7 +117,7 @@ public:
         report_.caller_bytes = (now - forward_reference_) - after_loss;
         report_.backward_peak = after_loss;
         const Bytes reference = continuous_ ? forward_reference_ : now - after_loss;
-        mark_live(loss_step());
+        runs_.mark_written(plan_.schedule()[loss_step()].op());
         const Schedule& schedule = plan_.schedule();
         for (std::size_t i = loss_step() + 1; i < schedule.size(); ++i) execute(i, reference, report_.backward_peak);
         sync_or_fail(schedule.size());
@@ -149,17 +150,11 @@ public:
     [[nodiscard]] Backend& backend() noexcept { return backend_; }
     [[nodiscard]] const Backend& backend() const noexcept { return backend_; }
     /// Whether a data is live at this point of the step (the simulator's view).
-    [[nodiscard]] bool live(DataId d) const { return live_.at(d.index) != 0; }
+    [[nodiscard]] bool live(DataId d) const { return runs_.live(d); }
 
 private:
     [[nodiscard]] std::size_t loss_step() const noexcept { return plan_.prepared().loss_step; }
     [[nodiscard]] const ExecutionTable& table() const noexcept { return model_->table; }
-
-    // The loss's writes (the gradients the caller hands back) are live from its step on.
-    void mark_live(std::size_t index) {
-        const Step& step = plan_.schedule()[index];
-        for (const DataId d : model_->predicting.op(step.op()).writes) live_[d.index] = 1;
-    }
 
     [[nodiscard]] Bytes held_outside() const { return backend_.pending_gradient_bytes() + backend_.caller_bytes(); }
 
@@ -167,7 +162,7 @@ private:
         const Step& step = plan_.schedule()[index];
         if (step.is_free()) {
             try {
-                release(step.data());
+                runs_.release(backend_, step.data());
             } catch (...) {
                 fail(index, "");
             }
@@ -186,7 +181,7 @@ private:
         std::optional<typename Backend::RngState> rng_now;
         if (role != ExecOpRole::backward) {
             try {
-                with_grad = forward_to_run(OpId{k}, role == ExecOpRole::forward_grad);
+                with_grad = runs_.forward_to_run(backend_, OpId{k}, role == ExecOpRole::forward_grad);
             } catch (...) {
                 fail(index, backend_.describe(unit));
             }
@@ -194,17 +189,19 @@ private:
                 report_.measured_timeline[index] = probe_->current() - held_outside() - reference;
                 return;
             }
-            if (wants_rng(unit)) rng_now = backend_.capture_rng();
+            rng_now = runs_.rng_for(backend_, unit);
         }
         const Bytes outside_before = held_outside();
         probe_->reset_peak();
         double t0 = 0.0;
         if constexpr (HasClock<Backend>) t0 = backend_.now();
         try {
-            if (role == ExecOpRole::backward)
-                run_backward(OpId{k}, unit);
-            else
-                run_forward(OpId{k}, unit, *with_grad, std::move(rng_now));
+            if (role == ExecOpRole::backward) {
+                runs_.run_backward(backend_, OpId{k}, unit);
+            } else {
+                ++report_.forward_runs;
+                runs_.run_forward(backend_, OpId{k}, unit, *with_grad, std::move(rng_now));
+            }
             backend_.synchronize();
         } catch (...) {
             fail(index, backend_.describe(unit));
@@ -213,131 +210,6 @@ private:
         const Bytes during = probe_->peak() - outside_before - reference;
         report_.measured_timeline[index] = during;
         peak = std::max(peak, during);
-    }
-
-    void release(DataId d) {
-        backend_.release(d);
-        live_[d.index] = 0;
-    }
-
-    // A unit's random state is needed at its first run when the plan runs it again (to
-    // replay), and at a replay (to put the sequence back afterwards) — every run of a chained
-    // unit is one.
-    [[nodiscard]] bool wants_rng(std::size_t unit) const {
-        if (!backend_.random(unit)) return false;
-        if (rng_[unit]) return true;
-        return ran_[unit] == 0 && plan_.prepared().forward_runs[unit] > 1;
-    }
-
-    [[nodiscard]] std::size_t draw_rank(std::size_t unit) const {
-        if constexpr (DrawsLike<Backend>)
-            return backend_.draw_rank(unit);
-        else
-            return unit;
-    }
-
-    // Whether the plan's first runs of random units draw in the model's order, all before the
-    // loss: then the generators' own sequence gives each unit plain autograd's numbers.
-    [[nodiscard]] bool random_units_in_model_order() const {
-        const PreparedPlan& prepared = plan_.prepared();
-        std::optional<std::size_t> last_rank;
-        for (std::size_t i = 0; i < prepared.first_forward_order.size(); ++i) {
-            const std::size_t unit = prepared.first_forward_order[i];
-            if (!backend_.random(unit)) continue;
-            const std::size_t rank = draw_rank(unit);
-            if (!prepared.first_run_before_loss[i] || (last_rank && rank < *last_rank)) return false;
-            last_rank = rank;
-        }
-        return true;
-    }
-
-    // A plan that runs random units out of the model's order (Rockmate and H-Rockmate may
-    // reorder independent ops) would hand them other numbers than plain autograd. Instead,
-    // each random unit's state is found up front — the units draw in the model's order,
-    // computing nothing (DrawsLike) — and every run of it, the first included, replays it;
-    // the forward phase ends with the generators where the model's forward leaves them.
-    void chain_random_draws() {
-        if (random_units_in_model_order()) return;
-        if constexpr (DrawsLike<Backend>) {
-            std::vector<std::size_t> units;
-            for (std::size_t u = 0; u < table().units; ++u)
-                if (backend_.random(u) && plan_.prepared().forward_runs[u] > 0) units.push_back(u);
-            std::stable_sort(units.begin(), units.end(),
-                             [this](std::size_t a, std::size_t b) { return draw_rank(a) < draw_rank(b); });
-            try {
-                for (const std::size_t u : units) {
-                    rng_[u] = backend_.capture_rng();
-                    backend_.draw_like(u);
-                }
-                chain_end_ = backend_.capture_rng();
-            } catch (...) {
-                fail(0, " (drawing the units' random numbers in the model's order before the forward)");
-            }
-        } else {
-            try {
-                throw ExecutionError("the plan runs units that draw random numbers in another order than the model "
-                                     "(or after the loss), and this backend cannot draw them ahead (DrawsLike, "
-                                     "exec/backend.hpp); the step would not be plain autograd's");
-            } catch (...) {
-                fail(0, "");
-            }
-        }
-    }
-
-    // Puts the generators back on exit (after a replayed recomputation), exceptions included.
-    struct RestoreRng {
-        Backend& backend;
-        const typename Backend::RngState* state = nullptr;
-        explicit RestoreRng(Backend& b) : backend(b) {}
-        RestoreRng(const RestoreRng&) = delete;
-        RestoreRng& operator=(const RestoreRng&) = delete;
-        ~RestoreRng() {
-            if (state != nullptr) backend.restore_rng(*state);
-        }
-    };
-
-    // Whether a forward runs with grad, or nullopt when it has nothing to do: a forward with
-    // grad whose saved state is live only rewrites missing activations, one whose activations
-    // are all live does nothing. Live activations it rewrites are released now (the simulator
-    // counts a rewritten data once).
-    std::optional<bool> forward_to_run(OpId k, bool with_grad) {
-        const Op& op = model_->predicting.op(k);
-        bool saved_live = false, activations_live = true;
-        for (const DataId d : op.writes) {
-            if (is_saved(d))
-                saved_live = saved_live || live_[d.index];
-            else
-                activations_live = activations_live && live_[d.index];
-        }
-        if (with_grad && saved_live) with_grad = false;
-        if (!with_grad && activations_live) return std::nullopt;
-        for (const DataId d : op.writes)
-            if (!is_saved(d) && live_[d.index]) release(d);
-        return with_grad;
-    }
-
-    [[nodiscard]] bool is_saved(DataId d) const { return table().data_role[d.index] == ExecDataRole::saved; }
-
-    void run_forward(OpId k, std::size_t unit, bool with_grad, std::optional<typename Backend::RngState> rng_now) {
-        const Op& op = model_->predicting.op(k);
-        const bool first = ran_[unit] == 0;
-        ran_[unit] = 1;
-        RestoreRng restore(backend_);
-        if (rng_[unit] && rng_now) {  // a recomputation, or any run of a chained unit
-            restore.state = &*rng_now;
-            backend_.restore_rng(*rng_[unit]);
-        } else if (first && rng_now) {
-            rng_[unit] = std::move(rng_now);  // the numbers its later runs replay
-        }
-        ++report_.forward_runs;
-        backend_.forward(unit, with_grad, first);
-        for (const DataId d : op.writes)
-            if (with_grad || !is_saved(d)) live_[d.index] = 1;
-    }
-
-    void run_backward(OpId k, std::size_t unit) {
-        backend_.backward(unit);
-        for (const DataId d : model_->predicting.op(k).writes) live_[d.index] = 1;
     }
 
     void sync_or_fail(std::size_t index) {
@@ -387,10 +259,7 @@ private:
     Probe* probe_;
     bool continuous_ = false;
     StepPhase phase_ = StepPhase::ready;
-    std::vector<char> live_;
-    std::vector<std::optional<typename Backend::RngState>> rng_;
-    std::optional<typename Backend::RngState> chain_end_;  // set when the random draws are chained
-    std::vector<char> ran_;
+    UnitRuns<Backend> runs_;
     Bytes forward_reference_ = 0;
     StepReport report_;
     std::vector<double> step_seconds_;

@@ -229,9 +229,12 @@ private:
             if (options_.rollback) transfers_->keep_for_rollback(d);
         }
         if constexpr (requires(Compute& c) { c.prepare(id); }) compute_->prepare(id);
+        // What others hold from before the op: memory the op makes that someone else keeps
+        // afterwards (a parameter gradient outside the plan) was the op's while it ran.
+        const Bytes outside_before = held_outside();
         probe_->reset_peak();
         compute_->run(id);
-        return probe_->peak() - device_reference_ - held_outside();
+        return probe_->peak() - device_reference_ - outside_before;
     }
 
     // Puts the data back as the step found them (the transfer backend waits for the copies in

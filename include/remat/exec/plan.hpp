@@ -58,14 +58,8 @@ struct ExecutionTable {
     }
 };
 
-/// A plan checked against an executor's problem, with what its steps look up at run time.
-struct PreparedPlan {
-    Plan plan;
-    /// On the problem predictions use.
-    SimulationReport simulation;
-    /// The simulator's peak on the problem the solver planned with.
-    Bytes planned_peak = 0;
-    std::size_t loss_step = 0;
+/// Where each unit's forwards come in a plan: what random-number replay needs to know.
+struct ForwardLandmarks {
     /// Per unit: how many forwards the plan runs. A unit run more than once is recomputed,
     /// so its random numbers are kept at its first run.
     std::vector<std::size_t> forward_runs;
@@ -73,6 +67,38 @@ struct PreparedPlan {
     /// the loss.
     std::vector<std::size_t> first_forward_order;
     std::vector<char> first_run_before_loss;
+};
+
+/// The landmarks of the ops a plan runs, in order (`run_ops`; loss included).
+template <class Ops>
+[[nodiscard]] ForwardLandmarks forward_landmarks(const ExecutionTable& table, const Ops& run_ops) {
+    ForwardLandmarks out;
+    out.forward_runs.assign(table.units, 0);
+    bool after_loss = false;
+    for (const OpId op : run_ops) {
+        const ExecOpRole role = table.op_role.at(op.index);
+        if (role == ExecOpRole::loss) {
+            after_loss = true;
+        } else if (role == ExecOpRole::forward || role == ExecOpRole::forward_grad) {
+            const std::size_t unit = table.op_unit[op.index];
+            if (out.forward_runs.at(unit)++ == 0) {
+                out.first_forward_order.push_back(unit);
+                out.first_run_before_loss.push_back(after_loss ? 0 : 1);
+            }
+        }
+    }
+    return out;
+}
+
+/// A plan checked against an executor's problem, with what its steps look up at run time
+/// (its forward landmarks among them).
+struct PreparedPlan : ForwardLandmarks {
+    Plan plan;
+    /// On the problem predictions use.
+    SimulationReport simulation;
+    /// The simulator's peak on the problem the solver planned with.
+    Bytes planned_peak = 0;
+    std::size_t loss_step = 0;
 };
 
 /// A prepared plan, shareable between steps and executors of the same problem.
@@ -112,23 +138,18 @@ private:
     auto prepared = std::make_shared<PreparedPlan>();
     prepared->simulation = &planned == &predicting ? on_planned : checked_simulation(predicting, plan.schedule, subject);
     prepared->planned_peak = on_planned.peak;
-    prepared->forward_runs.assign(table.units, 0);
     bool found_loss = false;
+    std::vector<OpId> run_ops;
     for (std::size_t i = 0; i < plan.schedule.size(); ++i) {
         const Step& step = plan.schedule[i];
         if (!step.is_run()) continue;
-        const ExecOpRole role = table.op_role.at(step.op().index);
-        if (role == ExecOpRole::loss) {
+        run_ops.push_back(step.op());
+        if (table.op_role.at(step.op().index) == ExecOpRole::loss) {
             prepared->loss_step = i;
             found_loss = true;
-        } else if (role == ExecOpRole::forward || role == ExecOpRole::forward_grad) {
-            const std::size_t unit = table.op_unit[step.op().index];
-            if (prepared->forward_runs.at(unit)++ == 0) {
-                prepared->first_forward_order.push_back(unit);
-                prepared->first_run_before_loss.push_back(found_loss ? 0 : 1);
-            }
         }
     }
+    static_cast<ForwardLandmarks&>(*prepared) = forward_landmarks(table, run_ops);
     if (!found_loss) throw InvalidInput("the plan never runs 'loss'");
     prepared->plan = std::move(plan);
     return ExecutionPlan(std::move(prepared));
