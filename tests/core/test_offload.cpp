@@ -400,3 +400,65 @@ TEST_CASE("caller's optimizer: gradients are final, updates take no time, and we
     }
     CHECK(offloading_plans > 0);  // the weights still leave the device inside the step
 }
+
+TEST_CASE("training state of any graph: weights of random DAGs, planned with offloading, split back into the DAG",
+          "[offload]") {
+    std::mt19937 rng(29);
+    int offloading_plans = 0;
+    for (int trial = 0; trial < 10; ++trial) {
+        const Problem dag = testing::random_dag(rng, testing::DagShape{6});
+        // Weights of the first forward ops: read by their forwards and backward, whose
+        // backward writes the gradient.
+        std::vector<WeightUse> weights;
+        std::uniform_int_distribution<int> size(4, 16);
+        for (std::size_t i = 1; i <= 3; ++i) {
+            const std::string n = std::to_string(i);
+            const OpId backward = dag.op_id("B" + n);
+            std::vector<OpId> readers{dag.op_id("F" + n + "+"), backward};
+            if (const auto no_grad = dag.find_op("F" + n)) readers.push_back(*no_grad);
+            weights.push_back({"layer" + n, size(rng) * 16, readers, backward});
+        }
+        TrainingStateOptions state;
+        state.gradients_to_caller = true;
+        state.transfers = TransferSettings{std::nullopt, 40.0, 40.0};
+        const Problem full = training_problem(dag, weights, state);
+        INFO("trial " << trial);
+        // The DAG keeps its ids; the weights come after.
+        const TrainingSplit split = split_training_state(full);
+        CHECK(split.activations == dag);
+        CHECK(full.find_data("w:layer1"));
+        CHECK(full.is_final(full.data_id("gw:layer2")));
+        CHECK(full.op(full.op_id("U:layer3")).time == 0.0);
+        const auto& w1 = full.op(full.op_id("B1")).reads;
+        CHECK(std::find(w1.begin(), w1.end(), full.data_id("w:layer1")) != w1.end());
+        CHECK_NOTHROW(check_training_problem(full, dag));
+
+        const Bytes reference = store_all_reference(full).peak;
+        CombinedOptions options{GreedyVariant::repeated, 4, std::nullopt};
+        options.between_steps = false;
+        for (const int percent : {90, 75, 60}) {
+            const Bytes budget = reference * percent / 100;
+            // The fast greedy: the combined planner runs the solver at every activation budget.
+            const auto plan = plan_with_offload(full, budget, Greedy{}, options);
+            if (!plan) continue;
+            INFO(percent << " %: " << plan->report.error);
+            REQUIRE(plan->report.valid);
+            CHECK(plan->report.device_peak <= budget);
+            offloading_plans += plan->report.offloads > 0;
+        }
+    }
+    CHECK(offloading_plans > 0);
+
+    // What the executor's adapter refuses, and what the builder refuses.
+    std::mt19937 again(29);
+    const Problem dag = testing::random_dag(again, testing::DagShape{6});
+    const std::vector<WeightUse> one{{"layer1", 64, {dag.op_id("F1+"), dag.op_id("B1")}, dag.op_id("B1")}};
+    const Problem in_step_optimizer = training_problem(dag, one);  // gradients freed inside the step
+    CHECK_THROWS_WITH(check_training_problem(in_step_optimizer, dag), Catch::Contains("gradients_to_caller"));
+    CHECK_THROWS_WITH(check_training_problem(in_step_optimizer, to_problem(testing::random_chain(again, 3))),
+                      Catch::Contains("is not"));
+    const std::vector<WeightUse> bad{{"ghost", 64, {OpId{dag.op_count() + 3}}, dag.op_id("B1")}};
+    CHECK_THROWS_WITH(training_problem(dag, bad), Catch::Contains("weight 'ghost'"));
+    const std::vector<WeightUse> empty{{"empty", 0, {dag.op_id("B1")}, dag.op_id("B1")}};
+    CHECK_THROWS_WITH(training_problem(dag, empty), Catch::Contains("leave out weights without bytes"));
+}

@@ -236,6 +236,119 @@ struct TrainingStateOptions {
     bool input_gradient = true;
 };
 
+/// A weight of a problem's ops, for training_problem(): the ops that read it (forwards,
+/// forwards with grad, backwards) and the backward that writes its gradient.
+struct WeightUse {
+    std::string name;
+    Bytes bytes = 0;
+    std::vector<OpId> readers;
+    OpId gradient_writer{};
+};
+
+namespace detail {
+
+// What a copied base data becomes: its bytes and whether it may be offloaded.
+struct CopiedData {
+    Bytes bytes = 0;
+    bool offloadable = false;
+};
+
+// `base` with, for each weight, its data `w<suffix>`, gradient `gw<suffix>`, optimizer state
+// `m<suffix>`, marker `u<suffix>` and update `U<suffix>` (suffix: the stage number of a chain,
+// ":name" otherwise); `copy(d)` says what base data d becomes.
+template <class CopyData>
+[[nodiscard]] Problem with_weights(const Problem& base, std::span<const WeightUse> weights,
+                                   const std::vector<std::string>& suffixes, const TrainingStateOptions& options,
+                                   const CopyData& copy) {
+    ProblemBuilder b(base.name());
+    for (std::size_t k = 0; k < base.data_count(); ++k) {
+        const CopiedData data = copy(DataId{k});
+        b.add_data(base.data(DataId{k}).name, data.bytes, data.offloadable);
+    }
+    struct Ids {
+        DataId w, gw, u;
+        std::optional<DataId> m;  // none when the optimizer keeps no state
+    };
+    std::vector<Ids> ids;
+    for (std::size_t i = 0; i < weights.size(); ++i) {
+        const WeightUse& weight = weights[i];
+        if (weight.bytes <= 0)
+            throw InvalidInput("training_problem: weight '" + weight.name + "' of '" + base.name() + "' has " +
+                               std::to_string(weight.bytes) + " bytes; leave out weights without bytes");
+        const auto state = options.gradients_to_caller
+                               ? Bytes{0}
+                               : static_cast<Bytes>(options.optimizer_state_per_parameter * static_cast<double>(weight.bytes));
+        Ids id{b.add_data("w" + suffixes[i], weight.bytes, options.offloadable), b.add_data("gw" + suffixes[i], weight.bytes),
+               DataId{}, std::nullopt};
+        if (state > 0) id.m = b.add_data("m" + suffixes[i], state, options.offloadable);
+        id.u = b.add_data("u" + suffixes[i], 0);
+        ids.push_back(id);
+    }
+    for (std::size_t k = 0; k < base.op_count(); ++k) {
+        const Op& op = base.op(OpId{k});
+        OpSpec spec{op.name, op.time, op.overhead, op.reads, op.writes, op.exactly_once};
+        for (std::size_t i = 0; i < weights.size(); ++i) {
+            const WeightUse& weight = weights[i];
+            if (std::find(weight.readers.begin(), weight.readers.end(), OpId{k}) != weight.readers.end())
+                spec.reads.push_back(ids[i].w);
+            if (weight.gradient_writer != OpId{k}) continue;
+            spec.writes.push_back(ids[i].gw);
+            // A profile that measured the backward with its weight gradients counted them in its
+            // overhead; they are a data now.
+            if (options.backward_overhead_includes_gradients) spec.overhead = std::max<Bytes>(0, spec.overhead - weight.bytes);
+        }
+        b.add_op(std::move(spec));
+    }
+    std::vector<OpId> order(base.autograd_order().begin(), base.autograd_order().end());
+    for (std::size_t i = 0; i < weights.size(); ++i) {
+        const double time = options.gradients_to_caller
+                                ? 0.0
+                                : options.update_time_per_parameter_byte * static_cast<double>(weights[i].bytes);
+        OpSpec update{"U" + suffixes[i], time, 0, {ids[i].gw}, {ids[i].u}, true};
+        update.updates.push_back(ids[i].w);
+        if (ids[i].m) update.updates.push_back(*ids[i].m);
+        order.push_back(b.add_op(std::move(update)));
+        b.add_initial(ids[i].w);
+        if (ids[i].m) b.add_initial(*ids[i].m);
+        b.add_final(ids[i].u);
+        if (options.gradients_to_caller) b.add_final(ids[i].gw);
+    }
+    for (const DataId d : base.initial()) b.add_initial(d);
+    for (const DataId d : base.final_data()) b.add_final(d);
+    if (const auto loss = base.loss()) b.set_loss(*loss);
+    b.set_autograd_order(std::move(order));
+    b.set_transfers(options.transfers);
+    return b.build();
+}
+
+}  // namespace detail
+
+/// The `remat.problem/2` problem of training any problem's weights: `activations` is kept
+/// (its data and ops keep their ids), and for each weight come `w:<name>` (read by its
+/// readers), its gradient `gw:<name>` (written by its gradient writer), its optimizer state
+/// `m:<name>`, and the update `U:<name>` (reads gw, updates w and m, writes the zero-byte
+/// final marker `u:<name>`), after the backward in the autograd order. With
+/// TrainingStateOptions::gradients_to_caller, the gradients are final and each update is the
+/// caller's optimizer step after the step (no time, no state). Throws InvalidInput for a weight
+/// that names an op the problem does not have, or that has no bytes.
+[[nodiscard]] inline Problem training_problem(const Problem& activations, std::span<const WeightUse> weights,
+                                              const TrainingStateOptions& options = {}) {
+    std::vector<std::string> suffixes;
+    for (const WeightUse& weight : weights) {
+        const auto check = [&](OpId op) {
+            if (op.index >= activations.op_count())
+                throw InvalidInput("training_problem: weight '" + weight.name + "' names op #" + std::to_string(op.index) +
+                                   " but '" + activations.name() + "' has " + std::to_string(activations.op_count()));
+        };
+        for (const OpId op : weight.readers) check(op);
+        check(weight.gradient_writer);
+        suffixes.push_back(":" + weight.name);
+    }
+    return detail::with_weights(activations, weights, suffixes, options, [&](DataId d) {
+        return detail::CopiedData{activations.data(d).bytes, activations.data(d).offloadable};
+    });
+}
+
 /// The `remat.problem/2` problem of training a chain with `parameter_bytes[l - 1]` bytes of
 /// weights in stage l. `chain_expansion` is the chain's expansion (§5: `to_problem(chain)`, or
 /// a profile's exact problem with the same data and ops): it is kept, and for each stage with
@@ -253,67 +366,20 @@ struct TrainingStateOptions {
         throw InvalidInput("training_problem: '" + base.name() + "' is not the expansion of a chain of " +
                            std::to_string(L) + " stages (one parameter size per stage)");
     const ChainIds ids = chain_ids(L);
-    ProblemBuilder b(base.name());
     std::vector<char> activation(base.data_count(), 0);
     for (std::size_t l = 1; l <= L; ++l) activation[ids.a[l].index] = activation[ids.s[l].index] = 1;
-    for (std::size_t k = 0; k < base.data_count(); ++k) {
-        const bool no_input_gradient = !options.input_gradient && DataId{k} == ids.g[0];
-        b.add_data(base.data(DataId{k}).name, no_input_gradient ? 0 : base.data(DataId{k}).bytes,
-                   options.offloadable_activations && activation[k]);
-    }
-    std::vector<DataId> w(L + 1), gw(L + 1), u(L + 1);
-    std::vector<std::optional<DataId>> m(L + 1);  // none when the optimizer keeps no state
+    std::vector<WeightUse> weights;
+    std::vector<std::string> suffixes;
     for (std::size_t l = 1; l <= L; ++l) {
-        const Bytes bytes = parameter_bytes[l - 1];
-        if (bytes <= 0) continue;
-        const std::string n = std::to_string(l);
-        w[l] = b.add_data("w" + n, bytes, options.offloadable);
-        gw[l] = b.add_data("gw" + n, bytes);
-        const auto state = options.gradients_to_caller
-                               ? Bytes{0}
-                               : static_cast<Bytes>(options.optimizer_state_per_parameter * static_cast<double>(bytes));
-        if (state > 0) m[l] = b.add_data("m" + n, state, options.offloadable);
-        u[l] = b.add_data("u" + n, 0);
+        if (parameter_bytes[l - 1] <= 0) continue;
+        weights.push_back({std::to_string(l), parameter_bytes[l - 1], {ids.fwd[l], ids.fwd_grad[l], ids.bwd[l]}, ids.bwd[l]});
+        suffixes.push_back(std::to_string(l));
     }
-    const auto has_weights = [&](std::size_t l) { return parameter_bytes[l - 1] > 0; };
-    for (std::size_t k = 0; k < base.op_count(); ++k) {
-        const Op& op = base.op(OpId{k});
-        OpSpec spec{op.name, op.time, op.overhead, op.reads, op.writes, op.exactly_once};
-        for (std::size_t l = 1; l <= L; ++l) {
-            if (!has_weights(l)) continue;
-            if (OpId{k} == ids.fwd[l] || OpId{k} == ids.fwd_grad[l]) spec.reads.push_back(w[l]);
-            if (OpId{k} == ids.bwd[l]) {
-                spec.reads.push_back(w[l]);
-                spec.writes.push_back(gw[l]);
-                // A profile that measured the backward with its weight gradients counted them
-                // in its overhead; they are a data now.
-                if (options.backward_overhead_includes_gradients)
-                    spec.overhead = std::max<Bytes>(0, spec.overhead - parameter_bytes[l - 1]);
-            }
-        }
-        b.add_op(std::move(spec));
-    }
-    std::vector<OpId> order(base.autograd_order().begin(), base.autograd_order().end());
-    for (std::size_t l = 1; l <= L; ++l) {
-        if (!has_weights(l)) continue;
-        const double time = options.gradients_to_caller
-                                ? 0.0
-                                : options.update_time_per_parameter_byte * static_cast<double>(parameter_bytes[l - 1]);
-        OpSpec update{"U" + std::to_string(l), time, 0, {gw[l]}, {u[l]}, true};
-        update.updates.push_back(w[l]);
-        if (m[l]) update.updates.push_back(*m[l]);
-        order.push_back(b.add_op(std::move(update)));
-        b.add_initial(w[l]);
-        if (m[l]) b.add_initial(*m[l]);
-        b.add_final(u[l]);
-        if (options.gradients_to_caller) b.add_final(gw[l]);
-    }
-    b.add_initial(ids.a[0]);
-    b.add_final(ids.g[0]);
-    b.set_loss(ids.loss);
-    b.set_autograd_order(std::move(order));
-    b.set_transfers(options.transfers);
-    return b.build();
+    return detail::with_weights(base, weights, suffixes, options, [&](DataId d) {
+        const bool no_input_gradient = !options.input_gradient && d == ids.g[0];
+        return detail::CopiedData{no_input_gradient ? 0 : base.data(d).bytes,
+                                  options.offloadable_activations && activation[d.index] != 0};
+    });
 }
 
 /// The same, from a chain (§5).
