@@ -69,7 +69,9 @@ inline void accumulate_gradients(const std::vector<at::Tensor>& parameters, Step
         const at::Tensor& p = parameters[i];
         at::Tensor& grad = p.mutable_grad();
         if (!grad.defined()) {
-            if (g.strides() == p.strides() && g.storage_offset() == 0)
+            // A view is copied, as AccumulateGrad does: optimizers detach .grad in place
+            // (zero_grad), which a view refuses.
+            if (g.strides() == p.strides() && g.storage_offset() == 0 && !g.is_view())
                 grad = std::move(g);
             else
                 grad = at::empty_strided(p.sizes(), p.strides(), p.options()).copy_(g);

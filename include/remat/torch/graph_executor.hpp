@@ -319,6 +319,31 @@ struct ScriptStepResult {
 
 namespace detail::capture {
 
+/// The caller's loss of a step's outputs (detached, those that take a gradient made leaves),
+/// its value in `value`, and its gradient with respect to each output (undefined where none).
+[[nodiscard]] inline std::vector<at::Tensor> caller_loss_gradients(
+    const Core& core, const std::vector<at::Tensor>& outputs,
+    const std::function<at::Tensor(const std::vector<at::Tensor>&)>& loss, at::Tensor& value, const std::string& who) {
+    const ::torch::autograd::AutoGradMode grad_mode(true);
+    std::vector<at::Tensor> leaves, wrt, grads(outputs.size());
+    std::vector<std::size_t> index;
+    for (std::size_t o = 0; o < outputs.size(); ++o) {
+        at::Tensor leaf = outputs[o].detach();
+        if (core.output_grad[o]) {
+            leaf.requires_grad_(true);
+            wrt.push_back(leaf);
+            index.push_back(o);
+        }
+        leaves.push_back(std::move(leaf));
+    }
+    const at::Tensor result = loss(leaves);
+    if (!result.defined() || result.numel() != 1) throw InvalidInput(who + ": the loss function must return a single value");
+    std::vector<at::Tensor> g = ::torch::autograd::grad({result}, wrt, {}, false, false, /*allow_unused=*/true);
+    for (std::size_t j = 0; j < index.size(); ++j) grads[index[j]] = std::move(g[j]);
+    value = result.detach();
+    return grads;
+}
+
 inline constexpr const char* capsule_key = "remat.script_step";
 
 /// The autograd function around one planned step. Inputs and parameters are its inputs, so
@@ -405,26 +430,10 @@ public:
         ScriptStep<Probe> run = start(plan, inputs, /*continuous=*/false);
         ScriptStepResult result;
         result.outputs = run.forward();
-        std::vector<at::Tensor> grads(result.outputs.size());
+        std::vector<at::Tensor> grads;
         try {
-            const ::torch::autograd::AutoGradMode grad_mode(true);
-            std::vector<at::Tensor> leaves, wrt;
-            std::vector<std::size_t> index;
-            for (std::size_t o = 0; o < result.outputs.size(); ++o) {
-                at::Tensor leaf = result.outputs[o].detach();
-                if (capture_.core()->output_grad[o]) {
-                    leaf.requires_grad_(true);
-                    wrt.push_back(leaf);
-                    index.push_back(o);
-                }
-                leaves.push_back(std::move(leaf));
-            }
-            const at::Tensor value = loss(leaves);
-            if (!value.defined() || value.numel() != 1)
-                throw InvalidInput("ScriptExecutor::step: the loss function must return a single value");
-            std::vector<at::Tensor> g = ::torch::autograd::grad({value}, wrt, {}, false, false, /*allow_unused=*/true);
-            for (std::size_t j = 0; j < index.size(); ++j) grads[index[j]] = std::move(g[j]);
-            result.loss = value.detach();
+            grads = detail::capture::caller_loss_gradients(*capture_.core(), result.outputs, loss, result.loss,
+                                                           "ScriptExecutor::step");
         } catch (...) {
             run.abort();
             throw;

@@ -23,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <span>
@@ -146,6 +147,18 @@ inline void allocate_memory(const at::Tensor& t, std::size_t nbytes) {
         storage.set_data_ptr_noswap(block.storage().set_data_ptr(at::DataPtr(nullptr, storage.device())));
     }
     storage.set_nbytes(nbytes);
+}
+
+/// Moves a CPU tensor's memory into a block of the CPU allocator installed now, values and
+/// identity kept: a weight allocated before a memory probe was installed would otherwise be
+/// freed unseen by the probe when it leaves the device, and seen when it comes back.
+inline void adopt_memory(const at::Tensor& t) {
+    c10::Storage storage = t.storage();
+    if (!storage.device().is_cpu() || storage.nbytes() == 0) return;
+    const std::size_t nbytes = storage.nbytes();
+    at::DataPtr block = c10::GetAllocator(c10::kCPU)->allocate(nbytes);
+    std::memcpy(block.get(), storage.data(), nbytes);
+    storage.set_data_ptr_noswap(std::move(block));
 }
 
 /// Tensors' values in plain host memory, outside the tensor allocators (a step's measured
@@ -301,6 +314,7 @@ private:
             recompute_buffers_.emplace_back(stages_[l - 1].buffers);
             check_caller_problem(problem, l);
             for (const at::Tensor& p : parameters_[l - 1]) {
+                detail::offload::adopt_memory(p);
                 if (!sgd_) continue;
                 momentum_[l].push_back(at::zeros_like(p));
                 momentum_factor_[l].push_back(at::scalar_tensor(sgd_->momentum, at::TensorOptions().dtype(p.scalar_type())));
