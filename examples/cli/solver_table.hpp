@@ -214,6 +214,24 @@ inline HRockmateOptions hrockmate_options(const SolveOptions& o) {
             t.push_back(std::move(e));
         }
         {
+            SolverEntry e{"rotor-release",
+                          "Rotor's DP beyond persistent schedules: checkpoints freed after their last use and "
+                          "recomputed (remat)",
+                          "rotor-release:SLOTS, the least number of memory slots of the DP (default 500; short "
+                          "chains get more)",
+                          true, false, {}, {}, {}};
+            e.applies = detail::is_chain;
+            e.quick = detail::is_chain;
+            e.solve = [name = e.name, help = e.variant_help](const Problem& p, Bytes budget, const SolveOptions& o) {
+                RotorOptions options;
+                if (!o.variant.empty()) options.slots = detail::positive_variant(name, help, o);
+                options.time_limit_seconds = o.time_limit;
+                options.progress = o.progress;
+                return RotorRelease(options).solve(p, budget);
+            };
+            t.push_back(std::move(e));
+        }
+        {
             SolverEntry e{"periodic", "checkpoint every k-th stage input (Chen et al. 2016)",
                           "periodic:K, the stages per segment (default ceil(sqrt(L)))", true, false, {}, {}, {}};
             e.applies = detail::is_chain;

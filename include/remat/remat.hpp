@@ -27,6 +27,7 @@
 #include "solvers/exhaustive.hpp"
 #include "solvers/periodic.hpp"
 #include "solvers/rotor.hpp"
+#include "solvers/rotor_release.hpp"
 #include "solvers/sequence_solver.hpp"
 #include "partition/blocks.hpp"
 #include "solvers/rockmate.hpp"

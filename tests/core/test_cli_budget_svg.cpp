@@ -189,7 +189,7 @@ TEST_CASE("remat-plan prints a summary of the plan", "[cli]") {
     CHECK(r.code == 0);
     CHECK(r.err.empty());
     CHECK_THAT(r.out, Catch::Contains("tiny-chain: chain of 1 stage, 5 data, 4 ops; T_ref 3, P_ref 25088 B (24.5 KiB)"));
-    CHECK_THAT(r.out, Catch::Contains("solver    auto: optimal, chose rotor"));
+    CHECK_THAT(r.out, Catch::Contains("solver    auto: optimal, chose rotor-release"));
     CHECK_THAT(r.out, Catch::Contains("time      3, overhead +0.0 % vs T_ref"));
     CHECK_THAT(r.out, Catch::Contains("peak      25088 B (24.5 KiB), 100.0 % of budget"));
     CHECK_THAT(r.out, Catch::Contains("schedule  6 steps (3 runs, 3 frees)"));
@@ -272,7 +272,7 @@ TEST_CASE("remat-plan exits 2 on bad arguments and bad files", "[cli]") {
     bad({tiny_chain(), "--budget", "1", "--time-limit", "soon"}, "--time-limit expects a positive number");
     bad({tiny_chain(), tiny_chain(), "--budget", "1"}, "one problem file only");
     bad({tiny_chain(), "--budget", "lots"}, "budget 'lots'");
-    bad({tiny_chain(), "--budget", "1", "--solver", "magic"}, "unknown solver 'magic'; known solvers: rotor, periodic");
+    bad({tiny_chain(), "--budget", "1", "--solver", "magic"}, "unknown solver 'magic'; known solvers: rotor, rotor-release, periodic");
     bad({tiny_chain(), "--budget", "1", "--solver", "store-all:x"}, "takes no ':VARIANT'");
     bad({tiny_chain(), "--budget", "1", "--solver", "rotor:many"}, "rotor:SLOTS");
     bad({diamond(), "--budget", "1", "--solver", "rotor"}, "does not apply to problem 'diamond' (not a chain)");
@@ -300,7 +300,7 @@ TEST_CASE("remat-plan writes the schedule and the timeline", "[cli]") {
     CHECK_THAT(r.out, Catch::Contains("wrote     " + schedule.string()));
     const auto problem = remat::io::load_problem(tiny_chain());
     const auto saved = remat::io::load_schedule(problem, schedule);
-    CHECK(saved.solver == "rotor");
+    CHECK(saved.solver == "rotor-release");
     CHECK(saved.budget == Bytes{25088});
     const auto report = remat::simulate(problem, saved.steps);
     REQUIRE(report.valid);
@@ -363,9 +363,10 @@ TEST_CASE("remat-plan --solver hrockmate plans any graph, with options", "[cli][
     CHECK(nlohmann::json::parse(r.out).at("sweep").size() == 3);
 }
 
-TEST_CASE("remat-plan --solver auto: rotor for chains, a block or hierarchy solver otherwise", "[cli][hierarchical]") {
-    CHECK_THAT(cli({tiny_chain(), "--budget", "100%", "--solver", "auto"}).out, Catch::Contains("chose rotor"));
-    CHECK(remat::cli::auto_choice(remat::io::load_problem(tiny_chain())) == "rotor");
+TEST_CASE("remat-plan --solver auto: rotor-release for chains, a block or hierarchy solver otherwise",
+          "[cli][hierarchical]") {
+    CHECK_THAT(cli({tiny_chain(), "--budget", "100%", "--solver", "auto"}).out, Catch::Contains("chose rotor-release"));
+    CHECK(remat::cli::auto_choice(remat::io::load_problem(tiny_chain())) == "rotor-release");
     remat::testing::UNetShape u;
     u.levels = 3;
     u.convs = 2;

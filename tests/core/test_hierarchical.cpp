@@ -488,6 +488,7 @@ TEST_CASE("remat::Auto picks the solver by the graph's shape and never reports a
     CHECK(remat::auto_choice(unet) == remat::AutoChoice::hrockmate);
     CHECK(remat::auto_choice(transformer) == remat::AutoChoice::rockmate);
     CHECK(remat::to_string(remat::AutoChoice::rotor) == "rotor");
+    CHECK(remat::to_string(remat::AutoChoice::rotor_release) == "rotor-release");
 
     std::vector<std::string> lines;
     remat::AutoOptions options;
@@ -631,23 +632,23 @@ TEST_CASE("auto never answers infeasible where the exact search finds a plan (ra
     WARN("slowest solve " << slowest << " s");
 }
 
-TEST_CASE("auto on chains: H-Rockmate's second opinion is never worse than Rotor and is kept when faster",
+TEST_CASE("auto on chains: rotor-release, never worse than Rotor or H-Rockmate, without a second opinion",
           "[hierarchical][auto]") {
     std::mt19937 rng(8);
-    remat::AutoOptions options;
-    options.second_opinion_seconds = 0.5;
-    const remat::Auto solver(options);
-    remat::AutoOptions rotor_only = options;
-    rotor_only.second_opinion_max_ops = 0;
-    int faster = 0;
+    remat::HRockmateOptions h_options;
+    h_options.time_limit_seconds = 0.5;
+    h_options.budget_time_limit_seconds = 0.5;
+    const remat::HRockmate hrockmate(h_options);
+    const remat::Auto solver;
+    int faster_than_rotor = 0;
     for (int trial = 0; trial < 6; ++trial) {
         const Chain chain = remat::testing::random_chain(rng, 8);
         const Problem p = to_problem(chain);
         const Reference ref = store_all_reference(p);
         const remat::AutoModel model = solver.analyse(p);
-        REQUIRE(model.choice == remat::AutoChoice::rotor);
-        REQUIRE(model.hrockmate);  // 25 ops: within second_opinion_max_ops
-        CHECK_FALSE(remat::Auto(rotor_only).analyse(p).hrockmate);
+        REQUIRE(model.choice == remat::AutoChoice::rotor_release);
+        CHECK_FALSE(model.hrockmate);  // no second opinion on chains
+        const remat::HRockmateModel h_model = hrockmate.analyse(p);
         for (const int percent : {50, 70}) {
             const Bytes budget = percent_of(ref.peak, percent);
             std::optional<Plan> rotor;
@@ -661,14 +662,15 @@ TEST_CASE("auto on chains: H-Rockmate's second opinion is never worse than Rotor
             INFO("trial " << trial << " at " << percent << " %: " << plan.stats.options);
             REQUIRE(report.valid);
             CHECK(report.peak <= budget);
+            CHECK_THAT(plan.stats.options, Catch::StartsWith("chose rotor-release"));
             CHECK(plan.time <= rotor->time);
-            if (plan.time < rotor->time) {
-                ++faster;
-                CHECK_THAT(plan.stats.options, Catch::StartsWith("chose hrockmate (faster than rotor by"));
-            } else {
-                CHECK_THAT(plan.stats.options, Catch::StartsWith("chose rotor"));
+            if (plan.time < rotor->time) ++faster_than_rotor;
+            try {
+                CHECK(plan.time <= hrockmate.solve(h_model, budget).time);
+            } catch (const Infeasible&) {
             }
         }
     }
-    WARN("H-Rockmate's plan was faster than Rotor's in " << faster << " of the cases");
+    CHECK(faster_than_rotor > 0);
+    WARN("auto's plan was faster than Rotor's in " << faster_than_rotor << " of the cases");
 }

@@ -158,6 +158,25 @@ TEST_CASE("module gradients equal plain autograd: rotor at several budgets", "[t
     }
 }
 
+TEST_CASE("module gradients equal plain autograd: rotor-release, checkpoints freed and recomputed",
+          "[torch][module][gradients]") {
+    at::set_num_threads(1);
+    for (const ModelCase& c : model_cases()) {
+        for (const double percent : {60.0, 40.0})
+            check_case(
+                c, remat::RotorRelease{},
+                [percent](const remat::Chain& chain) {
+                    const remat::Bytes p_ref = remat::store_all_reference(remat::to_problem(chain)).peak;
+                    const remat::Bytes smallest = remat::RotorRelease{}.smallest_budget(chain);
+                    return rt::budget_bytes(std::max(smallest, remat::percent_of(p_ref, percent)));
+                },
+                percent < 50);
+        check_case(c, remat::RotorRelease{},
+                   [](const remat::Chain& chain) { return rt::budget_bytes(remat::RotorRelease{}.smallest_budget(chain)); },
+                   false);
+    }
+}
+
 TEST_CASE("module: explain() names the recomputed layers by their stage names", "[torch][module][explain]") {
     at::set_num_threads(1);
     torch::manual_seed(0);

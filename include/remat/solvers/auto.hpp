@@ -1,16 +1,20 @@
 // remat/solvers/auto.hpp — remat::Auto, the solver to use when you do not want to choose one.
 //
 // It looks at the problem's shape and hands it to the solver made for that shape:
-//   - a chain (as_chain, core/chain.hpp)                → Rotor (Beaumont et al. 2019), optimal;
+//   - a chain (as_chain, core/chain.hpp)                → RotorRelease (solvers/rotor_release.hpp):
+//                                                          Rotor's DP (Beaumont et al. 2019) with
+//                                                          checkpoints released and recomputed;
 //   - a sequence of at least two blocks of at most
 //     AutoOptions::max_block_ops ops each              → Rockmate (Zhao et al. 2023);
 //   - any other graph                                  → H-Rockmate (solvers/hierarchical.hpp);
 //   - a problem without a loss op (which the block and hierarchy solvers need) → the greedy.
 // On problems of at most AutoOptions::second_opinion_max_ops ops, H-Rockmate also plans
-// beside Rotor or Rockmate, and the faster plan wins: their classes differ (a persistent chain
-// schedule keeps each stage's input until its backward, which H-Rockmate's may free and
-// recompute; Rockmate's blocks keep one order per block), and on small chains and block
-// sequences measured from real layers H-Rockmate's plan was up to 14.5 % faster.
+// beside Rockmate, and the faster plan wins: their classes differ (Rockmate's blocks keep one
+// order per block and its chain DP is persistent), and on block sequences measured from real
+// layers H-Rockmate's plan was up to 14.5 % faster. Chains get no second opinion: RotorRelease
+// was never slower than H-Rockmate's plan on random chains of 8-30 stages at 40-90 % of
+// P_ref (60 cases, faster in 33), and equals the optimum over all schedules on every random
+// chain of up to 4 stages tested.
 // When the chosen solver has no plan at the budget (or fails), the last resorts are tried in
 // turn, so that a budget another method reaches is never reported infeasible: the greedy with
 // its portfolio of eviction scores (solvers/greedy.hpp, after DTR, Kirisame et al. 2021), the
@@ -41,11 +45,13 @@
 #include "hierarchical.hpp"
 #include "rockmate.hpp"
 #include "rotor.hpp"
+#include "rotor_release.hpp"
 
 namespace remat {
 
 /// Which solver Auto hands a problem to.
-enum class AutoChoice { rotor, rockmate, hrockmate, greedy };
+/// (rotor, Rotor's persistent DP, is not chosen any more: rotor_release's class contains it.)
+enum class AutoChoice { rotor, rockmate, hrockmate, greedy, rotor_release };
 
 [[nodiscard]] constexpr std::string_view to_string(AutoChoice choice) noexcept {
     switch (choice) {
@@ -53,17 +59,18 @@ enum class AutoChoice { rotor, rockmate, hrockmate, greedy };
         case AutoChoice::rockmate: return "rockmate";
         case AutoChoice::hrockmate: return "hrockmate";
         case AutoChoice::greedy: return "greedy";
+        case AutoChoice::rotor_release: return "rotor-release";
     }
     return "unknown";
 }
 
 struct AutoOptions {
     /// Limit of one solve(problem, budget), analysis and planning at the budget together.
-    /// Rotor's DP gets all of it. Rockmate's and H-Rockmate's analyses get
+    /// The chain DP (RotorRelease) gets all of it. Rockmate's and H-Rockmate's analyses get
     /// auto_analysis_share of it (Rockmate's shared evenly by its blocks), and planning at a
     /// budget what the analysis left, at least the rest of the share (so each budget of a
     /// sweep gets that much); the greedy's fallback plans within what is then left, its first
-    /// replay (milliseconds) always. None: Rotor unlimited, Rockmate's analysis
+    /// replay (milliseconds) always. None: the chain DP unlimited, Rockmate's analysis
     /// auto_default_rockmate_seconds in all, H-Rockmate's its own defaults (40 s, and about
     /// 7 s per budget).
     std::optional<double> time_limit_seconds;
@@ -75,6 +82,9 @@ struct AutoOptions {
     /// Try the greedy (along the store-all order, then along an order chosen for memory) when
     /// the chosen solver has no plan.
     bool greedy_fallback = true;
+    /// The seconds each of those greedies spends on its portfolio and improvement (which run
+    /// until their time is spent, also where no plan fits); none: 1.5 s, within the time limit.
+    std::optional<double> greedy_fallback_seconds;
     /// Then, on problems of at most exact_fallback_max_data data, the exact search, for at most
     /// exact_fallback_seconds (and within time_limit_seconds).
     bool exact_fallback = true;
@@ -104,7 +114,7 @@ struct AutoOptions {
 
 /// The solver Auto uses for `problem`.
 [[nodiscard]] inline AutoChoice auto_choice(const Problem& problem, std::size_t max_block_ops = 64) {
-    if (as_chain(problem)) return AutoChoice::rotor;
+    if (as_chain(problem)) return AutoChoice::rotor_release;
     if (!problem.loss()) return AutoChoice::greedy;  // the block and hierarchy solvers need a loss
     if (is_sequence_of_small_blocks(problem, max_block_ops)) return AutoChoice::rockmate;
     return AutoChoice::hrockmate;
@@ -177,12 +187,12 @@ void refuse_below_bound(const Problem& problem, Bytes budget, Least&& least) {
     if (budget < memory_lower_bound(problem).bytes) throw infeasible(problem, budget, {{"auto", least()}});
 }
 
-// The smallest budget known without an analysis: the greedy's, and Rotor's on a chain.
+// The smallest budget known without an analysis: the greedy's, and RotorRelease's on a chain.
 [[nodiscard]] inline Bytes smallest_budget_without_analysis(const Problem& problem) {
     Bytes least = Greedy(HRockmateOptions::default_greedy()).smallest_budget(problem);
     if (const auto chain = as_chain(problem)) {
         try {
-            least = std::min(least, Rotor{}.smallest_budget(*chain));
+            least = std::min(least, RotorRelease{}.smallest_budget(*chain));
         } catch (const Error&) {
             // the greedy's answer stands
         }
@@ -306,8 +316,11 @@ public:
         for (const GreedyOrder order : {GreedyOrder::store_all, GreedyOrder::memory_aware}) {
             const std::string who = order == GreedyOrder::store_all ? "greedy" : "greedy (memory-aware order)";
             tried.push_back({who, std::nullopt});
+            std::optional<double> within = left();
+            if (options_.greedy_fallback_seconds)
+                within = std::min(within.value_or(*options_.greedy_fallback_seconds), *options_.greedy_fallback_seconds);
             try {
-                return detail::automatic::tagged(Greedy(greedy_options(left(), order)).solve(model.problem, budget),
+                return detail::automatic::tagged(Greedy(greedy_options(within, order)).solve(model.problem, budget),
                                                    who + " (last resort)");
             } catch (const Infeasible& e) {
                 tried.back().least = e.smallest_budget();
@@ -337,6 +350,8 @@ public:
         try {
             if (model.choice == AutoChoice::rotor)
                 least = std::min(least, Rotor(rotor_options()).smallest_budget(*as_chain(model.problem)));
+            else if (model.choice == AutoChoice::rotor_release)
+                least = std::min(least, RotorRelease(rotor_options()).smallest_budget(*as_chain(model.problem)));
             else if (model.rockmate)
                 least = std::min(least, Rockmate<>(rockmate_options()).smallest_budget(*model.rockmate));
         } catch (const Error&) {
@@ -421,6 +436,7 @@ private:
     }
     [[nodiscard]] Plan solve_chosen(const AutoModel& model, Bytes budget, const std::optional<double>& planning) const {
         if (model.choice == AutoChoice::rotor) return Rotor(rotor_options()).solve(model.problem, budget);
+        if (model.choice == AutoChoice::rotor_release) return RotorRelease(rotor_options()).solve(model.problem, budget);
         if (model.choice == AutoChoice::greedy) return Greedy(greedy_options(planning)).solve(model.problem, budget);
         if (model.rockmate) return Rockmate<>(rockmate_options()).solve(*model.rockmate, budget);
         if (model.hrockmate) return HRockmate(hrockmate_options(planning)).solve(*model.hrockmate, budget);

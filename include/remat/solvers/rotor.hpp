@@ -246,6 +246,25 @@ private:
     return out;
 }
 
+namespace detail::rotor {
+
+// The options with RotorOptions::more_slots_for_short_chains applied: slots raised to what
+// keeps L³ · slots within 100³ · 500 and the time table within 16 MiB.
+[[nodiscard]] inline RotorOptions with_slots_for_length(const RotorChain& chain, RotorOptions options) {
+    if (!options.more_slots_for_short_chains || options.slot_bytes) return options;
+    const auto L = static_cast<double>(chain.length());
+    const RotorMoves moves = moves_of(options.schedule_class, chain.length());
+    const double rows = static_cast<double>(RotorTable::rows_per_pair(moves.release ? most_options(chain) : 0, moves)) *
+                        L * (L + 1) / 2;
+    const double by_work = 100.0 * 100.0 * 100.0 * 500.0 / (L * L * L);
+    const double by_table = 16.0 * 1024 * 1024 / sizeof(float) / rows;
+    const double slots = std::min(by_work, by_table);
+    if (slots > static_cast<double>(options.slots)) options.slots = static_cast<std::size_t>(slots);
+    return options;
+}
+
+}  // namespace detail::rotor
+
 /// The least peak (bytes, exact) of any persistent schedule of `chain` under the memory
 /// model of rotor/chain.hpp: the smallest budget for which Rotor with exact sizes has a plan. Computed
 /// by a min-max recursion over the same branches as the DP (O(K·L² + L³)); the options'
@@ -254,7 +273,8 @@ private:
     validate(chain);
     const detail::rotor::RotorLimits limits(chain.length(), options);
     const detail::rotor::RotorUnits u = detail::rotor::make_units(chain, 1);
-    const detail::rotor::RotorNeeds n = detail::rotor::compute_needs(u, limits);
+    const detail::rotor::RotorNeeds n =
+        detail::rotor::compute_needs(u, limits, detail::rotor::moves_of(options.schedule_class, chain.length()));
     return n.need[n.at(1, chain.length())];
 }
 
@@ -272,26 +292,39 @@ private:
         return "rotor chain '" + printable(chain.name) + "': " + std::to_string(L) + " stages, slot " +
                std::to_string(unit) + " bytes, " + std::to_string(M) + " slots";
     };
-    const Bytes unit = detail::rotor::rotor_slot(chain, budget, options);
+    const Bytes unit = detail::rotor::rotor_slot(chain, budget, detail::rotor::with_slots_for_length(chain, options));
     const Bytes M = budget < 0 ? -1 : budget / unit;
-    if (M >= 0) detail::rotor::RotorTable::check_size(L, static_cast<std::size_t>(M) + 1, limits);
-    const detail::rotor::RotorUnits exact_units = detail::rotor::make_units(chain, 1);
-    const detail::rotor::RotorNeeds exact_needs = detail::rotor::compute_needs(exact_units, limits);
-    const Bytes smallest = exact_needs.need[exact_needs.at(1, L)];
-    if (!options.slot_bytes && budget < smallest)
-        throw Infeasible("rotor needs at least " + std::to_string(smallest) + " bytes for '" + printable(chain.name) +
-                             "' (the least peak of any persistent schedule), above the budget of " +
-                             std::to_string(budget) + " bytes",
-                         budget, smallest);
-    const detail::rotor::RotorUnits units = unit == 1 ? exact_units : detail::rotor::make_units(chain, unit);
-    const detail::rotor::RotorNeeds needs = unit == 1 ? exact_needs : detail::rotor::compute_needs(units, limits);
+    const detail::rotor::RotorMoves moves = detail::rotor::moves_of(options.schedule_class, L);
+    if (M >= 0)
+        detail::rotor::RotorTable::check_size(L, static_cast<std::size_t>(M) + 1, limits,
+                                              moves.release ? detail::rotor::most_options(chain) : 0, moves);
+    // The sub-chains' least memory in slots; in exact bytes too only when the slots leave no
+    // plan (rounding up, a need in slots that fits proves the budget above the exact one).
+    const bool release = moves.release;
+    const detail::rotor::RotorUnits units = detail::rotor::make_units(chain, unit);
+    const detail::rotor::RotorNeeds needs = detail::rotor::compute_needs(units, limits, moves);
     const Bytes need = needs.need[needs.at(1, L)];
+    std::optional<detail::rotor::RotorUnits> exact_units;
+    std::optional<detail::rotor::RotorNeeds> exact_needs;
+    Bytes smallest = need * unit;
+    if (M < need) {
+        exact_units = unit == 1 ? units : detail::rotor::make_units(chain, 1);
+        exact_needs = unit == 1 ? needs : detail::rotor::compute_needs(*exact_units, limits, moves);
+        smallest = exact_needs->need[exact_needs->at(1, L)];
+    }
+    if (!options.slot_bytes && budget < smallest)
+        throw Infeasible(std::string(release ? "rotor-release" : "rotor") + " needs at least " + std::to_string(smallest) +
+                             " bytes for '" + printable(chain.name) + "' (the least peak of any " +
+                             (release ? "schedule of its class, persistent or releasing checkpoints"
+                                      : "persistent schedule") +
+                             "), above the budget of " + std::to_string(budget) + " bytes",
+                         budget, smallest);
 
     RotorSequence seq;
     seq.slot_bytes = unit;
     if (M < need) {
         seq.actions =
-            detail::rotor::rotor_least_memory(chain, budget, unit, need, smallest, exact_units, exact_needs, options);
+            detail::rotor::rotor_least_memory(chain, budget, unit, need, smallest, *exact_units, *exact_needs, options);
         seq.optimal = false;
         seq.slots = 0;
         report_progress(options.progress, stats_line(unit, 0) + ": slot rounding left no plan, least-memory schedule");
@@ -299,8 +332,9 @@ private:
         const auto width = static_cast<std::size_t>(M);
         report_progress(options.progress, stats_line(unit, width));
         const detail::rotor::RotorTable table(units, needs, width, options, limits);
-        seq.actions = detail::rotor::expand_rotor(units, M, [&](std::size_t a, std::size_t b, Bytes m) {
-            return table.choose(a, b, static_cast<std::size_t>(m));
+        seq.actions = detail::rotor::expand_rotor(units, M, [&](const detail::rotor::RotorTask& t) {
+            const auto m = static_cast<std::size_t>(t.m);
+            return table.choose(t.shape, t.a, t.b, m);
         });
         seq.slots = width;
     }
@@ -323,8 +357,56 @@ private:
     return seq;
 }
 
+namespace detail::rotor {
+
+// " class=..." for a class wider than Rotor's, resolved by the chain's length.
+[[nodiscard]] inline std::string class_label(RotorClass c, std::size_t stages) {
+    if (c == RotorClass::persistent) return {};
+    const RotorMoves moves = moves_of(c, stages);
+    return " class=" + std::string(moves.early ? "release_early" : "release");
+}
+
+// What the chain solvers (Rotor, RotorRelease) share: the problem recognised as a chain, the
+// DP with `options`, the schedule checked by the simulator, named `solver`.
+[[nodiscard]] inline Plan solve_chain_problem(const Problem& problem, const Chain& chain, Bytes budget,
+                                              const RotorOptions& options, std::string_view solver) {
+    const auto start = std::chrono::steady_clock::now();
+    const RotorSequence seq = rotor_plan(to_rotor_chain(chain), budget, options);
+    SolverStats stats{std::string(solver), 0.0, seq.optimal ? SolveStatus::optimal : SolveStatus::feasible, std::nullopt,
+                      "slot_bytes=" + std::to_string(seq.slot_bytes) + " slots=" + std::to_string(seq.slots) +
+                          class_label(options.schedule_class, chain.length()) +
+                          (seq.optimal ? "" : " (least-memory fallback)")};
+    Schedule schedule = rotor_to_schedule(seq.actions, chain.length());
+    stats.solve_seconds = seconds_since(start);
+    return make_checked_plan(problem, std::move(schedule), budget, std::move(stats));
+}
+
+[[nodiscard]] inline Chain chain_of(const Problem& problem, std::string_view solver) {
+    std::optional<Chain> chain = as_chain(problem);
+    if (!chain)
+        throw InvalidInput(std::string(solver) + ": problem '" + printable(problem.name()) +
+                           "' is not a chain (the docs/formats.md §5 (chains) expansion); use the checkmate or rockmate "
+                           "solver for general graphs");
+    return std::move(*chain);
+}
+
+// Smallest budget the DP with these options accepts: exact without a fixed slot size, whole
+// slots with one.
+[[nodiscard]] inline Bytes chain_smallest_budget(const RotorChain& chain, const RotorOptions& options) {
+    if (!options.slot_bytes) return rotor_smallest_budget(chain, options);
+    if (*options.slot_bytes < 1) throw InvalidInput("rotor: slot_bytes must be at least 1");
+    validate(chain);
+    const RotorUnits u = make_units(chain, *options.slot_bytes);
+    const RotorNeeds n = compute_needs(u, RotorLimits(chain.length(), options),
+                                       moves_of(options.schedule_class, chain.length()));
+    return n.need[n.at(1, chain.length())] * *options.slot_bytes;
+}
+
+}  // namespace detail::rotor
+
 /// The Rotor solver on chains (docs/formats.md §5 (chains)): the optimal persistent schedule within the
-/// budget, checked by the simulator.
+/// budget, checked by the simulator. RotorRelease (solvers/rotor_release.hpp) is the same
+/// solver over a wider class of schedules.
 class Rotor {
 public:
     explicit Rotor(RotorOptions options = {}) : options_(std::move(options)) {}
@@ -333,44 +415,29 @@ public:
     [[nodiscard]] const RotorOptions& options() const noexcept { return options_; }
 
     [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
-        const std::optional<Chain> chain = as_chain(problem);
-        if (!chain)
-            throw InvalidInput("rotor: problem '" + printable(problem.name()) +
-                               "' is not a chain (the docs/formats.md §5 (chains) expansion); use the checkmate or rockmate "
-                               "solver for general graphs");
-        return solve(problem, *chain, budget);
+        return detail::rotor::solve_chain_problem(problem, detail::rotor::chain_of(problem, solver_), budget, options_,
+                                                  solver_);
     }
 
-    [[nodiscard]] Plan solve(const Chain& chain, Bytes budget) const { return solve(to_problem(chain), chain, budget); }
+    [[nodiscard]] Plan solve(const Chain& chain, Bytes budget) const {
+        return detail::rotor::solve_chain_problem(to_problem(chain), chain, budget, options_, solver_);
+    }
 
     /// Smallest budget this solver (with these options) accepts for `chain`, exactly.
     [[nodiscard]] Bytes smallest_budget(const Chain& chain) const { return smallest_budget(to_rotor_chain(chain)); }
 
     /// The same for a multi-option chain: exact without a fixed slot size, whole slots with one.
     [[nodiscard]] Bytes smallest_budget(const RotorChain& chain) const {
-        if (!options_.slot_bytes) return rotor_smallest_budget(chain, options_);
-        if (*options_.slot_bytes < 1) throw InvalidInput("rotor: slot_bytes must be at least 1");
-        validate(chain);
-        const detail::rotor::RotorUnits u = detail::rotor::make_units(chain, *options_.slot_bytes);
-        const detail::rotor::RotorNeeds n =
-            detail::rotor::compute_needs(u, detail::rotor::RotorLimits(chain.length(), options_));
-        return n.need[n.at(1, chain.length())] * *options_.slot_bytes;
+        return detail::rotor::chain_smallest_budget(chain, options_);
     }
+
+protected:
+    // A solver of this family under its own name (the plans' and the messages').
+    Rotor(RotorOptions options, std::string_view solver) : options_(std::move(options)), solver_(solver) {}
 
 private:
-    [[nodiscard]] Plan solve(const Problem& problem, const Chain& chain, Bytes budget) const {
-        const auto start = std::chrono::steady_clock::now();
-        const RotorSequence seq = rotor_plan(to_rotor_chain(chain), budget, options_);
-        SolverStats stats{std::string(name()), 0.0, seq.optimal ? SolveStatus::optimal : SolveStatus::feasible,
-                          std::nullopt,
-                          "slot_bytes=" + std::to_string(seq.slot_bytes) + " slots=" + std::to_string(seq.slots) +
-                              (seq.optimal ? "" : " (least-memory fallback)")};
-        Schedule schedule = rotor_to_schedule(seq.actions, chain.length());
-        stats.solve_seconds = seconds_since(start);
-        return make_checked_plan(problem, std::move(schedule), budget, std::move(stats));
-    }
-
     RotorOptions options_;
+    std::string_view solver_ = name();
 };
 
 }  // namespace remat

@@ -43,6 +43,7 @@
 #include <numeric>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "../../core/bytes.hpp"
@@ -134,6 +135,36 @@ struct RotorSequence {
     std::size_t slots = 0;  ///< memory slots of the DP (floor(budget / slot_bytes))
 };
 
+/// Which schedules of a chain the DP ranges over (rotor/branches.hpp says how).
+enum class RotorClass : unsigned char {
+    /// Rotor (Beaumont et al. 2019): a checkpoint stays until everything above it is
+    /// back-propagated.
+    persistent,
+    /// Also the release branch: a checkpoint freed right after the next stage's forward with
+    /// grad, recomputed from an earlier one before that stage's backward. 4-6 times Rotor's
+    /// solve time at 100-200 stages.
+    release,
+    /// Also sub-chains that free their input after its last use, handing a stage's backward
+    /// (or the whole stage) back to the caller. Equal to the optimum over all schedules on
+    /// every random chain of up to 4 stages tested; 15-20 times Rotor's solve time.
+    release_early,
+    /// release_early up to release_early_max_stages stages, release beyond: RotorRelease's default.
+    release_by_length,
+};
+
+/// The most stages for which RotorClass::release_by_length takes release_early.
+inline constexpr std::size_t release_early_max_stages = 64;
+
+[[nodiscard]] constexpr std::string_view to_string(RotorClass c) noexcept {
+    switch (c) {
+        case RotorClass::persistent: return "persistent";
+        case RotorClass::release: return "release";
+        case RotorClass::release_early: return "release_early";
+        case RotorClass::release_by_length: return "release_by_length";
+    }
+    return "unknown";
+}
+
 struct RotorOptions {
     /// Number of memory slots the budget is cut into (when slot_bytes is not given).
     /// When every size is a multiple of a common unit g and budget/g ≤ slots, the slot is
@@ -151,9 +182,31 @@ struct RotorOptions {
     /// floats; the least-memory table: L(L+1)/2 entries of 24 bytes): beyond it the solve
     /// stops with TooLarge saying how large the table would be, instead of allocating it.
     std::size_t max_table_mib = 2048;
+    /// When set (RotorRelease's default), `slots` is a minimum: a short chain gets as many
+    /// slots as keep the DP's work (L³ per slot) within that of 500 slots at 100 stages and
+    /// its time table within 16 MiB, so that rounding costs little where slots are cheap.
+    bool more_slots_for_short_chains = false;
+    /// The schedules the DP ranges over (rotor/branches.hpp): Rotor's persistent ones by
+    /// default; RotorRelease's wider classes, where a checkpoint is freed before everything
+    /// above it is back-propagated and recomputed when needed again.
+    RotorClass schedule_class = RotorClass::persistent;
 };
 
 namespace detail::rotor {
+
+// The branches and shapes a class adds (rotor/branches.hpp): release for the release branch
+// (open ends with their first stage only, turn starts with closed or open ends), early for
+// everything else.
+struct RotorMoves {
+    bool release = false;
+    bool early = false;
+};
+
+[[nodiscard]] inline RotorMoves moves_of(RotorClass c, std::size_t stages) noexcept {
+    if (c == RotorClass::release_by_length)
+        c = stages <= release_early_max_stages ? RotorClass::release_early : RotorClass::release;
+    return {c != RotorClass::persistent, c == RotorClass::release_early};
+}
 
 [[nodiscard]] inline Bytes magnitude(Bytes v) noexcept { return v < 0 ? -v : v; }
 
@@ -266,6 +319,7 @@ struct RotorUnits {
         Bytes fwd = 0;     // x_{l-1} + saved + fwd_overhead (the upper gradient comes on top)
         Bytes bwd = 0;     // x_{l-1} + saved + y_l + y_{l-1} + bwd_overhead
         Bytes extra = 0;   // saved − x_l: what stays live beside a_l for the backward
+        Bytes saved = 0;   // saved: everything the forward leaves live, a_l included
         Bytes leaf = 0;    // least memory of the leaf (forward, [loss], backward)
         double time = 0.0;       // fwd + bwd
         double leaf_time = 0.0;  // fwd + bwd (+ loss for the last stage)
@@ -276,6 +330,7 @@ struct RotorUnits {
     std::vector<Bytes> nograd;       // [1..L]: x_{l-1} + x_l + nograd_overhead
     std::vector<double> nograd_time; // [1..L]
     std::vector<std::vector<Option>> options;  // [1..L]
+    Bytes loss_overhead = 0;
 
     // Size of the gradient that is live while sub-chain (a, b) runs forwards.
     [[nodiscard]] Bytes upper(std::size_t b) const noexcept { return b < L ? y[b] : 0; }
@@ -295,6 +350,7 @@ struct RotorUnits {
     u.nograd_time.assign(L + 1, 0.0);
     u.options.resize(L + 1);
     const Bytes loss_ov = ceil_units(chain.loss_overhead, unit);
+    u.loss_overhead = loss_ov;
     for (std::size_t l = 1; l <= L; ++l) {
         const RotorStage& s = chain.stages[l - 1];
         u.nograd[l] = u.x[l - 1] + u.x[l] + ceil_units(s.nograd_overhead, unit);
@@ -308,6 +364,7 @@ struct RotorUnits {
             // stage saves), so ⌈saved⌉ − ⌈out⌉ beside a_l's ⌈out⌉ covers them exactly where
             // ⌈saved − out⌉ could waste a slot.
             opt.extra = saved - u.x[l];
+            opt.saved = saved;
             opt.leaf = std::max(opt.fwd + u.upper(l), opt.bwd);
             if (l == L) opt.leaf = std::max(opt.leaf, u.x[l - 1] + saved + u.y[l] + loss_ov);
             opt.time = o.fwd_time + o.bwd_time;
@@ -316,6 +373,13 @@ struct RotorUnits {
         }
     }
     return u;
+}
+
+// The most options of any stage (K).
+[[nodiscard]] inline std::size_t most_options(const RotorChain& chain) noexcept {
+    std::size_t k = 0;
+    for (const RotorStage& s : chain.stages) k = std::max(k, s.options.size());
+    return k;
 }
 
 [[nodiscard]] inline Bytes rotor_gcd(const RotorChain& chain) {

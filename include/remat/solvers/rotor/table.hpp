@@ -11,6 +11,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <limits>
 #include <string>
@@ -19,6 +20,7 @@
 #include "../../core/bytes.hpp"
 #include "../../core/progress.hpp"
 #include "../../core/timing.hpp"
+#include "branches.hpp"
 #include "chain.hpp"
 #include "least_memory.hpp"
 #include "limits.hpp"
@@ -65,8 +67,9 @@ class RotorTable {
 public:
     RotorTable(const RotorUnits& u, const RotorNeeds& needs, std::size_t M, const RotorOptions& options,
                const RotorLimits& limits)
-        : u_(u), needs_(needs), L_(u.L), M_(M), width_(M + 1) {
-        check_size(L_, width_, limits);
+        : u_(u), needs_(needs), L_(u.L), M_(M), width_(M + 1), moves_(moves_of(options.schedule_class, u.L)),
+          K_(moves_.release ? needs.K : 0) {
+        check_size(L_, width_, limits, K_, moves_);
         least_.assign(L_ + 1, 0.0);
         double total = 0.0;  // every schedule's time is at most L + 1 times this
         for (std::size_t l = 1; l <= L_; ++l) {
@@ -80,13 +83,29 @@ public:
         }
         // Excesses reach (L + 1) · total at most; scaled down when a float could overflow.
         if (total * static_cast<double>(L_ + 1) > 1e30) scale_ = 1.0 / total;
-        table_.assign(L_ * (L_ + 1) / 2 * width_, std::numeric_limits<float>::infinity());
+        const std::size_t pairs = L_ * (L_ + 1) / 2;
+        std::size_t base = pairs;
+        for (std::size_t t = 0; t < shape_base_.size(); ++t) {
+            shape_base_[t] = base;
+            base += pairs * RotorNeeds::table_rows(t, K_, moves_);
+        }
+        table_.assign(pairs * rows_per_pair(K_, moves_) * width_, std::numeric_limits<float>::infinity());
         fill(options, limits);
     }
 
-    /// Throws TooLarge when the table of L stages and `width` memory values exceeds the cap.
-    static void check_size(std::size_t L, std::size_t width, const RotorLimits& limits) {
-        const std::size_t pairs = L * (L + 1) / 2;
+    /// Rows per sub-chain: one, and with release moves (K = the most options of a stage)
+    /// those of the other shapes of rotor/branches.hpp.
+    [[nodiscard]] static std::size_t rows_per_pair(std::size_t K, const RotorMoves& moves) noexcept {
+        std::size_t rows = 1;
+        for (std::size_t t = 0; t < 5; ++t) rows += RotorNeeds::table_rows(t, K, moves);
+        return rows;
+    }
+
+    /// Throws TooLarge when the table of L stages and `width` memory values exceeds the cap
+    /// (K and moves as for rows_per_pair).
+    static void check_size(std::size_t L, std::size_t width, const RotorLimits& limits, std::size_t K = 0,
+                           const RotorMoves& moves = {}) {
+        const std::size_t pairs = L * (L + 1) / 2 * rows_per_pair(K, moves);
         const std::size_t cells = limits.max_table_mib * (std::size_t{1} << 20) / sizeof(float);
         const std::size_t fitting = cells / pairs;  // widths that fit
         limits.check_memory(pairs * width, sizeof(float),
@@ -144,10 +163,86 @@ public:
                 choice = {RotorChoice::Kind::ck, j};
             }
         }
+        if (moves_.release)
+            for_each_branch(u_, moves_, RotorShape::plain(), a, b, mm, true, [&](const RotorBranch& br) {
+                if (const float v = branch_value(br, m); v < best) {
+                    best = v;
+                    choice = br.choice;
+                }
+            });
+        return choice;
+    }
+
+    /// The branch that realises sub-chain (a, c) of another shape (rotor/branches.hpp) at memory m.
+    [[nodiscard]] RotorChoice choose(const RotorShape& shape, std::size_t a, std::size_t c, std::size_t m) const {
+        if (RotorNeeds::table_of(shape) < 0) return choose(a, c, m);
+        RotorChoice choice;
+        float best = std::numeric_limits<float>::infinity();
+        for_each_branch(u_, moves_, shape, a, c, static_cast<Bytes>(m), false, [&](const RotorBranch& br) {
+            if (const float v = branch_value(br, m); v < best) {
+                best = v;
+                choice = br.choice;
+            }
+        });
         return choice;
     }
 
 private:
+    // Rows of the other shapes (rotor/branches.hpp) follow the plain rows, table by table.
+    [[nodiscard]] std::size_t shape_offset(const RotorShape& shape, std::size_t a, std::size_t c) const noexcept {
+        const auto t = static_cast<std::size_t>(RotorNeeds::table_of(shape));
+        const std::size_t pair = c * (c - 1) / 2 + (a - 1);
+        return (shape_base_[t] + RotorNeeds::within(shape, pair, K_)) * width_;
+    }
+    [[nodiscard]] const float* sub_row(const RotorSubChain& s) const noexcept {
+        return RotorNeeds::table_of(s.shape) < 0 ? row(s.a, s.c) : table_.data() + shape_offset(s.shape, s.a, s.c);
+    }
+    // A branch's own time as excess: minus the least leaf time of the stage whose option it runs.
+    [[nodiscard]] float branch_constant(const RotorBranch& br) const noexcept {
+        return static_cast<float>((br.time - (br.stage != 0 ? least_[br.stage] : 0.0)) * scale_);
+    }
+    // The branch's time at memory m (∞ when it does not fit), in relax's arithmetic.
+    [[nodiscard]] float branch_value(const RotorBranch& br, std::size_t m) const noexcept {
+        if (needs_.need_of(br) > static_cast<Bytes>(m)) return std::numeric_limits<float>::infinity();
+        float v = branch_constant(br);
+        for (std::size_t i = 0; i < br.sub_count; ++i)
+            v += sub_row(br.subs[i])[m - static_cast<std::size_t>(br.subs[i].offset)];
+        return v;
+    }
+    // Adds a branch to a row for every memory it fits, where it can improve the row (see
+    // improvable()).
+    void relax_branch(float* out, const RotorBranch& br, Bytes M) const noexcept {
+        const Bytes need = needs_.need_of(br);
+        if (need > M) return;
+        const auto lo = static_cast<std::size_t>(std::max<Bytes>(need, 0));
+        const auto hi = static_cast<std::size_t>(M);
+        const float c = branch_constant(br);
+        const auto shifted = [&](std::size_t i) { return sub_row(br.subs[i]) - br.subs[i].offset; };
+        if (br.sub_count == 2) {
+            const float* s1 = shifted(0);
+            const float* s2 = shifted(1);
+            const std::size_t end = improvable(out, c + s1[hi] + s2[hi], lo, hi);
+            if (end > lo) rotor_relax2(out, s1, s2, c, lo, end - 1);
+        } else if (br.sub_count == 1) {
+            const float* s1 = shifted(0);
+            const std::size_t end = improvable(out, c + s1[hi], lo, hi);
+            if (end > lo) rotor_relax1(out, s1, c, lo, end - 1);
+        } else {
+            for (std::size_t m = lo; m <= hi; ++m) out[m] = c < out[m] ? c : out[m];
+        }
+    }
+    // Rows fall as m grows, so a candidate built from them never drops below its value at
+    // the top (`floor`); it can only improve the part of `out` still above that, a prefix
+    // [lo, end) since `out` falls too. Rounding is monotone, so this holds in floats.
+    [[nodiscard]] static std::size_t improvable(const float* out, float floor, std::size_t lo, std::size_t hi) noexcept {
+        std::size_t first = lo, last = hi + 1;
+        while (first < last) {
+            const std::size_t mid = first + (last - first) / 2;
+            if (out[mid] <= floor) last = mid;
+            else first = mid + 1;
+        }
+        return first;
+    }
     [[nodiscard]] float* mutable_row(std::size_t a, std::size_t b) noexcept {
         return table_.data() + (b * (b - 1) / 2 + (a - 1)) * width_;
     }
@@ -171,7 +266,12 @@ private:
                                                    std::to_string(elapsed()) + " s");
             const std::size_t b1 = std::min(L_, b0 + block - 1);
             for (std::size_t a = b1; a >= 1; --a)
-                for (std::size_t b = std::max(a, b0); b <= b1; ++b) fill_row(a, b, M);
+                for (std::size_t b = std::max(a, b0); b <= b1; ++b) {
+                    fill_row(a, b, M);
+                    if (moves_.release)
+                        for_each_shape(u_, moves_, a, b,
+                                       [&](const RotorShape& shape) { fill_shape_row(shape, a, b, M); });
+                }
         }
     }
 
@@ -211,18 +311,18 @@ private:
             const float c = static_cast<float>(pre * scale_);
             const float* s1 = row(j, b) - off;
             const float* s2 = row(a, j - 1);
-            // Both rows fall as m grows, so the candidate never drops below its value at
-            // the top; it can only improve the part of `out` still above that (a prefix,
-            // since `out` falls too). Rounding is monotone, so this holds in floats.
-            const float floor = c + s1[hi] + s2[hi];
-            std::size_t first = lo, last = hi + 1;
-            while (first < last) {
-                const std::size_t mid = first + (last - first) / 2;
-                if (out[mid] <= floor) last = mid;
-                else first = mid + 1;
-            }
-            if (first > lo) rotor_relax2(out, s1, s2, c, lo, first - 1);
+            const std::size_t end = improvable(out, c + s1[hi] + s2[hi], lo, hi);
+            if (end > lo) rotor_relax2(out, s1, s2, c, lo, end - 1);
         }
+        if (moves_.release)
+            for_each_branch(u_, moves_, RotorShape::plain(), a, b, M, true,
+                            [&](const RotorBranch& br) { relax_branch(out, br, M); });
+    }
+
+    void fill_shape_row(const RotorShape& shape, std::size_t a, std::size_t c, Bytes M) {
+        if (needs_.need_of(RotorSubChain{shape, a, c, 0}) > M) return;
+        float* out = table_.data() + shape_offset(shape, a, c);
+        for_each_branch(u_, moves_, shape, a, c, M, false, [&](const RotorBranch& br) { relax_branch(out, br, M); });
     }
 
     const RotorUnits& u_;
@@ -231,6 +331,9 @@ private:
     std::size_t M_;
     std::size_t width_;
     std::vector<double> least_;  // t_l = min_k leaf_time: T(a, b) = Σ t_l
+    RotorMoves moves_;           // what RotorOptions::schedule_class adds to Rotor's branches
+    std::size_t K_ = 0;          // the most options of a stage, with release moves
+    std::array<std::size_t, 5> shape_base_{};  // first row of each shape table (RotorNeeds::table_of)
     double scale_ = 1.0;         // times enter the floats multiplied by this
     std::vector<float> table_;
 };
