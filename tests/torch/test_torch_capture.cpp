@@ -640,13 +640,9 @@ def forward(self, x):
     CHECK(training.resident_reasons[0].find("w0: read by 2 op groups") != std::string::npos);
 
     // The smallest total budget (in steps of 2 % of store-all's total) the combined planner
-    // reaches: there, weights move.
-    // The combined planner runs the solver at many activation budgets: without the second
-    // opinion and the exact fallback, each run takes milliseconds, not seconds.
-    remat::AutoOptions fast;
-    fast.second_opinion_max_ops = 0;
-    fast.exact_fallback = false;
-    const remat::Auto quick_auto(fast);
+    // reaches: there, weights move. (The planner runs Auto at many activation budgets without
+    // its second opinion and exact fallback, so each takes milliseconds.)
+    const remat::Auto quick_auto;
     std::optional<remat::offload::OffloadPlan> plan;
     double percent = 100.0;
     for (double p = 100.0; p >= 10.0; p -= 2.0) {

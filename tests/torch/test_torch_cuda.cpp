@@ -343,13 +343,10 @@ def forward(self, x):
     remat::torch::OffloadedScript<remat::torch::CudaTransfers<remat::torch::ScriptParameterStore>, CudaMemoryProbe> off(
         cap, options, CudaMemoryProbe{0});
     // The highest budget, in steps of 4 % of everything the step holds, whose plan moves weights.
-    remat::AutoOptions fast;  // the combined planner runs the solver at many activation budgets
-    fast.second_opinion_max_ops = 0;
-    fast.exact_fallback = false;
     std::optional<remat::offload::OffloadPlan> plan;
     for (int percent = 96; percent >= 20 && !plan; percent -= 4) {
         try {
-            auto candidate = off.plan(remat::budget_percent(percent), remat::Auto(fast));
+            auto candidate = off.plan(remat::budget_percent(percent), remat::Auto{});
             if (candidate.report.offloads > 0) plan = std::move(candidate);
         } catch (const remat::Infeasible&) {
             break;

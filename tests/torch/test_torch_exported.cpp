@@ -117,6 +117,39 @@ std::map<std::string, at::Tensor> named(const torch::jit::named_parameter_list& 
     return out;
 }
 
+// One step against eager PyTorch's: the loss, the outputs, every parameter's gradient (none
+// where eager has none) and every buffer afterwards, bit for bit.
+template <class Buffers>
+void require_step_like_eager(const Expected& e, const std::string& step, const at::Tensor& loss,
+                             const std::vector<at::Tensor>& outputs, const std::map<std::string, at::Tensor>& parameters,
+                             const Buffers& buffers) {
+    require_equal("loss", loss, e.tensor(step + ".loss"));
+    for (std::size_t o = 0; o < outputs.size(); ++o)
+        require_equal("output " + std::to_string(o), outputs[o], e.tensor(step + ".output_" + std::to_string(o)));
+    for (const std::string& name : e.index["parameters"].get<std::vector<std::string>>()) {
+        const std::string key = step + ".grad." + name;
+        INFO("parameter " << name);
+        REQUIRE(parameters.contains(name));
+        if (!e.has(key)) {
+            CHECK_FALSE(parameters.at(name).grad().defined());
+            continue;
+        }
+        require_equal("gradient of " + name, parameters.at(name).grad(), e.tensor(key));
+    }
+    for (const auto& b : buffers) require_equal("buffer " + b.name + " after the step", b.value, e.tensor(step + ".buffer." + b.name));
+}
+
+// Eager PyTorch's update between its steps: plain SGD at the exported learning rate.
+void sgd_like_eager(const Expected& e, const std::map<std::string, at::Tensor>& parameters) {
+    const double lr = e.index["lr"].get<double>();
+    const torch::NoGradGuard no_grad;
+    for (const auto& [name, p] : parameters)
+        if (p.grad().defined()) {
+            p.add_(p.grad(), -lr);
+            p.mutable_grad() = at::Tensor();
+        }
+}
+
 }  // namespace
 
 TEST_CASE("pt2: exported models train like eager PyTorch at 50 % and 30 % of the store-all peak", "[torch][pt2]") {
@@ -149,33 +182,13 @@ TEST_CASE("pt2: exported models train like eager PyTorch at 50 % and 30 % of the
                     loss.backward();
                     const remat::StepReport& report = m->last_report();
                     REQUIRE(report.completed);
-                    require_equal("loss", loss, e.tensor(step + ".loss"));
-                    for (std::size_t o = 0; o < outputs.size(); ++o)
-                        require_equal("output " + std::to_string(o), outputs[o], e.tensor(step + ".output_" + std::to_string(o)));
-                    for (const std::string& name : python_parameters) {
-                        const std::string key = step + ".grad." + name;
-                        INFO("parameter " << name);
-                        REQUIRE(parameters.contains(name));
-                        if (!e.has(key)) {
-                            CHECK_FALSE(parameters.at(name).grad().defined());
-                            continue;
-                        }
-                        require_equal("gradient of " + name, parameters.at(name).grad(), e.tensor(key));
-                    }
-                    for (const auto& b : m->module().named_buffers(true))
-                        require_equal("buffer " + b.name + " after the step", b.value, e.tensor(step + ".buffer." + b.name));
+                    require_step_like_eager(e, step, loss, outputs, parameters, m->module().named_buffers(true));
                     // Measured peak = predicted: never above it (a few hundred bytes of
                     // autograd's own allowed), and below it by 1 % at most.
                     INFO("predicted peak " << report.predicted_peak << ", measured " << report.measured_peak);
                     CHECK(report.measured_peak <= report.predicted_peak + 512);
                     CHECK(report.measured_peak + report.predicted_peak / 100 >= report.predicted_peak);
-                    const double lr = e.index["lr"].get<double>();
-                    const torch::NoGradGuard no_grad;
-                    for (const auto& [name, p] : parameters)
-                        if (p.grad().defined()) {
-                            p.add_(p.grad(), -lr);
-                            p.mutable_grad() = at::Tensor();
-                        }
+                    sgd_like_eager(e, parameters);
                 }
             }
         }
@@ -202,16 +215,10 @@ TEST_CASE("pt2: exported programs train with their weights offloaded like eager 
             remat::torch::OffloadedScript<> off(cap, options);
             REQUIRE_FALSE(off.training().weights.empty());
             // The largest total budget, in steps of 5 % of store-all's total, where weights move.
-            // The combined planner runs the solver at many activation budgets: without the second
-            // opinion and the exact fallback, each run takes milliseconds, not seconds.
-            remat::AutoOptions fast;
-            fast.second_opinion_max_ops = 0;
-            fast.exact_fallback = false;
-            const remat::Auto quick_auto(fast);
             std::optional<remat::offload::OffloadPlan> plan;
             for (double percent = 95.0; percent >= 5.0 && !plan; percent -= 5.0) {
                 try {
-                    remat::offload::OffloadPlan candidate = off.plan(remat::budget_percent(percent), quick_auto);
+                    remat::offload::OffloadPlan candidate = off.plan(remat::budget_percent(percent), remat::Auto{});
                     for (const auto& s : candidate.schedule.steps)
                         if (s.is_transfer()) {
                             plan = std::move(candidate);
@@ -225,7 +232,6 @@ TEST_CASE("pt2: exported programs train with their weights offloaded like eager 
             const std::vector<at::Tensor> inputs = cap.input_tensors(e.inputs());
             const std::vector<at::Tensor> weights = e.weights();
             const auto parameters = named(cap.module().named_parameters(true));
-            const std::vector<std::string> python_parameters = e.index["parameters"].get<std::vector<std::string>>();
             for (int k = 0; k < e.index["steps"].get<int>(); ++k) {
                 const std::string step = "step" + std::to_string(k);
                 INFO(e.name << ", " << step << ", plan " << plan->method << " within " << plan->budget << " bytes");
@@ -234,22 +240,7 @@ TEST_CASE("pt2: exported programs train with their weights offloaded like eager 
                     return remat::torch::detail::capture::weighted_loss(outputs, weights);
                 });
                 REQUIRE(result.report.completed);
-                require_equal("loss", result.loss, e.tensor(step + ".loss"));
-                for (std::size_t o = 0; o < result.outputs.size(); ++o)
-                    require_equal("output " + std::to_string(o), result.outputs[o],
-                                  e.tensor(step + ".output_" + std::to_string(o)));
-                for (const std::string& name : python_parameters) {
-                    const std::string key = step + ".grad." + name;
-                    INFO("parameter " << name);
-                    REQUIRE(parameters.contains(name));
-                    if (!e.has(key)) {
-                        CHECK_FALSE(parameters.at(name).grad().defined());
-                        continue;
-                    }
-                    require_equal("gradient of " + name, parameters.at(name).grad(), e.tensor(key));
-                }
-                for (const auto& b : cap.module().named_buffers(true))
-                    require_equal("buffer " + b.name + " after the step", b.value, e.tensor(step + ".buffer." + b.name));
+                require_step_like_eager(e, step, result.loss, result.outputs, parameters, cap.module().named_buffers(true));
                 const auto& r = result.report;
                 INFO("device: predicted " << r.predicted_device_peak << ", measured " << r.measured_device_peak
                                           << "; host: predicted " << r.predicted_host_peak << ", measured "
@@ -257,15 +248,8 @@ TEST_CASE("pt2: exported programs train with their weights offloaded like eager 
                 CHECK(r.measured_host_peak == r.predicted_host_peak);
                 CHECK(r.measured_device_peak <= r.predicted_device_peak + 512);
                 CHECK(r.measured_device_peak + r.predicted_device_peak / 100 >= r.predicted_device_peak);
-                const double lr = e.index["lr"].get<double>();
-                const torch::NoGradGuard no_grad;
-                for (const auto& [name, p] : parameters) {
-                    CHECK(p.storage().nbytes() == p.nbytes());  // back on the device
-                    if (p.grad().defined()) {
-                        p.add_(p.grad(), -lr);
-                        p.mutable_grad() = at::Tensor();
-                    }
-                }
+                for (const auto& [name, p] : parameters) CHECK(p.storage().nbytes() == p.nbytes());  // back on the device
+                sgd_like_eager(e, parameters);
             }
         }
     }

@@ -8,10 +8,9 @@
 // offloading (offload/greedy.hpp) covers the rest. The plan with the least makespan wins. The
 // candidates include rematerialization alone (the largest activation budget that fits with
 // every weight on the device) and weight offloading alone (store-all's activations), so the
-// result is never worse than either part alone. The solver plans some 25 activation budgets,
-// each anew: remat::Auto with its second opinion (H-Rockmate, a second or two a budget on
-// small problems) is slow here; AutoOptions::second_opinion_max_ops = 0 keeps it to Rotor's
-// or Rockmate's milliseconds.
+// result is never worse than either part alone. The solver plans some 25 activation budgets
+// of one problem: given remat::Auto, the planner analyses it once and turns off its
+// per-budget second opinion and last resorts (seconds each: a 6-op graph took minutes).
 #pragma once
 
 #include <algorithm>
@@ -19,11 +18,16 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../core/errors.hpp"
 #include "../core/problem.hpp"
 #include "../core/solver.hpp"
+#include "../io/budget.hpp"
+#include "../solvers/auto.hpp"
 #include "../solvers/store_all.hpp"
 #include "greedy.hpp"
 #include "schedule.hpp"
@@ -53,6 +57,42 @@ struct CombinedOptions {
 };
 
 namespace detail::combined {
+
+// remat::Auto as the planner runs it at many activation budgets of one problem: analysed once
+// (Rockmate's or H-Rockmate's analysis takes a second or more), without the per-budget second
+// opinion and exact search (up to 10 s), and with the greedy last resorts' portfolios cut
+// from 1.5 s to 50 ms each (they run until their time is spent, also where no plan fits).
+class AutoAtManyBudgets {
+public:
+    explicit AutoAtManyBudgets(const Auto& solver) : auto_(without_last_resorts(solver.options())) {}
+
+    [[nodiscard]] static constexpr std::string_view name() noexcept { return Auto::name(); }
+    [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const { return auto_.solve(model_of(problem), budget); }
+    [[nodiscard]] Bytes smallest_budget(const Problem& problem) const { return auto_.smallest_budget(model_of(problem)); }
+
+private:
+    [[nodiscard]] static AutoOptions without_last_resorts(AutoOptions options) {
+        options.second_opinion_max_ops = 0;
+        options.greedy_fallback_seconds = 0.05;
+        options.exact_fallback = false;
+        return options;
+    }
+    [[nodiscard]] const AutoModel& model_of(const Problem& problem) const {
+        if (!model_ || !(model_->problem == problem)) model_.emplace(auto_.analyse(problem));
+        return *model_;
+    }
+
+    Auto auto_;
+    mutable std::optional<AutoModel> model_;  // the last problem's analysis
+};
+
+// The solver as the planner runs it at many activation budgets: Auto as above, any other
+// solver as given.
+template <Solver S>
+[[nodiscard]] decltype(auto) for_many_budgets(const S& solver) {
+    if constexpr (std::is_same_v<S, Auto>) return AutoAtManyBudgets(solver);
+    else return (solver);
+}
 
 // The activation plan at `activation_budget`, with the updates back in; nullopt when the
 // solver has no plan there.
@@ -145,8 +185,9 @@ template <Solver S>
     const TransferSettings transfers = options.transfers.value_or(full.transfers());
     const TrainingSplit split = split_training_state(full);
     const Bytes reference = store_all_reference(split.activations).peak;
+    const auto& activation_solver = detail::combined::for_many_budgets(solver);
     const auto fitting = [&](Bytes b) -> std::optional<Schedule> {
-        auto plan = detail::combined::full_plan(full, split, solver, b);
+        auto plan = detail::combined::full_plan(full, split, activation_solver, b);
         if (plan && remat::simulate(full, *plan).peak <= budget) return plan;
         return std::nullopt;
     };
@@ -165,7 +206,7 @@ template <Solver S>
     // fit: a grid from the solver's smallest budget up is tried too, and the fastest plan wins.
     std::optional<OffloadPlan> fastest;
     if (best) fastest = detail::combined::make(full, with_no_transfers(best->second), budget, best->first, "remat", transfers);
-    const Bytes smallest = std::min(top, smallest_budget_of(solver, split.activations).value_or(0));
+    const Bytes smallest = std::min(top, smallest_budget_of(activation_solver, split.activations).value_or(0));
     const std::size_t points = std::max<std::size_t>(2, options.activation_budgets);
     for (std::size_t i = 0; i + 1 < points; ++i) {
         const Bytes b = detail::combined::grid_budget(smallest, top, i, points);
@@ -200,8 +241,9 @@ template <Solver S>
     const TransferSettings transfers = options.transfers.value_or(full.transfers());
     const TrainingSplit split = split_training_state(full);
     const Bytes reference = store_all_reference(split.activations).peak;
-    const Bytes smallest = smallest_budget_of(solver, split.activations).value_or(0);
-    std::optional<OffloadPlan> best = plan_remat_only(full, budget, solver, options);
+    const auto& activation_solver = detail::combined::for_many_budgets(solver);
+    const Bytes smallest = smallest_budget_of(activation_solver, split.activations).value_or(0);
+    std::optional<OffloadPlan> best = plan_remat_only(full, budget, activation_solver, options);
     if (auto offload = plan_offload_only(full, budget, options); detail::combined::better(offload, best))
         best = std::move(offload);
     const std::size_t points = std::max<std::size_t>(2, options.activation_budgets);
@@ -211,7 +253,7 @@ template <Solver S>
         moves_activations = moves_activations || (full.data(DataId{k}).offloadable && !full.is_initial(DataId{k}));
     for (std::size_t i = 0; i < points; ++i) {
         const Bytes activation_budget = detail::combined::grid_budget(smallest, reference, i, points);
-        const std::optional<Schedule> plan = detail::combined::full_plan(full, split, solver, activation_budget);
+        const std::optional<Schedule> plan = detail::combined::full_plan(full, split, activation_solver, activation_budget);
         if (!plan) continue;
         // With offloadable activations, also the weights alone: the greedy's choices ignore
         // bandwidth, and moving activations too may cost more time than it saves.
@@ -227,6 +269,41 @@ template <Solver S>
         }
     }
     return best;
+}
+
+/// A total device budget for everything a step holds, as a BudgetSpec says it: bytes, or a
+/// percentage of store-all's total. `who` names the caller when the spec is of another kind.
+[[nodiscard]] inline Bytes total_budget(const BudgetSpec& spec, Bytes store_all_total, std::string_view who) {
+    switch (spec.kind) {
+        case BudgetSpec::Kind::bytes: return spec.bytes;
+        case BudgetSpec::Kind::percent: return percent_of(store_all_total, spec.percent);
+        case BudgetSpec::Kind::above_smallest: break;
+    }
+    throw InvalidInput(std::string(who) + ": a budget above the smallest is not supported; give budget_bytes(n) or " +
+                       "budget_percent(p) of everything the step holds");
+}
+
+/// The combined plan within `total` bytes for everything a step holds, `resident` of which
+/// lie outside `full` (`resident_what` says what: buffers, tied weights, the caller's
+/// optimizer state). Infeasible, naming `who`, says whether `total` is below the proven lower
+/// bound (device_memory_lower_bound + resident) or only beyond the planner with `solver`.
+template <Solver S>
+[[nodiscard]] OffloadPlan plan_within_total(const Problem& full, Bytes total, Bytes resident, Bytes store_all_total,
+                                            const S& solver, const CombinedOptions& options, std::string_view who,
+                                            std::string_view resident_what) {
+    const Bytes bound = device_memory_lower_bound(full) + resident;
+    std::optional<OffloadPlan> plan;
+    if (total >= bound) plan = plan_with_offload(full, total - resident, solver, options);
+    if (plan) return std::move(*plan);
+    throw Infeasible(std::string(who) + ": no plan fits " + format_bytes(total) + " for everything the step holds (" +
+                         format_bytes(resident) + " of it outside the plan: " + std::string(resident_what) + "); " +
+                         (total < bound ? "that is below the proven lower bound of " + format_bytes(bound) +
+                                              " (the largest op with its inputs, outputs and everything that cannot "
+                                              "leave the device)"
+                                        : "it is above the proven lower bound of " + format_bytes(bound) +
+                                              ", but beyond the reach of " + std::string(solver.name()) +
+                                              " with weight offloading; raise the budget"),
+                     total, std::nullopt, store_all_total);
 }
 
 }  // namespace remat::offload

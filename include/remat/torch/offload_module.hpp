@@ -303,44 +303,27 @@ private:
         const Problem& planned = problems_.planned;
         resident_ = outside_the_plan();
         store_all_total_ = store_all_reference(planned).peak + resident_;
-        switch (spec.kind) {
-            case BudgetSpec::Kind::bytes: budget_ = spec.bytes; break;
-            case BudgetSpec::Kind::percent: budget_ = percent_of(store_all_total_, spec.percent); break;
-            case BudgetSpec::Kind::above_smallest:
-                throw InvalidInput("offloading module: a budget above the smallest is not supported; give "
-                                   "budget_bytes(n) or budget_percent(p) of everything the step holds");
-        }
-        const Bytes bound = remat::offload::device_memory_lower_bound(planned) + resident_;
+        budget_ = remat::offload::total_budget(spec, store_all_total_, "offloading module");
         remat::offload::CombinedOptions combined{options_.variant, options_.activation_budgets, options_.transfers};
         combined.between_steps = false;
-        std::optional<remat::offload::OffloadPlan> plan;
-        if (budget_ >= bound) plan = remat::offload::plan_with_offload(planned, budget_ - resident_, solver_, combined);
-        if (!plan)
-            throw Infeasible("offloading module: no plan fits " + format_bytes(budget_) + " for everything the step holds (" +
-                                 format_bytes(resident_) + " of it outside the plan: buffers, frozen parameters, optimizer "
-                                 "state); " +
-                                 (budget_ < bound ? "that is below the proven lower bound of " + format_bytes(bound) +
-                                                        " (the largest op with its inputs, outputs and everything that "
-                                                        "cannot leave the device)"
-                                                  : "it is above the proven lower bound of " + format_bytes(bound) +
-                                                        ", but beyond the reach of " + std::string(solver_.name()) +
-                                                        " with weight offloading; raise the budget"),
-                             budget_, std::nullopt, store_all_total_);
-        plan->report = remat::offload::simulate(problems_.predicting, plan->schedule, options_.transfers);
-        if (!plan->report.valid || plan->report.device_peak > budget_ - resident_)
+        remat::offload::OffloadPlan plan =
+            remat::offload::plan_within_total(planned, budget_, resident_, store_all_total_, solver_, combined,
+                                              "offloading module", "buffers, frozen parameters, optimizer state");
+        plan.report = remat::offload::simulate(problems_.predicting, plan.schedule, options_.transfers);
+        if (!plan.report.valid || plan.report.device_peak > budget_ - resident_)
             throw SolverError("offloading module: the plan " +
-                              (plan->report.valid ? "peaks above the budget" : "is invalid: " + plan->report.error) +
+                              (plan.report.valid ? "peaks above the budget" : "is invalid: " + plan.report.error) +
                               " on the problem as measured per forward (this is a bug in remat; please report it)");
         if (options_.progress) {
             std::ostringstream line;
             line << "remat: offloading chain '" << profile_.chain.name << "' (" << stages_.size()
                  << " stages): store-all total " << format_bytes(store_all_total_) << ", budget "
-                 << format_bytes(budget_) << ", " << plan->method << " plan peak "
-                 << format_bytes(plan->report.device_peak + resident_) << ", " << plan->report.offloads
-                 << " offloads, predicted makespan " << plan->report.makespan << " s";
+                 << format_bytes(budget_) << ", " << plan.method << " plan peak "
+                 << format_bytes(plan.report.device_peak + resident_) << ", " << plan.report.offloads
+                 << " offloads, predicted makespan " << plan.report.makespan << " s";
             options_.progress(line.str());
         }
-        return std::move(*plan);
+        return plan;
     }
 
     S solver_;

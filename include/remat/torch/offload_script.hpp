@@ -195,30 +195,13 @@ public:
     /// bound or only beyond the planner.
     template <Solver S>
     [[nodiscard]] remat::offload::OffloadPlan plan(const BudgetSpec& budget, const S& solver) const {
-        Bytes total = 0;
-        switch (budget.kind) {
-            case BudgetSpec::Kind::bytes: total = budget.bytes; break;
-            case BudgetSpec::Kind::percent: total = percent_of(store_all_total_, budget.percent); break;
-            case BudgetSpec::Kind::above_smallest:
-                throw InvalidInput("OffloadedScript: a budget above the smallest is not supported; give budget_bytes(n) "
-                                   "or budget_percent(p) of everything the step holds");
-        }
         const Problem& p = training_->problem;
-        const Bytes bound = remat::offload::device_memory_lower_bound(p) + resident_;
+        const std::string who = "OffloadedScript '" + p.name() + "'";
         remat::offload::CombinedOptions combined{options_.variant, options_.activation_budgets, options_.transfers};
         combined.between_steps = false;
-        std::optional<remat::offload::OffloadPlan> plan;
-        if (total >= bound) plan = remat::offload::plan_with_offload(p, total - resident_, solver, combined);
-        if (!plan)
-            throw Infeasible("OffloadedScript '" + p.name() + "': no plan fits " + format_bytes(total) +
-                                 " for everything the step holds (" + format_bytes(resident_) +
-                                 " of it outside the plan); " +
-                                 (total < bound ? "that is below the proven lower bound of " + format_bytes(bound)
-                                                : "it is above the proven lower bound of " + format_bytes(bound) +
-                                                      ", but beyond the reach of " + std::string(solver.name()) +
-                                                      " with weight offloading; raise the budget"),
-                             total, std::nullopt, store_all_total_);
-        return *plan;
+        return remat::offload::plan_within_total(p, remat::offload::total_budget(budget, store_all_total_, who), resident_,
+                                                 store_all_total_, solver, combined, who,
+                                                 "buffers, tied weights, optimizer state");
     }
 
     /// A whole training step under `plan`: forward, `loss(outputs)` (with autograd), backward,
