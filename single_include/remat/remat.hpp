@@ -3030,7 +3030,7 @@ enum class RotorClass : unsigned char {
     /// back-propagated.
     persistent,
     /// Also the release branch: a checkpoint freed right after the next stage's forward with
-    /// grad, recomputed from an earlier one before that stage's backward. 4-6 times Rotor's
+    /// grad, recomputed from an earlier one before that stage's backward. 4-7 times Rotor's
     /// solve time at 100-200 stages.
     release,
     /// Also sub-chains that free their input after its last use, handing a stage's backward
@@ -4696,7 +4696,7 @@ private:
 // below j as a "turn" sub-chain, which recomputes a_{j-1} for stage j's backward). Sub-chains
 // may also free their input after its last use (open and partial ends). rotor/branches.hpp
 // defines these shapes; RotorClass (rotor/chain.hpp) says which the DP ranges over. On a
-// plain chain its work is O(M·L³), Rotor's complexity, with a larger constant: 4-6 times
+// plain chain its work is O(M·L³), Rotor's complexity, with a larger constant: 4-7 times
 // Rotor's solve time at 100-200 stages with the release class, 15-20 times with release_early
 // (a chain of K options per stage has K² more shapes per sub-chain).
 //

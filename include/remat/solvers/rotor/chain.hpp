@@ -141,7 +141,7 @@ enum class RotorClass : unsigned char {
     /// back-propagated.
     persistent,
     /// Also the release branch: a checkpoint freed right after the next stage's forward with
-    /// grad, recomputed from an earlier one before that stage's backward. 4-6 times Rotor's
+    /// grad, recomputed from an earlier one before that stage's backward. 4-7 times Rotor's
     /// solve time at 100-200 stages.
     release,
     /// Also sub-chains that free their input after its last use, handing a stage's backward
