@@ -37,7 +37,7 @@ namespace remat::cli {
     std::string u =
         "usage: remat-plan FILE.json --budget B [--solver NAME[:VARIANT]] [--out SCHEDULE.json] [--json]\n"
         "                  [--svg TIMELINE.svg] [--explain] [--sweep N] [--sweep-csv F.csv]\n"
-        "                  [--sweep-svg F.svg] [--time-limit S] [--bound] [--verbose] [--quiet]\n"
+        "                  [--sweep-svg F.svg] [--time-limit S] [--bound] [--certify S] [--verbose] [--quiet]\n"
         "       remat-plan FILE.json --offload --budget B [--bandwidth 12GB/s] [--host-limit B] [--solver NAME]\n"
         "                  [--out SCHEDULE.json] [--svg TIMELINE.svg] [--json]\n"
         "       remat-plan FILE.json --check SCHEDULE.json [--budget B] [--json]   (remat.schedule/1 or /2)\n"
@@ -48,7 +48,7 @@ namespace remat::cli {
         "\n"
         "  --budget B        bytes (25088), a size (512MiB, 1.5GiB, 100KB; KiB/MiB/GiB/TiB are powers of 1024,\n"
         "                    KB/MB/GB/TB powers of 1000) or a percentage of the store-all peak P_ref (40%)\n"
-        "  --solver NAME     default: auto (rotor for chains, rockmate for sequences of small blocks, hrockmate\n"
+        "  --solver NAME     default: auto (rotor-release for chains, rockmate for sequences of small blocks, hrockmate\n"
         "                    otherwise, greedy as the last resort). Solvers:\n";
     for (const SolverEntry& e : solver_table()) {
         std::string line = "                      " + std::string(e.name);
@@ -70,6 +70,9 @@ namespace remat::cli {
         "  --bound           also prove a lower bound on the time of any schedule within the budget, and say\n"
         "                    how far the plan can be from the optimum (a small integer program; 10 s at most\n"
         "                    unless --time-limit; needs a build with lp_solve or CBC)\n"
+        "  --certify S       (--solver auto, problems of at most 64 data) then the exact search, for up to S\n"
+        "                    seconds, looks for a faster schedule than the plan: it finds one, proves the plan\n"
+        "                    optimal (gap 0 %), or prints the gap to the lower bound it proved\n"
         "  --offload         (remat.problem/2, docs/formats.md §11) the budget counts everything the step holds:\n"
         "                    split it between weights and activations, offloading weights and optimizer state to\n"
         "                    host memory and recomputing activations (--solver plans the activations;\n"
@@ -104,6 +107,7 @@ struct PlanArgs {
     std::optional<std::string> check;
     std::optional<std::size_t> sweep;
     std::optional<double> time_limit;
+    std::optional<double> certify;
     bool json = false;
     bool verbose = false;
     bool quiet = false;
@@ -196,6 +200,7 @@ inline PlanArgs parse_plan_args(const std::vector<std::string>& args) {
         else if (flag == "--host-limit") once(a.host_limit, value());
         else if (flag == "--sweep") once(a.sweep, parse_count(flag, value()));
         else if (flag == "--time-limit") once(a.time_limit, parse_seconds(flag, value()));
+        else if (flag == "--certify") once(a.certify, parse_seconds(flag, value()));
         else if (flag == "--json") {
             no_value();
             a.json = true;
@@ -215,12 +220,14 @@ inline PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     }
     if (a.help || a.version) return a;
     if (a.file.empty()) throw UsageError{"no problem file given"};
-    if (a.check && (a.out || a.svg || a.sweep || a.solver || a.time_limit || a.explain || a.bound || a.sweep_csv || a.sweep_svg))
+    if (a.check && (a.out || a.svg || a.sweep || a.solver || a.time_limit || a.explain || a.bound || a.sweep_csv ||
+                    a.sweep_svg || a.certify))
         throw UsageError{"--check takes only --budget, --json and --quiet besides the problem file"};
     if (a.check) return a;
     if ((a.bandwidth || a.host_limit) && !a.offload) throw UsageError{"--bandwidth and --host-limit need --offload"};
-    if (a.offload && (a.sweep || a.bound || a.explain || a.sweep_csv || a.sweep_svg))
-        throw UsageError{"--offload plans one budget: it takes no --sweep, --bound or --explain"};
+    if (a.offload && (a.sweep || a.bound || a.explain || a.sweep_csv || a.sweep_svg || a.certify))
+        throw UsageError{"--offload plans one budget: it takes no --sweep, --bound, --explain or --certify"};
+    if (a.certify && a.solver && *a.solver != "auto") throw UsageError{"--certify needs --solver auto"};
     if (a.offload && !a.budget) throw UsageError{"--offload needs --budget (a total: weights, their state and activations)"};
     if (!a.budget && !a.sweep) throw UsageError{"--budget is required (or --sweep N)"};
     if (!a.budget && (a.out || a.svg)) throw UsageError{"--out and --svg need --budget"};
@@ -495,6 +502,7 @@ inline int run_plan(const PlanArgs& a, std::ostream& out, std::ostream& err) {
     const Problem problem = io::load_problem(a.file);
     SolveOptions options;
     options.time_limit = a.time_limit;
+    options.certify = a.certify;
     if (!a.quiet) options.progress = progress_printer(err, a.verbose ? 0.0 : 2.0);
     // A step with optimizer updates (docs/formats.md §11): its activations are planned apart.
     if (a.offload || problem.has_updates()) {

@@ -47,6 +47,8 @@ struct SolveOptions {
     /// --solver auto: H-Rockmate's second opinion beside Rotor or Rockmate on small problems
     /// (AutoOptions::second_opinion_max_ops); off where one plan costs too much time to repeat.
     bool second_opinion = true;
+    /// --certify S: auto's certification by the exact search (AutoOptions::certify_seconds).
+    std::optional<double> certify;
 };
 
 struct SolverEntry {
@@ -181,6 +183,7 @@ inline HRockmateOptions hrockmate_options(const SolveOptions& o) {
     options.time_limit_seconds = o.time_limit;
     options.progress = o.progress;
     if (!o.second_opinion) options.second_opinion_max_ops = 0;
+    if (o.certify) options.certify_seconds = *o.certify;
     const Auto solver(std::move(options));
     return [solver, p = std::make_shared<const Problem>(problem), model = std::shared_ptr<const AutoModel>(),
             first = true](Bytes budget) mutable -> Plan {

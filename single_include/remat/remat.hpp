@@ -1269,7 +1269,8 @@ struct SolverStats {
     std::string solver;
     double solve_seconds = 0.0;
     SolveStatus status = SolveStatus::heuristic;
-    /// Relative MILP gap, when a MILP solver stopped before proving optimality.
+    /// Relative gap to a proven lower bound: a MILP solver's when it stopped before proving
+    /// optimality, or a certified one (remat::Auto's certification: plan time / bound - 1).
     std::optional<double> gap;
     /// Free-form description of the options used ("slots=500", "k=4").
     std::string options;
@@ -2310,6 +2311,7 @@ public:
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <queue>
 #include <string>
 #include <string_view>
@@ -2428,9 +2430,16 @@ public:
         Schedule schedule;
         double time = 0.0;
         Bytes peak = 0;
+        /// With a bound request (run's `below` given): the search stopped at its time or state
+        /// limit, and every schedule within the budget takes at least `lower_bound`.
+        bool stopped = false;
+        double lower_bound = 0.0;
     };
 
-    Result run(SearchGoal goal, Bytes budget) const {
+    /// `below` (least_time, weight 1): look only for schedules faster than this, and at the time
+    /// or state limit return the proven lower bound (the least key still open) instead of
+    /// throwing. Without it, the limits throw SolverError.
+    Result run(SearchGoal goal, Bytes budget, std::optional<double> below = std::nullopt) const {
         const auto start = std::chrono::steady_clock::now();
         struct Node {
             double time;
@@ -2460,6 +2469,8 @@ public:
         open.push({options_.weight * heuristic(root), root_memory, 0.0, root});
 
         std::size_t expanded = 0;
+        bool out_of_states = false;
+        double dropped_key = std::numeric_limits<double>::infinity();  // least key left out for the state limit
         while (!open.empty()) {
             const Entry top = open.top();
             open.pop();
@@ -2470,9 +2481,11 @@ public:
             if (is_goal(s)) return reconstruct(nodes, s, root);
             if (++expanded % 4096 == 0) {
                 const double seconds = seconds_since(start);
-                if (seconds > options_.time_limit_seconds)
+                if (seconds > options_.time_limit_seconds) {
+                    if (below) return stopped_at(top.key_time, *below);
                     throw SolverError("exhaustive search on '" + p_.name() + "' exceeded its time limit of " +
                                       std::to_string(options_.time_limit_seconds) + " s (use checkmate or rockmate)");
+                }
             }
             const double g = node.time;
             const Bytes peak_so_far = node.peak;
@@ -2490,12 +2503,21 @@ public:
                     if (!better) return;
                     existing = Node{time, peak, s, action, false};
                 } else {
-                    nodes.emplace(next, Node{time, peak, s, action, false});
-                    if (nodes.size() > options_.max_states)
+                    if (below && time + heuristic(next) >= *below) return;  // cannot beat the incumbent
+                    if (nodes.size() >= options_.max_states) {
+                        if (below) {
+                            out_of_states = true;
+                            dropped_key = std::min(dropped_key, time + heuristic(next));
+                            return;
+                        }
                         throw SolverError("exhaustive search on '" + p_.name() + "' exceeded " +
                                           std::to_string(options_.max_states) + " states (use checkmate or rockmate)");
+                    }
+                    nodes.emplace(next, Node{time, peak, s, action, false});
                 }
-                open.push({time + options_.weight * heuristic(next), peak, time, next});
+                const double key = time + options_.weight * heuristic(next);
+                if (below && key >= *below) return;
+                open.push({key, peak, time, next});
             };
 
             // Run an op: its reads live, its writes not all live already (else it changes nothing),
@@ -2519,11 +2541,25 @@ public:
                 const SearchState next{s.live & ~DataMask::bit(d), s.done};
                 relax(next, g, peak_so_far, Step::free(DataId{d}));
             }
+            // A state left out for the state limit may lead to a faster schedule: what is
+            // proven is what the queue still holds, at least this node's key.
+            if (out_of_states) return stopped_at(std::min(top.key_time, dropped_key), *below);
         }
+        // Nothing faster than `below` exists: the optimum is at least `below`.
+        if (below) return Result{false, {}, 0.0, 0, false, *below};
         return {};
     }
 
 private:
+    // Stopped with `key` the least key still to expand: with an admissible heuristic, every
+    // schedule takes at least that (and at most the incumbent was asked to be beaten).
+    [[nodiscard]] static Result stopped_at(double key, double below) {
+        Result r;
+        r.stopped = true;
+        r.lower_bound = std::min(key, below);
+        return r;
+    }
+
     [[nodiscard]] Bytes memory(DataMask mask) const {
         Bytes total = 0;
         for (std::uint64_t w = mask.low; w != 0; w &= w - 1) total += bytes_[static_cast<std::size_t>(std::countr_zero(w))];
@@ -2690,6 +2726,34 @@ public:
                           std::nullopt, options_.weight == 1.0 ? "" : "weight=" + std::to_string(options_.weight)};
         stats.solve_seconds = seconds_since(start);
         return make_checked_plan(problem, std::move(result.schedule), budget, std::move(stats));
+    }
+
+    /// What the exact search proves about a plan at `budget` whose time is `incumbent_time`:
+    /// a faster schedule (then optimal), or that none exists (the incumbent is optimal), or at
+    /// the time or state limit a proven lower bound on every schedule's time. The search only
+    /// explores what could beat the incumbent.
+    struct Certificate {
+        std::optional<Plan> faster;
+        double lower_bound = 0.0;  ///< every schedule within the budget takes at least this
+        bool complete = false;     ///< the search finished: the optimum is known
+    };
+    [[nodiscard]] Certificate certify(const Problem& problem, Bytes budget, double incumbent_time) const {
+        if (options_.weight != 1.0) throw InvalidInput("exhaustive: certify() needs the exact search (weight 1)");
+        const auto start = std::chrono::steady_clock::now();
+        const detail::exhaustive::ExhaustiveSearch search(problem, options_);
+        auto result = search.run(detail::exhaustive::SearchGoal::least_time, budget, incumbent_time);
+        Certificate c;
+        if (result.found) {
+            SolverStats stats{std::string(name()), seconds_since(start), SolveStatus::optimal, std::nullopt,
+                              "certified against an incumbent"};
+            c.lower_bound = result.time;
+            c.faster = make_checked_plan(problem, std::move(result.schedule), budget, std::move(stats));
+            c.complete = true;
+            return c;
+        }
+        c.lower_bound = result.lower_bound;
+        c.complete = !result.stopped;
+        return c;
     }
 
     /// The least peak of any valid schedule: the smallest budget any solver can meet.
@@ -9302,6 +9366,12 @@ struct AutoOptions {
     /// The seconds each of those greedies spends on its portfolio and improvement (which run
     /// until their time is spent, also where no plan fits); none: 1.5 s, within the time limit.
     std::optional<double> greedy_fallback_seconds;
+    /// Certification (off at 0): on problems of at most exact_fallback_max_data data, the
+    /// exact search, for up to this many seconds (within the time limit), takes the plan as its
+    /// incumbent and looks only for faster schedules. It returns one (optimal), proves the plan
+    /// optimal over all schedules (status optimal, gap 0), or at its limit states the certified
+    /// gap: SolverStats::gap = plan time / proven lower bound - 1. The plan's options say which.
+    double certify_seconds = 0.0;
     /// Then, on problems of at most exact_fallback_max_data data, the exact search, for at most
     /// exact_fallback_seconds (and within time_limit_seconds).
     bool exact_fallback = true;
@@ -9526,6 +9596,7 @@ public:
             }
         }
         if (chosen) {
+            certify(model.problem, budget, *chosen, left());
             chosen->stats.solve_seconds = clock.seconds();
             return std::move(*chosen);
         }
@@ -9637,6 +9708,38 @@ private:
         GreedyOptions o = HRockmateOptions::default_greedy();
         o.order = order;
         return planning ? greedy_within(o, *planning) : o;
+    }
+    // AutoOptions::certify_seconds: the exact search against the plan (see there).
+    void certify(const Problem& problem, Bytes budget, Plan& plan, const std::optional<double>& planning) const {
+        if (!(options_.certify_seconds > 0) || problem.data_count() > std::min<std::size_t>(options_.exact_fallback_max_data, 128))
+            return;
+        const double seconds = std::min(options_.certify_seconds, planning.value_or(options_.certify_seconds));
+        if (!(seconds > 0.01)) return;
+        ExhaustiveOptions o;
+        o.time_limit_seconds = seconds;
+        o.max_states = 2'000'000;
+        report_progress(options_.progress, "auto: certifying the plan of '" + problem.name() + "' by the exact search");
+        try {
+            const Exhaustive::Certificate c = Exhaustive(o).certify(problem, budget, plan.time);
+            if (c.faster) {
+                const std::string by = std::to_string(100.0 * (1.0 - c.faster->time / plan.time)).substr(0, 5);
+                Plan faster = *c.faster;
+                faster.stats.gap = 0.0;
+                faster.stats.options = "chose exhaustive (certification, faster than " + plan.stats.solver + " by " + by +
+                                       " %), " + plan.stats.options;
+                plan = std::move(faster);
+            } else if (c.complete) {
+                plan.stats.status = SolveStatus::optimal;
+                plan.stats.gap = 0.0;
+                plan.stats.options += ", certified optimal by the exact search";
+            } else if (c.lower_bound > 0) {
+                plan.stats.gap = plan.time / c.lower_bound - 1.0;
+                plan.stats.options += ", certified gap " + std::to_string(100.0 * *plan.stats.gap).substr(0, 5) +
+                                      " % (the exact search's bound " + std::to_string(c.lower_bound) + ")";
+            }
+        } catch (const InvalidInput&) {
+            // beyond the exact search's limits (more than 64 exactly-once ops): no certificate
+        }
     }
     // The exact search, on a problem small enough and with time left for it.
     [[nodiscard]] std::optional<Exhaustive> exact_search(const Problem& problem,

@@ -525,3 +525,21 @@ TEST_CASE("remat-plan --sweep-csv and --sweep-svg write the budget-overhead curv
     CHECK(cli({diamond(), "--budget", "80%", "--sweep-csv", csv.string()}).code == 2);  // needs --sweep
     fs::remove_all(dir);
 }
+
+TEST_CASE("remat-plan --certify: the exact search proves auto's plan optimal or finds a faster one", "[cli][auto]") {
+    const auto r = cli({diamond(), "--budget", "90%", "--certify", "10"});
+    REQUIRE(r.code == 0);
+    CHECK_THAT(r.out, Catch::Contains("gap 0.00 %"));
+    CHECK_THAT(r.out, Catch::Contains("certified optimal by the exact search") ||
+                          Catch::Contains("chose exhaustive (certification, faster than"));
+    const auto j = cli({diamond(), "--budget", "90%", "--certify", "10", "--json"});
+    REQUIRE(j.code == 0);
+    CHECK(nlohmann::json::parse(j.out).at("gap") == 0.0);
+    const auto bad = [&](std::vector<std::string> args, const std::string& message) {
+        const auto e = cli(args);
+        CHECK(e.code == 2);
+        CHECK_THAT(e.err, Catch::Contains(message));
+    };
+    bad({diamond(), "--budget", "90%", "--certify", "soon"}, "--certify expects a positive number");
+    bad({diamond(), "--budget", "90%", "--solver", "greedy", "--certify", "1"}, "--certify needs --solver auto");
+}

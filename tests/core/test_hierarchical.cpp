@@ -674,3 +674,54 @@ TEST_CASE("auto on chains: rotor-release, never worse than Rotor or H-Rockmate, 
     CHECK(faster_than_rotor > 0);
     WARN("auto's plan was faster than Rotor's in " << faster_than_rotor << " of the cases");
 }
+
+TEST_CASE("auto's certification: faster plans found, plans proven optimal, or a certified gap", "[hierarchical][auto]") {
+    std::mt19937 rng(43);
+    remat::AutoOptions options;
+    options.certify_seconds = 5.0;
+    options.second_opinion_max_ops = 0;
+    const remat::Auto certifying(options);
+    remat::AutoOptions plain_options = options;
+    plain_options.certify_seconds = 0.0;
+    const remat::Auto plain(plain_options);
+    int proven = 0, improved = 0;
+    for (int trial = 0; trial < 8; ++trial) {
+        const Problem p = remat::testing::random_dag(rng, remat::testing::DagShape{4});
+        const Bytes budget = percent_of(store_all_reference(p).peak, 70 + 4 * trial);
+        const remat::AutoModel model = plain.analyse(p);
+        std::optional<Plan> before;
+        try {
+            before = plain.solve(model, budget);
+        } catch (const Infeasible&) {
+            continue;
+        }
+        CHECK_FALSE(before->stats.gap.has_value());
+        const double optimum = remat::Exhaustive{}.solve(p, budget).time;
+        const Plan plan = certifying.solve(model, budget);
+        INFO("trial " << trial << ": " << plan.stats.options);
+        CHECK(plan.time == optimum);
+        CHECK(plan.stats.status == SolveStatus::optimal);
+        REQUIRE(plan.stats.gap.has_value());
+        CHECK(*plan.stats.gap == 0.0);
+        CHECK(simulate(p, plan.schedule).peak <= budget);
+        if (plan.time < before->time) {
+            ++improved;
+            CHECK_THAT(plan.stats.options, Catch::StartsWith("chose exhaustive (certification, faster than"));
+        } else {
+            ++proven;
+            CHECK_THAT(plan.stats.options, Catch::Contains("certified optimal by the exact search"));
+        }
+    }
+    CHECK(proven + improved >= 4);
+    // A search cut short states the gap to its proven bound instead.
+    remat::AutoOptions brief = options;
+    brief.certify_seconds = 0.02;
+    brief.time_limit_seconds = 1.0;
+    const Problem big = remat::testing::random_dag(rng, remat::testing::DagShape{10});
+    const Bytes budget = percent_of(store_all_reference(big).peak, 60);
+    try {
+        const Plan plan = remat::Auto(brief).solve(big, budget);
+        if (plan.stats.gap && *plan.stats.gap > 0) CHECK_THAT(plan.stats.options, Catch::Contains("certified gap"));
+    } catch (const Infeasible&) {
+    }
+}

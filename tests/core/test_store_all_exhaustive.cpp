@@ -254,3 +254,53 @@ TEST_CASE("Exhaustive refuses problems beyond its reach with a clear message") {
     const Problem p = to_problem(random_chain(rng, 45));  // 2 + 3 × 45 data
     CHECK_THROWS_WITH(Exhaustive{}.solve(p, 1 << 30), Catch::Contains("at most 128 data") && Catch::Contains("checkmate"));
 }
+
+TEST_CASE("Exhaustive::certify: a faster schedule, a proof of the incumbent, or a proven lower bound", "[property]") {
+    std::mt19937 rng(41);
+    const Exhaustive exhaustive;
+    ExhaustiveOptions brief;
+    brief.max_states = 50;  // stops early: a bound, not a proof
+    int faster = 0, proven = 0, bounded = 0;
+    for (int trial = 0; trial < 40; ++trial) {
+        const Problem p = trial % 2 == 0 ? to_problem(testing::random_chain(rng, 2 + trial % 4))
+                                         : testing::random_dag(rng, testing::DagShape{4});
+        const Bytes budget = percent_of(store_all_reference(p).peak, 75 + trial % 20);
+        std::optional<Plan> greedy;
+        try {
+            greedy = Greedy{}.solve(p, budget);
+        } catch (const Infeasible&) {
+            continue;
+        }
+        const double optimum = exhaustive.solve(p, budget).time;
+        INFO("trial " << trial << ": greedy " << greedy->time << ", optimum " << optimum);
+        const Exhaustive::Certificate c = exhaustive.certify(p, budget, greedy->time);
+        REQUIRE(c.complete);
+        if (c.faster) {
+            ++faster;
+            CHECK(c.faster->time == optimum);
+            CHECK(c.faster->peak <= budget);
+            CHECK(c.lower_bound == optimum);
+        } else {
+            ++proven;
+            CHECK(greedy->time == optimum);
+            CHECK(c.lower_bound == greedy->time);
+        }
+        // The optimum itself as the incumbent: nothing faster, proven.
+        const Exhaustive::Certificate same = exhaustive.certify(p, budget, optimum);
+        CHECK_FALSE(same.faster);
+        CHECK(same.complete);
+        // Stopped by the state limit: a lower bound, never above the optimum.
+        const Exhaustive::Certificate early = Exhaustive(brief).certify(p, budget, greedy->time);
+        if (!early.complete) {
+            ++bounded;
+            CHECK(early.lower_bound <= optimum);
+            CHECK(early.lower_bound > 0.0);
+        }
+    }
+    CHECK(faster > 0);
+    CHECK(proven > 0);
+    CHECK(bounded > 0);
+    ExhaustiveOptions weighted;
+    weighted.weight = 1.5;
+    CHECK_THROWS_AS(Exhaustive(weighted).certify(to_problem(testing::random_chain(rng, 2)), 1 << 20, 1.0), InvalidInput);
+}

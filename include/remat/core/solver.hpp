@@ -43,7 +43,8 @@ struct SolverStats {
     std::string solver;
     double solve_seconds = 0.0;
     SolveStatus status = SolveStatus::heuristic;
-    /// Relative MILP gap, when a MILP solver stopped before proving optimality.
+    /// Relative gap to a proven lower bound: a MILP solver's when it stopped before proving
+    /// optimality, or a certified one (remat::Auto's certification: plan time / bound - 1).
     std::optional<double> gap;
     /// Free-form description of the options used ("slots=500", "k=4").
     std::string options;

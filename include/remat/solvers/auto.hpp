@@ -85,6 +85,12 @@ struct AutoOptions {
     /// The seconds each of those greedies spends on its portfolio and improvement (which run
     /// until their time is spent, also where no plan fits); none: 1.5 s, within the time limit.
     std::optional<double> greedy_fallback_seconds;
+    /// Certification (off at 0): on problems of at most exact_fallback_max_data data, the
+    /// exact search, for up to this many seconds (within the time limit), takes the plan as its
+    /// incumbent and looks only for faster schedules. It returns one (optimal), proves the plan
+    /// optimal over all schedules (status optimal, gap 0), or at its limit states the certified
+    /// gap: SolverStats::gap = plan time / proven lower bound - 1. The plan's options say which.
+    double certify_seconds = 0.0;
     /// Then, on problems of at most exact_fallback_max_data data, the exact search, for at most
     /// exact_fallback_seconds (and within time_limit_seconds).
     bool exact_fallback = true;
@@ -309,6 +315,7 @@ public:
             }
         }
         if (chosen) {
+            certify(model.problem, budget, *chosen, left());
             chosen->stats.solve_seconds = clock.seconds();
             return std::move(*chosen);
         }
@@ -420,6 +427,38 @@ private:
         GreedyOptions o = HRockmateOptions::default_greedy();
         o.order = order;
         return planning ? greedy_within(o, *planning) : o;
+    }
+    // AutoOptions::certify_seconds: the exact search against the plan (see there).
+    void certify(const Problem& problem, Bytes budget, Plan& plan, const std::optional<double>& planning) const {
+        if (!(options_.certify_seconds > 0) || problem.data_count() > std::min<std::size_t>(options_.exact_fallback_max_data, 128))
+            return;
+        const double seconds = std::min(options_.certify_seconds, planning.value_or(options_.certify_seconds));
+        if (!(seconds > 0.01)) return;
+        ExhaustiveOptions o;
+        o.time_limit_seconds = seconds;
+        o.max_states = 2'000'000;
+        report_progress(options_.progress, "auto: certifying the plan of '" + problem.name() + "' by the exact search");
+        try {
+            const Exhaustive::Certificate c = Exhaustive(o).certify(problem, budget, plan.time);
+            if (c.faster) {
+                const std::string by = std::to_string(100.0 * (1.0 - c.faster->time / plan.time)).substr(0, 5);
+                Plan faster = *c.faster;
+                faster.stats.gap = 0.0;
+                faster.stats.options = "chose exhaustive (certification, faster than " + plan.stats.solver + " by " + by +
+                                       " %), " + plan.stats.options;
+                plan = std::move(faster);
+            } else if (c.complete) {
+                plan.stats.status = SolveStatus::optimal;
+                plan.stats.gap = 0.0;
+                plan.stats.options += ", certified optimal by the exact search";
+            } else if (c.lower_bound > 0) {
+                plan.stats.gap = plan.time / c.lower_bound - 1.0;
+                plan.stats.options += ", certified gap " + std::to_string(100.0 * *plan.stats.gap).substr(0, 5) +
+                                      " % (the exact search's bound " + std::to_string(c.lower_bound) + ")";
+            }
+        } catch (const InvalidInput&) {
+            // beyond the exact search's limits (more than 64 exactly-once ops): no certificate
+        }
     }
     // The exact search, on a problem small enough and with time left for it.
     [[nodiscard]] std::optional<Exhaustive> exact_search(const Problem& problem,

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <queue>
 #include <string>
 #include <string_view>
@@ -147,9 +148,16 @@ public:
         Schedule schedule;
         double time = 0.0;
         Bytes peak = 0;
+        /// With a bound request (run's `below` given): the search stopped at its time or state
+        /// limit, and every schedule within the budget takes at least `lower_bound`.
+        bool stopped = false;
+        double lower_bound = 0.0;
     };
 
-    Result run(SearchGoal goal, Bytes budget) const {
+    /// `below` (least_time, weight 1): look only for schedules faster than this, and at the time
+    /// or state limit return the proven lower bound (the least key still open) instead of
+    /// throwing. Without it, the limits throw SolverError.
+    Result run(SearchGoal goal, Bytes budget, std::optional<double> below = std::nullopt) const {
         const auto start = std::chrono::steady_clock::now();
         struct Node {
             double time;
@@ -179,6 +187,8 @@ public:
         open.push({options_.weight * heuristic(root), root_memory, 0.0, root});
 
         std::size_t expanded = 0;
+        bool out_of_states = false;
+        double dropped_key = std::numeric_limits<double>::infinity();  // least key left out for the state limit
         while (!open.empty()) {
             const Entry top = open.top();
             open.pop();
@@ -189,9 +199,11 @@ public:
             if (is_goal(s)) return reconstruct(nodes, s, root);
             if (++expanded % 4096 == 0) {
                 const double seconds = seconds_since(start);
-                if (seconds > options_.time_limit_seconds)
+                if (seconds > options_.time_limit_seconds) {
+                    if (below) return stopped_at(top.key_time, *below);
                     throw SolverError("exhaustive search on '" + p_.name() + "' exceeded its time limit of " +
                                       std::to_string(options_.time_limit_seconds) + " s (use checkmate or rockmate)");
+                }
             }
             const double g = node.time;
             const Bytes peak_so_far = node.peak;
@@ -209,12 +221,21 @@ public:
                     if (!better) return;
                     existing = Node{time, peak, s, action, false};
                 } else {
-                    nodes.emplace(next, Node{time, peak, s, action, false});
-                    if (nodes.size() > options_.max_states)
+                    if (below && time + heuristic(next) >= *below) return;  // cannot beat the incumbent
+                    if (nodes.size() >= options_.max_states) {
+                        if (below) {
+                            out_of_states = true;
+                            dropped_key = std::min(dropped_key, time + heuristic(next));
+                            return;
+                        }
                         throw SolverError("exhaustive search on '" + p_.name() + "' exceeded " +
                                           std::to_string(options_.max_states) + " states (use checkmate or rockmate)");
+                    }
+                    nodes.emplace(next, Node{time, peak, s, action, false});
                 }
-                open.push({time + options_.weight * heuristic(next), peak, time, next});
+                const double key = time + options_.weight * heuristic(next);
+                if (below && key >= *below) return;
+                open.push({key, peak, time, next});
             };
 
             // Run an op: its reads live, its writes not all live already (else it changes nothing),
@@ -238,11 +259,25 @@ public:
                 const SearchState next{s.live & ~DataMask::bit(d), s.done};
                 relax(next, g, peak_so_far, Step::free(DataId{d}));
             }
+            // A state left out for the state limit may lead to a faster schedule: what is
+            // proven is what the queue still holds, at least this node's key.
+            if (out_of_states) return stopped_at(std::min(top.key_time, dropped_key), *below);
         }
+        // Nothing faster than `below` exists: the optimum is at least `below`.
+        if (below) return Result{false, {}, 0.0, 0, false, *below};
         return {};
     }
 
 private:
+    // Stopped with `key` the least key still to expand: with an admissible heuristic, every
+    // schedule takes at least that (and at most the incumbent was asked to be beaten).
+    [[nodiscard]] static Result stopped_at(double key, double below) {
+        Result r;
+        r.stopped = true;
+        r.lower_bound = std::min(key, below);
+        return r;
+    }
+
     [[nodiscard]] Bytes memory(DataMask mask) const {
         Bytes total = 0;
         for (std::uint64_t w = mask.low; w != 0; w &= w - 1) total += bytes_[static_cast<std::size_t>(std::countr_zero(w))];
@@ -409,6 +444,34 @@ public:
                           std::nullopt, options_.weight == 1.0 ? "" : "weight=" + std::to_string(options_.weight)};
         stats.solve_seconds = seconds_since(start);
         return make_checked_plan(problem, std::move(result.schedule), budget, std::move(stats));
+    }
+
+    /// What the exact search proves about a plan at `budget` whose time is `incumbent_time`:
+    /// a faster schedule (then optimal), or that none exists (the incumbent is optimal), or at
+    /// the time or state limit a proven lower bound on every schedule's time. The search only
+    /// explores what could beat the incumbent.
+    struct Certificate {
+        std::optional<Plan> faster;
+        double lower_bound = 0.0;  ///< every schedule within the budget takes at least this
+        bool complete = false;     ///< the search finished: the optimum is known
+    };
+    [[nodiscard]] Certificate certify(const Problem& problem, Bytes budget, double incumbent_time) const {
+        if (options_.weight != 1.0) throw InvalidInput("exhaustive: certify() needs the exact search (weight 1)");
+        const auto start = std::chrono::steady_clock::now();
+        const detail::exhaustive::ExhaustiveSearch search(problem, options_);
+        auto result = search.run(detail::exhaustive::SearchGoal::least_time, budget, incumbent_time);
+        Certificate c;
+        if (result.found) {
+            SolverStats stats{std::string(name()), seconds_since(start), SolveStatus::optimal, std::nullopt,
+                              "certified against an incumbent"};
+            c.lower_bound = result.time;
+            c.faster = make_checked_plan(problem, std::move(result.schedule), budget, std::move(stats));
+            c.complete = true;
+            return c;
+        }
+        c.lower_bound = result.lower_bound;
+        c.complete = !result.stopped;
+        return c;
     }
 
     /// The least peak of any valid schedule: the smallest budget any solver can meet.
