@@ -465,7 +465,7 @@ TEST_CASE("training state of any graph: weights of random DAGs, planned with off
 }
 
 TEST_CASE("combined planner with remat::Auto: analysed once, without per-budget second opinion and last resorts",
-          "[offload][auto]") {
+          "[offload][auto][timing]") {
     std::mt19937 rng(31);
     const Problem dag = testing::random_dag(rng, testing::DagShape{6});
     std::vector<WeightUse> weights;
