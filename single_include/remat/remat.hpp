@@ -3712,10 +3712,11 @@ struct RotorNeeds {
     // With release moves: the same for the other shapes of rotor/branches.hpp, table by
     // table (table_of), at shape_at() (K = the most options of any stage; entries of options
     // a stage lacks stay unused).
+    static constexpr std::size_t shape_tables = 5;  // the shapes but plain-closed (table_of)
     std::size_t K = 0;
-    std::array<std::vector<Bytes>, 5> shape_need;
-    std::array<std::vector<double>, 5> shape_time;
-    std::array<std::vector<RotorChoice>, 5> shape_choice;
+    std::array<std::vector<Bytes>, shape_tables> shape_need;
+    std::array<std::vector<double>, shape_tables> shape_time;
+    std::array<std::vector<RotorChoice>, shape_tables> shape_choice;
     [[nodiscard]] std::size_t at(std::size_t a, std::size_t b) const noexcept {
         return (a - 1) * L - (a - 1) * (a - 2) / 2 + (b - a);
     }
@@ -4131,7 +4132,7 @@ public:
     /// those of the other shapes of rotor/branches.hpp.
     [[nodiscard]] static std::size_t rows_per_pair(std::size_t K, const RotorMoves& moves) noexcept {
         std::size_t rows = 1;
-        for (std::size_t t = 0; t < 5; ++t) rows += RotorNeeds::table_rows(t, K, moves);
+        for (std::size_t t = 0; t < RotorNeeds::shape_tables; ++t) rows += RotorNeeds::table_rows(t, K, moves);
         return rows;
     }
 
@@ -4197,13 +4198,7 @@ public:
                 choice = {RotorChoice::Kind::ck, j};
             }
         }
-        if (moves_.release)
-            for_each_branch(u_, moves_, RotorShape::plain(), a, b, mm, true, [&](const RotorBranch& br) {
-                if (const float v = branch_value(br, m); v < best) {
-                    best = v;
-                    choice = br.choice;
-                }
-            });
+        if (moves_.release) choose_branch(RotorShape::plain(), a, b, m, true, best, choice);
         return choice;
     }
 
@@ -4212,16 +4207,23 @@ public:
         if (RotorNeeds::table_of(shape) < 0) return choose(a, c, m);
         RotorChoice choice;
         float best = std::numeric_limits<float>::infinity();
-        for_each_branch(u_, moves_, shape, a, c, static_cast<Bytes>(m), false, [&](const RotorBranch& br) {
+        choose_branch(shape, a, c, m, false, best, choice);
+        return choice;
+    }
+
+private:
+    // The enumerated branches (for_each_branch) that beat `best` at memory m: the first
+    // strict minimum.
+    void choose_branch(const RotorShape& shape, std::size_t a, std::size_t c, std::size_t m, bool beyond_rotor,
+                       float& best, RotorChoice& choice) const {
+        for_each_branch(u_, moves_, shape, a, c, static_cast<Bytes>(m), beyond_rotor, [&](const RotorBranch& br) {
             if (const float v = branch_value(br, m); v < best) {
                 best = v;
                 choice = br.choice;
             }
         });
-        return choice;
     }
 
-private:
     // Rows of the other shapes (rotor/branches.hpp) follow the plain rows, table by table.
     [[nodiscard]] std::size_t shape_offset(const RotorShape& shape, std::size_t a, std::size_t c) const noexcept {
         const auto t = static_cast<std::size_t>(RotorNeeds::table_of(shape));
@@ -4367,7 +4369,7 @@ private:
     std::vector<double> least_;  // t_l = min_k leaf_time: T(a, b) = Σ t_l
     RotorMoves moves_;           // what RotorOptions::schedule_class adds to Rotor's branches
     std::size_t K_ = 0;          // the most options of a stage, with release moves
-    std::array<std::size_t, 5> shape_base_{};  // first row of each shape table (RotorNeeds::table_of)
+    std::array<std::size_t, RotorNeeds::shape_tables> shape_base_{};  // first row of each shape table (RotorNeeds::table_of)
     double scale_ = 1.0;         // times enter the floats multiplied by this
     std::vector<float> table_;
 };
@@ -9487,6 +9489,9 @@ void refuse_below_bound(const Problem& problem, Bytes budget, Least&& least) {
     return least;
 }
 
+// A fraction as the plan's options write it: "8.888 %".
+[[nodiscard]] inline std::string percent(double fraction) { return std::to_string(100.0 * fraction).substr(0, 5) + " %"; }
+
 // Says in the plan's options that auto chose the solver that made it (stats.solver names it).
 [[nodiscard]] inline Plan tagged(Plan plan, std::string_view who) {
     plan.stats.options = "chose " + std::string(who) + (plan.stats.options.empty() ? "" : ", " + plan.stats.options);
@@ -9585,7 +9590,7 @@ public:
                 if (!chosen || other.time < chosen->time) {
                     const std::string against =
                         chosen ? "faster than " + std::string(to_string(model.choice)) + " by " +
-                                     std::to_string(100.0 * (1.0 - other.time / chosen->time)).substr(0, 5) + " %"
+                                     detail::automatic::percent(1.0 - other.time / chosen->time)
                                : std::string(to_string(model.choice)) + " had no plan";
                     chosen = detail::automatic::tagged(std::move(other), "hrockmate (" + against + ")");
                 }
@@ -9722,11 +9727,11 @@ private:
         try {
             const Exhaustive::Certificate c = Exhaustive(o).certify(problem, budget, plan.time);
             if (c.faster) {
-                const std::string by = std::to_string(100.0 * (1.0 - c.faster->time / plan.time)).substr(0, 5);
                 Plan faster = *c.faster;
                 faster.stats.gap = 0.0;
-                faster.stats.options = "chose exhaustive (certification, faster than " + plan.stats.solver + " by " + by +
-                                       " %), " + plan.stats.options;
+                faster.stats.options = "chose exhaustive (certification, faster than " + plan.stats.solver + " by " +
+                                       detail::automatic::percent(1.0 - faster.time / plan.time) + "), " +
+                                       plan.stats.options;
                 plan = std::move(faster);
             } else if (c.complete) {
                 plan.stats.status = SolveStatus::optimal;
@@ -9734,8 +9739,8 @@ private:
                 plan.stats.options += ", certified optimal by the exact search";
             } else if (c.lower_bound > 0) {
                 plan.stats.gap = plan.time / c.lower_bound - 1.0;
-                plan.stats.options += ", certified gap " + std::to_string(100.0 * *plan.stats.gap).substr(0, 5) +
-                                      " % (the exact search's bound " + std::to_string(c.lower_bound) + ")";
+                plan.stats.options += ", certified gap " + detail::automatic::percent(*plan.stats.gap) +
+                                      " (the exact search's bound " + std::to_string(c.lower_bound) + ")";
             }
         } catch (const InvalidInput&) {
             // beyond the exact search's limits (more than 64 exactly-once ops): no certificate

@@ -206,6 +206,9 @@ void refuse_below_bound(const Problem& problem, Bytes budget, Least&& least) {
     return least;
 }
 
+// A fraction as the plan's options write it: "8.888 %".
+[[nodiscard]] inline std::string percent(double fraction) { return std::to_string(100.0 * fraction).substr(0, 5) + " %"; }
+
 // Says in the plan's options that auto chose the solver that made it (stats.solver names it).
 [[nodiscard]] inline Plan tagged(Plan plan, std::string_view who) {
     plan.stats.options = "chose " + std::string(who) + (plan.stats.options.empty() ? "" : ", " + plan.stats.options);
@@ -304,7 +307,7 @@ public:
                 if (!chosen || other.time < chosen->time) {
                     const std::string against =
                         chosen ? "faster than " + std::string(to_string(model.choice)) + " by " +
-                                     std::to_string(100.0 * (1.0 - other.time / chosen->time)).substr(0, 5) + " %"
+                                     detail::automatic::percent(1.0 - other.time / chosen->time)
                                : std::string(to_string(model.choice)) + " had no plan";
                     chosen = detail::automatic::tagged(std::move(other), "hrockmate (" + against + ")");
                 }
@@ -441,11 +444,11 @@ private:
         try {
             const Exhaustive::Certificate c = Exhaustive(o).certify(problem, budget, plan.time);
             if (c.faster) {
-                const std::string by = std::to_string(100.0 * (1.0 - c.faster->time / plan.time)).substr(0, 5);
                 Plan faster = *c.faster;
                 faster.stats.gap = 0.0;
-                faster.stats.options = "chose exhaustive (certification, faster than " + plan.stats.solver + " by " + by +
-                                       " %), " + plan.stats.options;
+                faster.stats.options = "chose exhaustive (certification, faster than " + plan.stats.solver + " by " +
+                                       detail::automatic::percent(1.0 - faster.time / plan.time) + "), " +
+                                       plan.stats.options;
                 plan = std::move(faster);
             } else if (c.complete) {
                 plan.stats.status = SolveStatus::optimal;
@@ -453,8 +456,8 @@ private:
                 plan.stats.options += ", certified optimal by the exact search";
             } else if (c.lower_bound > 0) {
                 plan.stats.gap = plan.time / c.lower_bound - 1.0;
-                plan.stats.options += ", certified gap " + std::to_string(100.0 * *plan.stats.gap).substr(0, 5) +
-                                      " % (the exact search's bound " + std::to_string(c.lower_bound) + ")";
+                plan.stats.options += ", certified gap " + detail::automatic::percent(*plan.stats.gap) +
+                                      " (the exact search's bound " + std::to_string(c.lower_bound) + ")";
             }
         } catch (const InvalidInput&) {
             // beyond the exact search's limits (more than 64 exactly-once ops): no certificate

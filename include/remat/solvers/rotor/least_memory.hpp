@@ -39,10 +39,11 @@ struct RotorNeeds {
     // With release moves: the same for the other shapes of rotor/branches.hpp, table by
     // table (table_of), at shape_at() (K = the most options of any stage; entries of options
     // a stage lacks stay unused).
+    static constexpr std::size_t shape_tables = 5;  // the shapes but plain-closed (table_of)
     std::size_t K = 0;
-    std::array<std::vector<Bytes>, 5> shape_need;
-    std::array<std::vector<double>, 5> shape_time;
-    std::array<std::vector<RotorChoice>, 5> shape_choice;
+    std::array<std::vector<Bytes>, shape_tables> shape_need;
+    std::array<std::vector<double>, shape_tables> shape_time;
+    std::array<std::vector<RotorChoice>, shape_tables> shape_choice;
     [[nodiscard]] std::size_t at(std::size_t a, std::size_t b) const noexcept {
         return (a - 1) * L - (a - 1) * (a - 2) / 2 + (b - a);
     }

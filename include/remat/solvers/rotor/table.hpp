@@ -97,7 +97,7 @@ public:
     /// those of the other shapes of rotor/branches.hpp.
     [[nodiscard]] static std::size_t rows_per_pair(std::size_t K, const RotorMoves& moves) noexcept {
         std::size_t rows = 1;
-        for (std::size_t t = 0; t < 5; ++t) rows += RotorNeeds::table_rows(t, K, moves);
+        for (std::size_t t = 0; t < RotorNeeds::shape_tables; ++t) rows += RotorNeeds::table_rows(t, K, moves);
         return rows;
     }
 
@@ -163,13 +163,7 @@ public:
                 choice = {RotorChoice::Kind::ck, j};
             }
         }
-        if (moves_.release)
-            for_each_branch(u_, moves_, RotorShape::plain(), a, b, mm, true, [&](const RotorBranch& br) {
-                if (const float v = branch_value(br, m); v < best) {
-                    best = v;
-                    choice = br.choice;
-                }
-            });
+        if (moves_.release) choose_branch(RotorShape::plain(), a, b, m, true, best, choice);
         return choice;
     }
 
@@ -178,16 +172,23 @@ public:
         if (RotorNeeds::table_of(shape) < 0) return choose(a, c, m);
         RotorChoice choice;
         float best = std::numeric_limits<float>::infinity();
-        for_each_branch(u_, moves_, shape, a, c, static_cast<Bytes>(m), false, [&](const RotorBranch& br) {
+        choose_branch(shape, a, c, m, false, best, choice);
+        return choice;
+    }
+
+private:
+    // The enumerated branches (for_each_branch) that beat `best` at memory m: the first
+    // strict minimum.
+    void choose_branch(const RotorShape& shape, std::size_t a, std::size_t c, std::size_t m, bool beyond_rotor,
+                       float& best, RotorChoice& choice) const {
+        for_each_branch(u_, moves_, shape, a, c, static_cast<Bytes>(m), beyond_rotor, [&](const RotorBranch& br) {
             if (const float v = branch_value(br, m); v < best) {
                 best = v;
                 choice = br.choice;
             }
         });
-        return choice;
     }
 
-private:
     // Rows of the other shapes (rotor/branches.hpp) follow the plain rows, table by table.
     [[nodiscard]] std::size_t shape_offset(const RotorShape& shape, std::size_t a, std::size_t c) const noexcept {
         const auto t = static_cast<std::size_t>(RotorNeeds::table_of(shape));
@@ -333,7 +334,7 @@ private:
     std::vector<double> least_;  // t_l = min_k leaf_time: T(a, b) = Σ t_l
     RotorMoves moves_;           // what RotorOptions::schedule_class adds to Rotor's branches
     std::size_t K_ = 0;          // the most options of a stage, with release moves
-    std::array<std::size_t, 5> shape_base_{};  // first row of each shape table (RotorNeeds::table_of)
+    std::array<std::size_t, RotorNeeds::shape_tables> shape_base_{};  // first row of each shape table (RotorNeeds::table_of)
     double scale_ = 1.0;         // times enter the floats multiplied by this
     std::vector<float> table_;
 };
