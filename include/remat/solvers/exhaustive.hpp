@@ -212,20 +212,24 @@ public:
             const std::size_t first_free = s == root || node.action.is_run() ? 0 : node.action.data().index + 1;
 
             const auto relax = [&](SearchState next, double time, Bytes peak, Step action) {
-                if (const auto it = nodes.find(next); it != nodes.end()) {
-                    Node& existing = it->second;
+                const auto it = nodes.find(next);
+                if (it != nodes.end()) {
+                    const Node& existing = it->second;
                     if (existing.closed) return;
                     const bool better = goal == SearchGoal::least_time
                                             ? (time < existing.time || (time == existing.time && peak < existing.peak))
                                             : (peak < existing.peak || (peak == existing.peak && time < existing.time));
                     if (!better) return;
-                    existing = Node{time, peak, s, action, false};
+                }
+                const double key = time + options_.weight * heuristic(next);
+                if (below && key >= *below) return;  // cannot beat the incumbent (weight 1: key = time + bound)
+                if (it != nodes.end()) {
+                    it->second = Node{time, peak, s, action, false};
                 } else {
-                    if (below && time + heuristic(next) >= *below) return;  // cannot beat the incumbent
                     if (nodes.size() >= options_.max_states) {
                         if (below) {
                             out_of_states = true;
-                            dropped_key = std::min(dropped_key, time + heuristic(next));
+                            dropped_key = std::min(dropped_key, key);
                             return;
                         }
                         throw SolverError("exhaustive search on '" + p_.name() + "' exceeded " +
@@ -233,8 +237,6 @@ public:
                     }
                     nodes.emplace(next, Node{time, peak, s, action, false});
                 }
-                const double key = time + options_.weight * heuristic(next);
-                if (below && key >= *below) return;
                 open.push({key, peak, time, next});
             };
 
