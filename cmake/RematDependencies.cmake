@@ -90,7 +90,8 @@ if(REMAT_WITH_TORCH)
       endif()
     endif()
     # Data-parallel training (torch/distributed/) includes c10d's Gloo process group, whose
-    # header includes Gloo's: a pip LibTorch ships them, Debian's needs libgloo-dev.
+    # header includes Gloo's, which neither a pip LibTorch nor Debian's ships: libgloo-dev
+    # (scripts/gpu-check carries it to a GPU machine).
     find_path(REMAT_GLOO_INCLUDE_DIR gloo/rendezvous/store.h HINTS ${TORCH_INCLUDE_DIRS})
     if(REMAT_GLOO_INCLUDE_DIR)
       set(REMAT_HAVE_C10D ON)
