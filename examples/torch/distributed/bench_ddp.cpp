@@ -17,6 +17,8 @@
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
+#include <ftw.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -31,6 +33,7 @@
 #include <remat/remat.hpp>
 #include <remat/torch/distributed/data_parallel.hpp>
 #include <remat/torch/distributed/local_launch.hpp>
+#include <remat/torch/memory.hpp>
 #include <remat/torch/script_module.hpp>
 
 #include "../models.hpp"
@@ -86,19 +89,11 @@ double median(std::vector<double> v) {
 
 // ------------------------------------------------------------------ one rank
 
-int worker(const Settings& s) {
-    at::set_num_threads(1);
-    const rd::LaunchEnvironment where = rd::LaunchEnvironment::from_environment();
-    const bool cuda = s.device == "cuda";
-    const c10::Device device = cuda ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(where.rank)) : c10::Device(c10::kCPU);
-    rd::GroupOptions group_options;
-    const rd::StorePtr store = rd::tcp_rendezvous(where, group_options.timeout);
-    rd::ProcessGroupPtr group;
-#ifdef REMAT_HAVE_NCCL
-    if (cuda) group = rd::make_nccl_group(store, where.rank, where.world_size, group_options);
-#endif
-    if (!group) group = rd::make_gloo_group(store, where.rank, where.world_size, group_options);
-
+// Trains the rank's replica and writes what it measured; `probe` measures the memory of `device`.
+template <class Probe>
+int train_rank(const Settings& s, const rd::LaunchEnvironment& where, const c10::Device& device,
+               const rd::ProcessGroupPtr& group, Probe probe) {
+    const bool cuda = device.is_cuda();
     torch::manual_seed(1);
     remat_examples::GptConfig config;
     config.layers = 4;
@@ -113,7 +108,8 @@ int worker(const Settings& s) {
 
     rt::ScriptCheckpointOptions options;
     options.progress = [](const std::string&) {};
-    auto module = rt::checkpoint(model, {input}, remat::budget_percent(s.percent).or_smallest(), remat::Auto{}, options);
+    auto module = rt::checkpoint(model, {input}, remat::budget_percent(s.percent).or_smallest(), remat::Auto{}, options,
+                                 std::move(probe));
     rt::DataParallelOptions ddp_options;
     ddp_options.overlap = s.overlap;
     ddp_options.bucket_bytes = remat::Bytes{128} << 10;
@@ -145,6 +141,46 @@ int worker(const Settings& s) {
     return 0;
 }
 
+int worker(const Settings& s) {
+    at::set_num_threads(1);
+    const rd::LaunchEnvironment where = rd::LaunchEnvironment::from_environment();
+    const bool cuda = s.device == "cuda";
+    const c10::Device device = cuda ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(where.rank)) : c10::Device(c10::kCPU);
+    rd::GroupOptions group_options;
+    const rd::StorePtr store = rd::tcp_rendezvous(where, group_options.timeout);
+    rd::ProcessGroupPtr group;
+#ifdef REMAT_HAVE_NCCL
+    if (cuda) group = rd::make_nccl_group(store, where.rank, where.world_size, group_options);
+#endif
+    if (!group) group = rd::make_gloo_group(store, where.rank, where.world_size, group_options);
+#if REMAT_WITH_CUDA
+    // The plan's memory is the GPU's: a CPU probe refuses a model on a GPU.
+    if (cuda) return train_rank(s, where, device, group, rt::CudaMemoryProbe(device.index()));
+#endif
+    if (cuda) throw remat::InvalidInput("--device cuda: this LibTorch was built without CUDA");
+    return train_rank(s, where, device, group, rt::CpuMemoryProbe{});
+}
+
+// Removes the folder and what it holds. Not std::filesystem::remove_all: a pip wheel's
+// libtorch.so exports its own static copy of std::filesystem, which the dynamic linker picks
+// before libstdc++'s, and its remove_all crashes on a folder that is not empty (torch 2.11).
+void remove_folder(const fs::path& dir) {
+    ::nftw(dir.c_str(), [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }, 16,
+           FTW_DEPTH | FTW_PHYS);
+}
+
+// The last lines of each rank's log, for a row that failed (the folder may be on another machine).
+void print_log_tails(const fs::path& dir, int world) {
+    for (int r = 0; r < world; ++r) {
+        std::ifstream in(dir / ("rank" + std::to_string(r) + ".log"));
+        std::vector<std::string> lines;
+        for (std::string line; std::getline(in, line);) lines.push_back(line);
+        const std::size_t first = lines.size() > 15 ? lines.size() - 15 : 0;
+        std::cerr << "  rank " << r << "'s log, last " << lines.size() - first << " lines:\n";
+        for (std::size_t i = first; i < lines.size(); ++i) std::cerr << "    " << lines[i] << '\n';
+    }
+}
+
 // ------------------------------------------------------------------ the launcher
 
 struct Row {
@@ -173,6 +209,7 @@ Row run_row(const Settings& s, const fs::path& dir, int world, double percent, b
     if (!job.succeeded()) {
         std::cerr << "bench_ddp: the row with " << world << " rank(s) at " << percent << " % failed (logs in " << dir
                   << ")\n";
+        print_log_tails(dir, world);
         return row;
     }
     for (int r = 0; r < world; ++r) {
@@ -225,7 +262,7 @@ int launcher(const Settings& s) {
             }
         }
     if (!all_ok) return 1;
-    fs::remove_all(dir);
+    remove_folder(dir);
     return 0;
 }
 
