@@ -51,6 +51,9 @@ struct OffloadStepReport {
     double seconds = 0.0;
     /// Per step: device memory while it ran (an op) or after it (anything else).
     std::vector<Bytes> measured_device_timeline;
+    /// Per step: the wall seconds the engine spent issuing it, waits included. On a device that
+    /// runs asynchronously (a GPU) issuing is quick, so a long one is where the host stalled.
+    std::vector<double> issue_seconds_timeline;
     /// Host bytes kept so that a failure can undo the updates (OffloadStepOptions::rollback).
     Bytes rollback_bytes = 0;
     bool completed = false;
@@ -105,6 +108,7 @@ public:
         report_.predicted_makespan = prediction_.makespan;
         report_.predicted_compute_time = prediction_.compute_time;
         report_.measured_device_timeline.assign(schedule_.steps.size(), -1);
+        report_.issue_seconds_timeline.assign(schedule_.steps.size(), 0.0);
     }
 
     /// The steps before the loss.
@@ -202,6 +206,7 @@ private:
     void execute(std::size_t index) {
         using K = offload::TransferStep::Kind;
         const offload::TransferStep& step = schedule_.steps[index];
+        const Stopwatch clock;
         Bytes memory = 0;
         switch (step.kind()) {
             case K::run: memory = run_op(step.op()); break;
@@ -216,6 +221,7 @@ private:
         if (!step.is_run()) memory = probe_->current() - device_reference_ - held_outside();
         report_.measured_device_timeline[index] = memory;
         report_.measured_device_peak = std::max(report_.measured_device_peak, memory);
+        report_.issue_seconds_timeline[index] = clock.seconds();
     }
 
     // Waits for the prefetches the op reads (and the offloads reading what it updates), then
