@@ -13790,7 +13790,6 @@ template <Solver S>
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -13827,8 +13826,8 @@ concept TransferBackend = requires(T& t, const T& ct, DataId data) {
     t.begin_step();                 ///< remembers where each data has a copy now
     t.keep_for_rollback(data);      ///< keeps the device copy's values (before an op updates it)
     t.roll_back();                  ///< puts values and copies back as begin_step found them
-    t.commit_step();                ///< forgets what keep_for_rollback kept
-    { ct.rollback_bytes() } -> std::convertible_to<Bytes>;  ///< bytes it keeps now
+    t.commit_step();                ///< forgets what keep_for_rollback kept (its buffers may stay for reuse)
+    { ct.rollback_bytes() } -> std::convertible_to<Bytes>;  ///< bytes this step keeps now
 };
 
 namespace detail::transfer {
@@ -13899,6 +13898,12 @@ private:
 // kept before its updates: what a failed step needs to put everything back (all or
 // nothing). Shared by the transfer backends, which give their copies through `copies`:
 //   read_device(d, std::byte* out)     the device copy's values, contiguous
+//   keep_device(d, std::byte* out)     the same, but it may complete later: before any op issued
+//                                      after it changes the device copy, and before the backend's
+//                                      synchronize() returns (a GPU copies on the compute stream)
+//   rollback_buffer(d) -> std::byte*   where the values kept before an update go: the backend's,
+//                                      allocated on first use and reused by later steps (a step
+//                                      allocating them afresh paid page faults or pinning each time)
 //   write_device(d, const std::byte* in)
 //   host_values(d) -> std::byte*       the host copy (nullptr when there is none)
 //   make_host(d) -> std::byte*         the host copy, allocated (and counted) when missing
@@ -13908,7 +13913,7 @@ class StepLedger {
 public:
     explicit StepLedger(const Problem& problem)
         : bytes_(problem.data_count()), device_live_(problem.data_count(), 1), started_on_device_(problem.data_count(), 1),
-          started_on_host_(problem.data_count(), 0), touched_(problem.data_count(), 0), kept_(problem.data_count()) {
+          started_on_host_(problem.data_count(), 0), touched_(problem.data_count(), 0), kept_(problem.data_count(), nullptr) {
         for (std::size_t k = 0; k < problem.data_count(); ++k) bytes_[k] = problem.data(DataId{k}).bytes;
     }
 
@@ -13936,8 +13941,8 @@ public:
     template <class Copies>
     void keep(DataId d, Copies& copies) {
         if (kept_[d.index]) return;
-        kept_[d.index].emplace(static_cast<std::size_t>(bytes_[d.index]));
-        copies.read_device(d, kept_[d.index]->data());
+        kept_[d.index] = copies.rollback_buffer(d);
+        copies.keep_device(d, kept_[d.index]);
         rollback_bytes_ += bytes_[d.index];
         touched_[d.index] = 1;
     }
@@ -13950,7 +13955,7 @@ public:
         for (std::size_t k = 0; k < bytes_.size(); ++k) {
             if (!touched_[k]) continue;
             const DataId d{k};
-            const std::vector<std::byte> values = values_before_step(d, copies);
+            const std::span<const std::byte> values = values_before_step(d, copies);
             if (started_on_host_[k]) std::memcpy(copies.make_host(d), values.data(), values.size());
             else copies.drop_host(d);
             if (started_on_device_[k]) {
@@ -13968,9 +13973,9 @@ public:
         std::fill(touched_.begin(), touched_.end(), 0);
     }
 
-    /// Forgets the kept values.
+    /// Forgets the kept values (their buffers stay with the backend).
     void commit() {
-        for (auto& kept : kept_) kept.reset();
+        std::fill(kept_.begin(), kept_.end(), nullptr);
         rollback_bytes_ = 0;
     }
     [[nodiscard]] Bytes rollback_bytes() const noexcept { return rollback_bytes_; }
@@ -13980,26 +13985,28 @@ private:
     // else its device copy, when that copy lived through the step (nothing updated it);
     // else its host copy (an offload wrote the same values, or the step never touched it);
     // else a device copy made in the step (prefetched from a host copy since freed).
+    // The span lives until the next call.
     template <class Copies>
-    [[nodiscard]] std::vector<std::byte> values_before_step(DataId d, Copies& copies) {
+    [[nodiscard]] std::span<const std::byte> values_before_step(DataId d, Copies& copies) {
         const auto n = static_cast<std::size_t>(bytes_[d.index]);
-        if (kept_[d.index]) return *kept_[d.index];
-        std::vector<std::byte> values(n);
+        if (kept_[d.index]) return {kept_[d.index], n};
+        scratch_.resize(n);
         const std::byte* host = copies.host_values(d);
         if ((started_on_device_[d.index] || !host) && device_live_[d.index]) {
-            copies.read_device(d, values.data());
+            copies.read_device(d, scratch_.data());
         } else if (host) {
-            std::memcpy(values.data(), host, n);
+            std::memcpy(scratch_.data(), host, n);
         } else {
             throw ExecutionError("rolling back data #" + std::to_string(d.index) +
                                  ": no copy of it is left on the device or the host (the schedule freed the last one)");
         }
-        return values;
+        return scratch_;
     }
 
     std::vector<Bytes> bytes_;
     std::vector<char> device_live_, started_on_device_, started_on_host_, touched_;
-    std::vector<std::optional<std::vector<std::byte>>> kept_;  // values before an update, for a rollback
+    std::vector<std::byte*> kept_;   // the backend's buffer holding the values before an update; null: none kept
+    std::vector<std::byte> scratch_;  // the values of a data not kept (read back from a copy)
     Bytes rollback_bytes_ = 0;
 };
 
@@ -14026,7 +14033,8 @@ template <DeviceStore Store>
 class CpuTransfers {
 public:
     CpuTransfers(Store& store, const Problem& problem)
-        : store_(&store), ledger_(problem), host_(problem.data_count()), device_ticket_(problem.data_count(), 0),
+        : store_(&store), ledger_(problem), host_(problem.data_count()), rollback_(problem.data_count()),
+          device_ticket_(problem.data_count(), 0),
           read_ticket_(problem.data_count(), 0), host_ticket_(problem.data_count(), 0),
           host_read_ticket_(problem.data_count(), 0) {}
 
@@ -14125,6 +14133,12 @@ private:
     struct Copies {
         CpuTransfers* self;
         void read_device(DataId d, std::byte* out) { gather(self->store_->device_bytes(d), out); }
+        void keep_device(DataId d, std::byte* out) { read_device(d, out); }
+        [[nodiscard]] std::byte* rollback_buffer(DataId d) {
+            auto& buffer = self->rollback_[d.index];
+            if (!buffer) buffer = std::make_unique<std::byte[]>(static_cast<std::size_t>(self->ledger_.bytes(d)));
+            return buffer.get();
+        }
         void write_device(DataId d, const std::byte* in) { scatter(in, self->store_->device_bytes(d)); }
         [[nodiscard]] std::byte* host_values(DataId d) { return self->host_[d.index].get(); }
         [[nodiscard]] std::byte* make_host(DataId d) { return self->host_buffer(d); }
@@ -14166,6 +14180,7 @@ private:
     detail::transfer::StepLedger ledger_;
     detail::transfer::HostAccount host_bytes_;
     std::vector<std::unique_ptr<std::byte[]>> host_;
+    std::vector<std::unique_ptr<std::byte[]>> rollback_;  // values kept before an update (StepLedger)
     std::vector<std::uint64_t> device_ticket_;     // the prefetch writing the device copy
     std::vector<std::uint64_t> read_ticket_;       // the offload reading the device copy
     std::vector<std::uint64_t> host_ticket_;       // the offload writing the host copy
@@ -14223,6 +14238,9 @@ struct OffloadStepReport {
     double seconds = 0.0;
     /// Per step: device memory while it ran (an op) or after it (anything else).
     std::vector<Bytes> measured_device_timeline;
+    /// Per step: the wall seconds the engine spent issuing it, waits included. On a device that
+    /// runs asynchronously (a GPU) issuing is quick, so a long one is where the host stalled.
+    std::vector<double> issue_seconds_timeline;
     /// Host bytes kept so that a failure can undo the updates (OffloadStepOptions::rollback).
     Bytes rollback_bytes = 0;
     bool completed = false;
@@ -14277,6 +14295,7 @@ public:
         report_.predicted_makespan = prediction_.makespan;
         report_.predicted_compute_time = prediction_.compute_time;
         report_.measured_device_timeline.assign(schedule_.steps.size(), -1);
+        report_.issue_seconds_timeline.assign(schedule_.steps.size(), 0.0);
     }
 
     /// The steps before the loss.
@@ -14374,6 +14393,7 @@ private:
     void execute(std::size_t index) {
         using K = offload::TransferStep::Kind;
         const offload::TransferStep& step = schedule_.steps[index];
+        const Stopwatch clock;
         Bytes memory = 0;
         switch (step.kind()) {
             case K::run: memory = run_op(step.op()); break;
@@ -14388,6 +14408,7 @@ private:
         if (!step.is_run()) memory = probe_->current() - device_reference_ - held_outside();
         report_.measured_device_timeline[index] = memory;
         report_.measured_device_peak = std::max(report_.measured_device_peak, memory);
+        report_.issue_seconds_timeline[index] = clock.seconds();
     }
 
     // Waits for the prefetches the op reads (and the offloads reading what it updates), then

@@ -12,13 +12,18 @@
 //   that memory (the caching allocator hands blocks out per stream); a device copy is freed
 //   only after the compute stream has waited for the transfers that read or write it, so
 //   the allocator reuses its block after them;
-// - a copy to the host first waits for the compute issued before it (the values it offloads).
+// - a copy to the host first waits for the compute issued before it (the values it offloads);
+// - a host copy leaves the count at its free, in plan order, without the host waiting: its
+//   pinned buffer retires until the transfers using it are done, and the next host allocation
+//   (or synchronize()) waits for the retired buffers first, so the pinned bytes never exceed
+//   the count where it grows. Waiting at the free itself stalled the host for milliseconds
+//   while the GPU ran out of queued work (bench_offload_torch on an H100).
 // Parameters keep their identity: the DeviceStore (torch/offload.hpp's OffloadedChain)
 // releases and allocates a storage's memory, never the tensor.
 //
 // All or nothing as every transfer backend (detail::transfer::StepLedger): the values kept
-// before an update are copied to pageable host memory synchronously, and a rollback copies
-// them back. timing() gives the bytes and seconds each direction copied (CUDA events), the
+// before an update are copied on the compute stream into pinned buffers kept for the next
+// steps, without the host waiting, and a rollback (after a synchronization) copies them back. timing() gives the bytes and seconds each direction copied (CUDA events), the
 // measured bandwidth.
 //
 // Compiled only where LibTorch has CUDA (REMAT_WITH_CUDA, decided by CMake); elsewhere this
@@ -70,7 +75,7 @@ public:
         : store_(&store),
           ledger_(problem),
           device_(cuda_device(device)),
-          host_(problem.data_count()),
+          host_(problem.data_count()), rollback_(problem.data_count()),
           device_written_(problem.data_count()),
           device_read_(problem.data_count()),
           host_written_(problem.data_count()),
@@ -136,11 +141,14 @@ public:
         ledger_.device_dropped(d);
     }
 
-    /// The host waits for the transfers using the host copy, then drops it.
+    /// The host copy leaves the count; its buffer retires until the transfers using it are done
+    /// (the host goes on).
     void release_host(DataId d) {
-        finish(host_written_[d.index]);
-        finish(host_read_[d.index]);
-        drop_host_copy(d);
+        if (host_[d.index].defined()) {
+            retired_.push_back({std::move(host_[d.index]), host_written_[d.index], host_read_[d.index]});
+            host_[d.index] = at::Tensor();
+            host_bytes_.remove(ledger_.bytes(d));
+        }
         ledger_.touch(d);
     }
 
@@ -148,6 +156,7 @@ public:
         const c10::cuda::CUDAGuard guard(device_);
         to_host_.synchronize();
         to_device_.synchronize();
+        retired_.clear();  // their transfers ran on those streams
     }
 
     // ---- all or nothing
@@ -207,6 +216,16 @@ private:
     struct Copies {
         CudaTransfers* self;
         void read_device(DataId d, std::byte* out) { self->copy_device(d, out, cudaMemcpyDeviceToHost); }
+        // On the compute stream, not waited for: the op that updates the data runs after it on
+        // that stream, and a rollback synchronizes first.
+        void keep_device(DataId d, std::byte* out) { self->copy_device_to_host_async(d, out); }
+        [[nodiscard]] std::byte* rollback_buffer(DataId d) {
+            at::Tensor& buffer = self->rollback_[d.index];
+            if (!buffer.defined())
+                buffer = at::empty({static_cast<std::int64_t>(self->ledger_.bytes(d))},
+                                   at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+            return static_cast<std::byte*>(buffer.data_ptr());
+        }
         void write_device(DataId d, const std::byte* in) {
             self->copy_device(d, const_cast<std::byte*>(in), cudaMemcpyHostToDevice);  // only read
         }
@@ -261,6 +280,16 @@ private:
         if (event) event->synchronize();
     }
 
+    // The device copy's parts into contiguous pinned host bytes, on the compute stream, not waited for.
+    void copy_device_to_host_async(DataId d, std::byte* host) {
+        const c10::cuda::CUDAGuard guard(device_);
+        const c10::cuda::CUDAStream stream = compute();
+        for (const std::span<std::byte> part : store_->device_bytes(d)) {
+            C10_CUDA_CHECK(cudaMemcpyAsync(host, part.data(), part.size(), cudaMemcpyDeviceToHost, stream.stream()));
+            host += part.size();
+        }
+    }
+
     // The device copy's parts to or from contiguous host bytes, on the compute stream, waited for.
     void copy_device(DataId d, std::byte* host, cudaMemcpyKind kind) {
         const c10::cuda::CUDAGuard guard(device_);
@@ -275,14 +304,24 @@ private:
         stream.synchronize();
     }
 
-    // The host copy's pinned buffer, allocated (and counted) on its first offload.
+    // The host copy's pinned buffer, allocated (and counted) on its first offload, once the
+    // retired buffers are free.
     std::byte* host_buffer(DataId d) {
         at::Tensor& host = host_[d.index];
         if (!host.defined()) {
+            free_retired();
             host = at::empty({static_cast<std::int64_t>(ledger_.bytes(d))}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
             host_bytes_.add(ledger_.bytes(d));
         }
         return static_cast<std::byte*>(host.data_ptr());  // a stale copy is overwritten in place
+    }
+
+    void free_retired() {
+        for (const Retired& r : retired_) {
+            finish(r.written);
+            finish(r.read);
+        }
+        retired_.clear();
     }
 
     void drop_host_copy(DataId d) {
@@ -296,6 +335,13 @@ private:
     remat::detail::transfer::HostAccount host_bytes_;
     c10::Device device_;
     std::vector<at::Tensor> host_;      // pinned host copies
+    std::vector<at::Tensor> rollback_;  // pinned values kept before an update (StepLedger)
+    // A freed host copy's buffer, with the transfers that may still use it.
+    struct Retired {
+        at::Tensor buffer;
+        Event written, read;
+    };
+    std::vector<Retired> retired_;
     std::vector<Event> device_written_;  // the prefetch writing the device copy
     std::vector<Event> device_read_;     // the offload reading the device copy
     std::vector<Event> host_written_;    // the offload writing the host copy

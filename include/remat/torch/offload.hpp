@@ -438,7 +438,16 @@ public:
     [[nodiscard]] const std::vector<std::vector<at::Tensor>>& stage_parameters() const noexcept { return parameters_; }
 
     /// The loss of the last step (a chain that runs its own loss).
-    [[nodiscard]] double loss() const noexcept { return loss_value_; }
+    /// The last step's loss (read when asked: reading it in the step would make the host wait
+    /// for the device there).
+    [[nodiscard]] double loss() const {
+        if (loss_on_host_.defined()) {
+            detail::synchronize(device_);
+            loss_value_ = loss_on_host_.item<double>();
+            loss_on_host_ = at::Tensor();
+        }
+        return loss_value_;
+    }
     /// The momentum buffers of stage l (1-based), in the order of its trainable parameters.
     [[nodiscard]] const std::vector<at::Tensor>& momentum(std::size_t l) const { return momentum_.at(l); }
     /// Drops the step's activations, graphs and gradients, for the next step.
@@ -528,7 +537,13 @@ private:
         const at::Tensor leaf = a_.back().tensor().detach().requires_grad_(true);
         const at::Tensor value = loss_(leaf);
         g_.back() = ::torch::autograd::grad({value}, {leaf})[0];
-        loss_value_ = value.item<double>();
+        if (value.is_cuda()) {  // copied without waiting, into pinned memory (outside the device's count)
+            loss_on_host_ = at::empty({}, value.options().device(at::kCPU).pinned_memory(true));
+            loss_on_host_.copy_(value.detach(), /*non_blocking=*/true);
+        } else {
+            loss_value_ = value.item<double>();
+            loss_on_host_ = at::Tensor();
+        }
     }
 
     // The graph keeps its saved state until the plan frees s<l>, as the problem counts it.
@@ -583,7 +598,8 @@ private:
     bool step_started_ = false;
     detail::RngState step_rng_;
     std::vector<detail::offload::HostSnapshot> step_buffers_;
-    double loss_value_ = 0.0;
+    mutable double loss_value_ = 0.0;
+    mutable at::Tensor loss_on_host_;  // the loss on its way from a GPU, until loss() reads it
 };
 
 static_assert(StepCompute<OffloadedChain>);
