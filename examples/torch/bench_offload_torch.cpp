@@ -65,6 +65,23 @@ double median_seconds(std::size_t runs, const c10::Device& device, const std::fu
     return times[times.size() / 2];
 }
 
+// Where the host waited, for a step measured well above its prediction: the schedule steps
+// that took the engine longest to issue (on a GPU, issuing is quick unless something waits).
+void print_slowest_steps(const remat::Problem& problem, const remat::offload::OffloadSchedule& schedule,
+                         const remat::OffloadStepReport& report) {
+    std::vector<std::size_t> order(report.issue_seconds_timeline.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    const std::size_t shown = std::min<std::size_t>(4, order.size());
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(shown), order.end(),
+                      [&](std::size_t a, std::size_t b) { return report.issue_seconds_timeline[a] > report.issue_seconds_timeline[b]; });
+    double total = 0.0;
+    for (const double t : report.issue_seconds_timeline) total += t;
+    std::printf("        measured above predicted; the engine issued the step in %.2f ms, longest:", total * 1e3);
+    for (std::size_t k = 0; k < shown; ++k)
+        std::printf(" %s %.2f ms%s", remat::offload::describe(problem, schedule.steps[order[k]]).c_str(),
+                    report.issue_seconds_timeline[order[k]] * 1e3, k + 1 < shown ? "," : "\n");
+}
+
 // Bytes per second of a 64 MiB copy each way between the device and (pinned, on a GPU) host memory.
 std::pair<double, double> link_rates(const c10::Device& device) {
     const std::int64_t n = std::int64_t{64} << 20;
@@ -117,8 +134,8 @@ void table(const Settings& s, Probe probe, MakeTransfers make_transfers) {
                 s.device.str().c_str(), static_cast<long long>(s.blocks), static_cast<long long>(s.width),
                 static_cast<long long>(s.batch), to_host / 1e9, to_device / 1e9, plain * 1e3, s.steps, ref.time * 1e3,
                 remat::format_bytes(ref.peak).c_str());
-    std::printf("    %-18s| %-14s %8s %8s | %10s %10s | %10s %10s | %s\n", "budget", "method", "pred ovh", "meas ovh",
-                "dev pred", "dev meas", "host pred", "host meas", "copies (measured GB/s out, in)");
+    std::printf("    %-18s| %-14s %8s %8s %9s | %10s %10s | %10s %10s | %s\n", "budget", "method", "pred ovh", "meas ovh",
+                "no rollbk", "dev pred", "dev meas", "host pred", "host meas", "copies (measured GB/s out, in)");
 
     rt::OffloadedChain training(stages, problems.predicting, loss, {0.01, 0.9}, x);
     Transfers transfers = make_transfers(training, problems.predicting);
@@ -132,16 +149,21 @@ void table(const Settings& s, Probe probe, MakeTransfers make_transfers) {
         }
         remat::place_for(plan->schedule, transfers);
         remat::OffloadStepReport last;
-        const double measured = median_seconds(s.steps, s.device, [&] {
-            remat::OffloadStep<rt::OffloadedChain, Transfers, Probe> step(problems.predicting, plan->schedule, training,
-                                                                          transfers, probe);
-            step.run();
-            training.end_step();
-            last = step.report();
-        });
+        const auto measure = [&](bool rollback) {
+            return median_seconds(s.steps, s.device, [&] {
+                remat::OffloadStep<rt::OffloadedChain, Transfers, Probe> step(
+                    problems.predicting, plan->schedule, training, transfers, probe, remat::OffloadStepOptions{rollback});
+                step.run();
+                training.end_step();
+                last = step.report();
+            });
+        };
+        const double without_rollback = measure(false);
+        const double measured = measure(true);
         const remat::offload::OffloadReport predicted = remat::offload::simulate(problems.predicting, plan->schedule);
-        std::printf("%-14s %+7.1f%% %+7.1f%% | %10s %10s | %10s %10s | %s out + %s in", plan->method.c_str(),
+        std::printf("%-14s %+7.1f%% %+7.1f%% %+8.1f%% | %10s %10s | %10s %10s | %s out + %s in", plan->method.c_str(),
                     100.0 * (predicted.makespan / ref.time - 1.0), 100.0 * (measured / plain - 1.0),
+                    100.0 * (without_rollback / plain - 1.0),
                     remat::format_bytes(last.predicted_device_peak).c_str(),
                     remat::format_bytes(last.measured_device_peak).c_str(),
                     remat::format_bytes(last.predicted_host_peak).c_str(), remat::format_bytes(last.measured_host_peak).c_str(),
@@ -156,6 +178,8 @@ void table(const Settings& s, Probe probe, MakeTransfers make_transfers) {
         const bool exact = last.measured_device_peak == last.predicted_device_peak &&
                            last.measured_host_peak == last.predicted_host_peak;
         std::printf("%s\n", exact ? "" : "  <- measured peak differs");
+        if (without_rollback / plain > 1.2 * predicted.makespan / ref.time)
+            print_slowest_steps(problems.predicting, plan->schedule, last);
         remat::return_to_device(plan->schedule, transfers);
     }
 }
@@ -225,6 +249,8 @@ void module_table(Settings s, Probe probe) {
                     100.0 * (measured / plain - 1.0), remat::format_bytes(r.predicted_device_peak).c_str(),
                     remat::format_bytes(r.measured_device_peak).c_str(), remat::format_bytes(r.predicted_host_peak).c_str(),
                     remat::format_bytes(r.measured_host_peak).c_str(), exact ? "" : "  <- measured peak differs");
+        if (measured / plain > 1.2 * m->plan().report.makespan / store_all_time)
+            print_slowest_steps(m->problem(), m->plan().schedule, r);
     }
 }
 
