@@ -4,6 +4,7 @@
 // assertions: tagged [timing] and left out of the sanitizer runs.
 #include <catch2/catch.hpp>
 
+#include <optional>
 #include <random>
 #include <string>
 
@@ -96,5 +97,31 @@ TEST_CASE("time limits: a sweep's budgets each get the planning share after one 
                        << " s");
         CHECK(clock.seconds() <= std::max((1 - auto_analysis_share) * 2.0, 2.0 - model.seconds) * 1.1 + 0.05);
         CHECK(simulate(p, plan.schedule).peak <= budget);
+    }
+}
+
+// The DAGs of bench_checkmate's 40-op rows (seeds 1 and 2): Auto picks Rockmate, whose block
+// cannot be planned, and H-Rockmate's flat exact search at the top stops at its limit. Its
+// weighted fallback once got that limit again: 4.7 s and 5.8 s under a 4 s limit.
+TEST_CASE("time limits: Auto's limit holds when H-Rockmate's exact search at the top stops (40-op DAGs)",
+          "[limits][timing]") {
+    for (const std::uint32_t seed : {1U, 2U}) {
+        std::mt19937 rng(seed * 7919 + 40 * 2 + 1);
+        std::optional<Problem> dag;
+        for (int attempt = 0; attempt < 300 && (!dag || dag->op_count() != 40); ++attempt) {
+            testing::DagShape shape;
+            shape.forward_ops = static_cast<std::size_t>(14 + attempt % 3 - 1);
+            dag = testing::random_dag(rng, shape, "dag-40-" + std::to_string(seed));
+        }
+        REQUIRE(dag->op_count() == 40);
+        const Bytes budget = percent_of(store_all_reference(*dag).peak, 60);
+        AutoOptions options;
+        options.time_limit_seconds = 4.0;
+        const Stopwatch clock;
+        const Plan plan = Auto(options).solve(*dag, budget);
+        const double seconds = clock.seconds();
+        INFO("seed " << seed << ": " << plan.stats.options << "; solved in " << seconds << " s");
+        CHECK(seconds <= 4.0 * 1.1 + 0.05);
+        CHECK(simulate(*dag, plan.schedule).peak <= budget);
     }
 }
