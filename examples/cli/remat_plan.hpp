@@ -37,7 +37,7 @@ namespace remat::cli {
     std::string u =
         "usage: remat-plan FILE.json --budget B [--solver NAME[:VARIANT]] [--out SCHEDULE.json] [--json]\n"
         "                  [--svg TIMELINE.svg] [--explain] [--sweep N] [--sweep-csv F.csv]\n"
-        "                  [--sweep-svg F.svg] [--time-limit S] [--bound] [--certify S] [--verbose] [--quiet]\n"
+        "                  [--sweep-svg F.svg] [--time-limit S] [--bound|--no-bound] [--certify S] [--verbose] [--quiet]\n"
         "       remat-plan FILE.json --offload --budget B [--bandwidth 12GB/s] [--host-limit B] [--solver NAME]\n"
         "                  [--out SCHEDULE.json] [--svg TIMELINE.svg] [--json]\n"
         "       remat-plan FILE.json --check SCHEDULE.json [--budget B] [--json]   (remat.schedule/1 or /2)\n"
@@ -69,7 +69,9 @@ namespace remat::cli {
         "  --time-limit S    give up after S seconds (solvers that search; also the limit of --bound)\n"
         "  --bound           also prove a lower bound on the time of any schedule within the budget, and say\n"
         "                    how far the plan can be from the optimum (a small integer program; 10 s at most\n"
-        "                    unless --time-limit; needs a build with lp_solve or CBC)\n"
+        "                    unless --time-limit; needs a build with lp_solve or CBC). auto does it by default\n"
+        "                    (5 s at most): its plan gets the certified gap, or status optimal where it meets it\n"
+        "  --no-bound        (--solver auto) skip that bound\n"
         "  --certify S       (--solver auto, problems of at most 64 data) then the exact search, for up to S\n"
         "                    seconds, looks for a faster schedule than the plan: it finds one, proves the plan\n"
         "                    optimal (gap 0 %), or prints the gap to the lower bound it proved\n"
@@ -115,6 +117,7 @@ struct PlanArgs {
     bool version = false;
     bool explain = false;
     bool bound = false;
+    bool no_bound = false;
     bool offload = false;
     std::optional<std::string> bandwidth;
     std::optional<std::string> host_limit;
@@ -191,6 +194,10 @@ inline PlanArgs parse_plan_args(const std::vector<std::string>& args) {
             no_value();
             a.bound = true;
         }
+        else if (flag == "--no-bound") {
+            no_value();
+            a.no_bound = true;
+        }
         else if (flag == "--check") once(a.check, value());
         else if (flag == "--offload") {
             no_value();
@@ -234,6 +241,7 @@ inline PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     if (!a.sweep && (a.sweep_csv || a.sweep_svg)) throw UsageError{"--sweep-csv and --sweep-svg need --sweep N"};
     if (a.explain && !a.budget) throw UsageError{"--explain needs --budget"};
     if (a.bound && !a.budget) throw UsageError{"--bound needs --budget"};
+    if (a.bound && a.no_bound) throw UsageError{"--bound and --no-bound contradict each other"};
     return a;
 }
 
@@ -432,7 +440,10 @@ inline void print_json(std::ostream& out, const PlanArgs& a, const Reference& re
 inline void print_plan(std::ostream& out, const PlanArgs& a, const Reference& ref, const Plan& p, const std::string& solver) {
     const auto runs = static_cast<std::size_t>(
         std::count_if(p.schedule.begin(), p.schedule.end(), [](const Step& s) { return s.is_run(); }));
-    out << "  solver    " << solver << ": " << to_string(p.stats.status) << (p.stats.options.empty() ? "" : ", " + p.stats.options)
+    // Optimal in its solver's model, but not proven so over all schedules: say which.
+    const bool model_only = p.stats.status == SolveStatus::optimal && p.stats.gap && *p.stats.gap > 0;
+    out << "  solver    " << solver << ": " << (model_only ? "optimal within its model" : to_string(p.stats.status))
+        << (p.stats.options.empty() ? "" : ", " + p.stats.options)
         << (p.stats.gap ? ", gap " + number(100 * *p.stats.gap, "%.2f") + " %" : "") << ", solved in "
         << number(p.stats.solve_seconds * 1e3, "%.3g") << " ms\n";
     out << "  budget    " << bytes_both(p.budget) << ", " << percent(double(p.budget), double(ref.peak)) << " of P_ref\n";
@@ -444,6 +455,23 @@ inline void print_plan(std::ostream& out, const PlanArgs& a, const Reference& re
     if (a.svg) out << "  wrote     " << *a.svg << "\n";
     if (a.sweep_csv) out << "  wrote     " << *a.sweep_csv << "\n";
     if (a.sweep_svg) out << "  wrote     " << *a.sweep_svg << "\n";
+}
+
+// The seconds of the proven bound auto's plans get by default (at most --time-limit).
+inline constexpr double auto_bound_seconds = 5.0;
+
+// The plan's certified gap from the proven bound (plan time / bound - 1), unless it has a
+// smaller one; status optimal where its time meets the bound.
+inline void certify_by_bound(Plan& plan, const TimeLowerBound& bound) {
+    if (bound.budget_infeasible || !(bound.time > 0)) return;
+    const double gap = std::max(0.0, plan.time / bound.time - 1.0);
+    if (gap <= 1e-9) {
+        plan.stats.status = SolveStatus::optimal;
+        plan.stats.gap = 0.0;
+        plan.stats.options += std::string(plan.stats.options.empty() ? "" : ", ") + "optimal: its time meets the proven bound";
+    } else if (!plan.stats.gap || gap < *plan.stats.gap) {
+        plan.stats.gap = gap;
+    }
 }
 
 // --bound: the proven lower bound, and how far above it the plan is.
@@ -538,7 +566,14 @@ inline int run_plan(const PlanArgs& a, std::ostream& out, std::ostream& err) {
             run.infeasible = e;
         }
     }
-    if (a.bound) run.bound = proven_time_bound(problem, run.budget, options);
+    if (a.bound) {
+        run.bound = proven_time_bound(problem, run.budget, options);
+    } else if (solver.name == "auto" && !a.no_bound && run.planning && !a.sweep && have_time_bound_backend) {
+        SolveOptions within = options;
+        within.time_limit = std::min(options.time_limit.value_or(auto_bound_seconds), auto_bound_seconds);
+        run.bound = proven_time_bound(problem, run.budget, within);
+    }
+    if (run.bound && run.plan) certify_by_bound(*run.plan, *run.bound);
     if (a.sweep) {
         if (run.infeasible && run.infeasible->smallest_budget()) {
             run.smallest = run.infeasible->smallest_budget();

@@ -419,6 +419,13 @@ inline HRockmateOptions hrockmate_options(const SolveOptions& o) {
     return hi;
 }
 
+/// Whether this build has a MILP backend for proven_time_bound.
+#if defined(REMAT_WITH_CBC) || defined(REMAT_WITH_LPSOLVE)
+inline constexpr bool have_time_bound_backend = true;
+#else
+inline constexpr bool have_time_bound_backend = false;
+#endif
+
 /// The proven lower bound on the time of any schedule within `budget`
 /// (bounds/time_lower_bound.hpp), with the MILP backend this build has (CBC first).
 [[nodiscard]] inline TimeLowerBound proven_time_bound(const Problem& problem, Bytes budget, const SolveOptions& options) {

@@ -543,3 +543,10 @@ TEST_CASE("remat-plan --certify: the exact search proves auto's plan optimal or 
     bad({diamond(), "--budget", "90%", "--certify", "soon"}, "--certify expects a positive number");
     bad({diamond(), "--budget", "90%", "--solver", "greedy", "--certify", "1"}, "--certify needs --solver auto");
 }
+
+TEST_CASE("remat-plan --bound and --no-bound contradict each other", "[cli]") {
+    // (auto's default bound needs a MILP backend: tests/milp/test_cli_checkmate.cpp.)
+    const auto e = cli({tiny_chain(), "--budget", "100%", "--bound", "--no-bound"});
+    CHECK(e.code == 2);
+    CHECK_THAT(e.err, Catch::Contains("--bound and --no-bound contradict each other"));
+}

@@ -67,6 +67,41 @@ TEST_CASE("remat-plan --bound proves a lower bound no plan beats, in the summary
     CHECK_THAT(r.err, Catch::Contains("--bound needs --budget"));
 }
 
+TEST_CASE("remat-plan with auto proves the time bound by default: the certified gap, or status optimal", "[cli][auto]") {
+    const std::string tiny_chain =
+        (std::filesystem::path(REMAT_SOURCE_DIR) / "examples" / "problems" / "tiny-chain.chain.json").string();
+    // At P_ref store-all fits, and its time meets the bound: optimal.
+    CliResult r = remat_plan({tiny_chain, "--budget", "100%", "--json"});
+    REQUIRE(r.code == 0);
+    auto line = nlohmann::json::parse(r.out);
+    CHECK(line.at("solver") == "auto");
+    REQUIRE(line.contains("time_lower_bound"));
+    CHECK(line.at("status") == "optimal");
+    CHECK(line.at("gap") == 0.0);
+    // Below P_ref: the gap is at most the plan's time over the proven bound.
+    r = remat_plan({diamond, "--budget", "85%", "--json"});
+    REQUIRE(r.code == 0);
+    line = nlohmann::json::parse(r.out);
+    const double bound = line.at("time_lower_bound").at("time").get<double>();
+    const double time = line.at("time").get<double>();
+    REQUIRE(bound > 0);
+    CHECK(bound <= time);
+    if (time > bound * (1 + 1e-9)) {
+        CHECK(line.at("gap").get<double>() <= time / bound - 1 + 1e-12);
+        CHECK(line.at("status") != "optimal");
+    } else {
+        CHECK(line.at("status") == "optimal");
+    }
+    // The summary ends with the proof.
+    r = remat_plan({diamond, "--budget", "85%"});
+    CHECK_THAT(r.out, Catch::Contains("  bound     time >= ") && Catch::Contains("  optimum   "));
+    // Skipped on request, and for other solvers unless asked.
+    CHECK_FALSE(nlohmann::json::parse(remat_plan({tiny_chain, "--budget", "100%", "--json", "--no-bound"}).out)
+                    .contains("time_lower_bound"));
+    CHECK_FALSE(nlohmann::json::parse(remat_plan({tiny_chain, "--budget", "100%", "--json", "--solver", "rotor"}).out)
+                    .contains("time_lower_bound"));
+}
+
 TEST_CASE("remat-plan --offload --solver checkmate: the MILP with offload variables, started from the combined planner",
           "[cli][offload]") {
     const std::string training =
