@@ -8,7 +8,10 @@
 // left at the time limit, no solution, or infeasible with the smallest feasible budget) and
 // the schedule's time overhead over store-all (time / T_ref - 1). The summary checks the
 // issue's aim: a 40-op problem solved to proven optimality in under 10 s by the faster
-// backend. Both backends run single-threaded. Progress goes to stderr, the table to stdout.
+// backend. Both backends run single-threaded. A second table gives remat::Auto's plan at the
+// same budgets, the proven time bound (bounds/time_lower_bound.hpp) and the certified gap
+// between them, which holds whether or not any exact solver finishes. Progress goes to
+// stderr, the tables to stdout.
 //
 //   bench_checkmate [--time-limit S] [--sizes 10,20,40,80] [--quick] [--seed N] [--verbose]
 #include <algorithm>
@@ -25,6 +28,7 @@
 #include <vector>
 
 #include <remat/remat.hpp>
+#include <remat/bounds/time_lower_bound.hpp>
 #include <remat/solvers/checkmate.hpp>
 #ifdef REMAT_WITH_LPSOLVE
 #include <remat/milp/lp_solve.hpp>
@@ -159,7 +163,46 @@ struct Row {
     Bytes budget = 0;
     std::optional<CheckmateModelSize> size;
     std::vector<Outcome> outcomes;  // one per backend
+    Outcome automatic;              // remat::Auto within the time limit
+    std::optional<TimeLowerBound> bound;
 };
+
+// remat::Auto, the default solver, within `seconds`.
+Outcome solve_with_auto(const Problem& problem, Bytes budget, double seconds) {
+    AutoOptions options;
+    options.time_limit_seconds = seconds;
+    Outcome out;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+        const Plan plan = Auto(options).solve(problem, budget);
+        out.kind = Outcome::Kind::feasible;
+        out.time = plan.time;
+        out.peak = plan.peak;
+    } catch (const Infeasible& e) {
+        out.kind = Outcome::Kind::infeasible;
+        out.smallest = e.smallest_budget();
+        out.message = e.what();
+    } catch (const Error& e) {
+        out.kind = Outcome::Kind::error;
+        out.message = e.what();
+    }
+    out.seconds = seconds_since(start);
+    return out;
+}
+
+// The proven lower bound on the time of any schedule (bounds/time_lower_bound.hpp).
+std::optional<TimeLowerBound> proven_bound(const Problem& problem, Bytes budget, double seconds) {
+    TimeLowerBoundOptions o;
+    o.time_limit_seconds = seconds;
+#if defined(REMAT_WITH_CBC)
+    return time_lower_bound(problem, budget, milp::Cbc{}, o);
+#elif defined(REMAT_WITH_LPSOLVE)
+    return time_lower_bound(problem, budget, milp::LpSolve{}, o);
+#else
+    (void)problem, (void)budget, (void)o;
+    return std::nullopt;
+#endif
+}
 
 std::vector<std::size_t> parse_sizes(const std::string& text) {
     std::vector<std::size_t> sizes;
@@ -301,6 +344,13 @@ int main(int argc, char** argv) {
                              o.kind == Outcome::Kind::infeasible ? "" : o.message.c_str());
                 row.outcomes.push_back(std::move(o));
             }
+            row.automatic = solve_with_auto(c.problem, row.budget, time_limit);
+            row.bound = proven_bound(c.problem, row.budget, std::min(time_limit, 10.0));
+            std::fprintf(stderr, "    auto: %s in %.2f s\n",
+                         row.automatic.kind == Outcome::Kind::feasible
+                             ? ("overhead " + format("%.1f", 100.0 * (row.automatic.time / c.ref.time - 1.0)) + " %").c_str()
+                             : status_text(row.automatic, c.ref).c_str(),
+                         row.automatic.seconds);
             rows.push_back(std::move(row));
         }
     }
@@ -358,6 +408,61 @@ int main(int argc, char** argv) {
             }
         }
     }
+
+    // ---------------------------------------------------------------- auto, certified
+    // The default solver's plan against the proven time bound: the certified gap (plan time /
+    // bound - 1) needs no exact solver to finish; "proven" where it is 0 or a backend's optimum
+    // equals the plan's time.
+    std::printf("\nremat::Auto (time limit %.0f s) and the proven time bound (at most 10 s): certified gap = plan time / "
+                "bound - 1\n\n",
+                time_limit);
+    std::printf("| shape | ops | budget %% | auto s | auto overhead | bound s | bound overhead | certified gap | "
+                "best MILP overhead |\n|---|---|---|---|---|---|---|---|---|\n");
+    std::size_t certified = 0, planned = 0;
+    for (const Row& r : rows) {
+        const Case& c = *r.c;
+        const std::string where = c.shape + " " + std::to_string(c.problem.op_count()) + " ops at " +
+                                  format("%.0f", r.percent) + " %";
+        std::optional<double> best_milp;  // the least time a backend reached
+        bool milp_schedule = false;
+        for (const Outcome& o : r.outcomes)
+            if (has_schedule(o)) {
+                milp_schedule = true;
+                best_milp = std::min(best_milp.value_or(o.time), o.time);
+            }
+        const Outcome& a = r.automatic;
+        const bool auto_planned = a.kind == Outcome::Kind::feasible;
+        std::string bound_seconds = "-", bound_overhead = "-", gap = "-";
+        if (r.bound) {
+            bound_seconds = format("%.2f", r.bound->seconds);
+            bound_overhead = r.bound->budget_infeasible ? "no schedule fits"
+                                                        : format("%.1f", 100.0 * (r.bound->time / c.ref.time - 1.0)) + " %";
+            if (auto_planned && !r.bound->budget_infeasible && r.bound->time > 0) {
+                const double g = std::max(0.0, a.time / r.bound->time - 1.0);
+                gap = format("%.2f", 100.0 * g) + " %";
+                ++planned;
+                if (g <= 1e-9) ++certified;
+            }
+            // A proven bound above a proven optimum, or a plan below the bound, is a bug.
+            for (const Outcome& o : r.outcomes)
+                if (o.kind == Outcome::Kind::optimal && !r.bound->budget_infeasible &&
+                    r.bound->time > o.time * (1 + 1e-9))
+                    oddities.push_back(where + ": the proven bound " + format("%.6g", r.bound->time) +
+                                       " is above a proven optimum " + format("%.6g", o.time));
+            if (auto_planned && !r.bound->budget_infeasible && a.time < r.bound->time * (1 - 1e-9))
+                oddities.push_back(where + ": auto's plan is below the proven bound");
+        }
+        if (a.kind == Outcome::Kind::infeasible && milp_schedule)
+            oddities.push_back(where + ": auto says infeasible where Checkmate found a schedule");
+        if (auto_planned && a.peak > r.budget) oddities.push_back(where + ": auto's peak is above the budget");
+        std::printf("| %s | %zu | %.0f | %.2f | %s | %s | %s | %s | %s |\n", c.shape.c_str(), c.problem.op_count(),
+                    r.percent, a.seconds,
+                    auto_planned ? (format("%.1f", 100.0 * (a.time / c.ref.time - 1.0)) + " %").c_str()
+                                 : status_text(a, c.ref).c_str(),
+                    bound_seconds.c_str(), bound_overhead.c_str(), gap.c_str(),
+                    best_milp ? (format("%.1f", 100.0 * (*best_milp / c.ref.time - 1.0)) + " %").c_str() : "-");
+    }
+    std::printf("\nauto: %zu plans, %zu of them proven optimal by the bound alone\n", planned, certified);
 
     // ---------------------------------------------------------------- summary
     std::printf("\n");
