@@ -175,6 +175,7 @@ inline int run_offload(const std::string& file, const std::optional<std::string>
     // The combined planner solves the activations at some 25 budgets, each anew: auto's
     // second opinion (H-Rockmate, about a second each) would multiply its time by a hundred.
     activation_options.second_opinion = false;
+    activation_options.exact_component = false;
     const EntrySolver activations{&activation_entry, &activation_options};
     const std::string activation_label = with_milp ? std::string(activation_entry.name) : solver_label;
     const offload::CombinedOptions combined{offload::GreedyVariant::repeated, 12, transfers};

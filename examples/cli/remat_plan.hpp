@@ -531,6 +531,7 @@ inline int run_plan(const PlanArgs& a, std::ostream& out, std::ostream& err) {
     SolveOptions options;
     options.time_limit = a.time_limit;
     options.certify = a.certify;
+    options.exact_component = !a.sweep;  // at most 10 s per budget
     if (!a.quiet) options.progress = progress_printer(err, a.verbose ? 0.0 : 2.0);
     // A step with optimizer updates (docs/formats.md §11): its activations are planned apart.
     if (a.offload || problem.has_updates()) {

@@ -49,6 +49,10 @@ struct SolveOptions {
     bool second_opinion = true;
     /// --certify S: auto's certification by the exact search (AutoOptions::certify_seconds).
     std::optional<double> certify;
+    /// --solver auto: Checkmate started from auto's plan on problems of at most 60 ops
+    /// (AutoOptions::exact_component), in builds with a MILP backend; off where one plan costs
+    /// too much time to repeat (sweeps, the activations of an offloading plan).
+    bool exact_component = true;
 };
 
 struct SolverEntry {
@@ -172,6 +176,29 @@ inline HRockmateOptions hrockmate_options(const SolveOptions& o) {
     };
 }
 
+namespace detail {
+
+// AutoOptions::exact_component: Checkmate on the backend this build has (CBC first), started
+// from auto's plan; empty without a backend.
+[[nodiscard]] inline decltype(AutoOptions::exact_component) checkmate_from_plan() {
+#if defined(REMAT_WITH_CBC) || defined(REMAT_WITH_LPSOLVE)
+    return [](const Problem& problem, Bytes budget, const Plan& incumbent, double seconds) -> std::optional<Plan> {
+        CheckmateOptions o;
+        o.time_limit_seconds = seconds;
+        o.start = incumbent.schedule;
+#if defined(REMAT_WITH_CBC)
+        return Checkmate<milp::Cbc>(o).solve(problem, budget);
+#else
+        return Checkmate<milp::LpSolve>(o).solve(problem, budget);
+#endif
+    };
+#else
+    return {};
+#endif
+}
+
+}  // namespace detail
+
 /// What --solver auto picks for a problem (remat::auto_choice, solvers/auto.hpp).
 [[nodiscard]] inline std::string auto_choice(const Problem& problem) { return std::string(to_string(remat::auto_choice(problem))); }
 
@@ -183,7 +210,8 @@ inline HRockmateOptions hrockmate_options(const SolveOptions& o) {
     options.time_limit_seconds = o.time_limit;
     options.progress = o.progress;
     if (!o.second_opinion) options.second_opinion_max_ops = 0;
-    if (o.certify) options.certify_seconds = *o.certify;
+    options.certify_seconds = o.certify.value_or(o.exact_component ? options.certify_seconds : 0.0);
+    if (o.exact_component) options.exact_component = detail::checkmate_from_plan();
     const Auto solver(std::move(options));
     return [solver, p = std::make_shared<const Problem>(problem), model = std::shared_ptr<const AutoModel>(),
             first = true](Bytes budget) mutable -> Plan {

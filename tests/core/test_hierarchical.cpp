@@ -725,3 +725,62 @@ TEST_CASE("auto's certification: faster plans found, plans proven optimal, or a 
     } catch (const Infeasible&) {
     }
 }
+
+// A DAG of 6 forward ops at 60 % of P_ref where the heuristics' plan was 63 and the exact
+// optimum is 51 (found by a search over random DAGs).
+TEST_CASE("auto: the exact component and the certification find the optimum the heuristics miss", "[hierarchical][auto]") {
+    std::mt19937 rng(51);
+    testing::DagShape shape;
+    shape.forward_ops = 6;
+    const Problem p = testing::random_dag(rng, shape, "dag-51");
+    const Bytes budget = percent_of(store_all_reference(p).peak, 60);
+    const double optimum = Exhaustive().solve(p, budget).time;
+    AutoOptions base;
+    base.second_opinion_seconds = 0.2;
+    base.certify_seconds = 0.0;
+
+    SECTION("an exact component's faster plan replaces the heuristics'") {
+        AutoOptions o = base;
+        int calls = 0;
+        o.exact_component = [&](const Problem& q, Bytes b, const Plan& incumbent, double seconds) -> std::optional<Plan> {
+            ++calls;
+            CHECK(seconds <= o.exact_component_seconds);
+            CHECK(simulate(q, incumbent.schedule).fits(b));
+            return Exhaustive().solve(q, b);
+        };
+        const Plan plan = Auto(o).solve(p, budget);
+        CHECK(calls == 1);
+        CHECK(plan.time == Approx(optimum));
+        CHECK(simulate(p, plan.schedule).fits(budget));
+    }
+    SECTION("a component's plan over the budget, slower, or an error leaves the plan; too many ops: not called") {
+        for (int kind = 0; kind < 4; ++kind) {
+            INFO("kind " << kind);
+            AutoOptions o = base;
+            int calls = 0;
+            o.exact_component = [&](const Problem& q, Bytes, const Plan& incumbent, double) -> std::optional<Plan> {
+                ++calls;
+                if (kind == 0) {
+                    Plan over = incumbent;  // store-all: above the budget, and it claims a time below the optimum
+                    over.schedule = store_all_reference(q).schedule;
+                    over.time = 0.0;
+                    return over;
+                }
+                if (kind == 1) return incumbent;
+                throw SolverError("the component failed");
+            };
+            if (kind == 3) o.exact_component_max_ops = p.op_count() - 1;
+            const Plan plan = Auto(o).solve(p, budget);
+            CHECK(calls == (kind == 3 ? 0 : 1));
+            CHECK(simulate(p, plan.schedule).fits(budget));
+            CHECK(plan.time >= optimum);
+            CHECK_THAT(plan.stats.options, !Catch::Contains("exact component"));
+        }
+    }
+    SECTION("by default, the certification's exact search finds the optimum") {
+        const Plan plan = Auto().solve(p, budget);
+        CHECK(plan.time == Approx(optimum));
+        CHECK(plan.stats.status == SolveStatus::optimal);
+        CHECK(plan.stats.gap == 0.0);
+    }
+}

@@ -75,6 +75,7 @@ private:
         options.second_opinion_max_ops = 0;
         options.greedy_fallback_seconds = 0.05;
         options.exact_fallback = false;
+        options.certify_seconds = 0.0;
         return options;
     }
     [[nodiscard]] const AutoModel& model_of(const Problem& problem) const {

@@ -101,6 +101,9 @@ struct CheckmateOptions {
     double relative_gap = 1e-9;
     /// Start from the best baseline that fits the budget (store-all; Rotor/periodic on chains).
     bool warm_start = true;
+    /// Another solver's schedule, a baseline too (with warm_start): where it is valid within
+    /// the budget the answer is never slower than it (remat::Auto's exact component).
+    std::optional<Schedule> start;
     /// Solve only the LP relaxation and round it (large graphs); never exact.
     bool lp_rounding = false;
     /// Passes without exactly-once op allowed before each one (extra sweeps over the
@@ -251,6 +254,12 @@ private:
             } catch (const Error&) {
             }
             for (std::size_t k = 1; k <= chain->length(); ++k) consider(Periodic(k).schedule(*chain), "periodic");
+        }
+        if (options_.start) {
+            try {
+                consider(*options_.start, "the given start");
+            } catch (const Error&) {  // not a schedule of this problem: the other baselines stand
+            }
         }
         return best;
     }
