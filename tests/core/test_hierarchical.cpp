@@ -726,15 +726,29 @@ TEST_CASE("auto's certification: faster plans found, plans proven optimal, or a 
     }
 }
 
+namespace {
+
 // A DAG of 6 forward ops at 60 % of P_ref where the heuristics' plan was 63 and the exact
 // optimum is 51 (found by a search over random DAGs).
-TEST_CASE("auto: the exact component and the certification find the optimum the heuristics miss", "[hierarchical][auto]") {
+struct MissedOptimum {
+    Problem problem;
+    Bytes budget;
+    double optimum;
+};
+MissedOptimum missed_optimum() {
     std::mt19937 rng(51);
     testing::DagShape shape;
     shape.forward_ops = 6;
-    const Problem p = testing::random_dag(rng, shape, "dag-51");
+    Problem p = testing::random_dag(rng, shape, "dag-51");
     const Bytes budget = percent_of(store_all_reference(p).peak, 60);
     const double optimum = Exhaustive().solve(p, budget).time;
+    return {std::move(p), budget, optimum};
+}
+
+}  // namespace
+
+TEST_CASE("auto: the exact component and the certification find the optimum the heuristics miss", "[hierarchical][auto]") {
+    const auto [p, budget, optimum] = missed_optimum();
     AutoOptions base;
     base.second_opinion_seconds = 0.2;
     base.certify_seconds = 0.0;
@@ -782,12 +796,7 @@ TEST_CASE("auto: the exact component and the certification find the optimum the 
 // [timing]: the default certification has 1 s (the sanitized build is slower than that).
 TEST_CASE("auto: by default the certification's exact search finds the optimum the heuristics miss",
           "[hierarchical][auto][timing]") {
-    std::mt19937 rng(51);
-    testing::DagShape shape;
-    shape.forward_ops = 6;
-    const Problem p = testing::random_dag(rng, shape, "dag-51");
-    const Bytes budget = percent_of(store_all_reference(p).peak, 60);
-    const double optimum = Exhaustive().solve(p, budget).time;
+    const auto [p, budget, optimum] = missed_optimum();
     const Plan plan = Auto().solve(p, budget);
     CHECK(plan.time == Approx(optimum));
     CHECK(plan.stats.status == SolveStatus::optimal);
