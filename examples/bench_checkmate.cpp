@@ -13,7 +13,11 @@
 // between them, which holds whether or not any exact solver finishes. Progress goes to
 // stderr, the tables to stdout.
 //
-//   bench_checkmate [--time-limit S] [--sizes 10,20,40,80] [--quick] [--seed N] [--verbose]
+// A third table gives the root LP bound of the MILP (the relaxation its branch-and-bound
+// starts from) before and after its valid inequalities, against the best schedule.
+//
+//   bench_checkmate [--time-limit S] [--sizes 10,20,40,80] [--quick] [--seed N] [--extra-passes N]
+//                   [--time-bound S] [--verbose]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -165,6 +169,7 @@ struct Row {
     std::vector<Outcome> outcomes;  // one per backend
     Outcome automatic;              // remat::Auto within the time limit
     std::optional<TimeLowerBound> bound;
+    std::optional<CheckmateRootBounds> root;  // the MILP's LP relaxation, before and after its cuts
 };
 
 // remat::Auto, the default solver, within `seconds`.
@@ -222,12 +227,14 @@ std::vector<std::size_t> parse_sizes(const std::string& text) {
 int usage() {
     std::fprintf(stderr,
                  "usage: bench_checkmate [--time-limit S] [--sizes 10,20,40,80] [--quick] [--seed N] [--extra-passes N]\n"
-                 "                       [--verbose]\n"
+                 "                       [--time-bound S] [--verbose]\n"
                  "  --time-limit S  wall-clock limit of each Checkmate solve (default 60)\n"
                  "  --sizes LIST    op counts to aim for, each at least 4 (default 10,20,40,80)\n"
                  "  --quick         sizes 10,20 and a 10 s limit (a smoke run)\n"
                  "  --seed N        seed of the random problems (default 1)\n"
                  "  --extra-passes N  CheckmateOptions::extra_passes (default: 0 on chains, 1 on other graphs)\n"
+                 "  --time-bound S  CheckmateOptions::time_bound_seconds (default 5; 0: the MILP without the proven\n"
+                 "                  time bound's row, to compare)\n"
                  "  --verbose       Checkmate's own progress lines (model size, MILP outcomes) on stderr\n");
     return 2;
 }
@@ -240,6 +247,7 @@ int main(int argc, char** argv) {
     std::uint64_t seed = 1;
     bool verbose = false;
     std::optional<std::size_t> extra_passes;
+    std::optional<double> time_bound_seconds;
     bool quick = false, sizes_given = false, limit_given = false;
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
@@ -261,6 +269,10 @@ int main(int argc, char** argv) {
             char* end = nullptr;
             extra_passes = static_cast<std::size_t>(std::strtoull(argv[++i], &end, 10));
             if (*end != '\0') return usage();
+        } else if (arg == "--time-bound" && has_value) {
+            char* end = nullptr;
+            time_bound_seconds = std::strtod(argv[++i], &end);
+            if (*end != '\0' || !(*time_bound_seconds >= 0)) return usage();
         } else if (arg == "--quick") {
             quick = true;
         } else if (arg == "--verbose") {
@@ -278,6 +290,7 @@ int main(int argc, char** argv) {
     options.time_limit_seconds = time_limit;
     if (verbose) options.progress = [](const std::string& line) { std::clog << line << "\n"; };
     options.extra_passes = extra_passes;
+    if (time_bound_seconds) options.time_bound_seconds = *time_bound_seconds;
 
     std::vector<Backend> backends;
 #ifdef REMAT_WITH_LPSOLVE
@@ -292,10 +305,17 @@ int main(int argc, char** argv) {
 #endif
     // The model's size does not depend on the backend; any built one computes it.
     std::function<CheckmateModelSize(const Problem&, Bytes)> model_size;
+    // The root LP bounds, by the faster backend.
+    std::function<CheckmateRootBounds(const Problem&, Bytes)> root_bounds;
 #if defined(REMAT_WITH_LPSOLVE)
     model_size = [options](const Problem& p, Bytes b) { return Checkmate<milp::LpSolve>(options).model_size(p, b); };
 #elif defined(REMAT_WITH_CBC)
     model_size = [options](const Problem& p, Bytes b) { return Checkmate<milp::Cbc>(options).model_size(p, b); };
+#endif
+#if defined(REMAT_WITH_CBC)
+    root_bounds = [options](const Problem& p, Bytes b) { return Checkmate<milp::Cbc>(options).root_bounds(p, b); };
+#elif defined(REMAT_WITH_LPSOLVE)
+    root_bounds = [options](const Problem& p, Bytes b) { return Checkmate<milp::LpSolve>(options).root_bounds(p, b); };
 #else
     std::fprintf(stderr, "bench_checkmate: built without any MILP backend (neither lp_solve nor CBC was found); "
                          "install one of them and reconfigure\n");
@@ -346,6 +366,10 @@ int main(int argc, char** argv) {
             }
             row.automatic = solve_with_auto(c.problem, row.budget, time_limit);
             row.bound = proven_bound(c.problem, row.budget, std::min(time_limit, 10.0));
+            try {
+                row.root = root_bounds(c.problem, row.budget);
+            } catch (const Error&) {  // below the quick memory bound: no MILP, no root
+            }
             std::fprintf(stderr, "    auto: %s in %.2f s\n",
                          row.automatic.kind == Outcome::Kind::feasible
                              ? ("overhead " + format("%.1f", 100.0 * (row.automatic.time / c.ref.time - 1.0)) + " %").c_str()
@@ -463,6 +487,62 @@ int main(int argc, char** argv) {
                     best_milp ? (format("%.1f", 100.0 * (*best_milp / c.ref.time - 1.0)) + " %").c_str() : "-");
     }
     std::printf("\nauto: %zu plans, %zu of them proven optimal by the bound alone\n", planned, certified);
+
+    // ---------------------------------------------------------------- root LP bound
+    // How far the MILP's LP relaxation (the bound its branch-and-bound starts from) lies below
+    // the best schedule, before and after the strengthening: the pinned-liveness rows and the
+    // row of the proven time bound (CheckmateOptions::time_bound_seconds).
+    std::printf("\nRoot LP bound of Checkmate's MILP: root gap = best schedule time / LP bound - 1, before (Checkmate's own "
+                "rows) and after the valid inequalities (pinned liveness, proven time bound)\n\n");
+    std::printf("| shape | ops | budget %% | best overhead | best proven | LP before | root gap before | LP after | "
+                "root gap after |\n|---|---|---|---|---|---|---|---|---|\n");
+    std::vector<double> gaps_before, gaps_after;
+    for (const Row& r : rows) {
+        const Case& c = *r.c;
+        std::optional<double> best;
+        bool proven = false;
+        for (const Outcome& o : r.outcomes)
+            if (has_schedule(o)) {
+                if (!best || o.time < *best - 1e-9) proven = false;
+                best = std::min(best.value_or(o.time), o.time);
+                proven = proven || o.kind == Outcome::Kind::optimal;
+            }
+        if (r.automatic.kind == Outcome::Kind::feasible && (!best || r.automatic.time < *best - 1e-9)) {
+            best = r.automatic.time;
+            proven = false;
+        }
+        if (!best || !r.root) continue;
+        const auto overhead = [&](double t) {
+            return std::isfinite(t) ? format("%.1f", 100.0 * (t / c.ref.time - 1.0)) + " %" : std::string("-");
+        };
+        const auto root_gap = [&](double lp, std::vector<double>& all) {
+            if (!std::isfinite(lp) || lp <= 0) return std::string("-");
+            const double g = std::max(0.0, *best / lp - 1.0);
+            all.push_back(g);
+            return format("%.1f", 100.0 * g) + " %";
+        };
+        const std::string before = root_gap(r.root->plain, gaps_before);
+        const std::string after = root_gap(r.root->strengthened, gaps_after);
+        std::printf("| %s | %zu | %.0f | %s | %s | %s | %s | %s | %s |\n", c.shape.c_str(), c.problem.op_count(),
+                    r.percent, overhead(*best).c_str(), proven ? "yes" : "no", overhead(r.root->plain).c_str(),
+                    before.c_str(), overhead(r.root->strengthened).c_str(), after.c_str());
+        if (std::isfinite(r.root->strengthened) && std::isfinite(r.root->plain) &&
+            r.root->strengthened < r.root->plain * (1 - 1e-6))
+            oddities.push_back(c.shape + " " + std::to_string(c.problem.op_count()) + " ops at " + format("%.0f", r.percent) +
+                               " %: the strengthened LP bound is below the plain one");
+        if (proven && std::isfinite(r.root->strengthened) && r.root->strengthened > *best * (1 + 1e-6))
+            oddities.push_back(c.shape + " " + std::to_string(c.problem.op_count()) + " ops at " + format("%.0f", r.percent) +
+                               " %: the strengthened LP bound is above a proven optimum");
+    }
+    const auto mean = [](const std::vector<double>& v) {
+        double total = 0.0;
+        for (const double x : v) total += x;
+        return v.empty() ? 0.0 : total / static_cast<double>(v.size());
+    };
+    std::printf("\nroot gap, mean over %zu budgets: %.1f %% before, %.1f %% after (worst %.1f %% before, %.1f %% after)\n",
+                gaps_after.size(), 100.0 * mean(gaps_before), 100.0 * mean(gaps_after),
+                100.0 * (gaps_before.empty() ? 0.0 : *std::max_element(gaps_before.begin(), gaps_before.end())),
+                100.0 * (gaps_after.empty() ? 0.0 : *std::max_element(gaps_after.begin(), gaps_after.end())));
 
     // ---------------------------------------------------------------- summary
     std::printf("\n");

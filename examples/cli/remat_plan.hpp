@@ -560,19 +560,21 @@ inline int run_plan(const PlanArgs& a, std::ostream& out, std::ostream& err) {
         : solver.name == "rockmate"  ? rockmate_planner(problem, options)
         : solver.name == "hrockmate" ? hrockmate_planner(problem, options)
                                      : auto_planner(problem, options);
-    if (run.planning) {
-        try {
-            run.plan = plan_at(run.budget);
-        } catch (const Infeasible& e) {
-            run.infeasible = e;
-        }
-    }
+    // The bound first: Checkmate (by name or as auto's exact component) then starts from it.
     if (a.bound) {
         run.bound = proven_time_bound(problem, run.budget, options);
     } else if (solver.name == "auto" && !a.no_bound && run.planning && !a.sweep && have_time_bound_backend) {
         SolveOptions within = options;
         within.time_limit = std::min(options.time_limit.value_or(auto_bound_seconds), auto_bound_seconds);
         run.bound = proven_time_bound(problem, run.budget, within);
+    }
+    if (run.bound && !run.bound->budget_infeasible && !a.sweep) options.time_bound = run.bound->time;
+    if (run.planning) {
+        try {
+            run.plan = plan_at(run.budget);
+        } catch (const Infeasible& e) {
+            run.infeasible = e;
+        }
     }
     if (run.bound && run.plan) certify_by_bound(*run.plan, *run.bound);
     if (a.sweep) {

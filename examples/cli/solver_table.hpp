@@ -53,6 +53,10 @@ struct SolveOptions {
     /// (AutoOptions::exact_component), in builds with a MILP backend; off where one plan costs
     /// too much time to repeat (sweeps, the activations of an offloading plan).
     bool exact_component = true;
+    /// A proven lower bound on the time at this budget (bounds/time_lower_bound.hpp), when
+    /// remat-plan has one before planning: Checkmate (by name or as auto's exact component)
+    /// uses it instead of proving its own (CheckmateOptions::time_bound).
+    std::optional<double> time_bound;
 };
 
 struct SolverEntry {
@@ -180,12 +184,14 @@ namespace detail {
 
 // AutoOptions::exact_component: Checkmate on the backend this build has (CBC first), started
 // from auto's plan; empty without a backend.
-[[nodiscard]] inline decltype(AutoOptions::exact_component) checkmate_from_plan() {
+[[nodiscard]] inline decltype(AutoOptions::exact_component) checkmate_from_plan(std::optional<double> time_bound) {
 #if defined(REMAT_WITH_CBC) || defined(REMAT_WITH_LPSOLVE)
-    return [](const Problem& problem, Bytes budget, const Plan& incumbent, double seconds) -> std::optional<Plan> {
+    return [time_bound](const Problem& problem, Bytes budget, const Plan& incumbent,
+                        double seconds) -> std::optional<Plan> {
         CheckmateOptions o;
         o.time_limit_seconds = seconds;
         o.start = incumbent.schedule;
+        o.time_bound = time_bound;
 #if defined(REMAT_WITH_CBC)
         return Checkmate<milp::Cbc>(o).solve(problem, budget);
 #else
@@ -193,6 +199,7 @@ namespace detail {
 #endif
     };
 #else
+    (void)time_bound;
     return {};
 #endif
 }
@@ -211,7 +218,7 @@ namespace detail {
     options.progress = o.progress;
     if (!o.second_opinion) options.second_opinion_max_ops = 0;
     options.certify_seconds = o.certify.value_or(o.exact_component ? options.certify_seconds : 0.0);
-    if (o.exact_component) options.exact_component = detail::checkmate_from_plan();
+    if (o.exact_component) options.exact_component = detail::checkmate_from_plan(o.time_bound);
     const Auto solver(std::move(options));
     return [solver, p = std::make_shared<const Problem>(problem), model = std::shared_ptr<const AutoModel>(),
             first = true](Bytes budget) mutable -> Plan {
@@ -289,6 +296,7 @@ namespace detail {
                 CheckmateOptions options;
                 if (o.time_limit) options.time_limit_seconds = *o.time_limit;
                 options.progress = o.progress;
+                options.time_bound = o.time_bound;
 #ifdef REMAT_WITH_CBC
                 if (o.variant.empty() || o.variant == "cbc") return Checkmate<milp::Cbc>(options).solve(p, budget);
 #endif

@@ -2,6 +2,7 @@
 // and within budget always, time limits, LP rounding, and both backends agreeing.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <random>
 #include <string>
 #include <vector>
@@ -253,6 +254,12 @@ TEST_CASE("Checkmate reports its status, model size and rejects bad options") {
     bad = {};
     bad.relative_gap = -1;
     CHECK_THROWS_AS(Checkmate<milp::LpSolve>(bad), InvalidInput);
+    bad = {};
+    bad.time_bound_seconds = -1;
+    CHECK_THROWS_AS(Checkmate<milp::LpSolve>(bad), InvalidInput);
+    bad = {};
+    bad.time_bound = std::nan("");
+    CHECK_THROWS_AS(Checkmate<milp::LpSolve>(bad), InvalidInput);
     // The quick lower bound: an exactly-once op alone needs more than this.
     try {
         (void)checkmate.solve(p, 1);
@@ -330,4 +337,101 @@ TEST_CASE("Checkmate's memory cap: a model beyond it is not built", "[checkmate]
             CHECK_THAT(e.what(), Catch::Contains("max_run_variables"));
         }
     }
+}
+
+TEST_CASE("Checkmate's valid inequalities lift the root LP bound and never cut off the optimum", "[checkmate][root]") {
+    // The pinned-liveness rows and the proven time bound's row hold for every schedule that
+    // fits: the strengthened LP lies between the plain LP and the exact optimum.
+    const Checkmate<Fast> checkmate(exact_options());
+    const Exhaustive exhaustive;
+    std::size_t compared = 0, lifted = 0;
+    const std::vector<Case> cases = tiny_problems();
+    for (std::size_t i = 0; i < cases.size(); i += 3) {
+        const Case& c = cases[i];
+        INFO(c.what);
+        const Problem& p = c.problem;
+        const Bytes smallest = exhaustive.smallest_budget(p);
+        const Bytes reference = store_all_reference(p).peak;
+        for (const double fraction : {0.0, 0.35, 0.7}) {
+            const Bytes budget = smallest + static_cast<Bytes>(static_cast<double>(reference - smallest) * fraction);
+            INFO("budget " << budget);
+            const double optimum = exhaustive.solve(p, budget).time;
+            const CheckmateRootBounds root = checkmate.root_bounds(p, budget);
+            CHECK(root.plain <= optimum * (1 + 1e-9));
+            CHECK(root.time_bound <= optimum * (1 + 1e-9));
+            CHECK(root.strengthened <= optimum * (1 + 1e-9));
+            CHECK(root.strengthened >= root.plain * (1 - 1e-6));
+            CHECK(root.strengthened >= root.time_bound * (1 - 1e-6));
+            ++compared;
+            if (root.strengthened > root.plain * (1 + 1e-6)) ++lifted;
+        }
+    }
+    CHECK(compared == 3 * 35);
+    // The plain LP is weak (it runs ops in fractions of passes): the rows lift it often.
+    INFO(lifted << " of " << compared << " budgets lifted");
+    CHECK(lifted * 2 > compared);
+}
+
+TEST_CASE("the pinned-liveness rows keep every schedule of the passes: a warm start is a solution", "[checkmate][root]") {
+    using namespace detail::checkmate;
+    for (unsigned seed = 0; seed < 12; ++seed) {
+        std::mt19937 rng(500 + seed);
+        testing::DagShape shape;
+        shape.forward_ops = 3 + seed % 4;
+        const Problem p = testing::random_dag(rng, shape, "dag");
+        const Analysis a = analyse(p);
+        Formulation with_rows(p, a, make_layout(p, a, 1), store_all_reference(p).peak);
+        const Formulation without(p, a, make_layout(p, a, 1), store_all_reference(p).peak, {}, false);
+        INFO("seed " << seed);
+        CHECK(with_rows.size().rows > without.size().rows);
+        const Schedule s = without_useless_runs(p, store_all_reference(p).schedule);
+        REQUIRE(start_from(a, p, with_rows, s));
+        CHECK(with_rows.model().is_feasible(*with_rows.model().start()));
+    }
+}
+
+TEST_CASE("a start that meets the proven time bound is returned as optimal without a search", "[checkmate][root]") {
+    std::mt19937 rng(7);
+    const Problem p = to_problem(testing::random_chain(rng, 6));
+    const Reference ref = store_all_reference(p);
+    // At the store-all peak the bound is the store-all time, which the start meets.
+    const Plan plan = Checkmate<Fast>(exact_options()).solve(p, ref.peak);
+    CHECK(plan.time == ref.time);
+    CHECK(plan.stats.status == SolveStatus::optimal);
+    CHECK_THAT(plan.stats.options, Catch::Contains("meets the proven time bound"));
+    // Without the bound the MILP proves the same.
+    CheckmateOptions no_bound = exact_options();
+    no_bound.time_bound_seconds = 0;
+    const Plan searched = Checkmate<Fast>(no_bound).solve(p, ref.peak);
+    CHECK(searched.time == ref.time);
+    CHECK(searched.stats.status == SolveStatus::optimal);
+    CHECK_THAT(searched.stats.options, !Catch::Contains("meets the proven time bound"));
+
+    // A bound given by the caller is used as it is: the exact optimum, with the optimal
+    // schedule as the start, ends the solve at once.
+    const Bytes budget = percent_of(ref.peak, 60);
+    const Plan best = Exhaustive().solve(p, budget);
+    CheckmateOptions given = exact_options();
+    given.time_bound = best.time;
+    given.start = best.schedule;
+    const Plan proven = Checkmate<Fast>(given).solve(p, budget);
+    CHECK(proven.time == Approx(best.time).epsilon(1e-12));
+    CHECK(proven.stats.status == SolveStatus::optimal);
+    CHECK_THAT(proven.stats.options, Catch::Contains("returned=the given start (meets the proven time bound)"));
+}
+
+TEST_CASE("a search stopped by its time limit reports its gap against the proven time bound", "[checkmate][root]") {
+    std::mt19937 rng(42);
+    const Problem p = to_problem(testing::random_chain(rng, 13));  // 40 ops
+    const Bytes budget = percent_of(store_all_reference(p).peak, 40);
+    const TimeLowerBound bound = time_lower_bound(p, budget, Fast{});
+    REQUIRE(!bound.budget_infeasible);
+    CheckmateOptions o;
+    o.time_limit_seconds = 0.3;  // far too short to prove this one
+    o.time_bound = bound.time;
+    const Plan plan = Checkmate<Fast>(o).solve(p, budget);
+    REQUIRE(plan.stats.gap.has_value());
+    CHECK(plan.time >= bound.time * (1 - 1e-9));
+    // The gap is measured against a bound at least as high as the proven time bound.
+    CHECK(*plan.stats.gap <= (plan.time - bound.time) / plan.time + 1e-9);
 }

@@ -31,6 +31,15 @@
 // that fits: store-all, Rotor or periodic) is always representable, because T is raised to
 // its number of passes, so Checkmate is never worse than its baseline.
 //
+// Strengthening. The LP relaxation lets ops run in fractions of passes, each fraction holding
+// that fraction of its data, so its bound alone is weak (often the store-all time). Rows
+// that every schedule satisfies lift it: production cuts and pinned liveness (checkmate/
+// formulation.hpp), and Σ time·R >= the proven time bound (bounds/time_lower_bound.hpp),
+// proven first within CheckmateOptions::time_bound_seconds or given. A start that meets that
+// bound is optimal over every schedule and is returned without a search; a search stopped
+// early reports its gap against the higher bound. root_bounds() measures the LP bound before
+// and after.
+//
 // Infeasible budgets: a quick lower bound (core/bounds.hpp: the largest single-op
 // requirement, and the final data) rejects hopeless budgets at once; otherwise the same
 // model with the budget replaced by a variable P and the objective min P gives the smallest
@@ -78,6 +87,7 @@
 #include "../core/solver.hpp"
 #include "../core/time_bounded.hpp"
 #include "../core/timing.hpp"
+#include "../bounds/time_lower_bound.hpp"
 #include "../milp/backend.hpp"
 #include "../milp/model.hpp"
 #include "checkmate/analysis.hpp"
@@ -120,11 +130,30 @@ struct CheckmateOptions {
     bool exhaustive_first = true;
     /// Receives the model size and the MILP outcomes, one line each; empty means silence.
     ProgressCallback progress;
+    /// Seconds for a proven lower bound on the time (bounds/time_lower_bound.hpp) before the
+    /// search, at most a tenth of the time limit: it becomes a row of the MILP (a valid
+    /// inequality that lifts the LP relaxation, whose own bound is weak), the gap of a search
+    /// stopped early is measured against it when it is higher than the search's, and a start
+    /// that meets it is returned as optimal at once. 0: no bound.
+    double time_bound_seconds = 5.0;
+    /// A proven lower bound known already (e.g. remat-plan's): used instead of computing one.
+    /// It must hold for every schedule within the budget; a higher value cuts off the optimum.
+    std::optional<double> time_bound;
     /// Memory cap: a model with more run variables R[t,k] than this is not built (its rows and
     /// the backend's copy would take gigabytes); the best known schedule (the baselines and
     /// the greedy's) is returned instead, and without one the solve fails with SolverError.
     /// Two million run variables are about 1-2 GB in CBC.
     std::size_t max_run_variables = 2'000'000;
+};
+
+/// The LP relaxation of Checkmate's MILP at one budget (the bound a branch-and-bound starts
+/// from, "root"), without and with its strengthening: the pinned-liveness rows and the row of
+/// the proven time bound (CheckmateOptions::time_bound_seconds). −infinity where an LP could
+/// not be solved; +infinity where it has no solution.
+struct CheckmateRootBounds {
+    double plain = 0.0;         ///< the formulation's LP alone (Checkmate's own rows)
+    double time_bound = 0.0;    ///< the proven time bound (bounds/time_lower_bound.hpp); −infinity without
+    double strengthened = 0.0;  ///< the LP with the pinned-liveness rows and the time-bound row
 };
 
 /// Checkmate over a MILP backend (milp::LpSolve from milp/lp_solve.hpp, milp::Cbc from
@@ -138,6 +167,10 @@ public:
             throw InvalidInput("checkmate: the time limit must be positive (infinity for none)");
         if (!(options_.relative_gap >= 0) || !std::isfinite(options_.relative_gap))
             throw InvalidInput("checkmate: the MIP gap must be a finite number >= 0");
+        if (!(options_.time_bound_seconds >= 0))
+            throw InvalidInput("checkmate: the time bound's seconds must be >= 0 (0: no bound)");
+        if (options_.time_bound && !std::isfinite(*options_.time_bound))
+            throw InvalidInput("checkmate: a given time bound must be a finite number of seconds");
     }
 
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "checkmate"; }
@@ -163,15 +196,20 @@ public:
             return beyond_cap(problem, budget, base, runs, start);
         Formulation f(problem, a, std::move(layout), budget);
         if (options_.lp_rounding) return solve_by_rounding(problem, a, f, budget, base, start);
+        const double bound = proven_time_bound(problem, budget);
+        if (base && meets(base->time, bound)) return proven_start(problem, budget, f, *base, start);
         improve_start(problem, a, f, budget, base, start);
         if (base && options_.warm_start) start_from(a, problem, f, base->schedule);
         report(problem, budget, f, base);
         if (f.infeasible()) throw_infeasible(problem, a, budget, start, f.infeasible_reason());
+        if (base && meets(base->time, bound)) return proven_start(problem, budget, f, *base, start);
+        if (std::isfinite(bound)) f.add_time_at_least(bound * (1 - bound_tolerance));
 
-        const milp::Result r = run(f.model(), start);
+        milp::Result r = run(f.model(), start);
         if (options_.progress) print_result(r);
         if (r.status == milp::Status::infeasible && !base)
             throw_infeasible(problem, a, budget, start, "the MILP has no solution");
+        if (r.status != milp::Status::optimal && std::isfinite(bound)) r.best_bound = std::max(r.best_bound, bound);
         return exact_plan(problem, budget, f, r, base, start);
     }
 
@@ -184,6 +222,34 @@ public:
         const auto start = std::chrono::steady_clock::now();
         const detail::checkmate::Analysis a = detail::checkmate::analyse(problem);
         return smallest_peak(problem, a, start).first;
+    }
+
+    /// The root LP bounds of the MILP solve() builds at this budget, before and after its
+    /// strengthening (how much the valid inequalities lift the relaxation). Problems that
+    /// solve() answers without a MILP (below the quick memory bound) throw Infeasible.
+    [[nodiscard]] CheckmateRootBounds root_bounds(const Problem& problem, Bytes budget) const {
+        using namespace detail::checkmate;
+        const Analysis a = analyse(problem);
+        if (budget < a.lower_bound)
+            throw Infeasible("checkmate: no schedule of '" + problem.name() + "' fits " + std::to_string(budget) +
+                                 " bytes (" + a.lower_bound_reason + ")",
+                             budget, std::nullopt);
+        const auto lp = [&](const Formulation& f) {
+            if (f.infeasible()) return milp::infinity;
+            milp::Model relaxed = f.model().relaxation();
+            relaxed.clear_start();
+            relaxed.set_time_limit(options_.time_limit_seconds);
+            const milp::Result r = backend_.solve(relaxed);
+            if (r.status == milp::Status::infeasible) return milp::infinity;
+            return r.status == milp::Status::optimal ? r.objective : -milp::infinity;
+        };
+        CheckmateRootBounds out;
+        out.plain = lp(Formulation(problem, a, make_layout(problem, a, pre_passes(problem)), budget, {}, false));
+        out.time_bound = proven_time_bound(problem, budget);
+        Formulation strong(problem, a, make_layout(problem, a, pre_passes(problem)), budget);
+        if (std::isfinite(out.time_bound)) strong.add_time_at_least(out.time_bound * (1 - bound_tolerance));
+        out.strengthened = lp(strong);
+        return out;
     }
 
     /// The size of the MILP solve() builds for this problem and budget.
@@ -218,6 +284,46 @@ private:
                           "backend=" + std::string(backend_.name()) + " " + why + "; returned=" + base->from};
         stats.solve_seconds = seconds_since(start);
         return make_checked_plan(problem, base->schedule, budget, std::move(stats));
+    }
+
+    // Relative slack under a proven time bound: the bound's MILP is solved to a relative gap
+    // of 1e-6 and lowered by it (bounds/time_lower_bound.hpp); the slack keeps float noise
+    // from cutting off a schedule at the bound.
+    static constexpr double bound_tolerance = 1e-7;
+    [[nodiscard]] static bool meets(double time, double bound) noexcept {
+        return std::isfinite(bound) && time <= bound * (1 + bound_tolerance);
+    }
+
+    // The proven lower bound on the time (−infinity without one): the given one, or
+    // bounds/time_lower_bound.hpp's within its share of the time limit.
+    [[nodiscard]] double proven_time_bound(const Problem& problem, Bytes budget) const {
+        if (options_.time_bound) return *options_.time_bound;
+        const double share = std::min(options_.time_bound_seconds, options_.time_limit_seconds / 10);
+        if (!(share > 0)) return -milp::infinity;
+        TimeLowerBoundOptions o;
+        o.time_limit_seconds = share;
+        try {
+            const TimeLowerBound b = time_lower_bound(problem, budget, backend_, o);
+            say("checkmate: proven time bound ", b.time, b.relaxation_solved ? "" : " (at its time limit)", " in ",
+                b.seconds, " s");
+            // A relaxation without solution proves the budget infeasible; the search below
+            // finds the smallest feasible budget for the message, so the bound is just not used.
+            if (b.budget_infeasible) return -milp::infinity;
+            return b.time;
+        } catch (const SolverError& e) {
+            say("checkmate: no time bound (", e.what(), ")");
+            return -milp::infinity;
+        }
+    }
+
+    // The start meets the proven bound: it is optimal over every schedule, no search needed.
+    [[nodiscard]] Plan proven_start(const Problem& problem, Bytes budget, const detail::checkmate::Formulation& f,
+                                    const Baseline& base, std::chrono::steady_clock::time_point start) const {
+        say("checkmate: the ", base.from, " schedule meets the proven time bound; it is optimal");
+        SolverStats stats{std::string(name()), 0.0, SolveStatus::optimal, 0.0,
+                          describe_options(f) + " returned=" + base.from + " (meets the proven time bound)"};
+        stats.solve_seconds = seconds_since(start);
+        return make_checked_plan(problem, base.schedule, budget, std::move(stats));
     }
 
     [[nodiscard]] std::size_t pre_passes(const Problem& problem) const {

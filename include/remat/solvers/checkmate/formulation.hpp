@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -54,8 +55,9 @@ class Formulation {
 public:
     // `budget`: memory rows against it; nullopt: minimise the peak instead (variable P).
     // `movable`: initial data whose device memory is the variable Z[d,i] at each point.
+    // `pinned_cuts`: add the pinned-liveness rows (valid inequalities, off only to measure them).
     Formulation(const Problem& pr, const Analysis& a, Layout layout, std::optional<Bytes> budget,
-                const std::vector<DataId>& movable = {})
+                const std::vector<DataId>& movable = {}, bool pinned_cuts = true)
         : pr_(pr), a_(a), L_(std::move(layout)), fixed_initial_bytes_(a.initial_bytes) {
         infeasible_ = L_.infeasible;
         reason_ = L_.infeasible_reason;
@@ -69,6 +71,7 @@ public:
             add_production_cuts();
             add_final_cuts();
             add_one_representation_rows();
+            if (pinned_cuts) add_pinned_liveness_cuts();
         }
         add_point_rows(budget, cap);
     }
@@ -97,6 +100,17 @@ public:
     [[nodiscard]] milp::Var held_var(std::size_t k, std::size_t point) const { return held_.at(k).at(point); }
     // The initial bytes every memory row counts as live: those of the data that are not movable.
     [[nodiscard]] Bytes fixed_initial_bytes() const noexcept { return fixed_initial_bytes_; }
+
+    // A proven lower bound on the time of every schedule within the budget (bounds/
+    // time_lower_bound.hpp) as a row: Σ time·R >= bound. A valid inequality that lifts the LP
+    // relaxation above the fractional schedules faster than the bound. Budget models only.
+    void add_time_at_least(double bound) {
+        std::vector<milp::Term> row;
+        for (const std::size_t v : rvar_)
+            if (v != none && model_.variable(milp::Var{v}).objective != 0.0)
+                row.push_back({milp::Var{v}, model_.variable(milp::Var{v}).objective});
+        if (!row.empty()) model_.add_row(std::move(row), milp::Sense::greater_equal, bound, "time_bound");
+    }
 
     [[nodiscard]] CheckmateModelSize size() const {
         return {L_.T, model_.variable_count(), model_.integer_count(), model_.row_count(), model_.nonzero_count()};
@@ -192,6 +206,11 @@ public:
                 else if ((seg[j].kind == Lit::Kind::one) != (live[j] != 0)) return std::nullopt;
             }
         }
+        for (const auto& [p, cumulative] : ran_by_)
+            for (std::size_t k = 0, done = 0; k < cumulative.size(); ++k) {
+                done += run_at[cumulative[k].first * n + p];
+                x[cumulative[k].second.index] = static_cast<double>(done);
+            }
         if (peak_) {
             // The least P the memory rows allow.
             double p = model_.variable(*peak_).lower;
@@ -416,6 +435,74 @@ private:
         }
     }
 
+    // Pinned liveness: a data whose only writer is an exactly-once op can never be written
+    // again, so from that run until an exactly-once reader of it has run (until the end, for
+    // final data) it must be live: Y[d,j] >= ran(w, before j) - ran(r, before j), where ran(o,
+    // before j) is the share of op o's run that lies at or before the event that opens segment
+    // j. The rows follow from the others for integral R, but they cut the relaxation's
+    // "half-schedules": an exactly-once op spread over two passes lets its inputs be half
+    // live (half the memory) between them. Within the segments between two events of w or r
+    // the liveness cannot grow (nothing writes d there), so one row at the last segment of
+    // each such stretch covers the stretch.
+    void add_pinned_liveness_cuts() {
+        for (std::size_t d = 0; d < a_.m; ++d) {
+            const DataId id{d};
+            if (pr_.is_initial(id)) continue;
+            const auto writers = pr_.writers(id);
+            if (writers.size() != 1 || !pr_.op(writers[0]).exactly_once) continue;
+            const OpId w = writers[0];
+            const auto& w_reads = pr_.op(w).reads;
+            if (std::find(w_reads.begin(), w_reads.end(), id) != w_reads.end()) continue;
+            for (const OpId r : pr_.readers(id))
+                if (pr_.op(r).exactly_once && r != w) add_pinned_rows(d, a_.pos[w.index], a_.pos[r.index]);
+            if (pr_.is_final(id)) add_pinned_rows(d, a_.pos[w.index], none);
+        }
+    }
+
+    // The rows of one data between the writer at position pw and the reader at position pr
+    // (none: the end of the step).
+    void add_pinned_rows(std::size_t d, std::size_t pw, std::size_t pr) {
+        const auto& ev = L_.events[d];
+        const auto& seg = seg_[d];
+        std::optional<milp::Var> written, read;  // ran(w) and ran(r) up to the current event
+        for (std::size_t j = 1; j < seg.size(); ++j) {
+            const Event& opened_by = ev[j - 1];
+            if (opened_by.p == pw && opened_by.writes) written = ran_by(pw, opened_by.t);
+            if (opened_by.p == pr && opened_by.reads) read = ran_by(pr, opened_by.t);
+            if (!written) continue;
+            const bool stretch_ends = j + 1 == seg.size() || ev[j].p == pw || ev[j].p == pr;
+            if (!stretch_ends || seg[j].kind == Lit::Kind::one) continue;
+            std::vector<milp::Term> row{{*written, -1.0}};
+            if (read) row.push_back({*read, 1.0});
+            if (seg[j].kind == Lit::Kind::var) row.push_back({seg[j].var, 1.0});
+            model_.add_row(std::move(row), milp::Sense::greater_equal, 0.0, "pinned");
+        }
+    }
+
+    // ran(op at position p, up to pass t): the sum of its runs in passes 0..t, one continuous
+    // variable per pass where it may run, made on first use (an exactly-once op, so in [0, 1]).
+    milp::Var ran_by(std::size_t p, std::size_t t) {
+        auto [it, made] = ran_by_.try_emplace(p);
+        auto& cumulative = it->second;
+        if (made) {
+            const std::size_t n = a_.n;
+            std::optional<milp::Var> before;
+            for (std::size_t u = 0; u < L_.T; ++u) {
+                const std::size_t v = rvar_[u * n + p];
+                if (v == none) continue;
+                const milp::Var now = model_.add_continuous(0.0, 1.0, 0.0, "ran_" + std::to_string(u) + "_" +
+                                                                               pr_.op(OpId{a_.order[p]}).name);
+                std::vector<milp::Term> row{{now, 1.0}, {milp::Var{v}, -1.0}};
+                if (before) row.push_back({*before, -1.0});
+                model_.add_row(std::move(row), milp::Sense::equal, 0.0, "ran");
+                cumulative.emplace_back(u, now);
+                before = now;
+            }
+        }
+        const auto at = std::find_if(cumulative.begin(), cumulative.end(), [&](const auto& c) { return c.first == t; });
+        return at->second;
+    }
+
     // Reads, memory and liveness transitions, point by point in time order; `seen` counts
     // the events of each data passed so far, i.e. its current segment.
     void add_point_rows(std::optional<Bytes> budget, double cap) {
@@ -548,6 +635,8 @@ private:
     std::vector<std::size_t> point_index_;            // [t * n + p] → point, or none
     std::vector<std::size_t> movable_of_;             // data → index in held_, or none
     std::vector<std::vector<milp::Var>> held_;        // [movable][point] → Z
+    // Exactly-once op position → (pass, ran_by variable) for each pass where it may run.
+    std::map<std::size_t, std::vector<std::pair<std::size_t, milp::Var>>> ran_by_;
     bool infeasible_ = false;
     std::string reason_;
 };
