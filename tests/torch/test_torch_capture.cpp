@@ -711,4 +711,54 @@ def forward(self, x):
         CHECK(r.measured_device_peak == r.predicted_device_peak);
         CHECK(r.predicted_device_peak <= plan->budget);
     }
+
+    // The drop-in form: forward under the plan, the caller's loss.backward(), Adam; two more
+    // steps, still equal to plain training.
+    for (int step = 3; step < 5; ++step) {
+        INFO("drop-in step " << step);
+        const Plain ref = plain_step(reference_module, {x}, loss, reference_parameters, 500 + step);
+        for (std::size_t i = 0; i < reference_parameters.size(); ++i)
+            reference_parameters[i].mutable_grad() = ref.grads.parameters[i];
+        reference_adam.step();
+        for (const auto& p : reference_parameters) p.mutable_grad() = at::Tensor();
+        at::manual_seed(500 + step);
+        const std::vector<at::Tensor> outputs = off.forward(*plan, {x});
+        REQUIRE(outputs.size() == 1);
+        CHECK(outputs[0].requires_grad());
+        const at::Tensor value = loss(outputs);
+        value.backward();
+        CHECK(max_diff(value, ref.loss) == 0.0);
+        for (std::size_t i = 0; i < cap.parameters().size(); ++i) {
+            INFO("parameter " << cap.parameter_names()[i]);
+            CHECK(max_diff(cap.parameters()[i].grad(), ref.grads.parameters[i]) == 0.0);
+            CHECK(cap.parameters()[i].storage().nbytes() == cap.parameters()[i].nbytes());  // back on the device
+        }
+        adam.step();
+        adam.zero_grad();
+        for (std::size_t i = 0; i < cap.parameters().size(); ++i) CHECK(max_diff(cap.parameters()[i], reference_parameters[i]) == 0.0);
+        const auto& r = off.last_report();
+        INFO("device: predicted " << r.predicted_device_peak << ", measured " << r.measured_device_peak << "; host: predicted "
+                                  << r.predicted_host_peak << ", measured " << r.measured_host_peak);
+        CHECK(r.completed);
+        CHECK(r.measured_host_peak == r.predicted_host_peak);
+        CHECK(r.measured_device_peak == r.predicted_device_peak);
+    }
+
+    // A forward whose backward never runs is given up by the next one: its weights come back.
+    {
+        const std::vector<at::Tensor> abandoned = off.forward(*plan, {x});
+        const at::Tensor abandoned_loss = loss(abandoned);
+        const std::vector<at::Tensor> outputs = off.forward(*plan, {x});
+        for (const at::Tensor& p : cap.parameters()) CHECK(p.storage().nbytes() == p.nbytes());
+        CHECK_THROWS_WITH(abandoned_loss.backward(), Catch::Matchers::Contains("given up"));
+        loss(outputs).backward();
+        CHECK(off.last_report().completed);
+        adam.zero_grad();
+    }
+    // Without grad mode the module simply runs.
+    {
+        const torch::NoGradGuard no_grad;
+        const std::vector<at::Tensor> outputs = off.forward(*plan, {x});
+        CHECK_FALSE(outputs[0].requires_grad());
+    }
 }

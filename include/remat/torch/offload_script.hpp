@@ -15,6 +15,10 @@
 // everything the step holds, and runs whole steps: forward, the caller's loss, backward, the
 // gradients added into .grad, all or nothing. Parameters keep their identity (their storage's
 // memory leaves and comes back), so the caller's optimizer steps after each step as usual.
+// Its drop-in form, forward(), runs the plan's forward inside a custom autograd Function:
+//     auto outputs = off.forward(plan, {x});
+//     auto loss = criterion(outputs[0], y); loss.backward(); optimizer.step();
+// the backward runs the rest of the plan, and autograd accumulates the gradients.
 #pragma once
 
 #include <cstddef>
@@ -29,6 +33,9 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/jit/api/module.h>
 
 #include "../core/errors.hpp"
 #include "../core/problem.hpp"
@@ -41,6 +48,7 @@
 #include "../solvers/store_all.hpp"
 #include "capture/captured.hpp"
 #include "detail/runtime.hpp"
+#include "detail/step_capsule.hpp"
 #include "executor.hpp"
 #include "graph_executor.hpp"
 #include "memory.hpp"
@@ -155,17 +163,132 @@ struct ScriptOffloadOptions {
     double optimizer_state_per_parameter = 2.0;
 };
 
+namespace detail::offload_script {
+
+inline constexpr const char* capsule_key = "remat.offload_script_step";
+
+/// One step of OffloadedScript's drop-in form, from the forward to the backward autograd
+/// calls: the captured program's compute and the offloading engine over it. A step dropped
+/// before its backward (its outputs and graph freed, or the next forward) gives itself up,
+/// so that the weights come back to the device.
+template <class Transfers, class Probe>
+class ScriptOffloadStep {
+public:
+    using Compute = BackendCompute<capture::ScriptBackend>;
+    using Engine = OffloadStep<Compute, Transfers, Probe>;
+
+    ScriptOffloadStep(const Problem& training, const ScriptCapture& capture, std::shared_ptr<const ExecutionTable> table,
+                      const remat::offload::OffloadSchedule& schedule, std::shared_ptr<capture::Scratch> scratch,
+                      const std::vector<at::Tensor>& inputs, Transfers& transfers, Probe& probe)
+        : table_(std::move(table)),
+          compute_(std::make_unique<Compute>(training, capture.problem(), *table_, schedule,
+                                             capture::ScriptBackend(capture.core(), std::move(scratch), inputs))),
+          engine_(std::make_unique<Engine>(training, schedule, *compute_, transfers, probe)) {}
+    ScriptOffloadStep(const ScriptOffloadStep&) = delete;
+    ScriptOffloadStep& operator=(const ScriptOffloadStep&) = delete;
+    ~ScriptOffloadStep() { abandon(); }
+
+    /// The plan's steps before the loss; the outputs, the caller's from now on.
+    [[nodiscard]] std::vector<at::Tensor> forward() {
+        engine_->forward();  // a failure has rolled the step back
+        try {
+            compute_->end_forward();
+            return compute_->backend().expose_outputs();
+        } catch (...) {
+            abandon();
+            throw;
+        }
+    }
+
+    /// The rest of the step from the outputs' gradients: the inputs' and parameters' gradients.
+    [[nodiscard]] ScriptGradients backward(std::vector<at::Tensor> output_gradients, bool from_autograd) {
+        if (engine_->abandoned_or_failed())
+            throw ExecutionError("OffloadedScript: this step was given up before its backward (forward() was called "
+                                 "again in between); one step at a time: run the backward of each forward before the "
+                                 "next forward");
+        try {
+            compute_->backend().set_output_gradients(std::move(output_gradients));
+            if (from_autograd) compute_->backend().output_gradients_from_autograd();
+        } catch (...) {
+            abandon();
+            throw;
+        }
+        engine_->backward_after_caller_loss();  // a failure has rolled the step back
+        ScriptGradients gradients;
+        try {
+            compute_->finish();
+            gradients = compute_->backend().take_result();
+        } catch (...) {
+            compute_->abort_step();
+            throw;
+        }
+        compute_->backend().clear();
+        return gradients;
+    }
+
+    /// Puts the weights back where the step found them, if it is still under way, and drops
+    /// what the step holds (as after a plain forward, its random draws and running statistics
+    /// stay).
+    void abandon() noexcept {
+        if (engine_->completed() || engine_->abandoned_or_failed()) return;
+        engine_->abandon();
+        compute_->backend().clear();
+    }
+
+    [[nodiscard]] const OffloadStepReport& report() const noexcept { return engine_->report(); }
+
+private:
+    std::shared_ptr<const ExecutionTable> table_;  // the compute's, kept alive with it
+    std::unique_ptr<Compute> compute_;
+    std::unique_ptr<Engine> engine_;  // after compute_, which it drives
+};
+
+/// The autograd function around one step: the inputs and parameters are its inputs, so that
+/// autograd accumulates their gradients as for the plain module.
+template <class Step>
+struct OffloadedScriptForward : ::torch::autograd::Function<OffloadedScriptForward<Step>> {
+    static ::torch::autograd::variable_list forward(::torch::autograd::AutogradContext* ctx, at::TensorList inputs,
+                                                    at::TensorList parameters, StepHandle<Step> handle,
+                                                    std::vector<char> differentiable) {
+        (void)inputs;
+        (void)parameters;  // autograd's business; the step already holds them
+        ::torch::autograd::variable_list outputs = handle.step->forward();
+        for (std::size_t o = 0; o < outputs.size(); ++o)
+            if (!differentiable[o]) ctx->mark_non_differentiable({outputs[o]});
+        stash_step(ctx, capsule_key, std::move(handle));
+        return outputs;
+    }
+
+    // `grad_outputs` by reference, as PlannedScript's (graph_executor.hpp): moving them out of
+    // autograd's list leaves the plan their only holder on LibTorch 2.x.
+    static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
+                                                     ::torch::autograd::variable_list& grad_outputs) {
+        const StepHandle<Step> handle = take_step<Step>(ctx, capsule_key, "OffloadedScript");
+        ScriptGradients gradients = handle.backward(std::move(grad_outputs));
+        ::torch::autograd::variable_list result;
+        for (at::Tensor& g : gradients.inputs) result.push_back(std::move(g));
+        for (at::Tensor& g : gradients.parameters) result.push_back(std::move(g));
+        result.emplace_back();  // the step handle
+        result.emplace_back();  // the differentiability flags
+        return result;
+    }
+};
+
+}  // namespace detail::offload_script
+
 /// A captured module trained by offloading plans; see the header. One step at a time; the
 /// object must outlive nothing but its own steps (step() runs a whole one).
 template <class Transfers = CpuTransfers<ScriptParameterStore>, MemoryProbe Probe = CpuMemoryProbe>
 class OffloadedScript {
 public:
+    using Step = detail::offload_script::ScriptOffloadStep<Transfers, Probe>;
+
     OffloadedScript(ScriptCapture capture, ScriptOffloadOptions options = {}, Probe probe = Probe{})
         : capture_(std::move(capture)),
           options_(options),
           probe_(std::move(probe)),
           training_(std::make_unique<ScriptTrainingProblem>(script_training_problem(capture_, options_.transfers))),
-          table_(detail::capture::execution_table(*capture_.core())),
+          table_(std::make_shared<const ExecutionTable>(detail::capture::execution_table(*capture_.core()))),
           scratch_(std::make_shared<detail::capture::Scratch>()),
           store_(std::make_unique<ScriptParameterStore>(capture_, *training_)) {
         for (const auto& g : capture_.core()->groups) scratch_->recompute.emplace_back(g.buffers);
@@ -175,6 +298,12 @@ public:
             transfers_ = std::make_unique<Transfers>(*store_, training_->problem);
         resident_ = outside_the_problem();
         store_all_total_ = store_all_reference(training_->problem).peak + resident_;
+    }
+    // A step under way refers to this object (its transfers, probe and store).
+    OffloadedScript(const OffloadedScript&) = delete;
+    OffloadedScript& operator=(const OffloadedScript&) = delete;
+    ~OffloadedScript() {
+        if (auto pending = pending_.lock()) pending->abandon();
     }
 
     [[nodiscard]] const ScriptCapture& capture() const noexcept { return capture_; }
@@ -212,7 +341,8 @@ public:
                                  const std::function<at::Tensor(const std::vector<at::Tensor>&)>& loss) {
         check_inputs(inputs);
         using Compute = BackendCompute<detail::capture::ScriptBackend>;
-        Compute compute(training_->problem, capture_.problem(), table_, plan.schedule,
+        if (auto pending = pending_.lock()) pending->abandon();  // one step at a time; its weights come back
+        Compute compute(training_->problem, capture_.problem(), *table_, plan.schedule,
                         detail::capture::ScriptBackend(capture_.core(), scratch_, inputs));
         OffloadStep<Compute, Transfers, Probe> run(training_->problem, plan.schedule, compute, *transfers_, probe_);
         ScriptOffloadStepResult result;
@@ -248,6 +378,44 @@ public:
         return result;
     }
 
+    /// The drop-in form: the module's forward under `plan` inside a custom autograd Function.
+    /// Back-propagating through the outputs (`loss.backward()`) runs the rest of the plan,
+    /// brings every weight back to the device and lets autograd accumulate the parameters'
+    /// (and inputs') gradients as plain autograd would; the optimizer then steps as usual.
+    /// One step at a time: a forward (or step()) while another step waits for its backward
+    /// gives that step up (its weights come back; its backward then throws). Without grad mode
+    /// this simply runs the module. last_report() has the step's report after its backward.
+    [[nodiscard]] std::vector<at::Tensor> forward(const remat::offload::OffloadPlan& plan,
+                                                  const std::vector<at::Tensor>& inputs) {
+        if (auto pending = pending_.lock()) pending->abandon();
+        check_inputs(inputs);
+        const detail::capture::Core& core = *capture_.core();
+        bool wants_grad = ::torch::autograd::GradMode::is_enabled();
+        if (wants_grad) {
+            bool any = false;
+            for (const at::Tensor& t : inputs) any = any || t.requires_grad();
+            for (const at::Tensor& p : core.parameters) any = any || p.requires_grad();
+            wants_grad = any;
+        }
+        if (!wants_grad) {
+            const c10::IValue value = ::torch::jit::Module(core.module).forward(capture_.arguments(inputs));
+            std::vector<at::Tensor> outputs(core.output_data.size());
+            detail::capture::flatten(core.output_tree, value, outputs, "the module's result");
+            return outputs;
+        }
+        auto step = std::make_shared<Step>(training_->problem, capture_, table_, plan.schedule, scratch_, inputs,
+                                           *transfers_, probe_);
+        pending_ = step;
+        std::vector<char> differentiable;
+        for (const auto& d : core.output_grad) differentiable.push_back(d.has_value() ? 1 : 0);
+        return detail::offload_script::OffloadedScriptForward<Step>::apply(
+            at::TensorList(inputs), at::TensorList(core.parameters), detail::StepHandle<Step>{std::move(step), last_report_},
+            std::move(differentiable));
+    }
+
+    /// What the last step of the drop-in form measured against what the simulator predicted.
+    [[nodiscard]] const OffloadStepReport& last_report() const noexcept { return *last_report_; }
+
 private:
     [[nodiscard]] Bytes outside_the_problem() const {
         const detail::capture::Core& core = *capture_.core();
@@ -280,12 +448,14 @@ private:
     ScriptOffloadOptions options_;
     Probe probe_;
     std::unique_ptr<ScriptTrainingProblem> training_;
-    ExecutionTable table_;
+    std::shared_ptr<const ExecutionTable> table_;
     std::shared_ptr<detail::capture::Scratch> scratch_;
     std::unique_ptr<ScriptParameterStore> store_;
     std::unique_ptr<Transfers> transfers_;
     Bytes resident_ = 0;
     Bytes store_all_total_ = 0;
+    std::shared_ptr<OffloadStepReport> last_report_ = std::make_shared<OffloadStepReport>();
+    std::weak_ptr<Step> pending_;
 };
 
 }  // namespace remat::torch
