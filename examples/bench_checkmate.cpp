@@ -40,6 +40,7 @@
 #ifdef REMAT_WITH_CBC
 #include <remat/milp/cbc.hpp>
 #endif
+#include <remat/milp/preferred.hpp>
 
 #include "../tests/support/random_problems.hpp"
 
@@ -199,10 +200,8 @@ Outcome solve_with_auto(const Problem& problem, Bytes budget, double seconds) {
 std::optional<TimeLowerBound> proven_bound(const Problem& problem, Bytes budget, double seconds) {
     TimeLowerBoundOptions o;
     o.time_limit_seconds = seconds;
-#if defined(REMAT_WITH_CBC)
-    return time_lower_bound(problem, budget, milp::Cbc{}, o);
-#elif defined(REMAT_WITH_LPSOLVE)
-    return time_lower_bound(problem, budget, milp::LpSolve{}, o);
+#if defined(REMAT_WITH_CBC) || defined(REMAT_WITH_LPSOLVE)
+    return time_lower_bound(problem, budget, milp::Preferred{}, o);
 #else
     (void)problem, (void)budget, (void)o;
     return std::nullopt;
@@ -305,17 +304,15 @@ int main(int argc, char** argv) {
 #endif
     // The model's size does not depend on the backend; any built one computes it.
     std::function<CheckmateModelSize(const Problem&, Bytes)> model_size;
-    // The root LP bounds, by the faster backend.
+    // The root LP bounds, by the preferred backend.
     std::function<CheckmateRootBounds(const Problem&, Bytes)> root_bounds;
 #if defined(REMAT_WITH_LPSOLVE)
     model_size = [options](const Problem& p, Bytes b) { return Checkmate<milp::LpSolve>(options).model_size(p, b); };
 #elif defined(REMAT_WITH_CBC)
     model_size = [options](const Problem& p, Bytes b) { return Checkmate<milp::Cbc>(options).model_size(p, b); };
 #endif
-#if defined(REMAT_WITH_CBC)
-    root_bounds = [options](const Problem& p, Bytes b) { return Checkmate<milp::Cbc>(options).root_bounds(p, b); };
-#elif defined(REMAT_WITH_LPSOLVE)
-    root_bounds = [options](const Problem& p, Bytes b) { return Checkmate<milp::LpSolve>(options).root_bounds(p, b); };
+#if defined(REMAT_WITH_CBC) || defined(REMAT_WITH_LPSOLVE)
+    root_bounds = [options](const Problem& p, Bytes b) { return Checkmate<milp::Preferred>(options).root_bounds(p, b); };
 #else
     std::fprintf(stderr, "bench_checkmate: built without any MILP backend (neither lp_solve nor CBC was found); "
                          "install one of them and reconfigure\n");
@@ -513,7 +510,9 @@ int main(int argc, char** argv) {
         }
         if (!best || !r.root) continue;
         const auto overhead = [&](double t) {
-            return std::isfinite(t) ? format("%.1f", 100.0 * (t / c.ref.time - 1.0)) + " %" : std::string("-");
+            if (!std::isfinite(t)) return std::string("-");
+            const double percent = 100.0 * (t / c.ref.time - 1.0);
+            return format("%.1f", std::abs(percent) < 0.05 ? 0.0 : percent) + " %";  // no "-0.0" from LP round-off
         };
         const auto root_gap = [&](double lp, std::vector<double>& all) {
             if (!std::isfinite(lp) || lp <= 0) return std::string("-");

@@ -37,11 +37,7 @@
 #if REMAT_WITH_LPSOLVE || REMAT_WITH_CBC
 #include <remat/bounds/time_lower_bound.hpp>
 #include <remat/solvers/checkmate.hpp>
-#if REMAT_WITH_CBC
-#include <remat/milp/cbc.hpp>
-#else
-#include <remat/milp/lp_solve.hpp>
-#endif
+#include <remat/milp/preferred.hpp>
 #endif
 
 #include "../tests/support/op_level_problems.hpp"
@@ -145,11 +141,7 @@ std::string checkmate_cell(const remat::Problem& p, Bytes budget, double t_ref, 
     if (o.checkmate_limit > 0 && p.op_count() <= 400) {
         remat::CheckmateOptions co;
         co.time_limit_seconds = o.checkmate_limit;
-#if REMAT_WITH_CBC
-        const remat::Checkmate<remat::milp::Cbc> checkmate(co);
-#else
-        const remat::Checkmate<remat::milp::LpSolve> checkmate(co);
-#endif
+        const remat::Checkmate<remat::milp::Preferred> checkmate(co);
         return " " + cell(run([&] { return checkmate.solve(p, budget); }, t_ref));
     }
 #else
@@ -164,12 +156,7 @@ std::string bound_cells(const remat::Problem& p, Bytes budget, int percent, doub
     if (o.bound_limit <= 0 || percent > 60) return "                - |    - ";
     remat::TimeLowerBoundOptions bo;
     bo.time_limit_seconds = o.bound_limit;
-#if REMAT_WITH_CBC
-    const remat::milp::Cbc backend;
-#else
-    const remat::milp::LpSolve backend;
-#endif
-    const remat::TimeLowerBound b = remat::time_lower_bound(p, budget, backend, bo);
+    const remat::TimeLowerBound b = remat::time_lower_bound(p, budget, remat::milp::Preferred{}, bo);
     char text[64];
     if (b.budget_infeasible) {
         std::snprintf(text, sizeof text, " no plan %6.1fs |    - ", b.seconds);

@@ -32,11 +32,8 @@
 
 #include <remat/io/json.hpp>
 #include <remat/remat.hpp>
-#if defined(REMAT_WITH_CBC)
-#include <remat/milp/cbc.hpp>
-#include <remat/offload/checkmate.hpp>
-#elif defined(REMAT_WITH_LPSOLVE)
-#include <remat/milp/lp_solve.hpp>
+#include <remat/milp/preferred.hpp>
+#if defined(REMAT_WITH_CBC) || defined(REMAT_WITH_LPSOLVE)
 #include <remat/offload/checkmate.hpp>
 #endif
 
@@ -182,11 +179,7 @@ void table(const Model& m, const Machine& machine, double bandwidth) {
 // ------------------------------------------- the iteration against Checkmate's MILP with offloads
 
 #if defined(REMAT_WITH_CBC) || defined(REMAT_WITH_LPSOLVE)
-#if defined(REMAT_WITH_CBC)
-using MilpBackend = remat::milp::Cbc;
-#else
-using MilpBackend = remat::milp::LpSolve;
-#endif
+using MilpBackend = remat::milp::Preferred;
 
 // Where both run (small models): the combined planner's iteration, and the MILP started from
 // its plan, at the same budgets. The MILP's bound is proven for its model (its passes and

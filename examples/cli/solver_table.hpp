@@ -34,6 +34,7 @@
 #ifdef REMAT_WITH_CBC
 #include <remat/milp/cbc.hpp>
 #endif
+#include <remat/milp/preferred.hpp>
 
 namespace remat::cli {
 
@@ -182,8 +183,8 @@ inline HRockmateOptions hrockmate_options(const SolveOptions& o) {
 
 namespace detail {
 
-// AutoOptions::exact_component: Checkmate on the backend this build has (CBC first), started
-// from auto's plan; empty without a backend.
+// AutoOptions::exact_component: Checkmate on the build's preferred backend (milp/preferred.hpp),
+// started from auto's plan; empty without a backend.
 [[nodiscard]] inline decltype(AutoOptions::exact_component) checkmate_from_plan(std::optional<double> time_bound) {
 #if defined(REMAT_WITH_CBC) || defined(REMAT_WITH_LPSOLVE)
     return [time_bound](const Problem& problem, Bytes budget, const Plan& incumbent,
@@ -192,11 +193,7 @@ namespace detail {
         o.time_limit_seconds = seconds;
         o.start = incumbent.schedule;
         o.time_bound = time_bound;
-#if defined(REMAT_WITH_CBC)
-        return Checkmate<milp::Cbc>(o).solve(problem, budget);
-#else
-        return Checkmate<milp::LpSolve>(o).solve(problem, budget);
-#endif
+        return Checkmate<milp::Preferred>(o).solve(problem, budget);
     };
 #else
     (void)time_bound;
@@ -456,22 +453,16 @@ namespace detail {
 }
 
 /// Whether this build has a MILP backend for proven_time_bound.
-#if defined(REMAT_WITH_CBC) || defined(REMAT_WITH_LPSOLVE)
-inline constexpr bool have_time_bound_backend = true;
-#else
-inline constexpr bool have_time_bound_backend = false;
-#endif
+inline constexpr bool have_time_bound_backend = milp::have_preferred_backend;
 
 /// The proven lower bound on the time of any schedule within `budget`
-/// (bounds/time_lower_bound.hpp), with the MILP backend this build has (CBC first).
+/// (bounds/time_lower_bound.hpp), with the build's preferred MILP backend (milp/preferred.hpp).
 [[nodiscard]] inline TimeLowerBound proven_time_bound(const Problem& problem, Bytes budget, const SolveOptions& options) {
     TimeLowerBoundOptions o;
     if (options.time_limit) o.time_limit_seconds = *options.time_limit;
     o.progress = options.progress;
-#if defined(REMAT_WITH_CBC)
-    return time_lower_bound(problem, budget, milp::Cbc{}, o);
-#elif defined(REMAT_WITH_LPSOLVE)
-    return time_lower_bound(problem, budget, milp::LpSolve{}, o);
+#if defined(REMAT_WITH_CBC) || defined(REMAT_WITH_LPSOLVE)
+    return time_lower_bound(problem, budget, milp::Preferred{}, o);
 #else
     (void)problem, (void)budget, (void)o;
     throw InvalidInput("--bound solves a small integer program, and this remat-plan was built without a MILP backend; "

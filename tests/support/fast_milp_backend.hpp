@@ -1,18 +1,12 @@
-// The fastest MILP backend built in, for the MILP tests: CBC where it was found, lp_solve
-// otherwise.
+// The fastest MILP backend built in, for the MILP tests (milp/preferred.hpp: CBC where it was
+// found, lp_solve otherwise).
 #pragma once
 
 #include <remat/milp/lp_solve.hpp>
-#ifdef REMAT_WITH_CBC
-#include <remat/milp/cbc.hpp>
-#endif
+#include <remat/milp/preferred.hpp>
 
 namespace remat::testing {
 
-#ifdef REMAT_WITH_CBC
-using FastMilp = milp::Cbc;
-#else
-using FastMilp = milp::LpSolve;
-#endif
+using FastMilp = milp::Preferred;
 
 }  // namespace remat::testing
