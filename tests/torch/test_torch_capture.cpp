@@ -670,14 +670,20 @@ def forward(self, x):
     for (const auto& p : reference_module.parameters()) reference_parameters.push_back(p);
     torch::optim::Adam reference_adam(reference_parameters, torch::optim::AdamOptions(1e-2));
     torch::optim::Adam adam(cap.parameters(), torch::optim::AdamOptions(1e-2));
-    for (int step = 0; step < 3; ++step) {
-        INFO("step " << step);
-        const Plain ref = plain_step(reference_module, {x}, loss, reference_parameters, 500 + step);
+    // Plain training's step `step` (its own seed) with its Adam update; the seed is then set
+    // again for the step under test.
+    const auto reference_step = [&](int step) {
+        Plain ref = plain_step(reference_module, {x}, loss, reference_parameters, 500 + step);
         for (std::size_t i = 0; i < reference_parameters.size(); ++i)
             reference_parameters[i].mutable_grad() = ref.grads.parameters[i];
         reference_adam.step();
         for (const auto& p : reference_parameters) p.mutable_grad() = at::Tensor();
         at::manual_seed(500 + step);
+        return ref;
+    };
+    for (int step = 0; step < 3; ++step) {
+        INFO("step " << step);
+        const Plain ref = reference_step(step);
         const auto result = off.step(*plan, {x}, loss);
         CHECK(max_diff(result.loss, ref.loss) == 0.0);
         for (std::size_t i = 0; i < cap.parameters().size(); ++i) {
@@ -716,12 +722,7 @@ def forward(self, x):
     // steps, still equal to plain training.
     for (int step = 3; step < 5; ++step) {
         INFO("drop-in step " << step);
-        const Plain ref = plain_step(reference_module, {x}, loss, reference_parameters, 500 + step);
-        for (std::size_t i = 0; i < reference_parameters.size(); ++i)
-            reference_parameters[i].mutable_grad() = ref.grads.parameters[i];
-        reference_adam.step();
-        for (const auto& p : reference_parameters) p.mutable_grad() = at::Tensor();
-        at::manual_seed(500 + step);
+        const Plain ref = reference_step(step);
         const std::vector<at::Tensor> outputs = off.forward(*plan, {x});
         REQUIRE(outputs.size() == 1);
         CHECK(outputs[0].requires_grad());

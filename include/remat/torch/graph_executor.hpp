@@ -346,11 +346,16 @@ namespace detail::capture {
 
 inline constexpr const char* capsule_key = "remat.script_step";
 
-/// The autograd function around one planned step. Inputs and parameters are its inputs, so
+/// Who a second backward through the same forward is reported as, per step type.
+template <class Step>
+inline constexpr const char* autograd_owner = "remat planned module";
+
+/// The autograd function around one planned step of a captured program (ScriptStep here;
+/// OffloadedScript's step in offload_script.hpp). Inputs and parameters are its inputs, so
 /// autograd accumulates the parameters' gradients as for the plain module.
-template <class Probe>
-struct PlannedScript : ::torch::autograd::Function<PlannedScript<Probe>> {
-    using Handle = StepHandle<ScriptStep<Probe>>;
+template <class Step>
+struct PlannedScript : ::torch::autograd::Function<PlannedScript<Step>> {
+    using Handle = StepHandle<Step>;
 
     static ::torch::autograd::variable_list forward(::torch::autograd::AutogradContext* ctx, at::TensorList inputs,
                                                     at::TensorList parameters, Handle handle,
@@ -371,7 +376,7 @@ struct PlannedScript : ::torch::autograd::Function<PlannedScript<Probe>> {
     // outputs' gradients stay allocated through the backward, beyond the prediction.
     static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
                                                      ::torch::autograd::variable_list& grad_outputs) {
-        const Handle handle = take_step<ScriptStep<Probe>>(ctx, capsule_key, "remat planned module");
+        const Handle handle = take_step<Step>(ctx, capsule_key, autograd_owner<Step>);
         ScriptGradients gradients = handle.backward(std::move(grad_outputs));
         ::torch::autograd::variable_list result;
         for (at::Tensor& g : gradients.inputs) result.push_back(std::move(g));
@@ -475,7 +480,7 @@ public:
             std::move(report)};
         std::vector<char> differentiable;
         for (const auto& d : core.output_grad) differentiable.push_back(d.has_value() ? 1 : 0);
-        return detail::capture::PlannedScript<Probe>::apply(at::TensorList(inputs), at::TensorList(core.parameters),
+        return detail::capture::PlannedScript<ScriptStep<Probe>>::apply(at::TensorList(inputs), at::TensorList(core.parameters),
                                                            std::move(handle), std::move(differentiable));
     }
 

@@ -33,7 +33,6 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/jit/api/module.h>
 
@@ -165,10 +164,9 @@ struct ScriptOffloadOptions {
 
 namespace detail::offload_script {
 
-inline constexpr const char* capsule_key = "remat.offload_script_step";
-
 /// One step of OffloadedScript's drop-in form, from the forward to the backward autograd
-/// calls: the captured program's compute and the offloading engine over it. A step dropped
+/// calls (inside detail::capture::PlannedScript, graph_executor.hpp, as a ScriptStep): the
+/// captured program's compute and the offloading engine over it. A step dropped
 /// before its backward (its outputs and graph freed, or the next forward) gives itself up,
 /// so that the weights come back to the device.
 template <class Transfers, class Probe>
@@ -243,38 +241,12 @@ private:
     std::unique_ptr<Engine> engine_;  // after compute_, which it drives
 };
 
-/// The autograd function around one step: the inputs and parameters are its inputs, so that
-/// autograd accumulates their gradients as for the plain module.
-template <class Step>
-struct OffloadedScriptForward : ::torch::autograd::Function<OffloadedScriptForward<Step>> {
-    static ::torch::autograd::variable_list forward(::torch::autograd::AutogradContext* ctx, at::TensorList inputs,
-                                                    at::TensorList parameters, StepHandle<Step> handle,
-                                                    std::vector<char> differentiable) {
-        (void)inputs;
-        (void)parameters;  // autograd's business; the step already holds them
-        ::torch::autograd::variable_list outputs = handle.step->forward();
-        for (std::size_t o = 0; o < outputs.size(); ++o)
-            if (!differentiable[o]) ctx->mark_non_differentiable({outputs[o]});
-        stash_step(ctx, capsule_key, std::move(handle));
-        return outputs;
-    }
-
-    // `grad_outputs` by reference, as PlannedScript's (graph_executor.hpp): moving them out of
-    // autograd's list leaves the plan their only holder on LibTorch 2.x.
-    static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
-                                                     ::torch::autograd::variable_list& grad_outputs) {
-        const StepHandle<Step> handle = take_step<Step>(ctx, capsule_key, "OffloadedScript");
-        ScriptGradients gradients = handle.backward(std::move(grad_outputs));
-        ::torch::autograd::variable_list result;
-        for (at::Tensor& g : gradients.inputs) result.push_back(std::move(g));
-        for (at::Tensor& g : gradients.parameters) result.push_back(std::move(g));
-        result.emplace_back();  // the step handle
-        result.emplace_back();  // the differentiability flags
-        return result;
-    }
-};
-
 }  // namespace detail::offload_script
+
+namespace detail::capture {
+template <class Transfers, class Probe>
+inline constexpr const char* autograd_owner<offload_script::ScriptOffloadStep<Transfers, Probe>> = "OffloadedScript";
+}  // namespace detail::capture
 
 /// A captured module trained by offloading plans; see the header. One step at a time; the
 /// object must outlive nothing but its own steps (step() runs a whole one).
@@ -408,7 +380,7 @@ public:
         pending_ = step;
         std::vector<char> differentiable;
         for (const auto& d : core.output_grad) differentiable.push_back(d.has_value() ? 1 : 0);
-        return detail::offload_script::OffloadedScriptForward<Step>::apply(
+        return detail::capture::PlannedScript<Step>::apply(
             at::TensorList(inputs), at::TensorList(core.parameters), detail::StepHandle<Step>{std::move(step), last_report_},
             std::move(differentiable));
     }
