@@ -387,6 +387,34 @@ struct PlannedScript : ::torch::autograd::Function<PlannedScript<Step>> {
     }
 };
 
+// A forward records a planned step for autograd only with grad mode on and an input or a
+// parameter that requires grad; otherwise the module simply runs (run_plainly).
+[[nodiscard]] inline bool needs_autograd(const Core& core, const std::vector<at::Tensor>& inputs) {
+    if (!::torch::autograd::GradMode::is_enabled()) return false;
+    for (const at::Tensor& t : inputs)
+        if (t.requires_grad()) return true;
+    for (const at::Tensor& p : core.parameters)
+        if (p.requires_grad()) return true;
+    return false;
+}
+
+// The module's own forward, without a plan: its outputs, flattened as the capture's.
+[[nodiscard]] inline std::vector<at::Tensor> run_plainly(const ScriptCapture& capture,
+                                                         const std::vector<at::Tensor>& inputs) {
+    const Core& core = *capture.core();
+    const c10::IValue value = ::torch::jit::Module(core.module).forward(capture.arguments(inputs));
+    std::vector<at::Tensor> outputs(core.output_data.size());
+    flatten(core.output_tree, value, outputs, "the module's result");
+    return outputs;
+}
+
+// PlannedScript's flags: which outputs have a gradient.
+[[nodiscard]] inline std::vector<char> differentiable_outputs(const Core& core) {
+    std::vector<char> differentiable;
+    for (const auto& d : core.output_grad) differentiable.push_back(d.has_value() ? 1 : 0);
+    return differentiable;
+}
+
 }  // namespace detail::capture
 
 /// Runs schedules of one captured module. Copies share the capture and the probe.
@@ -462,26 +490,13 @@ public:
                                                   std::shared_ptr<StepReport> report = nullptr,
                                                   std::shared_ptr<const GradientHooks> hooks = nullptr) const {
         const auto& core = *capture_.core();
-        bool wants_grad = ::torch::autograd::GradMode::is_enabled();
-        if (wants_grad) {
-            bool any = false;
-            for (const at::Tensor& t : inputs) any = any || t.requires_grad();
-            for (const at::Tensor& p : core.parameters) any = any || p.requires_grad();
-            wants_grad = any;
-        }
-        if (!wants_grad) {
-            const c10::IValue value = ::torch::jit::Module(core.module).forward(capture_.arguments(inputs));
-            std::vector<at::Tensor> outputs(core.output_data.size());
-            detail::capture::flatten(core.output_tree, value, outputs, "the module's result");
-            return outputs;
-        }
+        if (!detail::capture::needs_autograd(core, inputs)) return detail::capture::run_plainly(capture_, inputs);
         detail::StepHandle<ScriptStep<Probe>> handle{
             std::make_shared<ScriptStep<Probe>>(start(plan, inputs, /*continuous=*/false, std::move(hooks))),
             std::move(report)};
-        std::vector<char> differentiable;
-        for (const auto& d : core.output_grad) differentiable.push_back(d.has_value() ? 1 : 0);
-        return detail::capture::PlannedScript<ScriptStep<Probe>>::apply(at::TensorList(inputs), at::TensorList(core.parameters),
-                                                           std::move(handle), std::move(differentiable));
+        return detail::capture::PlannedScript<ScriptStep<Probe>>::apply(
+            at::TensorList(inputs), at::TensorList(core.parameters), std::move(handle),
+            detail::capture::differentiable_outputs(core));
     }
 
 private:

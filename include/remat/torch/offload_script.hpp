@@ -33,8 +33,6 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
-#include <torch/csrc/autograd/grad_mode.h>
-#include <torch/csrc/jit/api/module.h>
 
 #include "../core/errors.hpp"
 #include "../core/problem.hpp"
@@ -362,27 +360,13 @@ public:
         if (auto pending = pending_.lock()) pending->abandon();
         check_inputs(inputs);
         const detail::capture::Core& core = *capture_.core();
-        bool wants_grad = ::torch::autograd::GradMode::is_enabled();
-        if (wants_grad) {
-            bool any = false;
-            for (const at::Tensor& t : inputs) any = any || t.requires_grad();
-            for (const at::Tensor& p : core.parameters) any = any || p.requires_grad();
-            wants_grad = any;
-        }
-        if (!wants_grad) {
-            const c10::IValue value = ::torch::jit::Module(core.module).forward(capture_.arguments(inputs));
-            std::vector<at::Tensor> outputs(core.output_data.size());
-            detail::capture::flatten(core.output_tree, value, outputs, "the module's result");
-            return outputs;
-        }
+        if (!detail::capture::needs_autograd(core, inputs)) return detail::capture::run_plainly(capture_, inputs);
         auto step = std::make_shared<Step>(training_->problem, capture_, table_, plan.schedule, scratch_, inputs,
                                            *transfers_, probe_);
         pending_ = step;
-        std::vector<char> differentiable;
-        for (const auto& d : core.output_grad) differentiable.push_back(d.has_value() ? 1 : 0);
         return detail::capture::PlannedScript<Step>::apply(
             at::TensorList(inputs), at::TensorList(core.parameters), detail::StepHandle<Step>{std::move(step), last_report_},
-            std::move(differentiable));
+            detail::capture::differentiable_outputs(core));
     }
 
     /// What the last step of the drop-in form measured against what the simulator predicted.
