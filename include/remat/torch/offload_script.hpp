@@ -162,11 +162,11 @@ struct ScriptOffloadOptions {
 
 namespace detail::offload_script {
 
-/// One step of OffloadedScript's drop-in form, from the forward to the backward autograd
-/// calls (inside detail::capture::PlannedScript, graph_executor.hpp, as a ScriptStep): the
-/// captured program's compute and the offloading engine over it. A step dropped
-/// before its backward (its outputs and graph freed, or the next forward) gives itself up,
-/// so that the weights come back to the device.
+/// One step of OffloadedScript: the captured program's compute and the offloading engine over
+/// it, from the forward to the backward (step() runs both; the drop-in form runs them in the
+/// autograd calls of detail::capture::PlannedScript, graph_executor.hpp, as a ScriptStep's). A
+/// step that fails is rolled back; one dropped before its backward (its outputs and graph
+/// freed, or the next forward) gives itself up, so that the weights come back to the device.
 template <class Transfers, class Probe>
 class ScriptOffloadStep {
 public:
@@ -191,7 +191,7 @@ public:
             compute_->end_forward();
             return compute_->backend().expose_outputs();
         } catch (...) {
-            abandon();
+            abort();
             throw;
         }
     }
@@ -206,7 +206,7 @@ public:
             compute_->backend().set_output_gradients(std::move(output_gradients));
             if (from_autograd) compute_->backend().output_gradients_from_autograd();
         } catch (...) {
-            abandon();
+            abort();
             throw;
         }
         engine_->backward_after_caller_loss();  // a failure has rolled the step back
@@ -231,7 +231,16 @@ public:
         compute_->backend().clear();
     }
 
+    /// A failure between the forward and the backward (the caller's loss, say): the weights go
+    /// back, and parameters, buffers and the generators are as before the step.
+    void abort() noexcept {
+        engine_->abandon();
+        compute_->abort_step();
+    }
+
     [[nodiscard]] const OffloadStepReport& report() const noexcept { return engine_->report(); }
+    /// Forward runs of the step so far (recomputations included).
+    [[nodiscard]] std::size_t forward_runs() const noexcept { return compute_->forward_runs(); }
 
 private:
     std::shared_ptr<const ExecutionTable> table_;  // the compute's, kept alive with it
@@ -310,41 +319,25 @@ public:
     ScriptOffloadStepResult step(const remat::offload::OffloadPlan& plan, const std::vector<at::Tensor>& inputs,
                                  const std::function<at::Tensor(const std::vector<at::Tensor>&)>& loss) {
         check_inputs(inputs);
-        using Compute = BackendCompute<detail::capture::ScriptBackend>;
         if (auto pending = pending_.lock()) pending->abandon();  // one step at a time; its weights come back
-        Compute compute(training_->problem, capture_.problem(), *table_, plan.schedule,
-                        detail::capture::ScriptBackend(capture_.core(), scratch_, inputs));
-        OffloadStep<Compute, Transfers, Probe> run(training_->problem, plan.schedule, compute, *transfers_, probe_);
+        Step run(training_->problem, capture_, table_, plan.schedule, scratch_, inputs, *transfers_, probe_);
         ScriptOffloadStepResult result;
-        run.forward();
+        result.outputs = run.forward();
         std::vector<at::Tensor> grads;
         try {
-            compute.end_forward();
-            result.outputs = compute.backend().expose_outputs();
             grads = detail::capture::caller_loss_gradients(*capture_.core(), result.outputs, loss, result.loss,
                                                            "OffloadedScript::step");
-            compute.backend().set_output_gradients(std::move(grads));
         } catch (...) {
-            run.abandon();
-            compute.abort_step();
+            run.abort();
             throw;
         }
-        run.backward_after_caller_loss();
-        ScriptGradients gradients;
-        try {
-            compute.finish();
-            gradients = compute.backend().take_result();
-        } catch (...) {
-            compute.abort_step();
-            throw;
-        }
-        compute.backend().clear();
+        ScriptGradients gradients = run.backward(std::move(grads), /*from_autograd=*/false);
         StepGradients to_accumulate;
         to_accumulate.parameters = std::move(gradients.parameters);
         accumulate_gradients(capture_.parameters(), std::move(to_accumulate));
         result.input_grads = std::move(gradients.inputs);
         result.report = run.report();
-        result.forward_runs = compute.forward_runs();
+        result.forward_runs = run.forward_runs();
         return result;
     }
 
