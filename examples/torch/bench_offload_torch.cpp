@@ -82,6 +82,27 @@ void print_slowest_steps(const remat::Problem& problem, const remat::offload::Of
                     report.issue_seconds_timeline[order[k]] * 1e3, k + 1 < shown ? "," : "\n");
 }
 
+// Where a measured device peak differs from the predicted one: the first steps whose measured
+// memory (while an op ran, after anything else) is not the simulator's, in bytes, so that a
+// difference names the op or transfer behind it.
+void print_peak_differences(const remat::Problem& problem, const remat::offload::OffloadSchedule& schedule,
+                            const remat::offload::OffloadReport& predicted, const remat::OffloadStepReport& report) {
+    std::printf("        device peak %lld B predicted, %lld B measured; host peak %lld B predicted, %lld B measured\n",
+                static_cast<long long>(report.predicted_device_peak), static_cast<long long>(report.measured_device_peak),
+                static_cast<long long>(report.predicted_host_peak), static_cast<long long>(report.measured_host_peak));
+    std::size_t shown = 0;
+    for (std::size_t i = 0; i < schedule.steps.size() && i < predicted.timeline.size() && shown < 8; ++i) {
+        const remat::offload::TransferTimelinePoint& point = predicted.timeline[i];
+        const remat::Bytes expected = schedule.steps[i].is_run() ? point.device_during : point.device_after;
+        const remat::Bytes measured = report.measured_device_timeline[i];
+        if (measured == expected) continue;
+        std::printf("        step %zu, %s: %lld B predicted, %lld B measured (%+lld B)\n", i,
+                    remat::offload::describe(problem, schedule.steps[i]).c_str(), static_cast<long long>(expected),
+                    static_cast<long long>(measured), static_cast<long long>(measured - expected));
+        ++shown;
+    }
+}
+
 // Bytes per second of a 64 MiB copy each way between the device and (pinned, on a GPU) host memory.
 std::pair<double, double> link_rates(const c10::Device& device) {
     const std::int64_t n = std::int64_t{64} << 20;
@@ -178,6 +199,7 @@ void table(const Settings& s, Probe probe, MakeTransfers make_transfers) {
         const bool exact = last.measured_device_peak == last.predicted_device_peak &&
                            last.measured_host_peak == last.predicted_host_peak;
         std::printf("%s\n", exact ? "" : "  <- measured peak differs");
+        if (!exact) print_peak_differences(problems.predicting, plan->schedule, predicted, last);
         if (without_rollback / plain > 1.2 * predicted.makespan / ref.time)
             print_slowest_steps(problems.predicting, plan->schedule, last);
         remat::return_to_device(plan->schedule, transfers);
@@ -249,6 +271,8 @@ void module_table(Settings s, Probe probe) {
                     100.0 * (measured / plain - 1.0), remat::format_bytes(r.predicted_device_peak).c_str(),
                     remat::format_bytes(r.measured_device_peak).c_str(), remat::format_bytes(r.predicted_host_peak).c_str(),
                     remat::format_bytes(r.measured_host_peak).c_str(), exact ? "" : "  <- measured peak differs");
+        if (!exact)
+            print_peak_differences(m->problem(), m->plan().schedule, remat::offload::simulate(m->problem(), m->plan().schedule), r);
         if (measured / plain > 1.2 * m->plan().report.makespan / store_all_time)
             print_slowest_steps(m->problem(), m->plan().schedule, r);
     }
