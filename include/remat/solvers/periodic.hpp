@@ -30,7 +30,10 @@ namespace remat {
 class Periodic {
 public:
     /// `segment`: stages per checkpointed segment; by default ⌈√L⌉ for a chain of L stages.
-    explicit Periodic(std::optional<std::size_t> segment = std::nullopt) : segment_(segment) {
+    // (Built from the value, not copied: g++ 13 warns that copying an empty optional reads
+    // its uninitialised payload.)
+    explicit Periodic(std::optional<std::size_t> segment = std::nullopt)
+        : segment_(segment ? std::optional<std::size_t>(*segment) : std::nullopt) {
         if (segment_ && *segment_ == 0) throw InvalidInput("periodic: the segment length k must be at least 1");
     }
 

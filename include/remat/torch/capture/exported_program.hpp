@@ -724,8 +724,9 @@ private:
     // operators) decides between int and float where the program wrote an integer.
     [[nodiscard]] jit::Value* argument_value(const Json& arg, const c10::TypePtr& expected, const Json& node) {
         if (!arg.is_object() || arg.size() != 1) reject(node, "has an argument remat cannot read: " + arg.dump());
-        const std::string kind = arg.begin().key();
-        const Json& v = arg.begin().value();
+        const auto only = arg.begin();  // one iterator: g++ 13 takes a reference through a temporary's for dangling
+        const std::string kind = only.key();
+        const Json& v = only.value();
         if (kind == "as_none") return constant(c10::IValue());
         if (kind == "as_tensor") return named(v.at("name").get<std::string>(), node);
         if (kind == "as_optional_tensor")
