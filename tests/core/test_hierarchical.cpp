@@ -791,6 +791,23 @@ TEST_CASE("auto: the exact component and the certification find the optimum the 
             CHECK_THAT(plan.stats.options, !Catch::Contains("exact component"));
         }
     }
+    SECTION("a component that proves the plan optimal says whether over every schedule or within its model") {
+        for (const bool meets_bound : {false, true}) {
+            INFO("meets the bound: " << meets_bound);
+            AutoOptions o = base;
+            o.exact_component = [&](const Problem&, Bytes, const Plan& incumbent, double) -> std::optional<Plan> {
+                Plan same = incumbent;
+                same.stats.solver = "checkmate";
+                same.stats.status = SolveStatus::optimal;
+                same.stats.options = meets_bound ? "returned=rotor (meets the proven time bound)" : "passes=3";
+                return same;
+            };
+            const Plan plan = Auto(o).solve(p, budget);
+            CHECK(plan.stats.status == SolveStatus::optimal);
+            CHECK_THAT(plan.stats.options, Catch::Contains("checkmate found nothing faster"));
+            CHECK_THAT(plan.stats.options, Catch::Contains(meets_bound ? "optimal over every schedule" : "optimal within its model"));
+        }
+    }
 }
 
 // [timing]: the default certification has 1 s (the sanitized build is slower than that).
