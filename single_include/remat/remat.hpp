@@ -2294,7 +2294,11 @@ public:
 // combinatorial alternative to an integer program that docs/design.md §4.4 (exhaustive search) mentions. Because
 // validity and memory of a step depend only on the current live set, the cheapest path to
 // a goal state is the optimal schedule under docs/formats.md §3 (simulation semantics) — over every schedule, not only
-// persistent ones. The admissible bound is the time of the exactly-once ops still to run.
+// persistent ones. The admissible bound is the larger of two: the time of the exactly-once
+// ops still to run (with their private reads), and that time plus the recomputations the
+// state forces (recompute_bound): data that units still to run must read, that are not live
+// and that only repeatable ops can write again, closed over what those writers read. A state
+// where such a data has no writer left is dropped at once.
 // It is the reference the tests compare every other solver with, and a practical solver
 // for problems of up to a few dozen data (at most 128). The same search with "largest memory
 // so far" as the path cost gives the exact smallest feasible budget.
@@ -2330,6 +2334,11 @@ struct ExhaustiveOptions {
     /// exact; w > 1 returns a schedule at most w times slower than the optimum after
     /// expanding far fewer states (how H-Rockmate plans when the exact search hits its limits).
     double weight = 1.0;
+    /// The second admissible bound: the recomputations a state forces (what units still to run
+    /// must read and no copy holds). It cuts the states expanded by orders of magnitude on
+    /// training graphs; off leaves only the time of the exactly-once ops still to run (and
+    /// their private reads), the bound before it, for comparison.
+    bool recompute_bound = true;
 };
 
 namespace detail::exhaustive {
@@ -2464,7 +2473,7 @@ public:
 
         const SearchState root{initial_mask_, 0};
         const Bytes root_memory = memory(root.live);
-        if (root_memory > budget) return {};
+        if (root_memory > budget || heuristic(root) == std::numeric_limits<double>::infinity()) return {};
         nodes.emplace(root, Node{0.0, root_memory, root, Step::free(DataId{0}), false});
         open.push({options_.weight * heuristic(root), root_memory, 0.0, root});
 
@@ -2497,13 +2506,17 @@ public:
                 const auto it = nodes.find(next);
                 if (it != nodes.end()) {
                     const Node& existing = it->second;
-                    if (existing.closed) return;
-                    const bool better = goal == SearchGoal::least_time
-                                            ? (time < existing.time || (time == existing.time && peak < existing.peak))
-                                            : (peak < existing.peak || (peak == existing.peak && time < existing.time));
-                    if (!better) return;
+                    const bool strictly_better = goal == SearchGoal::least_time ? time < existing.time : peak < existing.peak;
+                    const bool better = strictly_better || (goal == SearchGoal::least_time
+                                                                ? (time == existing.time && peak < existing.peak)
+                                                                : (peak == existing.peak && time < existing.time));
+                    // A closed state opens again when reached strictly cheaper: the recompute
+                    // bound is admissible but not always consistent (its greedy packing can
+                    // drop by more than an op's time), and A* stays exact only by reopening.
+                    if (existing.closed ? !strictly_better : !better) return;
                 }
                 const double key = time + options_.weight * heuristic(next);
+                if (key == std::numeric_limits<double>::infinity()) return;  // leads nowhere
                 if (below && key >= *below) return;  // cannot beat the incumbent (weight 1: key = time + bound)
                 if (it != nodes.end()) {
                     it->second = Node{time, peak, s, action, false};
@@ -2604,6 +2617,86 @@ private:
                 }
                 member_private_[u].push_back(std::move(own));
             }
+        prepare_recompute_bound();
+    }
+
+    // What recompute_bound needs, per data: the units that must read it (every member does)
+    // or may write it, its repeatable writers, their least time, and what all of them read.
+    void prepare_recompute_bound() {
+        const std::size_t n = p_.data_count();
+        least_unit_time_.assign(units_.size(), std::numeric_limits<double>::infinity());
+        for (std::size_t u = 0; u < units_.size(); ++u)
+            for (const OpId k : units_[u]) least_unit_time_[u] = std::min(least_unit_time_[u], p_.op(k).time);
+        required_by_units_.assign(n, 0);
+        written_by_units_.assign(n, 0);
+        repeatable_writers_.assign(n, {});
+        least_writer_time_.assign(n, std::numeric_limits<double>::infinity());
+        writers_read_.assign(n, DataMask{});
+        for (std::size_t u = 0; u < units_.size(); ++u) {
+            DataMask all_read = ~DataMask{};
+            for (const OpId k : units_[u]) all_read = all_read & op_reads_[k.index];
+            for (std::size_t d = 0; d < n; ++d)
+                if (all_read.test(d)) required_by_units_[d] |= std::uint64_t{1} << u;
+        }
+        for (std::size_t d = 0; d < n; ++d) {
+            DataMask common = ~DataMask{};
+            for (const OpId w : p_.writers(DataId{d})) {
+                if (const int unit = unit_of_[w.index]; unit >= 0) {
+                    written_by_units_[d] |= std::uint64_t{1} << unit;
+                    continue;
+                }
+                repeatable_writers_[d].push_back(w.index);
+                least_writer_time_[d] = std::min(least_writer_time_[d], p_.op(w).time);
+                common = common & op_reads_[w.index];
+            }
+            if (!repeatable_writers_[d].empty()) writers_read_[d] = common;
+            if (!repeatable_writers_[d].empty()) data_by_writer_time_.push_back(d);
+        }
+        std::stable_sort(data_by_writer_time_.begin(), data_by_writer_time_.end(),
+                         [&](std::size_t a, std::size_t b) { return least_writer_time_[a] > least_writer_time_[b]; });
+    }
+
+    // A second admissible bound, on the repeatable ops still to run: a data that is not live,
+    // that a unit still to run must read (or that is final), and that no such unit writes, must
+    // be written again by a repeatable op, which needs what all those writers read, and so on.
+    // Data whose repeatable writers are disjoint need as many distinct runs, so the least
+    // writer times of a set of such data add up (a greedy packing, costliest first). Infinite
+    // when a needed data has no writer left: the state leads nowhere.
+    [[nodiscard]] double recompute_bound(const SearchState& s) const {
+        const std::uint64_t remaining = all_done_ & ~s.done;
+        DataMask needed;
+        std::size_t stack[128];
+        std::size_t depth = 0;
+        const auto need = [&](std::size_t d) {
+            if (s.live.test(d) || needed.test(d) || (written_by_units_[d] & remaining) != 0) return;
+            needed |= DataMask::bit(d);
+            stack[depth++] = d;
+        };
+        for (std::size_t d = 0; d < p_.data_count(); ++d)
+            if ((required_by_units_[d] & remaining) != 0 || final_mask_.test(d)) need(d);
+        while (depth > 0) {
+            const std::size_t d = stack[--depth];
+            if (repeatable_writers_[d].empty()) return std::numeric_limits<double>::infinity();
+            const DataMask inputs = writers_read_[d];
+            for (std::size_t e = 0; e < p_.data_count(); ++e)
+                if (inputs.test(e)) need(e);
+        }
+        if (needed.empty()) return 0.0;
+        // The ops already charged, as a bitset over op indices (up to 1024 ops; beyond, only
+        // the costliest data counts).
+        constexpr std::size_t max_tracked = 1024;
+        std::uint64_t used[max_tracked / 64] = {};
+        double total = 0.0;
+        for (const std::size_t d : data_by_writer_time_) {
+            if (!needed.test(d)) continue;
+            if (p_.op_count() > max_tracked) return least_writer_time_[d];
+            bool disjoint = true;
+            for (const std::size_t w : repeatable_writers_[d]) disjoint = disjoint && (used[w / 64] >> (w % 64) & 1U) == 0;
+            if (!disjoint) continue;
+            for (const std::size_t w : repeatable_writers_[d]) used[w / 64] |= std::uint64_t{1} << (w % 64);
+            total += least_writer_time_[d];
+        }
+        return total;
     }
 
     // Admissible: every unit still to run needs one of its members, and that member's
@@ -2621,7 +2714,13 @@ private:
             }
             remaining += least;
         }
-        return remaining;
+        if (!options_.recompute_bound) return remaining;
+        const double recompute = recompute_bound(s);
+        if (recompute == std::numeric_limits<double>::infinity()) return recompute;
+        double exactly_once = 0.0;
+        for (std::size_t u = 0; u < units_.size(); ++u)
+            if (!(s.done >> u & 1U)) exactly_once += least_unit_time_[u];
+        return std::max(remaining, exactly_once + recompute);
     }
     [[nodiscard]] bool is_goal(const SearchState& s) const {
         return s.done == all_done_ && (s.live & final_mask_) == final_mask_;
@@ -2675,6 +2774,14 @@ private:
     std::vector<std::uint64_t> reader_units_;  // data → units of its exactly-once readers
     std::vector<char> read_by_repeatable_;     // data → read by an op that may run again
     std::vector<DataMask> op_reads_, op_writes_;
+    // recompute_bound's tables (prepare_recompute_bound)
+    std::vector<double> least_unit_time_;            // unit → least time of a member
+    std::vector<std::uint64_t> required_by_units_;   // data → units every member of which reads it
+    std::vector<std::uint64_t> written_by_units_;    // data → units a member of which writes it
+    std::vector<std::vector<std::size_t>> repeatable_writers_;  // data → its repeatable writers
+    std::vector<double> least_writer_time_;          // data → least time of a repeatable writer
+    std::vector<DataMask> writers_read_;             // data → what every repeatable writer reads
+    std::vector<std::size_t> data_by_writer_time_;   // data with a repeatable writer, costliest first
     DataMask initial_mask_;
     DataMask final_mask_;
     std::uint64_t all_done_ = 0;

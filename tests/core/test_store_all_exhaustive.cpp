@@ -2,6 +2,7 @@
 // none) and the exact search over all schedules.
 #include <catch2/catch.hpp>
 
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -303,4 +304,47 @@ TEST_CASE("Exhaustive::certify: a faster schedule, a proof of the incumbent, or 
     ExhaustiveOptions weighted;
     weighted.weight = 1.5;
     CHECK_THROWS_AS(Exhaustive(weighted).certify(to_problem(testing::random_chain(rng, 2)), 1 << 20, 1.0), InvalidInput);
+}
+
+TEST_CASE("Exhaustive: the recompute bound keeps every optimum and every smallest budget", "[property]") {
+    // The bound is admissible only if the search with it returns what the search without it
+    // (the time of the exactly-once ops alone) returns: the same optimal time at every budget,
+    // the same least peak, and the same budgets found infeasible.
+    std::mt19937 rng(20261127);
+    ExhaustiveOptions plain;
+    plain.recompute_bound = false;
+    int compared = 0, infeasible = 0;
+    for (int trial = 0; trial < 60; ++trial) {
+        testing::DagShape shape;
+        shape.forward_ops = 2 + static_cast<std::size_t>(trial % 3);
+        shape.second_input = (trial % 3) * 0.3;
+        shape.second_output = (trial % 4) * 0.2;
+        const Problem p = trial % 3 == 0 ? to_problem(random_chain(rng, 1 + trial % 3)) : testing::random_dag(rng, shape);
+        const Reference ref = store_all_reference(p);
+        const Bytes smallest = Exhaustive(plain).smallest_budget(p);
+        INFO("trial " << trial << " (" << p.op_count() << " ops), smallest budget " << smallest);
+        REQUIRE(Exhaustive{}.smallest_budget(p) == smallest);
+        for (int k = -1; k <= 4; ++k) {
+            const Bytes budget = k < 0 ? smallest - 1 : smallest + (ref.peak - smallest) * k / 4;
+            std::optional<Plan> with, without;
+            try {
+                without = Exhaustive(plain).solve(p, budget);
+            } catch (const Infeasible&) {
+            }
+            try {
+                with = Exhaustive{}.solve(p, budget);
+            } catch (const Infeasible&) {
+            }
+            REQUIRE(with.has_value() == without.has_value());
+            if (!with) {
+                ++infeasible;
+                continue;
+            }
+            ++compared;
+            CHECK(with->time == without->time);
+            CHECK(simulate(p, with->schedule).fits(budget));
+        }
+    }
+    CHECK(compared > 200);
+    CHECK(infeasible >= 60);
 }
