@@ -141,6 +141,39 @@ Outcome solve_with(const Problem& problem, Bytes budget, const CheckmateOptions&
     return out;
 }
 
+// Runs a solver that returns a plan and records the outcome: `solved` for a plan, the smallest
+// budget known for Infeasible, `at_limit` for a SolverError (its time or state limit),
+// `beyond_reach` for InvalidInput (a problem past its size limits), an error otherwise.
+struct OutcomeKinds {
+    Outcome::Kind solved, at_limit, beyond_reach;
+};
+template <class PlanIt>
+Outcome outcome_of(PlanIt plan_it, OutcomeKinds kinds) {
+    Outcome out;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+        const Plan plan = plan_it();
+        out.kind = kinds.solved;
+        out.time = plan.time;
+        out.peak = plan.peak;
+    } catch (const Infeasible& e) {
+        out.kind = Outcome::Kind::infeasible;
+        out.smallest = e.smallest_budget();
+        out.message = e.what();
+    } catch (const InvalidInput& e) {
+        out.kind = kinds.beyond_reach;
+        out.message = e.what();
+    } catch (const SolverError& e) {
+        out.kind = kinds.at_limit;
+        out.message = e.what();
+    } catch (const Error& e) {
+        out.kind = Outcome::Kind::error;
+        out.message = e.what();
+    }
+    out.seconds = seconds_since(start);
+    return out;
+}
+
 // The exact search (solvers/exhaustive.hpp: A* over live data and exactly-once ops done),
 // within the same time limit: the combinatorial alternative to the MILP. "n/a" beyond its size
 // limits (128 data, 64 exactly-once ops).
@@ -149,29 +182,9 @@ Outcome solve_exactly(const Problem& problem, Bytes budget, double seconds, bool
     options.recompute_bound = recompute_bound;
     options.time_limit_seconds = seconds;
     options.max_states = 20'000'000;
-    Outcome out;
-    const auto start = std::chrono::steady_clock::now();
-    try {
-        const Plan plan = Exhaustive(options).solve(problem, budget);
-        out.kind = Outcome::Kind::optimal;
-        out.time = plan.time;
-        out.peak = plan.peak;
-    } catch (const Infeasible& e) {
-        out.kind = Outcome::Kind::infeasible;
-        out.smallest = e.smallest_budget();
-        out.smallest_proven = e.smallest_budget().has_value();  // the exact least peak, when found
-        out.message = e.what();
-    } catch (const InvalidInput& e) {
-        out.kind = Outcome::Kind::not_built;  // beyond the search's size limits
-        out.message = e.what();
-    } catch (const SolverError& e) {
-        out.kind = Outcome::Kind::no_solution;  // its time or state limit
-        out.message = e.what();
-    } catch (const Error& e) {
-        out.kind = Outcome::Kind::error;
-        out.message = e.what();
-    }
-    out.seconds = seconds_since(start);
+    Outcome out = outcome_of([&] { return Exhaustive(options).solve(problem, budget); },
+                             {Outcome::Kind::optimal, Outcome::Kind::no_solution, Outcome::Kind::not_built});
+    out.smallest_proven = out.smallest.has_value();  // the search's smallest budget is the exact least peak
     return out;
 }
 
@@ -214,23 +227,8 @@ struct Row {
 Outcome solve_with_auto(const Problem& problem, Bytes budget, double seconds) {
     AutoOptions options;
     options.time_limit_seconds = seconds;
-    Outcome out;
-    const auto start = std::chrono::steady_clock::now();
-    try {
-        const Plan plan = Auto(options).solve(problem, budget);
-        out.kind = Outcome::Kind::feasible;
-        out.time = plan.time;
-        out.peak = plan.peak;
-    } catch (const Infeasible& e) {
-        out.kind = Outcome::Kind::infeasible;
-        out.smallest = e.smallest_budget();
-        out.message = e.what();
-    } catch (const Error& e) {
-        out.kind = Outcome::Kind::error;
-        out.message = e.what();
-    }
-    out.seconds = seconds_since(start);
-    return out;
+    return outcome_of([&] { return Auto(options).solve(problem, budget); },
+                      {Outcome::Kind::feasible, Outcome::Kind::error, Outcome::Kind::error});
 }
 
 // The proven lower bound on the time of any schedule (bounds/time_lower_bound.hpp).
