@@ -233,7 +233,8 @@ struct FreesHeldInput {
         seq.actions.push_back({K::backward, 1, 0});
         return seq;
     }
-    friend Bytes sequence_smallest_budget(const FreesHeldInput&, const RotorChain&) { return 0; }
+    // Read only by the SequenceSolver concept (unevaluated): clang would call it unneeded.
+    [[maybe_unused]] friend Bytes sequence_smallest_budget(const FreesHeldInput&, const RotorChain&) { return 0; }
 };
 
 }  // namespace
