@@ -12,6 +12,8 @@
 // includes. Debian's LibTorch needs Gloo's headers for that: `apt-get install libgloo-dev`.
 #pragma once
 
+#include <signal.h>
+
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -54,7 +56,25 @@ struct GroupOptions {
     /// The address Gloo listens on and tells its peers: this machine's address on the network
     /// that joins the processes (127.0.0.1 for one machine).
     std::string address = "127.0.0.1";
+    /// Gloo sends with writev(), which raises SIGPIPE in a process writing to a peer that has
+    /// died, and SIGPIPE's default action ends the process at once: no error, nothing
+    /// written, exit code 141. When the program left SIGPIPE at that default, make_gloo_group
+    /// ignores it, as Python (and so every PyTorch job) does, so that a dead peer is an error
+    /// here. False: SIGPIPE is left as it is.
+    bool ignore_sigpipe = true;
 };
+
+/// Ignores SIGPIPE when the program left it at its default action (a handler or an ignore
+/// the program set stays): make_gloo_group calls it unless GroupOptions::ignore_sigpipe is false.
+inline void ignore_sigpipe_if_default() {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) != 0) return;
+    if ((current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL) return;
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    (void)::sigaction(SIGPIPE, &ignore, nullptr);
+}
 
 /// A Gloo process group of `world_size` processes that meet through `store`.
 [[nodiscard]] inline ProcessGroupPtr make_gloo_group(const StorePtr& store, int rank, int world_size,
@@ -62,6 +82,7 @@ struct GroupOptions {
     if (world_size < 1 || rank < 0 || rank >= world_size)
         throw InvalidInput("make_gloo_group: rank " + std::to_string(rank) + " of a world of " +
                            std::to_string(world_size) + " (ranks go from 0 to the world size - 1)");
+    if (options.ignore_sigpipe) ignore_sigpipe_if_default();
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
     gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.address));
     return detail::compat::process_group_of<c10d::ProcessGroup>(
