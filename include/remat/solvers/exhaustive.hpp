@@ -367,8 +367,9 @@ private:
                 least_writer_time_[d] = std::min(least_writer_time_[d], p_.op(w).time);
                 common = common & op_reads_[w.index];
             }
-            if (!repeatable_writers_[d].empty()) writers_read_[d] = common;
-            if (!repeatable_writers_[d].empty()) data_by_writer_time_.push_back(d);
+            if (repeatable_writers_[d].empty()) continue;
+            writers_read_[d] = common;
+            data_by_writer_time_.push_back(d);
         }
         std::stable_sort(data_by_writer_time_.begin(), data_by_writer_time_.end(),
                          [&](std::size_t a, std::size_t b) { return least_writer_time_[a] > least_writer_time_[b]; });
@@ -403,11 +404,12 @@ private:
         // The ops already charged, as a bitset over op indices (up to 1024 ops; beyond, only
         // the costliest data counts).
         constexpr std::size_t max_tracked = 1024;
+        const bool tracked = p_.op_count() <= max_tracked;
         std::uint64_t used[max_tracked / 64] = {};
         double total = 0.0;
         for (const std::size_t d : data_by_writer_time_) {
             if (!needed.test(d)) continue;
-            if (p_.op_count() > max_tracked) return least_writer_time_[d];
+            if (!tracked) return least_writer_time_[d];
             bool disjoint = true;
             for (const std::size_t w : repeatable_writers_[d]) disjoint = disjoint && (used[w / 64] >> (w % 64) & 1U) == 0;
             if (!disjoint) continue;
