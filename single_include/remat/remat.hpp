@@ -2294,11 +2294,14 @@ public:
 // combinatorial alternative to an integer program that docs/design.md §4.4 (exhaustive search) mentions. Because
 // validity and memory of a step depend only on the current live set, the cheapest path to
 // a goal state is the optimal schedule under docs/formats.md §3 (simulation semantics) — over every schedule, not only
-// persistent ones. The admissible bound is the larger of two: the time of the exactly-once
-// ops still to run (with their private reads), and that time plus the recomputations the
-// state forces (recompute_bound): data that units still to run must read, that are not live
-// and that only repeatable ops can write again, closed over what those writers read. A state
-// where such a data has no writer left is dropped at once.
+// persistent ones. The admissible bound is the largest of three: the time of the exactly-once
+// ops still to run (with their private reads); that time plus the recomputations the state
+// forces (recompute_bound): data that units still to run must read, that are not live and
+// that only repeatable ops can write again, closed over what those writers read; and that
+// time plus the recomputations the budget forces (memory_bound): what exists before a unit
+// and is needed after it, but cannot all be in memory while it runs. A state where such a
+// data has no writer left, or where no drop fits a unit in the budget, is dropped at once.
+// Memory: ExhaustiveOptions caps the states and the bytes of the search's tables.
 // It is the reference the tests compare every other solver with, and a practical solver
 // for problems of up to a few dozen data (at most 128). The same search with "largest memory
 // so far" as the path cost gives the exact smallest feasible budget.
@@ -2339,6 +2342,14 @@ struct ExhaustiveOptions {
     /// training graphs; off leaves only the time of the exactly-once ops still to run (and
     /// their private reads), the bound before it, for comparison.
     bool recompute_bound = true;
+    /// The third admissible bound: the recomputations the budget forces (what is live now and
+    /// needed after an exactly-once op, but cannot all stay live while that op runs). It is
+    /// what prunes states that keep too much when the budget is tight; off for comparison.
+    bool memory_bound = true;
+    /// The search also gives up when its state table and queue would take more than this many
+    /// bytes (an estimate from their element counts, about 110 bytes a state and 48 a queued
+    /// entry; the queue can outgrow the table when states are reached again more cheaply).
+    std::size_t max_memory_bytes = std::size_t{2} << 30;
 };
 
 namespace detail::exhaustive {
@@ -2472,10 +2483,11 @@ public:
         std::priority_queue<Entry, std::vector<Entry>, decltype(worse)> open(worse);
 
         const SearchState root{initial_mask_, 0};
+        const std::uint64_t tight = options_.memory_bound ? tight_units(budget) : 0;
         const Bytes root_memory = memory(root.live);
-        if (root_memory > budget || heuristic(root) == std::numeric_limits<double>::infinity()) return {};
+        if (root_memory > budget || heuristic(root, budget, tight) == std::numeric_limits<double>::infinity()) return {};
         nodes.emplace(root, Node{0.0, root_memory, root, Step::free(DataId{0}), false});
-        open.push({options_.weight * heuristic(root), root_memory, 0.0, root});
+        open.push({options_.weight * heuristic(root, budget, tight), root_memory, 0.0, root});
 
         std::size_t expanded = 0;
         bool out_of_states = false;
@@ -2515,20 +2527,28 @@ public:
                     // drop by more than an op's time), and A* stays exact only by reopening.
                     if (existing.closed ? !strictly_better : !better) return;
                 }
-                const double key = time + options_.weight * heuristic(next);
+                const double key = time + options_.weight * heuristic(next, budget, tight);
                 if (key == std::numeric_limits<double>::infinity()) return;  // leads nowhere
                 if (below && key >= *below) return;  // cannot beat the incumbent (weight 1: key = time + bound)
                 if (it != nodes.end()) {
                     it->second = Node{time, peak, s, action, false};
                 } else {
-                    if (nodes.size() >= options_.max_states) {
+                    const std::size_t table_bytes = estimated_bytes(nodes, open.size());
+                    if (nodes.size() >= options_.max_states || table_bytes >= options_.max_memory_bytes) {
                         if (below) {
                             out_of_states = true;
                             dropped_key = std::min(dropped_key, key);
                             return;
                         }
-                        throw SolverError("exhaustive search on '" + p_.name() + "' exceeded " +
-                                          std::to_string(options_.max_states) + " states (use checkmate or rockmate)");
+                        throw SolverError(
+                            "exhaustive search on '" + p_.name() + "' " +
+                            (nodes.size() >= options_.max_states
+                                 ? "exceeded " + std::to_string(options_.max_states) +
+                                       " states (raise ExhaustiveOptions::max_states, or use checkmate or hrockmate)"
+                                 : "reached its memory cap of " + std::to_string(options_.max_memory_bytes >> 20) +
+                                       " MiB at " + std::to_string(nodes.size()) + " states and " +
+                                       std::to_string(open.size()) +
+                                       " queued (raise ExhaustiveOptions::max_memory_bytes, or use checkmate or hrockmate)"));
                     }
                     nodes.emplace(next, Node{time, peak, s, action, false});
                 }
@@ -2556,7 +2576,7 @@ public:
                 const SearchState next{s.live & ~DataMask::bit(d), s.done};
                 relax(next, g, peak_so_far, Step::free(DataId{d}));
             }
-            // A state left out for the state limit may lead to a faster schedule: what is
+            // A state left out for the state or memory limit may lead to a faster schedule: what is
             // proven is what the queue still holds, at least this node's key.
             if (out_of_states) return stopped_at(std::min(top.key_time, dropped_key), *below);
         }
@@ -2565,7 +2585,39 @@ public:
         return {};
     }
 
+    /// A proven lower bound on the least peak of any schedule, at least `floor`, from the
+    /// bounds alone (no search): the smallest budget at which they do not rule out the start
+    /// state. The memory bound only grows as the budget shrinks, so a bisection finds it.
+    [[nodiscard]] Bytes least_budget_bound(Bytes floor) const {
+        const SearchState root{initial_mask_, 0};
+        const auto possible = [&](Bytes budget) {
+            return memory(root.live) <= budget &&
+                   heuristic(root, budget, options_.memory_bound ? tight_units(budget) : 0) <
+                       std::numeric_limits<double>::infinity();
+        };
+        Bytes everything = 0;  // every data live at once, with the largest overhead: no bound rules it out
+        for (const Bytes b : bytes_) everything += b;
+        Bytes largest_overhead = 0;
+        for (std::size_t k = 0; k < p_.op_count(); ++k) largest_overhead = std::max(largest_overhead, p_.op(OpId{k}).overhead);
+        Bytes low = floor, high = std::max(floor, everything + largest_overhead);
+        if (possible(low) || !possible(high)) return low;
+        while (high - low > 1) {  // possible(high), not possible(low)
+            const Bytes middle = low + (high - low) / 2;
+            (possible(middle) ? high : low) = middle;
+        }
+        return high;
+    }
+
 private:
+    // What the state table and the queue hold, estimated from their element counts: a hash
+    // node (the key, the value, its next pointer and cached hash) and a bucket per state.
+    template <class Nodes>
+    [[nodiscard]] static std::size_t estimated_bytes(const Nodes& nodes, std::size_t queued) {
+        constexpr std::size_t per_state = sizeof(typename Nodes::value_type) + 3 * sizeof(void*);
+        constexpr std::size_t per_entry = sizeof(SearchState) + 3 * sizeof(double);
+        return nodes.size() * per_state + queued * per_entry;
+    }
+
     // Stopped with `key` the least key still to expand: with an admissible heuristic, every
     // schedule takes at least that (and at most the incumbent was asked to be beaten).
     [[nodiscard]] static Result stopped_at(double key, double below) {
@@ -2655,6 +2707,7 @@ private:
         }
         std::stable_sort(data_by_writer_time_.begin(), data_by_writer_time_.end(),
                          [&](std::size_t a, std::size_t b) { return least_writer_time_[a] > least_writer_time_[b]; });
+        prepare_memory_bound();
     }
 
     // A second admissible bound, on the repeatable ops still to run: a data that is not live,
@@ -2663,7 +2716,7 @@ private:
     // Data whose repeatable writers are disjoint need as many distinct runs, so the least
     // writer times of a set of such data add up (a greedy packing, costliest first). Infinite
     // when a needed data has no writer left: the state leads nowhere.
-    [[nodiscard]] double recompute_bound(const SearchState& s) const {
+    [[nodiscard]] std::optional<DataMask> needed_writes(const SearchState& s) const {
         const std::uint64_t remaining = all_done_ & ~s.done;
         DataMask needed;
         std::size_t stack[128];
@@ -2677,11 +2730,16 @@ private:
             if ((required_by_units_[d] & remaining) != 0 || final_mask_.test(d)) need(d);
         while (depth > 0) {
             const std::size_t d = stack[--depth];
-            if (repeatable_writers_[d].empty()) return std::numeric_limits<double>::infinity();
+            if (repeatable_writers_[d].empty()) return std::nullopt;
             const DataMask inputs = writers_read_[d];
             for (std::size_t e = 0; e < p_.data_count(); ++e)
                 if (inputs.test(e)) need(e);
         }
+        return needed;
+    }
+    // The least time of repeatable runs that write every data of `needed`: data whose writers
+    // are disjoint need distinct runs (a greedy packing, costliest first).
+    [[nodiscard]] double recompute_bound(DataMask needed) const {
         if (needed.empty()) return 0.0;
         // The ops already charged, as a bitset over op indices (up to 1024 ops; beyond, only
         // the costliest data counts).
@@ -2701,9 +2759,159 @@ private:
         return total;
     }
 
+    // What memory_bound needs. Per unit: what all its members read, what any of them writes,
+    // and what must still be live after it: what the units that must run after it read (they
+    // read a data that only it writes, transitively) and the final data. Per data: a share of
+    // a rewrite's time (its cheapest repeatable writer's time over that writer's outputs, so
+    // shares of data one run rewrites together add up to at most that run), and the data in
+    // increasing order of share per byte.
+    void prepare_memory_bound() {
+        const std::size_t n = p_.data_count(), units = units_.size();
+        DataMask all;
+        for (std::size_t d = 0; d < n; ++d) all |= DataMask::bit(d);
+        unit_reads_.assign(units, all);
+        unit_writes_.assign(units, DataMask{});
+        unit_writes_every_.assign(units, all);
+        for (std::size_t u = 0; u < units; ++u)
+            for (const OpId k : units_[u]) {
+                unit_reads_[u] = unit_reads_[u] & op_reads_[k.index];
+                unit_writes_[u] |= op_writes_[k.index];
+                unit_writes_every_[u] = unit_writes_every_[u] & op_writes_[k.index];
+            }
+        std::vector<std::uint64_t> after(units, 0);
+        for (std::size_t d = 0; d < n; ++d) {
+            if (initial_mask_.test(d) || p_.writers(DataId{d}).empty()) continue;
+            int only = unit_of_[p_.writers(DataId{d}).front().index];
+            for (const OpId w : p_.writers(DataId{d})) only = unit_of_[w.index] == only ? only : -1;
+            if (only >= 0) after[static_cast<std::size_t>(only)] |= required_by_units_[d] & ~(std::uint64_t{1} << only);
+        }
+        for (bool grew = true; grew;) {
+            grew = false;
+            for (std::size_t u = 0; u < units; ++u)
+                for (std::uint64_t v = after[u]; v != 0; v &= v - 1) {
+                    const std::uint64_t wider = after[u] | after[static_cast<std::size_t>(std::countr_zero(v))];
+                    grew = grew || wider != after[u];
+                    after[u] = wider;
+                }
+        }
+        before_.assign(units, 0);
+        for (std::size_t u = 0; u < units; ++u)
+            for (std::uint64_t v = after[u]; v != 0; v &= v - 1) before_[static_cast<std::size_t>(std::countr_zero(v))] |= std::uint64_t{1} << u;
+        needed_after_.assign(units, final_mask_);
+        for (std::size_t u = 0; u < units; ++u)
+            for (std::uint64_t v = after[u]; v != 0; v &= v - 1)
+                needed_after_[u] |= unit_reads_[static_cast<std::size_t>(std::countr_zero(v))];
+        rewrite_share_.assign(n, std::numeric_limits<double>::infinity());
+        data_by_share_per_byte_.clear();
+        for (std::size_t d = 0; d < n; ++d) {
+            for (const std::size_t w : repeatable_writers_[d]) {
+                const auto outputs = static_cast<double>(p_.op(OpId{w}).writes.size());
+                rewrite_share_[d] = std::min(rewrite_share_[d], p_.op(OpId{w}).time / outputs);
+            }
+            if (bytes_[d] > 0 && rewrite_share_[d] < std::numeric_limits<double>::infinity())
+                data_by_share_per_byte_.push_back(d);
+        }
+        std::stable_sort(data_by_share_per_byte_.begin(), data_by_share_per_byte_.end(), [&](std::size_t a, std::size_t b) {
+            return rewrite_share_[a] * static_cast<double>(bytes_[b]) < rewrite_share_[b] * static_cast<double>(bytes_[a]);
+        });
+    }
+
+    // A third admissible bound, on the repeatable ops the budget forces: when a unit still to
+    // run runs, the initial data, its member's reads and writes, and whatever is live now and
+    // still needed after it (and no unit still to run writes) must fit the budget with the
+    // member's overhead, or some of that live data must be dropped and written again later.
+    // The cheapest drop is a fractional knapsack over rewrite shares. The largest over the
+    // units counts (the same rewrites may serve several); infinite when no drop suffices.
+    // The units for which the budget may force a drop: a member's footprint and overhead with
+    // everything needed after it exceeds the budget (else the bound is 0 for the unit).
+    [[nodiscard]] std::uint64_t tight_units(Bytes budget) const {
+        std::uint64_t tight = 0;
+        for (std::size_t u = 0; u < units_.size(); ++u) {
+            bool every_member = true;
+            for (const OpId k : units_[u])
+                every_member = every_member && memory(initial_mask_ | op_reads_[k.index] | op_writes_[k.index] |
+                                                      needed_after_[u]) + p_.op(k).overhead > budget;
+            if (every_member) tight |= std::uint64_t{1} << u;
+        }
+        return tight;
+    }
+    [[nodiscard]] double memory_bound(const SearchState& s, Bytes budget, std::uint64_t tight) const {
+        const std::uint64_t remaining = all_done_ & ~s.done;
+        double forced = 0.0;
+        for (std::uint64_t r = remaining & tight; r != 0; r &= r - 1) {
+            const auto u = static_cast<std::size_t>(std::countr_zero(r));
+            // What exists when u runs, unless dropped: what is live now, and what units still
+            // to run that must run before u write; less what a unit that may run later (or u)
+            // writes again, which needs no repeatable run.
+            DataMask exists = s.live, rewritten, read_before = unit_reads_[u];
+            for (std::uint64_t v = remaining; v != 0; v &= v - 1) {
+                const auto w = static_cast<std::size_t>(std::countr_zero(v));
+                if (before_[u] >> w & 1U) {
+                    exists |= unit_writes_every_[w];
+                    read_before |= unit_reads_[w];
+                } else {
+                    rewritten |= unit_writes_[w];
+                }
+            }
+            exists |= written_before(s, remaining, read_before);
+            const DataMask still_needed = exists & needed_after_[u] & ~rewritten & ~initial_mask_;
+            double least = std::numeric_limits<double>::infinity();
+            for (const OpId k : units_[u]) {
+                const DataMask footprint = initial_mask_ | op_reads_[k.index] | op_writes_[k.index];
+                const DataMask kept = still_needed & ~footprint;
+                const Bytes during = memory(footprint | kept) + p_.op(k).overhead;
+                if (during <= budget) {
+                    least = 0.0;
+                    break;
+                }
+                least = std::min(least, cheapest_drop(kept, during - budget));
+            }
+            forced = std::max(forced, least);
+            if (forced == std::numeric_limits<double>::infinity()) break;
+        }
+        return forced;
+    }
+    // The data that must be written before something reads `read` (what is not live of it,
+    // and what every repeatable writer of such a data reads, and so on): each exists at some
+    // point before. A data a unit still to run writes is not followed further (that unit's
+    // own reads are the caller's to add).
+    [[nodiscard]] DataMask written_before(const SearchState& s, std::uint64_t remaining, DataMask read) const {
+        DataMask reached = read & ~s.live, frontier = reached;
+        while (!frontier.empty()) {
+            DataMask next;
+            for (int half = 0; half < 2; ++half)
+                for (std::uint64_t w = half == 0 ? frontier.low : frontier.high; w != 0; w &= w - 1) {
+                    const auto d = static_cast<std::size_t>(std::countr_zero(w)) + (half == 0 ? 0 : 64);
+                    if ((written_by_units_[d] & remaining) == 0) next |= writers_read_[d];
+                }
+            frontier = next & ~reached & ~s.live;
+            reached |= frontier;
+        }
+        return reached;
+    }
+    [[nodiscard]] double share_of(DataMask data) const {
+        double total = 0.0;
+        for (std::size_t d = 0; d < p_.data_count(); ++d)
+            if (data.test(d)) total += rewrite_share_[d];
+        return total;
+    }
+    // The least total rewrite share of data among `candidates` whose bytes reach `excess`,
+    // taking fractions (an LP relaxation, so a lower bound); infinite when they cannot.
+    [[nodiscard]] double cheapest_drop(DataMask candidates, Bytes excess) const {
+        double cost = 0.0;
+        for (const std::size_t d : data_by_share_per_byte_) {
+            if (!candidates.test(d)) continue;
+            if (bytes_[d] >= excess)
+                return cost + rewrite_share_[d] * static_cast<double>(excess) / static_cast<double>(bytes_[d]);
+            cost += rewrite_share_[d];
+            excess -= bytes_[d];
+        }
+        return std::numeric_limits<double>::infinity();
+    }
+
     // Admissible: every unit still to run needs one of its members, and that member's
     // private reads that are not live need a writer each (the costliest of them counted).
-    [[nodiscard]] double heuristic(const SearchState& s) const {
+    [[nodiscard]] double heuristic(const SearchState& s, Bytes budget, std::uint64_t tight) const {
         double remaining = 0.0;
         for (std::size_t u = 0; u < units_.size(); ++u) {
             if (s.done >> u & 1U) continue;
@@ -2716,13 +2924,20 @@ private:
             }
             remaining += least;
         }
-        if (!options_.recompute_bound) return remaining;
-        const double recompute = recompute_bound(s);
-        if (recompute == std::numeric_limits<double>::infinity()) return recompute;
+        if (!options_.recompute_bound && !options_.memory_bound) return remaining;
+        const std::optional<DataMask> needed = needed_writes(s);
+        if (!needed) return std::numeric_limits<double>::infinity();
+        const double recompute = options_.recompute_bound ? recompute_bound(*needed) : 0.0;
         double exactly_once = 0.0;
         for (std::size_t u = 0; u < units_.size(); ++u)
             if (!(s.done >> u & 1U)) exactly_once += least_unit_time_[u];
-        return std::max(remaining, exactly_once + recompute);
+        if (!options_.memory_bound) return std::max(remaining, exactly_once + recompute);
+        const double forced = memory_bound(s, budget, tight);
+        if (forced == std::numeric_limits<double>::infinity()) return forced;
+        // The packing's runs may be the very runs that rewrite what the budget drops, so the
+        // two do not add up; counted in rewrite shares, one write of each needed data and one
+        // more of each dropped data (after the unit, the other before it or never) do.
+        return std::max(remaining, exactly_once + std::max(recompute, share_of(*needed) + forced));
     }
     [[nodiscard]] bool is_goal(const SearchState& s) const {
         return s.done == all_done_ && (s.live & final_mask_) == final_mask_;
@@ -2784,6 +2999,13 @@ private:
     std::vector<double> least_writer_time_;          // data → least time of a repeatable writer
     std::vector<DataMask> writers_read_;             // data → what every repeatable writer reads
     std::vector<std::size_t> data_by_writer_time_;   // data with a repeatable writer, costliest first
+    // memory_bound's tables (prepare_memory_bound)
+    std::vector<DataMask> unit_reads_, unit_writes_;  // unit → what every member reads, any member writes
+    std::vector<DataMask> unit_writes_every_;         // unit → what every member writes
+    std::vector<std::uint64_t> before_;               // unit → units that must run before it
+    std::vector<DataMask> needed_after_;              // unit → what must be live after it
+    std::vector<double> rewrite_share_;               // data → share of its cheapest rewrite
+    std::vector<std::size_t> data_by_share_per_byte_; // rewritable data of some bytes, cheapest per byte first
     DataMask initial_mask_;
     DataMask final_mask_;
     std::uint64_t all_done_ = 0;
@@ -2827,7 +3049,9 @@ public:
                                .run(detail::exhaustive::SearchGoal::least_peak, std::numeric_limits<Bytes>::max())
                                .peak;
             } catch (const SolverError&) {
-                throw Infeasible(none + "; the time limit ran out before the smallest feasible budget was found",
+                const Bytes at_least = search.least_budget_bound(budget + 1);
+                throw Infeasible(none + "; the smallest feasible budget is at least " + std::to_string(at_least) +
+                                     " bytes (a proven bound), and the search's limits ran out before the exact one was found",
                                  budget, std::nullopt);
             }
             throw Infeasible(none + "; the smallest feasible budget is " + std::to_string(smallest) + " bytes", budget,

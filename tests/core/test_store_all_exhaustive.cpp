@@ -2,6 +2,7 @@
 // none) and the exact search over all schedules.
 #include <catch2/catch.hpp>
 
+#include <limits>
 #include <optional>
 #include <random>
 #include <string>
@@ -256,6 +257,58 @@ TEST_CASE("Exhaustive refuses problems beyond its reach with a clear message") {
     CHECK_THROWS_WITH(Exhaustive{}.solve(p, 1 << 30), Catch::Contains("at most 128 data") && Catch::Contains("checkmate"));
 }
 
+TEST_CASE("Exhaustive honours its memory cap: a clear error, or a proven bound when certifying") {
+    std::mt19937 rng(11);
+    const Problem p = testing::random_dag(rng, testing::DagShape{6});
+    const Reference ref = store_all_reference(p);
+    const Bytes budget = percent_of(ref.peak, 80);
+    const double optimum = Exhaustive{}.solve(p, budget).time;
+    ExhaustiveOptions capped;
+    capped.max_memory_bytes = 16 << 10;  // a few hundred states
+    INFO(p.op_count() << " ops, optimum " << optimum);
+    CHECK_THROWS_WITH(Exhaustive(capped).solve(p, budget),
+                      Catch::Contains("memory cap of 0 MiB") && Catch::Contains("max_memory_bytes") &&
+                          Catch::Contains(p.name()));
+    const Exhaustive::Certificate early = Exhaustive(capped).certify(p, budget, std::numeric_limits<double>::infinity());
+    CHECK_FALSE(early.complete);
+    CHECK(early.lower_bound <= optimum);
+    CHECK(early.lower_bound >= ref.time);  // at least the exactly-once ops' time
+}
+
+TEST_CASE("Exhaustive: an infeasible budget whose smallest feasible one is out of reach still gets a proven bound") {
+    // With too few states for the least-peak search, the message gives the bounds' lower bound
+    // on the smallest feasible budget, which is above the budget and at most the exact one.
+    std::mt19937 rng(23);
+    ExhaustiveOptions tiny;
+    tiny.max_states = 30;
+    int checked = 0;
+    for (int trial = 0; trial < 20; ++trial) {
+        const Problem p = testing::random_dag(rng, testing::DagShape{4 + static_cast<std::size_t>(trial % 3)});
+        const Bytes smallest = exact_smallest_budget(p);
+        const Bytes budget = smallest / 3;
+        INFO("trial " << trial << ": smallest " << smallest << ", budget " << budget);
+        try {
+            (void)Exhaustive(tiny).solve(p, budget);
+            FAIL("a plan below a third of the smallest feasible budget");
+        } catch (const Infeasible& e) {
+            const std::string message = e.what();
+            INFO(message);
+            const auto at = message.find("is at least ");
+            if (at == std::string::npos) {
+                CHECK(e.smallest_budget() == smallest);  // the least-peak search finished within 30 states
+                continue;
+            }
+            ++checked;
+            const Bytes bound = std::stoll(message.substr(at + 12));
+            CHECK(bound > budget);
+            CHECK(bound <= smallest);
+            CHECK_THAT(message, Catch::Contains("a proven bound"));
+            CHECK_FALSE(e.smallest_budget().has_value());
+        }
+    }
+    CHECK(checked >= 10);
+}
+
 TEST_CASE("Exhaustive::certify: a faster schedule, a proof of the incumbent, or a proven lower bound", "[property]") {
     std::mt19937 rng(41);
     const Exhaustive exhaustive;
@@ -306,13 +359,21 @@ TEST_CASE("Exhaustive::certify: a faster schedule, a proof of the incumbent, or 
     CHECK_THROWS_AS(Exhaustive(weighted).certify(to_problem(testing::random_chain(rng, 2)), 1 << 20, 1.0), InvalidInput);
 }
 
-TEST_CASE("Exhaustive: the recompute bound keeps every optimum and every smallest budget", "[property]") {
-    // The bound is admissible only if the search with it returns what the search without it
-    // (the time of the exactly-once ops alone) returns: the same optimal time at every budget,
-    // the same least peak, and the same budgets found infeasible.
+TEST_CASE("Exhaustive: the recompute and memory bounds keep every optimum and every smallest budget", "[property]") {
+    // The bounds are admissible only if the search with them returns what the search without
+    // them (the time of the exactly-once ops alone) returns: the same optimal time at every
+    // budget, the same least peak, and the same budgets found infeasible. Each bound is
+    // checked alone and with the other (the memory bound adds rewrite shares to the recompute
+    // bound's needed data, so the pair is checked as it runs by default).
     std::mt19937 rng(20261127);
     ExhaustiveOptions plain;
     plain.recompute_bound = false;
+    plain.memory_bound = false;
+    ExhaustiveOptions recompute_only = plain, memory_only = plain;
+    recompute_only.recompute_bound = true;
+    memory_only.memory_bound = true;
+    const std::vector<std::pair<const char*, ExhaustiveOptions>> bounded{
+        {"both (the default)", ExhaustiveOptions{}}, {"recompute only", recompute_only}, {"memory only", memory_only}};
     int compared = 0, infeasible = 0;
     for (int trial = 0; trial < 60; ++trial) {
         testing::DagShape shape;
@@ -326,23 +387,25 @@ TEST_CASE("Exhaustive: the recompute bound keeps every optimum and every smalles
         REQUIRE(Exhaustive{}.smallest_budget(p) == smallest);
         for (int k = -1; k <= 4; ++k) {
             const Bytes budget = k < 0 ? smallest - 1 : smallest + (ref.peak - smallest) * k / 4;
-            std::optional<Plan> with, without;
+            INFO("budget " << budget);
+            std::optional<Plan> without;
             try {
                 without = Exhaustive(plain).solve(p, budget);
             } catch (const Infeasible&) {
             }
-            try {
-                with = Exhaustive{}.solve(p, budget);
-            } catch (const Infeasible&) {
+            without ? ++compared : ++infeasible;
+            for (const auto& [bounds, options] : bounded) {
+                INFO("bounds: " << bounds);
+                std::optional<Plan> with;
+                try {
+                    with = Exhaustive(options).solve(p, budget);
+                } catch (const Infeasible&) {
+                }
+                REQUIRE(with.has_value() == without.has_value());
+                if (!with) continue;
+                CHECK(with->time == without->time);
+                CHECK(simulate(p, with->schedule).fits(budget));
             }
-            REQUIRE(with.has_value() == without.has_value());
-            if (!with) {
-                ++infeasible;
-                continue;
-            }
-            ++compared;
-            CHECK(with->time == without->time);
-            CHECK(simulate(p, with->schedule).fits(budget));
         }
     }
     CHECK(compared > 200);
