@@ -819,3 +819,32 @@ TEST_CASE("auto: by default the certification's exact search finds the optimum t
     CHECK(plan.stats.status == SolveStatus::optimal);
     CHECK(plan.stats.gap == 0.0);
 }
+
+TEST_CASE("auto: a budget below the exact search's memory bound is refused as below a proven bound", "[hierarchical][auto]") {
+    // Exhaustive::least_budget_bound (the search's bounds alone, no search) is a proven lower
+    // bound on the least peak, often above core/bounds.hpp's: a budget between the two is
+    // below a proven bound, not "beyond the reach" of the solvers tried.
+    std::mt19937 rng(5);
+    int between = 0;
+    for (int trial = 0; trial < 30 && between < 5; ++trial) {
+        const Problem p = random_dag(rng, DagShape{5 + static_cast<std::size_t>(trial % 4)});
+        const Bytes core = memory_lower_bound(p).bytes;
+        const Bytes searched = Exhaustive{}.least_budget_bound(p);
+        const Bytes least = exact_smallest_budget(p);
+        INFO("trial " << trial << ": core bound " << core << ", search bound " << searched << ", least peak " << least);
+        REQUIRE(searched <= least);
+        if (searched <= core) continue;
+        ++between;
+        try {
+            (void)Auto{}.solve(p, searched - 1);
+            FAIL("a budget below the least peak was planned");
+        } catch (const Infeasible& e) {
+            CHECK_THAT(std::string(e.what()), Catch::Contains("below a proven lower bound") &&
+                                                  Catch::Contains("the exact search's bounds") &&
+                                                  Catch::Contains(std::to_string(searched)));
+            REQUIRE(e.smallest_budget());
+            CHECK(*e.smallest_budget() >= least);
+        }
+    }
+    CHECK(between >= 3);
+}

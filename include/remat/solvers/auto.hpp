@@ -164,6 +164,17 @@ struct Reach {
     std::optional<Bytes> least;
 };
 
+// The exact search's proven lower bound on the least peak (its bounds alone, no search), on
+// problems within its limits.
+[[nodiscard]] inline std::optional<Bytes> exact_search_bound(const Problem& problem) {
+    if (problem.data_count() > 128) return std::nullopt;
+    try {
+        return Exhaustive{}.least_budget_bound(problem);
+    } catch (const InvalidInput&) {  // more than 64 exactly-once ops
+        return std::nullopt;
+    }
+}
+
 // Why no solver Auto tried has a plan: below the proven lower bound, below the least peak of
 // any schedule (the exact search's proof), or only beyond the reach of the solvers tried,
 // naming the one that reaches lowest.
@@ -179,9 +190,14 @@ struct Reach {
             least = r.least;
             lowest = &r;
         }
+    const std::optional<Bytes> searched = exact_search_bound(problem);
     if (budget < bound.bytes) {
         message += "the budget is below a proven lower bound: every schedule needs at least " +
                    std::to_string(bound.bytes) + " bytes (" + bound.reason + ")";
+    } else if (searched && budget < *searched && !exact_least) {
+        message += "the budget is below a proven lower bound: every schedule needs at least " + std::to_string(*searched) +
+                   " bytes (the exact search's bounds: what exists before an exactly-once op and is needed after it, "
+                   "beside that op, less what can be dropped and written again)";
     } else if (exact_least) {
         message += "the budget is below a proven lower bound: the exact search finds no schedule within it, and the "
                    "least peak of any schedule is " + std::to_string(*exact_least) + " bytes";
@@ -202,7 +218,9 @@ struct Reach {
 // carries the smallest budget `least` says (called only then).
 template <class Least>
 void refuse_below_bound(const Problem& problem, Bytes budget, Least&& least) {
-    if (budget < memory_lower_bound(problem).bytes) throw infeasible(problem, budget, {{"auto", least()}});
+    const std::optional<Bytes> searched = exact_search_bound(problem);
+    if (budget < memory_lower_bound(problem).bytes || (searched && budget < *searched))
+        throw infeasible(problem, budget, {{"auto", least()}});
 }
 
 // The smallest budget known without an analysis: the greedy's, and RotorRelease's on a chain.

@@ -258,7 +258,7 @@ public:
                             dropped_key = std::min(dropped_key, key);
                             return;
                         }
-                        throw SolverError(
+                        throw TooLarge(
                             "exhaustive search on '" + p_.name() + "' " +
                             (nodes.size() >= options_.max_states
                                  ? "exceeded " + std::to_string(options_.max_states) +
@@ -807,6 +807,18 @@ public:
         c.lower_bound = result.lower_bound;
         c.complete = !result.stopped;
         return c;
+    }
+
+    /// A proven lower bound on the least peak of any valid schedule, from the search's bounds
+    /// alone, without searching (microseconds to milliseconds): the smallest budget at which
+    /// the memory and recompute bounds do not rule out the start. Often the least peak itself;
+    /// core/bounds.hpp's memory_lower_bound may still be higher (it also counts what writers
+    /// of needed data need), so a caller takes the larger.
+    [[nodiscard]] Bytes least_budget_bound(const Problem& problem) const {
+        ExhaustiveOptions o = options_;
+        o.memory_bound = true;
+        o.recompute_bound = true;
+        return detail::exhaustive::ExhaustiveSearch(problem, o).least_budget_bound(0);
     }
 
     /// The least peak of any valid schedule: the smallest budget any solver can meet.
