@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <iostream>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -243,11 +244,17 @@ TEST_CASE("hrockmate: within 10 % of the exact optimum on small graphs, 5 % on a
         const HRockmateModel model = solver.analyse(p);
         for (int k = 0; k <= 2; ++k) {
             const Bytes budget = least + (ref.peak - least) * k / 4;
-            const Plan best = exact.solve(p, budget);
+            std::optional<Plan> best;
+            try {
+                best = exact.solve(p, budget);
+            } catch (const SolverError&) {  // the least peak is within the reference's reach, this budget's optimum is not
+                ++skipped;
+                continue;
+            }
             const Plan plan = solver.solve(model, budget);
             check_plan(p, plan, budget);
-            const double gap = plan.time / best.time - 1.0;
-            INFO(p.name() << " (" << p.op_count() << " ops) at " << budget << ": " << plan.time << " vs optimum " << best.time);
+            const double gap = plan.time / best->time - 1.0;
+            INFO(p.name() << " (" << p.op_count() << " ops) at " << budget << ": " << plan.time << " vs optimum " << best->time);
             CHECK(gap <= 0.10);
             CHECK(gap >= -1e-9);
             ++cases;
@@ -257,7 +264,7 @@ TEST_CASE("hrockmate: within 10 % of the exact optimum on small graphs, 5 % on a
         }
     }
     REQUIRE(cases >= 30);
-    std::cout << "hrockmate on " << cases << " small cases (" << skipped << " graphs beyond the exact reference): optimal in "
+    std::cout << "hrockmate on " << cases << " small cases (" << skipped << " graphs or budgets beyond the exact reference): optimal in "
               << exact_hits << ", mean gap " << 100.0 * total_gap / double(cases) << " %, worst " << 100.0 * worst_gap << " %\n";
     CHECK(total_gap / double(cases) <= 0.05);
 }

@@ -303,6 +303,15 @@ public:
         return {};
     }
 
+    /// A budget no step can exceed: every data live at once, with the largest overhead.
+    [[nodiscard]] Bytes unconstrained_budget() const {
+        Bytes everything = 0;
+        for (const Bytes b : bytes_) everything += b;
+        Bytes largest_overhead = 0;
+        for (std::size_t k = 0; k < p_.op_count(); ++k) largest_overhead = std::max(largest_overhead, p_.op(OpId{k}).overhead);
+        return everything + largest_overhead;
+    }
+
     /// A proven lower bound on the least peak of any schedule, at least `floor`, from the
     /// bounds alone (no search): the smallest budget at which they do not rule out the start
     /// state. The memory bound only grows as the budget shrinks, so a bisection finds it.
@@ -313,11 +322,7 @@ public:
                    heuristic(root, budget, options_.memory_bound ? tight_units(budget) : 0) <
                        std::numeric_limits<double>::infinity();
         };
-        Bytes everything = 0;  // every data live at once, with the largest overhead: no bound rules it out
-        for (const Bytes b : bytes_) everything += b;
-        Bytes largest_overhead = 0;
-        for (std::size_t k = 0; k < p_.op_count(); ++k) largest_overhead = std::max(largest_overhead, p_.op(OpId{k}).overhead);
-        Bytes low = floor, high = std::max(floor, everything + largest_overhead);
+        Bytes low = floor, high = std::max(floor, unconstrained_budget());
         if (possible(low) || !possible(high)) return low;
         while (high - low > 1) {  // possible(high), not possible(low)
             const Bytes middle = low + (high - low) / 2;
@@ -756,24 +761,19 @@ public:
         const detail::exhaustive::ExhaustiveSearch search(problem, options_);
         auto result = search.run(detail::exhaustive::SearchGoal::least_time, budget);
         if (!result.found) {
-            // The smallest budget, in the time that is left (the limit covers both searches).
-            ExhaustiveOptions rest = options_;
-            rest.time_limit_seconds = tightened_time_limit(options_.time_limit_seconds,
-                                                           options_.time_limit_seconds - seconds_since(start));
+            // The smallest budget, in the time that is left (the limit covers every search).
             const std::string none = "no schedule of '" + problem.name() + "' fits " + std::to_string(budget) + " bytes";
-            Bytes smallest = 0;
-            try {
-                smallest = detail::exhaustive::ExhaustiveSearch(problem, rest)
-                               .run(detail::exhaustive::SearchGoal::least_peak, std::numeric_limits<Bytes>::max())
-                               .peak;
-            } catch (const SolverError&) {
-                const Bytes at_least = search.least_budget_bound(budget + 1);
-                throw Infeasible(none + "; the smallest feasible budget is at least " + std::to_string(at_least) +
-                                     " bytes (a proven bound), and the search's limits ran out before the exact one was found",
-                                 budget, std::nullopt);
-            }
-            throw Infeasible(none + "; the smallest feasible budget is " + std::to_string(smallest) + " bytes", budget,
-                             smallest);
+            const LeastPeak smallest = least_peak(problem, budget + 1, start);
+            if (!smallest.peak)
+                throw Infeasible(none + "; the smallest feasible budget is at least " + std::to_string(smallest.at_least) +
+                                     " bytes (a proven bound)" +
+                                     (smallest.feasible ? " and at most " + std::to_string(*smallest.feasible) +
+                                                              " bytes (a schedule fits it)"
+                                                        : std::string()) +
+                                     ", and the search's limits ran out before the exact one was found",
+                                 budget, smallest.feasible);
+            throw Infeasible(none + "; the smallest feasible budget is " + std::to_string(*smallest.peak) + " bytes",
+                             budget, smallest.peak);
         }
         SolverStats stats{std::string(name()), 0.0, options_.weight == 1.0 ? SolveStatus::optimal : SolveStatus::feasible,
                           std::nullopt, options_.weight == 1.0 ? "" : "weight=" + std::to_string(options_.weight)};
@@ -826,13 +826,75 @@ public:
         return smallest_budget(problem);
     }
     [[nodiscard]] Bytes smallest_budget(const Problem& problem) const {
-        const detail::exhaustive::ExhaustiveSearch search(problem, options_);
-        const auto result = search.run(detail::exhaustive::SearchGoal::least_peak, std::numeric_limits<Bytes>::max());
-        if (!result.found) throw InvalidInput("problem '" + problem.name() + "' has no valid schedule at all");
-        return result.peak;
+        const LeastPeak least = least_peak(problem, 0, std::chrono::steady_clock::now());
+        if (least.none_at_all) throw InvalidInput("problem '" + problem.name() + "' has no valid schedule at all");
+        if (!least.peak)
+            throw SolverError("exhaustive search on '" + problem.name() + "': the limits ran out before the least peak "
+                              "was found; it is at least " + std::to_string(least.at_least) +
+                              " bytes (raise ExhaustiveOptions' limits, or use checkmate)");
+        return *least.peak;
     }
 
 private:
+    struct LeastPeak {
+        std::optional<Bytes> peak;      // the least peak of any schedule, when the searches finished
+        Bytes at_least = 0;             // proven: every schedule's peak is at least this
+        std::optional<Bytes> feasible;  // the least peak of a schedule found
+        bool none_at_all = false;       // proven: no valid schedule exists
+    };
+    // The least peak of any schedule, known to be at least `floor`, in two phases. First a
+    // schedule under a ceiling: ceilings grow from the bounds' own least budget, an eighth more
+    // each time, and at each a brief search for any schedule within it (weighted A*: the
+    // bound steers it to a goal; the bounds at the ceiling prune it); a search that ends with
+    // none proves the least peak above the ceiling, one that runs out of states proves
+    // nothing. Then, with a schedule of peak p, one exact least-peak search below p, pruned by
+    // the bounds at p, settles the rest. One time limit, counted from `start`, covers all.
+    [[nodiscard]] LeastPeak least_peak(const Problem& problem, Bytes floor, std::chrono::steady_clock::time_point start) const {
+        using detail::exhaustive::ExhaustiveSearch;
+        using detail::exhaustive::SearchGoal;
+        const ExhaustiveSearch bounds(problem, options_);
+        const Bytes unconstrained = bounds.unconstrained_budget();
+        const auto rest = [&](double weight, std::size_t max_states) {
+            ExhaustiveOptions o = options_;
+            o.weight = weight;
+            o.max_states = std::min(o.max_states, max_states);
+            o.time_limit_seconds = tightened_time_limit(options_.time_limit_seconds,
+                                                        options_.time_limit_seconds - seconds_since(start));
+            return o;
+        };
+        constexpr std::size_t brief = 100'000;  // states of one probe below the unconstrained budget
+        LeastPeak out;
+        out.at_least = bounds.least_budget_bound(floor);
+        try {
+            for (Bytes ceiling = out.at_least; !out.feasible;) {
+                const bool last = ceiling >= unconstrained;
+                try {
+                    const auto any = ExhaustiveSearch(problem, rest(8.0, last ? options_.max_states : brief))
+                                         .run(SearchGoal::least_time, last ? std::numeric_limits<Bytes>::max() : ceiling);
+                    if (any.found) {
+                        out.feasible = any.peak;
+                    } else if (last) {
+                        out.none_at_all = true;
+                        return out;
+                    } else {
+                        out.at_least = ceiling + 1;
+                    }
+                } catch (const TooLarge&) {  // the probe's state cap: nothing proven at this ceiling
+                    if (last) throw;
+                }
+                ceiling = std::min(unconstrained, ceiling + std::max<Bytes>(1, ceiling / 8));
+            }
+            if (*out.feasible > out.at_least) {
+                const auto least = ExhaustiveSearch(problem, rest(1.0, options_.max_states))
+                                       .run(SearchGoal::least_peak, *out.feasible - 1);
+                if (least.found) out.feasible = least.peak;
+            }
+            out.peak = out.at_least = *out.feasible;
+        } catch (const SolverError&) {  // a limit: what is proven stands
+        }
+        return out;
+    }
+
     ExhaustiveOptions options_;
 };
 
