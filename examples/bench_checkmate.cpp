@@ -190,7 +190,9 @@ Outcome solve_exactly(const Problem& problem, Bytes budget, double seconds, Sear
     options.max_states = 20'000'000;
     Outcome out = outcome_of([&] { return Exhaustive(options).solve(problem, budget); },
                              {Outcome::Kind::optimal, Outcome::Kind::no_solution, Outcome::Kind::not_built});
-    out.smallest_proven = out.smallest.has_value();  // the search's smallest budget is the exact least peak
+    // Exact unless the search's limits ran out first ("at least X bytes ... and at most Y"): then
+    // the smallest budget is the least peak of a schedule it found.
+    out.smallest_proven = out.smallest.has_value() && out.message.find("is at least") == std::string::npos;
     return out;
 }
 

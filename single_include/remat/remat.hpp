@@ -2388,6 +2388,22 @@ struct SearchStateHash {
     }
 };
 
+// A state the search reached: the cheapest path to it known so far.
+struct SearchNode {
+    double time;
+    Bytes peak;
+    SearchState parent;
+    Step action;  // from the parent: a run (with the frees of what it leaves dead) or a free
+    bool closed;
+};
+// A state in the search's queue, with the keys it is ordered by.
+struct QueueEntry {
+    double key_time;
+    Bytes key_peak;
+    double time;
+    SearchState state;
+};
+
 // What minimises the path cost: total time within a budget, or the peak itself.
 enum class SearchGoal { least_time, least_peak };
 
@@ -2461,20 +2477,9 @@ public:
     /// throwing. Without it, the limits throw SolverError.
     Result run(SearchGoal goal, Bytes budget, std::optional<double> below = std::nullopt) const {
         const auto start = std::chrono::steady_clock::now();
-        struct Node {
-            double time;
-            Bytes peak;
-            SearchState parent;
-            Step action;  // from the parent: a run (with the frees of what it leaves dead) or a free
-            bool closed;
-        };
+        using Node = SearchNode;
+        using Entry = QueueEntry;
         std::unordered_map<SearchState, Node, SearchStateHash> nodes;
-        struct Entry {
-            double key_time;
-            Bytes key_peak;
-            double time;
-            SearchState state;
-        };
         const auto worse = [goal](const Entry& a, const Entry& b) {
             if (goal == SearchGoal::least_time)
                 return a.key_time != b.key_time ? a.key_time > b.key_time : a.key_peak > b.key_peak;
@@ -2508,9 +2513,6 @@ public:
                                       std::to_string(options_.time_limit_seconds) + " s (use checkmate or rockmate)");
                 }
             }
-            const double g = node.time;
-            const Bytes peak_so_far = node.peak;
-            const Bytes mem = memory(s.live);
             // Consecutive frees commute: they are generated in increasing data order only.
             const std::size_t first_free = s == root || node.action.is_run() ? 0 : node.action.data().index + 1;
 
@@ -2540,42 +2542,14 @@ public:
                             dropped_key = std::min(dropped_key, key);
                             return;
                         }
-                        throw TooLarge(
-                            "exhaustive search on '" + p_.name() + "' " +
-                            (nodes.size() >= options_.max_states
-                                 ? "exceeded " + std::to_string(options_.max_states) +
-                                       " states (raise ExhaustiveOptions::max_states, or use checkmate or hrockmate)"
-                                 : "reached its memory cap of " + std::to_string(options_.max_memory_bytes >> 20) +
-                                       " MiB at " + std::to_string(nodes.size()) + " states and " +
-                                       std::to_string(open.size()) +
-                                       " queued (raise ExhaustiveOptions::max_memory_bytes, or use checkmate or hrockmate)"));
+                        throw TooLarge(limit_message(nodes.size(), open.size()));
                     }
                     nodes.emplace(next, Node{time, peak, s, action, false});
                 }
                 open.push({key, peak, time, next});
             };
 
-            // Run an op: its reads live, its writes not all live already (else it changes nothing),
-            // an exactly-once op not run yet; then free what is dead.
-            for (std::size_t k = 0; k < p_.op_count(); ++k) {
-                const Op& op = p_.op(OpId{k});
-                const int unit = unit_of_[k];
-                if (unit >= 0 && (s.done >> unit & 1U)) continue;
-                if ((op_reads_[k] & s.live) != op_reads_[k]) continue;
-                const DataMask writes = op_writes_[k];
-                if (unit < 0 && (writes & ~s.live).empty()) continue;
-                const Bytes during = mem + memory(writes & ~s.live) + op.overhead;
-                if (during > budget) continue;
-                SearchState next{s.live | writes, unit >= 0 ? s.done | (std::uint64_t{1} << unit) : s.done};
-                next.live = next.live & ~dead_data(next);
-                relax(next, g + op.time, std::max(peak_so_far, during), Step::run(OpId{k}));
-            }
-            // Free a live data that is not initial.
-            for (std::size_t d = first_free; d < p_.data_count(); ++d) {
-                if (!s.live.test(d) || initial_mask_.test(d)) continue;
-                const SearchState next{s.live & ~DataMask::bit(d), s.done};
-                relax(next, g, peak_so_far, Step::free(DataId{d}));
-            }
+            expand(s, node.time, node.peak, budget, first_free, relax);
             // A state left out for the state or memory limit may lead to a faster schedule: what is
             // proven is what the queue still holds, at least this node's key.
             if (out_of_states) return stopped_at(std::min(top.key_time, dropped_key), *below);
@@ -2614,12 +2588,50 @@ public:
     }
 
 private:
+    // The successors of `s` (reached in `time`, with the largest memory so far `peak`), each
+    // passed to relax(next, time, peak, step). Run an op: its reads live, its writes not all
+    // live already (else it changes nothing), an exactly-once op not run yet, within the
+    // budget while it runs; then free what is dead. Or free a live data that is not initial,
+    // from `first_free` on.
+    template <class Relax>
+    void expand(const SearchState& s, double time, Bytes peak, Bytes budget, std::size_t first_free, Relax& relax) const {
+        const Bytes mem = memory(s.live);
+        for (std::size_t k = 0; k < p_.op_count(); ++k) {
+            const Op& op = p_.op(OpId{k});
+            const int unit = unit_of_[k];
+            if (unit >= 0 && (s.done >> unit & 1U)) continue;
+            if ((op_reads_[k] & s.live) != op_reads_[k]) continue;
+            const DataMask writes = op_writes_[k];
+            if (unit < 0 && (writes & ~s.live).empty()) continue;
+            const Bytes during = mem + memory(writes & ~s.live) + op.overhead;
+            if (during > budget) continue;
+            SearchState next{s.live | writes, unit >= 0 ? s.done | (std::uint64_t{1} << unit) : s.done};
+            next.live = next.live & ~dead_data(next);
+            relax(next, time + op.time, std::max(peak, during), Step::run(OpId{k}));
+        }
+        for (std::size_t d = first_free; d < p_.data_count(); ++d) {
+            if (!s.live.test(d) || initial_mask_.test(d)) continue;
+            relax(SearchState{s.live & ~DataMask::bit(d), s.done}, time, peak, Step::free(DataId{d}));
+        }
+    }
+
+    // Why the search stopped at its state or memory cap, and what to do.
+    [[nodiscard]] std::string limit_message(std::size_t states, std::size_t queued) const {
+        const std::string head = "exhaustive search on '" + p_.name() + "' ";
+        if (states >= options_.max_states)
+            return head + "exceeded " + std::to_string(options_.max_states) +
+                   " states (raise ExhaustiveOptions::max_states, or use checkmate or hrockmate)";
+        return head + "reached its memory cap of " + std::to_string(options_.max_memory_bytes >> 20) + " MiB at " +
+               std::to_string(states) + " states and " + std::to_string(queued) +
+               " queued (raise ExhaustiveOptions::max_memory_bytes, or use checkmate or hrockmate)";
+    }
+
     // What the state table and the queue hold, estimated from their element counts: a hash
     // node (the key, the value, its next pointer and cached hash) and a bucket per state.
     template <class Nodes>
     [[nodiscard]] static std::size_t estimated_bytes(const Nodes& nodes, std::size_t queued) {
         constexpr std::size_t per_state = sizeof(typename Nodes::value_type) + 3 * sizeof(void*);
-        constexpr std::size_t per_entry = sizeof(SearchState) + 3 * sizeof(double);
+        constexpr std::size_t per_entry = sizeof(QueueEntry);
         return nodes.size() * per_state + queued * per_entry;
     }
 
@@ -2821,12 +2833,6 @@ private:
         });
     }
 
-    // A third admissible bound, on the repeatable ops the budget forces: when a unit still to
-    // run runs, the initial data, its member's reads and writes, and whatever is live now and
-    // still needed after it (and no unit still to run writes) must fit the budget with the
-    // member's overhead, or some of that live data must be dropped and written again later.
-    // The cheapest drop is a fractional knapsack over rewrite shares. The largest over the
-    // units counts (the same rewrites may serve several); infinite when no drop suffices.
     // The units for which the budget may force a drop: a member's footprint and overhead with
     // everything needed after it exceeds the budget (else the bound is 0 for the unit).
     [[nodiscard]] std::uint64_t tight_units(Bytes budget) const {
@@ -2840,6 +2846,14 @@ private:
         }
         return tight;
     }
+    // A third admissible bound, on the repeatable runs the budget forces: when a unit still to
+    // run runs, the initial data, its member's reads and writes and overhead, and every data
+    // that exists before it (live now, written by a unit that must run before it, or needed to
+    // produce what it or such a unit reads) and that a unit which must run after it reads (and
+    // no unit that may run later writes) must fit the budget, or some of those data must be
+    // dropped and written again after it by a repeatable op. The cheapest drop is a fractional
+    // knapsack over rewrite shares. The largest over the units counts (one rewrite may serve
+    // several); infinite when no drop suffices.
     [[nodiscard]] double memory_bound(const SearchState& s, Bytes budget, std::uint64_t tight) const {
         const std::uint64_t remaining = all_done_ & ~s.done;
         double forced = 0.0;
