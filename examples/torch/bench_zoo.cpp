@@ -13,9 +13,12 @@
 //   - `--steps` SGD steps through the plan against the same steps of plain autograd (the
 //     module run eagerly, graph-executor optimizations off) from the same parameters,
 //     buffers and seed: whether every gradient, buffer and parameter is equal bit for bit
-//     (else the largest difference), and the predicted against the measured peak.
+//     (else the largest difference), and the predicted against the measured peak; and step by
+//     step, how many ops measured more than the simulator predicted for them, by how much at
+//     most (`--trace` lists every op whose measured memory differs from its prediction).
 //
 //   bench_zoo --manifest FILE [--only NAME[,NAME...]] [--budgets 50,30] [--steps 2] [--repeats 1] [--time-limit 20]
+//             [--trace]
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
@@ -57,6 +60,7 @@ struct Options {
     int steps = 2;
     std::size_t repeats = 1;
     double time_limit = 20.0;  // of Auto's analysis of one model
+    bool trace = false;
 };
 
 struct Entry {
@@ -89,6 +93,8 @@ Options parse(int argc, char** argv) {
             for (const std::string& b : split(next())) o.budgets.push_back(std::stod(b));
         } else if (a == "--steps") {
             o.steps = std::stoi(next());
+        } else if (a == "--trace") {
+            o.trace = true;
         } else if (a == "--repeats") {
             o.repeats = static_cast<std::size_t>(std::stoul(next()));
         } else if (a == "--time-limit") {
@@ -96,7 +102,7 @@ Options parse(int argc, char** argv) {
         } else {
             throw remat::InvalidInput("unknown option '" + a +
                                       "'\nusage: bench_zoo --manifest FILE [--only NAMES] [--budgets 50,30] [--steps N] "
-                                      "[--repeats N] [--time-limit S]");
+                                      "[--repeats N] [--time-limit S] [--trace]");
         }
     }
     if (o.manifest.empty()) throw remat::InvalidInput("--manifest FILE is required (scripts/zoo writes it)");
@@ -193,10 +199,32 @@ Trajectory train_plain(torch::jit::Module& m, const std::vector<at::Tensor>& inp
 struct Planned {
     Trajectory trajectory;
     Bytes predicted_peak = 0, measured_peak = 0;
+    std::size_t ops_above_prediction = 0;  // over all steps
+    Bytes most_above_prediction = 0;
 };
 
+// Each op's measured memory against the simulator's, into `p`; with `trace`, every op that
+// differs, on stderr.
+void compare_steps(const remat::Problem& problem, const remat::ExecutionPlan& prepared,
+                   const remat::StepReport& report, bool trace, Planned& p) {
+    const remat::Schedule& schedule = prepared.schedule();
+    for (std::size_t i = 0; i < schedule.size(); ++i) {
+        const Bytes measured = report.measured_timeline[i];
+        if (measured < 0 || !schedule[i].is_run()) continue;
+        const Bytes predicted = prepared.simulation().timeline[i].during;
+        if (measured > predicted) {
+            ++p.ops_above_prediction;
+            p.most_above_prediction = std::max(p.most_above_prediction, measured - predicted);
+        }
+        if (trace && measured != predicted)
+            std::fprintf(stderr, "      step %4zu %-28s predicted %9lld measured %9lld (%+lld B)\n", i,
+                         remat::describe(problem, schedule[i]).c_str(), static_cast<long long>(predicted),
+                         static_cast<long long>(measured), static_cast<long long>(measured - predicted));
+    }
+}
+
 Planned train_planned(const remat::torch::ScriptExecutor<>& ex, const remat::Plan& plan, const std::vector<at::Tensor>& inputs,
-                      const std::vector<at::Tensor>& buffers, int steps) {
+                      const std::vector<at::Tensor>& buffers, int steps, bool trace) {
     const auto prepared = ex.prepare(plan);
     Planned p;
     p.predicted_peak = prepared.predicted_peak();
@@ -204,6 +232,7 @@ Planned train_planned(const remat::torch::ScriptExecutor<>& ex, const remat::Pla
         at::manual_seed(100 + s);
         const auto result = ex.step(prepared, inputs, loss_of);
         p.measured_peak = std::max(p.measured_peak, result.report.measured_peak);
+        compare_steps(ex.problem(), prepared, result.report, trace, p);
         sgd_and_record(ex.parameters(), buffers, p.trajectory);
     }
     return p;
@@ -309,13 +338,16 @@ void run_entry(const Entry& e, const Options& o) {
             continue;
         }
         restore(start, cap.parameters(), buffers);
-        const Planned planned = train_planned(ex, *plan, inputs, buffers, o.steps);
+        const Planned planned = train_planned(ex, *plan, inputs, buffers, o.steps, o.trace);
         std::printf("    budget %3.0f%%: %-9s overhead %+6.1f%%  peak predicted %9s measured %9s (%+.2f%%)  %s\n", b,
                     plan->stats.solver.c_str(), 100.0 * (plan->time / reference.time - 1.0),
                     remat::format_bytes(planned.predicted_peak).c_str(),
                     remat::format_bytes(planned.measured_peak).c_str(),
                     100.0 * (double(planned.measured_peak) / double(planned.predicted_peak) - 1.0),
                     compare(plain, planned.trajectory).c_str());
+        if (planned.ops_above_prediction > 0)
+            std::printf("                 %zu op runs measured above their prediction, by up to %s\n",
+                        planned.ops_above_prediction, remat::format_bytes(planned.most_above_prediction).c_str());
     }
     restore(start, cap.parameters(), buffers);
 }

@@ -11509,9 +11509,11 @@ concept HasClock = requires(const B& backend) {
 // offloading engine's backend adapter (backend_compute.hpp). Standard library only.
 //
 // docs/design.md §6 (execution engine):
-//   - a forward with grad whose saved state is already live only rewrites its missing
-//     activations, one whose activations are all live does nothing, and live activations are
-//     released before they are rewritten (the simulator counts a rewritten data once);
+//   - a forward with grad whose saved state is already live rewrites its missing activations
+//     without grad when that run's overhead is no larger than its own (the simulator counts
+//     the forward with grad's), else it releases the saved state and runs with grad; a
+//     forward whose activations are all live does nothing; live data are released before
+//     they are rewritten (the simulator counts a rewritten data once);
 //   - the generators' state is read at the first run of a unit the plan recomputes, and put
 //     back around each recomputation; when a plan runs random units out of the model's order,
 //     their states are drawn ahead in the model's order (DrawsLike) and every run replays them.
@@ -11537,6 +11539,9 @@ public:
         for (const DataId d : predicting.initial()) live_[d.index] = 1;
         rng_.resize(table.units);
         ran_.assign(table.units, 0);
+        no_grad_overhead_.assign(table.units, std::nullopt);
+        for (std::size_t k = 0; k < predicting.op_count(); ++k)
+            if (table.op_role[k] == ExecOpRole::forward) no_grad_overhead_[table.op_unit[k]] = predicting.op(OpId{k}).overhead;
     }
 
     /// Whether a data is live at this point of the step (the simulator's view).
@@ -11571,9 +11576,13 @@ public:
         }
     }
 
-    // Whether a forward runs with grad, or nullopt when it has nothing to do: a forward with
-    // grad whose saved state is live only rewrites missing activations, one whose activations
-    // are all live does nothing. Live activations it rewrites are released now.
+    // Whether a forward runs with grad, or nullopt when it has nothing to do (its activations
+    // are live, and so is its saved state if it is a forward with grad). A forward with grad
+    // whose saved state is live needs only its missing activations. The simulator counts the
+    // op's own overhead for it, so the run without grad does that only when its overhead is no
+    // larger (a group whose intermediates are saved with grad holds them as transients
+    // without); otherwise the saved state is released and rewritten, as the simulator counts
+    // it: once. Live data it rewrites are released now.
     /// Before the op's measured window.
     std::optional<bool> forward_to_run(Backend& backend, OpId k, bool with_grad) {
         const Op& op = problem_->op(k);
@@ -11584,10 +11593,14 @@ public:
             else
                 activations_live = activations_live && live_[d.index];
         }
-        if (with_grad && saved_live) with_grad = false;
+        if (with_grad && saved_live) {
+            if (activations_live) return std::nullopt;
+            const std::optional<Bytes>& without_grad = no_grad_overhead_[table_->op_unit[k.index]];
+            with_grad = !without_grad || *without_grad > op.overhead;
+        }
         if (!with_grad && activations_live) return std::nullopt;
         for (const DataId d : op.writes)
-            if (!is_saved(d) && live_[d.index]) release(backend, d);
+            if (live_[d.index] && (with_grad || !is_saved(d))) release(backend, d);
         return with_grad;
     }
 
@@ -11673,6 +11686,7 @@ private:
     std::vector<std::optional<RngState>> rng_;
     std::optional<RngState> chain_end_;
     std::vector<char> ran_;
+    std::vector<std::optional<Bytes>> no_grad_overhead_;  // per unit: its forward without grad's, when it has one
 };
 
 }  // namespace remat
@@ -11685,10 +11699,11 @@ private:
 // loss when the model is called, the rest when the caller back-propagates — and the engine
 // owns everything that does not depend on the framework:
 //   - the phases, with the loss boundary between them, and the order they may be called in;
-//   - which forward really runs: a forward with grad whose saved state is already live only
-//     rewrites its missing activations, one whose activations are all live does nothing, and
-//     live activations are released before they are rewritten (the simulator counts them
-//     once), outside the measured window;
+//   - which forward really runs: a forward with grad whose saved state is already live
+//     rewrites its missing activations without grad when that costs no more overhead, else
+//     it rewrites the saved state too; one whose activations are all live does nothing; live
+//     data are released before they are rewritten (the simulator counts them once), outside
+//     the measured window;
 //   - random-number replay: the generators' state is read before the measured window at the
 //     first run of a unit the plan recomputes, and put back around each recomputation; when a
 //     plan runs random units out of the model's order, their states are drawn ahead in the

@@ -7,6 +7,7 @@
 // names the failing plan step and leaves the allocator where it started.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <random>
@@ -302,6 +303,71 @@ TEST_CASE("executor: recomputations replay the first run's random numbers", "[ex
     CHECK(s.shared.generator == generator_after_forward);    // and the sequence put back
     for (std::size_t u = 1; u <= s.stages; ++u) CHECK(s.shared.buffers[u] == 1);  // once per step
     CHECK(step.report().forward_runs == 2 * s.stages);
+}
+
+// The chain's problem with its forwards without grad given `extra` bytes more overhead than
+// those with grad, as a captured group whose intermediates autograd saves has.
+Problem with_no_grad_overhead(const Problem& p, std::size_t stages, Bytes extra) {
+    const ChainIds ids = chain_ids(stages);
+    ProblemBuilder builder(p.name());
+    for (const Data& d : p.all_data()) builder.add_data(d.name, d.bytes);
+    for (std::size_t k = 0; k < p.op_count(); ++k) {
+        const Op& op = p.op(OpId{k});
+        const bool no_grad = std::any_of(ids.fwd.begin() + 1, ids.fwd.end(), [&](OpId f) { return f.index == k; });
+        builder.add_op({op.name, op.time, op.overhead + (no_grad ? extra : 0), op.reads, op.writes, op.exactly_once});
+    }
+    for (const DataId d : p.initial()) builder.add_initial(d);
+    for (const DataId d : p.final_data()) builder.add_final(d);
+    builder.set_loss(*p.loss());
+    const auto order = p.autograd_order();
+    builder.set_autograd_order({order.begin(), order.end()});
+    return builder.build();
+}
+
+TEST_CASE("executor: a forward with grad whose saved state is live runs as the simulator counts it", "[executor]") {
+    // Stage 1's forward with grad runs again before the backward of stage 2, which reads a_1,
+    // while s_1 is still live. Rewriting a_1 without grad keeps s_1 but pays the forward
+    // without grad's overhead; the simulator counts the forward with grad's. The engine runs
+    // without grad only when that costs no more, and otherwise rewrites s_1 too.
+    for (const Bytes extra : {Bytes{0}, Bytes{4096}}) {
+        INFO("extra overhead without grad: " << extra);
+        Setup s = chain_setup(3, 3);
+        s.problem = with_no_grad_overhead(s.problem, s.stages, extra);
+        s.shared.memory.allocate(s.problem.initial_bytes());
+        const Engine engine(s.problem, s.problem, s.table);
+        const ChainIds ids = chain_ids(s.stages);
+        Schedule schedule;
+        for (std::size_t l = 1; l <= s.stages; ++l) schedule.push_back(Step::run(ids.fwd_grad[l]));
+        schedule.push_back(Step::free(ids.a[1]));
+        schedule.push_back(Step::run(ids.loss));
+        for (std::size_t l = s.stages; l >= 1; --l) {
+            if (l == 2) schedule.push_back(Step::run(ids.fwd_grad[1]));
+            schedule.push_back(Step::run(ids.bwd[l]));
+            schedule.push_back(Step::free(ids.s[l]));
+            schedule.push_back(Step::free(ids.a[l]));
+            schedule.push_back(Step::free(ids.g[l]));
+        }
+        const ExecutionPlan plan = engine.prepare(schedule);
+        const std::size_t before = s.shared.calls.size();
+        const StepReport r = run_step(engine, s, plan);
+        CHECK(r.completed);
+        const auto& timeline = plan.simulation().timeline;
+        for (std::size_t i = 0; i < timeline.size(); ++i) {
+            if (r.measured_timeline[i] < 0) continue;
+            INFO("step " << i << " " << describe(s.problem, schedule[i]));
+            const Bytes expected = schedule[i].is_run() ? timeline[i].during : timeline[i].after;
+            if (extra > 0)
+                CHECK(r.measured_timeline[i] == expected);
+            else
+                CHECK(r.measured_timeline[i] <= expected);
+        }
+        CHECK(r.measured_peak <= r.predicted_peak);
+        // Which forward the recomputation ran: without grad when it costs no more.
+        const std::vector<std::string> calls(s.shared.calls.begin() + static_cast<std::ptrdiff_t>(before), s.shared.calls.end());
+        const std::string rerun = extra > 0 ? s.problem.op(ids.fwd_grad[1]).name : s.problem.op(ids.fwd[1]).name;
+        CHECK(std::count(calls.begin(), calls.end(), rerun) == (extra > 0 ? 2 : 1));
+        if (extra > 0) CHECK(std::count(calls.begin(), calls.end(), "free " + s.problem.data(ids.s[1]).name) == 2);
+    }
 }
 
 TEST_CASE("executor: a failure at any call rolls back, names the step and leaks nothing", "[executor]") {

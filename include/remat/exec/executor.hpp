@@ -5,10 +5,11 @@
 // loss when the model is called, the rest when the caller back-propagates — and the engine
 // owns everything that does not depend on the framework:
 //   - the phases, with the loss boundary between them, and the order they may be called in;
-//   - which forward really runs: a forward with grad whose saved state is already live only
-//     rewrites its missing activations, one whose activations are all live does nothing, and
-//     live activations are released before they are rewritten (the simulator counts them
-//     once), outside the measured window;
+//   - which forward really runs: a forward with grad whose saved state is already live
+//     rewrites its missing activations without grad when that costs no more overhead, else
+//     it rewrites the saved state too; one whose activations are all live does nothing; live
+//     data are released before they are rewritten (the simulator counts them once), outside
+//     the measured window;
 //   - random-number replay: the generators' state is read before the measured window at the
 //     first run of a unit the plan recomputes, and put back around each recomputation; when a
 //     plan runs random units out of the model's order, their states are drawn ahead in the
