@@ -13,6 +13,7 @@
 #include <cmath>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -168,10 +169,11 @@ remat::torch::StepReport check_against_plain_args(torch::jit::Module& m, const S
     for (std::size_t i = 0; i < timeline.size(); ++i)
         if (result.report.measured_timeline[i] >= 0)
             worst = std::max(worst, result.report.measured_timeline[i] - timeline[i].during);
-    // 1 % plus 2 KiB: on the tiny op-level models of these tests (peaks of ~10 KiB) a few
-    // backward ops hold up to ~1.7 KiB of allocator scratch the profile did not see (known,
-    // not yet explained); models of real size stay within 1 %.
-    CHECK(worst <= 2048 + prepared.predicted_peak() / 100);
+    // Exact on the CPU's tracking allocator. On a GPU, step by step, the tolerance these
+    // checks passed on an H100 (1 % plus 2 KiB; the caching allocator rounds every block).
+    const Bytes slack = std::is_same_v<Probe, remat::torch::CpuMemoryProbe> ? 0 : 2048 + prepared.predicted_peak() / 100;
+    INFO("the largest excess of an op's measured memory over its prediction: " << worst << " B");
+    CHECK(worst <= slack);
     return result.report;
 }
 
