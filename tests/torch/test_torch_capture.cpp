@@ -128,6 +128,47 @@ def forward(self, x):
     check_against_plain(m, cap, ex, plan, {x}, sum_of_squares());
 }
 
+TEST_CASE("capture: a forward with grad run again while its saved state is live costs what the simulator counts",
+          "[torch][capture]") {
+    remat::torch::CpuMemoryProbe probe;
+    at::manual_seed(4);
+    auto m = make_module("FeedForward", {{"w1", at::randn({16, 64}) * 0.3}, {"w2", at::randn({64, 16}) * 0.3}}, R"(
+def forward(self, x):
+    h = torch.relu(torch.matmul(x, self.w1))
+    return torch.matmul(torch.dropout(h, 0.3, self.training), self.w2)
+)");
+    const at::Tensor x = at::randn({32, 16});
+    const ScriptCapture cap = capture_script(m, {x}, quick("feed_forward"));
+    const remat::Problem& p = cap.problem();
+    // The second matmul's group holds dropout's output and mask: saved with grad, transient
+    // without, so its forward without grad needs more memory than its forward with grad.
+    const auto* second = [&]() -> const remat::torch::CapturedOp* {
+        for (const auto& op : cap.ops())
+            if (op.has_backward && p.op(p.op_id("F:" + op.name)).overhead > p.op(p.op_id("F+:" + op.name)).overhead)
+                return &op;
+        return nullptr;
+    }();
+    REQUIRE(second != nullptr);
+    REQUIRE(contains(second->nodes, "aten::dropout"));
+    // Store-all, except that right after the loss the group's output is freed and its forward
+    // with grad runs again, with its saved state still live.
+    remat::Plan plan = store_all(cap);
+    const auto loss = std::find_if(plan.schedule.begin(), plan.schedule.end(),
+                                   [&](const remat::Step& step) { return step.is_run() && step.op() == *p.loss(); });
+    REQUIRE(loss != plan.schedule.end());
+    std::vector<remat::Step> again;
+    for (const std::string& out : second->outputs) again.push_back(remat::Step::free(p.data_id(out)));
+    again.push_back(remat::Step::run(p.op_id("F+:" + second->name)));
+    plan.schedule.insert(loss + 1, again.begin(), again.end());
+    const remat::SimulationReport simulated = remat::simulate(p, plan.schedule);
+    REQUIRE(simulated.valid);
+    plan.time = simulated.time;
+    plan.peak = plan.budget = simulated.peak;
+    ScriptExecutor<> ex(cap);
+    // Equal gradients, the same dropout mask, and no op above its prediction.
+    check_against_plain(m, cap, ex, plan, {x}, sum_of_squares());
+}
+
 TEST_CASE("capture: multi-output modules keep their output structure", "[torch][capture]") {
     remat::torch::CpuMemoryProbe probe;
     at::manual_seed(4);
