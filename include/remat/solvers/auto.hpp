@@ -177,9 +177,9 @@ struct Reach {
 
 // Why no solver Auto tried has a plan: below the proven lower bound, below the least peak of
 // any schedule (the exact search's proof), or only beyond the reach of the solvers tried,
-// naming the one that reaches lowest.
+// naming the one that reaches lowest. `searched`: exact_search_bound(problem).
 [[nodiscard]] inline Infeasible infeasible(const Problem& problem, Bytes budget, const std::vector<Reach>& tried,
-                                           const std::optional<Bytes>& exact_least = std::nullopt) {
+                                           const std::optional<Bytes>& exact_least, const std::optional<Bytes>& searched) {
     const MemoryLowerBound bound = memory_lower_bound(problem);
     const auto show = [](const std::optional<Bytes>& b) { return b ? std::to_string(*b) + " bytes" : std::string("unknown"); };
     std::string message = "auto: no plan of '" + problem.name() + "' within " + std::to_string(budget) + " bytes: ";
@@ -190,7 +190,6 @@ struct Reach {
             least = r.least;
             lowest = &r;
         }
-    const std::optional<Bytes> searched = exact_search_bound(problem);
     if (budget < bound.bytes) {
         message += "the budget is below a proven lower bound: every schedule needs at least " +
                    std::to_string(bound.bytes) + " bytes (" + bound.reason + ")";
@@ -214,13 +213,18 @@ struct Reach {
     return Infeasible(message, budget, least);
 }
 
+[[nodiscard]] inline Infeasible infeasible(const Problem& problem, Bytes budget, const std::vector<Reach>& tried,
+                                           const std::optional<Bytes>& exact_least = std::nullopt) {
+    return infeasible(problem, budget, tried, exact_least, exact_search_bound(problem));
+}
+
 // A budget below the proven lower bound needs no analysis: no solver can meet it. The answer
 // carries the smallest budget `least` says (called only then).
 template <class Least>
 void refuse_below_bound(const Problem& problem, Bytes budget, Least&& least) {
     const std::optional<Bytes> searched = exact_search_bound(problem);
     if (budget < memory_lower_bound(problem).bytes || (searched && budget < *searched))
-        throw infeasible(problem, budget, {{"auto", least()}});
+        throw infeasible(problem, budget, {{"auto", least()}}, std::nullopt, searched);
 }
 
 // The smallest budget known without an analysis: the greedy's, and RotorRelease's on a chain.
