@@ -10789,6 +10789,13 @@ struct TimeLowerBoundOptions {
     /// longest chain of ops that must follow one another. More cuts give a tighter bound and a
     /// larger MILP (about (cuts + 1) × (data + ops) binaries); 0 checks the loss only.
     std::size_t cuts = 8;
+    /// Above `cuts`: when the relaxation with `cuts` cuts is solved within the time, it is
+    /// solved again with 4 times as many, and so on while each is solved, time is left and the
+    /// chain has that many ops, up to this many. The time limit is then spent on a tighter
+    /// bound rather than returning early: on a 200-op encoder-decoder at 30 % of P_ref, 8 cuts
+    /// prove +25.7 % in 0.6 s, 32 cuts +28.1 % in 20 s (not solved: its best proven bound).
+    /// At most `cuts` (the default): no larger relaxation.
+    std::size_t max_cuts = 8;
     /// Seconds for all the relaxations together; past them the best bound so far is used
     /// (at least the loss-only relaxation is always run, to its own proven bound).
     double time_limit_seconds = 10.0;
@@ -11143,8 +11150,9 @@ template <milp::MilpBackend Backend>
 /// `budget` (see the header comment). A budget below core/bounds.hpp's memory lower bound is
 /// reported as `budget_infeasible` at once. The relaxation is solved with the loss alone as a
 /// cut (small, usually solved in well under a second), then with `options.cuts` cuts in the
-/// time left, and the larger bound is kept (each is a bound; more cuts are tighter once solved,
-/// but the larger model may stop at the time limit with a weaker proven bound).
+/// time left, then, while each is solved and time is left, with 4 times as many (up to
+/// `options.max_cuts`), and the largest bound is kept (each is a bound; more cuts are tighter
+/// once solved, but a larger model may stop at the time limit with a weaker proven bound).
 /// Needs the problem's loss for the cuts; without one, the bound is what every schedule runs
 /// anyway. Throws what the backend throws (SolverError).
 template <milp::MilpBackend Backend>
@@ -11165,12 +11173,24 @@ template <milp::MilpBackend Backend>
     } else if (loss) {
         const tb::Phases ph = tb::phases(problem, *loss);
         std::optional<tb::Stage> best;
-        for (const std::size_t cuts : {std::size_t{0}, options.cuts}) {
+        std::size_t cuts = 0;
+        for (;;) {
             const double left = options.time_limit_seconds - elapsed();
             if (best && (left <= 0.0 || cuts == 0)) break;
             tb::Stage stage = tb::solve_stage(problem, ph, *loss, budget, cuts, std::max(left, 0.0), backend, options.progress);
+            const bool solved = stage.solved;
+            const std::size_t made = stage.cuts.size();  // the loss and the cuts the chain allowed
             if (stage.infeasible || !best || stage.extra > best->extra) best = std::move(stage);
             if (best->infeasible) break;
+            // The next relaxation: options.cuts after the loss alone; then, after a solved one
+            // that got every cut it asked for, 4 times as many.
+            if (cuts == 0) {
+                cuts = options.cuts;
+            } else if (solved && made == cuts + 1 && cuts < options.max_cuts) {
+                cuts = std::min(4 * cuts, options.max_cuts);
+            } else {
+                break;
+            }
         }
         out.time = anyway + best->extra;
         out.budget_infeasible = best->infeasible;
