@@ -188,6 +188,62 @@ TEST_CASE("time_lower_bound with max_cuts solves a relaxation with 4 times as ma
     CHECK(widened.cuts == by_default->cuts);
 }
 
+// Solves every relaxation with the fast backend but reports it as stopped at its time limit
+// with 99 % of the optimum as its proven bound (a true bound, below the relaxation's optimum);
+// records each relaxation's size and the time it was given.
+struct UnsolvedBackend {
+    std::shared_ptr<std::vector<std::size_t>> sizes = std::make_shared<std::vector<std::size_t>>();
+    std::shared_ptr<std::vector<double>> limits = std::make_shared<std::vector<double>>();
+    [[nodiscard]] milp::Result solve(const milp::Model& model) const {
+        sizes->push_back(model.variable_count());
+        limits->push_back(model.parameters().time_limit_seconds);
+        milp::Result r = Backend{}.solve(model);
+        if (r.status == milp::Status::optimal) {
+            r.status = milp::Status::feasible;
+            r.best_bound = 0.99 * r.objective;
+        }
+        return r;
+    }
+    [[nodiscard]] std::string_view name() const { return "unsolved"; }
+};
+static_assert(milp::MilpBackend<UnsolvedBackend>);
+
+TEST_CASE("time_lower_bound with max_cuts goes on after an unsolved relaxation that proved more, each in a share of the time") {
+    testing::UNetShape u;
+    u.levels = 2;
+    u.convs = 2;
+    const Problem p = testing::unet_like(u, "unet-2");
+    const Bytes peak = store_all_reference(p).peak;
+    TimeLowerBoundOptions o;
+    o.time_limit_seconds = 120.0;
+    o.cuts = 2;
+    o.max_cuts = 8;  // the ladder: the loss alone, then 2 cuts, then 8
+    // A budget at which each larger relaxation proves more than the one before (30 %).
+    for (const Bytes tenths : {3, 4, 5, 6, 7, 8, 9}) {
+        const Bytes budget = peak * tenths / 10;
+        const UnsolvedBackend backend;
+        const TimeLowerBound bound = time_lower_bound(p, budget, backend, o);
+        if (bound.budget_infeasible || bound.cuts.size() != 9) continue;
+        INFO("budget " << budget << " of " << peak);
+        // Every relaxation unsolved, and yet the ladder went on: each proved more than the last.
+        REQUIRE(backend.sizes->size() == 3);
+        CHECK(backend.sizes->at(0) < backend.sizes->at(1));
+        CHECK(backend.sizes->at(1) < backend.sizes->at(2));
+        CHECK_FALSE(bound.relaxation_solved);
+        // The loss alone gets the whole limit; then each an equal share of what is left (these
+        // relaxations solve in well under a second, so the shares are about 60 and 120 s).
+        CHECK(backend.limits->at(0) == Approx(120.0));
+        CHECK(backend.limits->at(1) == Approx(60.0).margin(2.0));
+        CHECK(backend.limits->at(2) == Approx(120.0).margin(4.0));
+        // Still a bound: the solved relaxation with the same cuts proves 1/0.99 as much extra.
+        const TimeLowerBound solved = time_lower_bound(p, budget, Backend{}, o);
+        CHECK(solved.cuts == bound.cuts);
+        CHECK(bound.time <= solved.time);
+        return;
+    }
+    FAIL("no budget of 30-90 % of P_ref gets an 8-cut bound that improves on 2 cuts");
+}
+
 TEST_CASE("time_lower_bound is exact where the loss forces one recomputation") {
     // x → A → a → B → b → loss → gb → BB (reads a) → ga → BA (reads x) → gx. At a budget that
     // cannot hold a and b together with the loss running, a is recomputed once after the loss.
