@@ -302,21 +302,6 @@ struct Profile {
 
 namespace detail {
 
-// The chain's problem with op overheads replaced (same ids).
-[[nodiscard]] inline remat::Problem with_overheads(const remat::Problem& p, const std::vector<Bytes>& overhead) {
-    remat::ProblemBuilder b(p.name());
-    for (const remat::Data& d : p.all_data()) (void)b.add_data(d.name, d.bytes);
-    for (std::size_t k = 0; k < p.op_count(); ++k) {
-        const remat::Op& op = p.op(remat::OpId{k});
-        (void)b.add_op({op.name, op.time, overhead[k], op.reads, op.writes, op.exactly_once});
-    }
-    for (const remat::DataId d : p.initial()) b.add_initial(d);
-    for (const remat::DataId d : p.final_data()) b.add_final(d);
-    b.set_loss(*p.loss());
-    b.set_autograd_order({p.autograd_order().begin(), p.autograd_order().end()});
-    return b.build();
-}
-
 template <class F>
 double seconds_of(F&& f) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -370,7 +355,7 @@ double seconds_of(F&& f) {
         overhead[ids.fwd[l].index] = fwd_nograd[l - 1];
         overhead[ids.fwd_grad[l].index] = fwd_grad[l - 1];
     }
-    out.problem = detail::with_overheads(chain_problem, overhead);
+    out.problem = chain_problem.with_overheads(overhead);
     return out;
 }
 

@@ -359,6 +359,23 @@ public:
         return total;
     }
 
+    /// This problem with other op overheads, one per op by index, and everything else the
+    /// same (ids included): what a profile that measured the ops' transient memory gives.
+    /// Throws InvalidInput on a count that is not op_count() or a negative overhead.
+    [[nodiscard]] Problem with_overheads(std::span<const Bytes> overheads) const {
+        if (overheads.size() != ops_.size())
+            throw InvalidInput("problem " + detail::quoted(name_) + " has " + std::to_string(ops_.size()) +
+                               " ops, but " + std::to_string(overheads.size()) + " overheads were given for them");
+        Problem p = *this;
+        for (std::size_t k = 0; k < ops_.size(); ++k) {
+            if (overheads[k] < 0)
+                throw InvalidInput("op " + detail::quoted(ops_[k].name) + " would get negative overhead " +
+                                   std::to_string(overheads[k]));
+            p.ops_[k].overhead = overheads[k];
+        }
+        return p;
+    }
+
     friend bool operator==(const Problem&, const Problem&) = default;
 
 private:

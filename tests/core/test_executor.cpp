@@ -309,19 +309,10 @@ TEST_CASE("executor: recomputations replay the first run's random numbers", "[ex
 // those with grad, as a captured group whose intermediates autograd saves has.
 Problem with_no_grad_overhead(const Problem& p, std::size_t stages, Bytes extra) {
     const ChainIds ids = chain_ids(stages);
-    ProblemBuilder builder(p.name());
-    for (const Data& d : p.all_data()) builder.add_data(d.name, d.bytes);
-    for (std::size_t k = 0; k < p.op_count(); ++k) {
-        const Op& op = p.op(OpId{k});
-        const bool no_grad = std::any_of(ids.fwd.begin() + 1, ids.fwd.end(), [&](OpId f) { return f.index == k; });
-        builder.add_op({op.name, op.time, op.overhead + (no_grad ? extra : 0), op.reads, op.writes, op.exactly_once});
-    }
-    for (const DataId d : p.initial()) builder.add_initial(d);
-    for (const DataId d : p.final_data()) builder.add_final(d);
-    builder.set_loss(*p.loss());
-    const auto order = p.autograd_order();
-    builder.set_autograd_order({order.begin(), order.end()});
-    return builder.build();
+    std::vector<Bytes> overhead;
+    for (const Op& op : p.all_ops()) overhead.push_back(op.overhead);
+    for (std::size_t l = 1; l <= stages; ++l) overhead[ids.fwd[l].index] += extra;
+    return p.with_overheads(overhead);
 }
 
 TEST_CASE("executor: a forward with grad whose saved state is live runs as the simulator counts it", "[executor]") {

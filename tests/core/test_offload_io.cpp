@@ -150,3 +150,26 @@ TEST_CASE("remat-plan --offload plans the GPT-like training step within a total 
     CHECK(nothing.code == 2);
     CHECK_THAT(nothing.err, Catch::Contains("nothing to offload"));
 }
+
+TEST_CASE("Problem::with_overheads changes the op overheads and nothing else", "[offload]") {
+    const Problem p = small_training();  // offloadable data, updates, transfer settings
+    std::vector<Bytes> overheads;
+    for (std::size_t k = 0; k < p.op_count(); ++k) overheads.push_back(static_cast<Bytes>(3 * k + 1));
+    const Problem q = p.with_overheads(overheads);
+    REQUIRE(q.op_count() == p.op_count());
+    for (std::size_t k = 0; k < p.op_count(); ++k) {
+        Op expected = p.op(OpId{k});
+        expected.overhead = overheads[k];
+        CHECK(q.op(OpId{k}) == expected);
+    }
+    std::vector<Bytes> same;
+    for (const Op& op : p.all_ops()) same.push_back(op.overhead);
+    CHECK(q.with_overheads(same) == p);  // data, lists, loss, order, updates, transfers all kept
+    CHECK(q.uses_transfer_fields());
+    overheads.pop_back();
+    CHECK_THROWS_WITH(p.with_overheads(overheads), Catch::Contains(std::to_string(p.op_count()) + " ops") &&
+                                                       Catch::Contains(std::to_string(p.op_count() - 1) + " overheads"));
+    same[0] = -1;
+    CHECK_THROWS_WITH(p.with_overheads(same), Catch::Contains("op '" + p.op(OpId{0}).name + "'") &&
+                                                  Catch::Contains("negative overhead -1"));
+}

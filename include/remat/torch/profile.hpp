@@ -163,25 +163,14 @@ inline void warm_up_threads(const StageList& stages, const at::Tensor& sample, c
     const bool both_forwards = profile.no_grad_overhead.size() == L && profile.grad_overhead.size() == L;
     if (!both_forwards && loss_overhead == 0) return chain_problem;
     const ChainIds ids = chain_ids(L);
-    std::vector<Bytes> overhead(chain_problem.op_count(), -1);
+    std::vector<Bytes> overhead;
+    for (const Op& op : chain_problem.all_ops()) overhead.push_back(op.overhead);
     for (std::size_t l = 1; l <= L && both_forwards; ++l) {
         overhead[ids.fwd[l].index] = profile.no_grad_overhead[l - 1];
         overhead[ids.fwd_grad[l].index] = profile.grad_overhead[l - 1];
     }
     if (loss_overhead > 0) overhead[ids.loss.index] = loss_overhead;
-    ProblemBuilder builder(chain_problem.name());
-    for (const Data& d : chain_problem.all_data()) builder.add_data(d.name, d.bytes);
-    for (std::size_t k = 0; k < chain_problem.op_count(); ++k) {
-        const Op& op = chain_problem.op(OpId{k});
-        builder.add_op({op.name, op.time, overhead[k] >= 0 ? overhead[k] : op.overhead, op.reads, op.writes,
-                        op.exactly_once});
-    }
-    for (const DataId d : chain_problem.initial()) builder.add_initial(d);
-    for (const DataId d : chain_problem.final_data()) builder.add_final(d);
-    if (chain_problem.loss()) builder.set_loss(*chain_problem.loss());
-    const auto order = chain_problem.autograd_order();
-    builder.set_autograd_order({order.begin(), order.end()});
-    return builder.build();
+    return chain_problem.with_overheads(overhead);
 }
 
 /// Fuses every stage whose output shares storage with its input (a view such as flatten,
