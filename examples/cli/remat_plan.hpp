@@ -37,7 +37,8 @@ namespace remat::cli {
     std::string u =
         "usage: remat-plan FILE.json --budget B [--solver NAME[:VARIANT]] [--out SCHEDULE.json] [--json]\n"
         "                  [--svg TIMELINE.svg] [--explain] [--sweep N] [--sweep-csv F.csv]\n"
-        "                  [--sweep-svg F.svg] [--time-limit S] [--bound|--no-bound] [--certify S] [--verbose] [--quiet]\n"
+        "                  [--sweep-svg F.svg] [--time-limit S] [--bound|--no-bound] [--certify S] [--refine S]\n"
+        "                  [--verbose] [--quiet]\n"
         "       remat-plan FILE.json --offload --budget B [--bandwidth 12GB/s] [--host-limit B] [--solver NAME]\n"
         "                  [--out SCHEDULE.json] [--svg TIMELINE.svg] [--json]\n"
         "       remat-plan FILE.json --check SCHEDULE.json [--budget B] [--json]   (remat.schedule/1 or /2)\n"
@@ -75,6 +76,9 @@ namespace remat::cli {
         "  --certify S       (--solver auto, problems of at most 64 data) then the exact search, for up to S\n"
         "                    seconds, looks for a faster schedule than the plan: it finds one, proves the plan\n"
         "                    optimal (gap 0 %), or prints the gap to the lower bound it proved\n"
+        "  --refine S        prove the bound as --bound does, then spend up to S seconds on faster plans (the\n"
+        "                    plan locally improved, then rounds of the greedy's portfolio with fresh noise),\n"
+        "                    stopping once the certified gap is at most 3 %\n"
         "  --offload         (remat.problem/2, docs/formats.md §11) the budget counts everything the step holds:\n"
         "                    split it between weights and activations, offloading weights and optimizer state to\n"
         "                    host memory and recomputing activations (--solver plans the activations;\n"
@@ -110,6 +114,7 @@ struct PlanArgs {
     std::optional<std::size_t> sweep;
     std::optional<double> time_limit;
     std::optional<double> certify;
+    std::optional<double> refine;
     bool json = false;
     bool verbose = false;
     bool quiet = false;
@@ -208,6 +213,7 @@ inline PlanArgs parse_plan_args(const std::vector<std::string>& args) {
         else if (flag == "--sweep") once(a.sweep, parse_count(flag, value()));
         else if (flag == "--time-limit") once(a.time_limit, parse_seconds(flag, value()));
         else if (flag == "--certify") once(a.certify, parse_seconds(flag, value()));
+        else if (flag == "--refine") once(a.refine, parse_seconds(flag, value()));
         else if (flag == "--json") {
             no_value();
             a.json = true;
@@ -228,12 +234,12 @@ inline PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     if (a.help || a.version) return a;
     if (a.file.empty()) throw UsageError{"no problem file given"};
     if (a.check && (a.out || a.svg || a.sweep || a.solver || a.time_limit || a.explain || a.bound || a.sweep_csv ||
-                    a.sweep_svg || a.certify))
+                    a.sweep_svg || a.certify || a.refine))
         throw UsageError{"--check takes only --budget, --json and --quiet besides the problem file"};
     if (a.check) return a;
     if ((a.bandwidth || a.host_limit) && !a.offload) throw UsageError{"--bandwidth and --host-limit need --offload"};
-    if (a.offload && (a.sweep || a.bound || a.explain || a.sweep_csv || a.sweep_svg || a.certify))
-        throw UsageError{"--offload plans one budget: it takes no --sweep, --bound, --explain or --certify"};
+    if (a.offload && (a.sweep || a.bound || a.explain || a.sweep_csv || a.sweep_svg || a.certify || a.refine))
+        throw UsageError{"--offload plans one budget: it takes no --sweep, --bound, --explain, --certify or --refine"};
     if (a.certify && a.solver && *a.solver != "auto") throw UsageError{"--certify needs --solver auto"};
     if (a.offload && !a.budget) throw UsageError{"--offload needs --budget (a total: weights, their state and activations)"};
     if (!a.budget && !a.sweep) throw UsageError{"--budget is required (or --sweep N)"};
@@ -242,6 +248,8 @@ inline PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     if (a.explain && !a.budget) throw UsageError{"--explain needs --budget"};
     if (a.bound && !a.budget) throw UsageError{"--bound needs --budget"};
     if (a.bound && a.no_bound) throw UsageError{"--bound and --no-bound contradict each other"};
+    if (a.refine && (!a.budget || a.sweep)) throw UsageError{"--refine plans one --budget: it takes no --sweep"};
+    if (a.refine && a.no_bound) throw UsageError{"--refine needs the proven bound that --no-bound turns off"};
     return a;
 }
 
@@ -561,7 +569,7 @@ inline int run_plan(const PlanArgs& a, std::ostream& out, std::ostream& err) {
         : solver.name == "hrockmate" ? hrockmate_planner(problem, options)
                                      : auto_planner(problem, options);
     // The bound first: Checkmate (by name or as auto's exact component) then starts from it.
-    if (a.bound) {
+    if (a.bound || a.refine) {
         run.bound = proven_time_bound(problem, run.budget, options);
     } else if (solver.name == "auto" && !a.no_bound && run.planning && !a.sweep && have_time_bound_backend) {
         SolveOptions within = options;
@@ -577,6 +585,17 @@ inline int run_plan(const PlanArgs& a, std::ostream& out, std::ostream& err) {
         }
     }
     if (run.bound && run.plan) certify_by_bound(*run.plan, *run.bound);
+    if (a.refine && run.bound && run.plan && !run.bound->budget_infeasible && run.bound->time > 0) {
+        RefineOptions ro;
+        ro.time_limit_seconds = *a.refine;
+        ro.progress = options.progress;
+        // A smaller gap the plan already had (--certify's exact search) stays while the plan does.
+        const std::optional<double> gap_before = run.plan->stats.gap;
+        const double time_before = run.plan->time;
+        run.plan = refine_plan(problem, run.budget, std::move(*run.plan), run.bound->time, ro);
+        if (gap_before && run.plan->time >= time_before && *gap_before < *run.plan->stats.gap)
+            run.plan->stats.gap = gap_before;
+    }
     if (a.sweep) {
         if (run.infeasible && run.infeasible->smallest_budget()) {
             run.smallest = run.infeasible->smallest_budget();

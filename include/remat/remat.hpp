@@ -33,6 +33,7 @@
 #include "solvers/rockmate.hpp"
 #include "solvers/improve.hpp"
 #include "solvers/greedy.hpp"
+#include "solvers/refine.hpp"
 #include "partition/hierarchy.hpp"
 #include "solvers/hierarchical.hpp"
 #include "solvers/auto.hpp"

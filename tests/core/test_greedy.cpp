@@ -282,3 +282,74 @@ TEST_CASE("greedy plans a 2,500-op op-level network quickly", "[greedy]") {
               << plan.stats.options << "), overhead " << 100.0 * (plan.time / ref.time - 1.0) << " %\n";
     CHECK(seconds < 10.0);  // well under a second in a release build; generous for slow machines
 }
+
+TEST_CASE("refine_plan: never slower, within budget, stops at the target, and meets an exact bound", "[refine]") {
+    // The bound is the exact optimum (Exhaustive), so a refined plan that reaches it is optimal.
+    std::mt19937 rng(4242);
+    int improved = 0, optimal = 0, cases = 0;
+    for (int trial = 0; trial < 12; ++trial) {
+        testing::DagShape shape;
+        shape.forward_ops = 3 + static_cast<std::size_t>(trial % 3);
+        const Problem p = testing::random_dag(rng, shape);
+        const Reference ref = store_all_reference(p);
+        const Bytes smallest = exact_smallest_budget(p);
+        const Bytes budget = smallest + (ref.peak - smallest) / 4;
+        GreedyOptions plain;
+        plain.eviction = GreedyEviction::dtr;
+        Plan start;
+        try {
+            start = Greedy(plain).solve(p, budget);
+        } catch (const Infeasible&) {
+            continue;
+        }
+        const double optimum = Exhaustive{}.solve(p, budget).time;
+        INFO(p.name() << " trial " << trial << " budget " << budget);
+        RefineOptions o;
+        o.target_gap = 0.0;
+        o.time_limit_seconds = 0.3;
+        o.round_seconds = 0.1;
+        const Plan r = refine_plan(p, budget, start, optimum, o);
+        ++cases;
+        const SimulationReport checked = simulate(p, r.schedule);
+        REQUIRE(checked.fits(budget));
+        CHECK(checked.time == Approx(r.time));
+        CHECK(r.time <= start.time + 1e-12);
+        CHECK(r.time >= optimum - 1e-9);
+        REQUIRE(r.stats.gap);
+        CHECK(*r.stats.gap == Approx(r.time / optimum - 1.0).margin(1e-12));
+        CHECK(r.stats.solver == start.stats.solver);
+        if (r.time < start.time - 1e-12) ++improved;
+        if (r.stats.status == SolveStatus::optimal) {
+            ++optimal;
+            CHECK(r.time == Approx(optimum));
+            CHECK(*r.stats.gap == 0.0);
+        }
+        // A target the plan already meets: nothing runs, and the plan comes back as it was.
+        o.target_gap = r.time / optimum - 1.0 + 1e-6;
+        const Plan again = refine_plan(p, budget, r, optimum, o);
+        CHECK(again.schedule == r.schedule);
+        CHECK_THAT(again.stats.options, Catch::Contains("refined in 0 rounds"));
+    }
+    WARN("refine_plan: " << improved << " of " << cases << " plain DTR plans made faster, " << optimal << " proven optimal");
+    CHECK(cases >= 8);
+    CHECK(improved > 0);
+    CHECK(optimal > 0);
+}
+
+TEST_CASE("refine_plan: a plan beyond the budget or faster than the bound is refused, naming both", "[refine]") {
+    std::mt19937 rng(7);
+    const Problem p = to_problem(testing::random_chain(rng, 4));
+    const Reference ref = store_all_reference(p);
+    const Plan plan = Greedy{}.solve(p, ref.peak);
+    CHECK_THROWS_WITH(refine_plan(p, ref.peak, plan, 2.0 * plan.time),
+                      Catch::Contains("less than the bound") && Catch::Contains("no lower bound"));
+    CHECK_THROWS_WITH(refine_plan(p, ref.peak - 1, plan, plan.time),
+                      Catch::Contains("does not fit the budget of " + std::to_string(ref.peak - 1)));
+    RefineOptions bad;
+    bad.round_seconds = 0.0;
+    CHECK_THROWS_AS(refine_plan(p, ref.peak, plan, plan.time, bad), InvalidInput);
+    // Meeting the bound: optimal at once, no round.
+    const Plan met = refine_plan(p, ref.peak, plan, plan.time);
+    CHECK(met.stats.status == SolveStatus::optimal);
+    CHECK(*met.stats.gap == 0.0);
+}

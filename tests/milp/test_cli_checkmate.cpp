@@ -102,6 +102,32 @@ TEST_CASE("remat-plan with auto proves the time bound by default: the certified 
                     .contains("time_lower_bound"));
 }
 
+TEST_CASE("remat-plan --refine: faster plans until the certified gap is at most 3 %", "[cli]") {
+    const std::string resnet =
+        (std::filesystem::path(REMAT_SOURCE_DIR) / "examples" / "problems" / "resnet-24.chain.json").string();
+    // The plain greedy at 60 % is 3.1 % above the proven bound; refined, within 3 %.
+    CliResult r = remat_plan({resnet, "--budget", "60%", "--solver", "greedy", "--bound", "--json"});
+    REQUIRE(r.code == 0);
+    const auto plain = nlohmann::json::parse(r.out);
+    r = remat_plan({resnet, "--budget", "60%", "--solver", "greedy", "--refine", "30", "--json"});
+    REQUIRE(r.code == 0);
+    const auto refined = nlohmann::json::parse(r.out);
+    const double bound = refined.at("time_lower_bound").at("time").get<double>();
+    CHECK(bound == Approx(plain.at("time_lower_bound").at("time").get<double>()));
+    CHECK(plain.at("gap").get<double>() > 0.03);
+    CHECK(refined.at("time").get<double>() < plain.at("time").get<double>());
+    CHECK(refined.at("gap").get<double>() <= 0.03);
+    CHECK(refined.at("gap").get<double>() == Approx(refined.at("time").get<double>() / bound - 1.0));
+    CHECK(refined.at("peak").get<long long>() <= refined.at("budget").get<long long>());
+    // One budget, with its bound.
+    r = remat_plan({resnet, "--sweep", "3", "--refine", "2"});
+    CHECK(r.code == 2);
+    CHECK_THAT(r.err, Catch::Contains("--refine plans one --budget"));
+    r = remat_plan({resnet, "--budget", "60%", "--refine", "2", "--no-bound"});
+    CHECK(r.code == 2);
+    CHECK_THAT(r.err, Catch::Contains("--no-bound"));
+}
+
 TEST_CASE("remat-plan --offload --solver checkmate: the MILP with offload variables, started from the combined planner",
           "[cli][offload]") {
     const std::string training =

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <concepts>
+#include <cstdio>
 #include <limits>
 #include <optional>
 #include <ostream>
@@ -38,6 +39,14 @@ enum class SolveStatus {
 }
 
 inline std::ostream& operator<<(std::ostream& out, SolveStatus status) { return out << to_string(status); }
+
+/// A fraction as a percentage with two decimals ("3.40 %"): gaps and speed-ups in
+/// SolverStats::options.
+[[nodiscard]] inline std::string format_percent(double fraction) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.2f %%", 100.0 * fraction);
+    return text;
+}
 
 struct SolverStats {
     std::string solver;

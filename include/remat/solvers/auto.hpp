@@ -240,9 +240,6 @@ void refuse_below_bound(const Problem& problem, Bytes budget, Least&& least) {
     return least;
 }
 
-// A fraction as the plan's options write it: "8.888 %".
-[[nodiscard]] inline std::string percent(double fraction) { return std::to_string(100.0 * fraction).substr(0, 5) + " %"; }
-
 // Says in the plan's options that auto chose the solver that made it (stats.solver names it).
 [[nodiscard]] inline Plan tagged(Plan plan, std::string_view who) {
     plan.stats.options = "chose " + std::string(who) + (plan.stats.options.empty() ? "" : ", " + plan.stats.options);
@@ -341,7 +338,7 @@ public:
                 if (!chosen || other.time < chosen->time) {
                     const std::string against =
                         chosen ? "faster than " + std::string(to_string(model.choice)) + " by " +
-                                     detail::automatic::percent(1.0 - other.time / chosen->time)
+                                     format_percent(1.0 - other.time / chosen->time)
                                : std::string(to_string(model.choice)) + " had no plan";
                     chosen = detail::automatic::tagged(std::move(other), "hrockmate (" + against + ")");
                 }
@@ -494,7 +491,7 @@ private:
             other->time = checked.time;
             other->peak = checked.peak;
             const std::string against = "exact component, faster than " + plan.stats.solver + " by " +
-                                        detail::automatic::percent(1.0 - other->time / plan.time);
+                                        format_percent(1.0 - other->time / plan.time);
             plan = detail::automatic::tagged(std::move(*other), other->stats.solver + " (" + against + ")");
         } catch (const Error& e) {
             report_progress(options_.progress, std::string("auto: the exact component failed (") + e.what() + ")");
@@ -516,7 +513,7 @@ private:
                 Plan faster = *c.faster;
                 faster.stats.gap = 0.0;
                 faster.stats.options = "chose exhaustive (certification, faster than " + plan.stats.solver + " by " +
-                                       detail::automatic::percent(1.0 - faster.time / plan.time) + "), " +
+                                       format_percent(1.0 - faster.time / plan.time) + "), " +
                                        plan.stats.options;
                 plan = std::move(faster);
             } else if (c.complete) {
@@ -525,7 +522,7 @@ private:
                 plan.stats.options += ", certified optimal by the exact search";
             } else if (c.lower_bound > 0) {
                 plan.stats.gap = plan.time / c.lower_bound - 1.0;
-                plan.stats.options += ", certified gap " + detail::automatic::percent(*plan.stats.gap) +
+                plan.stats.options += ", certified gap " + format_percent(*plan.stats.gap) +
                                       " (the exact search's bound " + std::to_string(c.lower_bound) + ")";
             }
         } catch (const InvalidInput&) {
