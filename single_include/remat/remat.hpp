@@ -7644,7 +7644,8 @@ namespace remat {
 struct RefineOptions {
     /// Stop as soon as the plan's certified gap (plan time / bound - 1) is at most this.
     double target_gap = 0.03;
-    /// Seconds for the whole refinement (at least one round runs when the gap is above the target).
+    /// Seconds for the whole refinement; each round's portfolio and improvement end within
+    /// it (a round's first replay always runs, milliseconds on thousands of ops).
     double time_limit_seconds = 10.0;
     /// Seconds of one round: the greedy's portfolio (60 %) and the improvement of its fastest
     /// plans (40 %). Shorter rounds stop sooner once the target is met.
@@ -7676,8 +7677,9 @@ namespace detail::refine {
 /// top of this header); `time_bound` is a proven lower bound on the time of every schedule
 /// within `budget`. The result's stats.gap is its certified gap against `time_bound`; its
 /// status is optimal when it meets the bound, heuristic when a faster plan replaced the input
-/// without meeting it, and the input's otherwise. Throws InvalidInput when the plan does not fit the budget, or when it
-/// is faster than the bound (which then is no lower bound at this budget).
+/// without meeting it, and the input's otherwise; its time and peak are the simulator's.
+/// Throws InvalidInput when the plan does not fit the budget, or when it is faster than the
+/// bound (which then is no lower bound at this budget).
 [[nodiscard]] inline Plan refine_plan(const Problem& problem, Bytes budget, Plan plan, double time_bound,
                                       const RefineOptions& options = {}) {
     namespace dr = detail::refine;
@@ -7693,6 +7695,8 @@ namespace detail::refine {
                            ", less than the bound " + std::to_string(time_bound) +
                            ", which is therefore no lower bound at this budget");
     const Stopwatch clock;
+    plan.time = checked.time;
+    plan.peak = checked.peak;
     const double before = checked.time;
     const std::string solver = plan.stats.solver;
     const auto gap = [&] { return dr::certified_gap(plan.time, time_bound); };
@@ -7710,14 +7714,16 @@ namespace detail::refine {
         take(improve_schedule(problem, plan.schedule, budget, io), "the plan locally improved");
     }
     std::uint64_t round = 0;
-    for (; gap() > options.target_gap; ++round) {
+    int failed_in_a_row = 0;  // rounds whose greedy fits no plan at this budget
+    for (; gap() > options.target_gap && failed_in_a_row < 2; ++round) {
         const double left = options.time_limit_seconds - clock.seconds();
         if (left <= 0.0) break;
         try {
-            const Plan found = Greedy(dr::round_options(options, round, std::min(options.round_seconds, left))).solve(problem, budget);
-            take(found.schedule, "round " + std::to_string(round + 1) + " of the greedy's portfolio");
+            const Greedy greedy(dr::round_options(options, round, std::min(options.round_seconds, left)));
+            take(greedy.solve(problem, budget).schedule, "round " + std::to_string(round + 1) + " of the greedy's portfolio");
+            failed_in_a_row = 0;
         } catch (const Infeasible&) {
-            break;  // the greedy fits no plan here: more rounds will not either
+            ++failed_in_a_row;  // neither order fits after two in a row: more rounds will not either
         }
     }
     plan.stats.gap = gap();
