@@ -7698,7 +7698,6 @@ namespace detail::refine {
     plan.time = checked.time;
     plan.peak = checked.peak;
     const double before = checked.time;
-    const std::string solver = plan.stats.solver;
     const auto gap = [&] { return dr::certified_gap(plan.time, time_bound); };
     const auto take = [&](Schedule schedule, const std::string& how) {
         const SimulationReport r = simulate(problem, schedule);
@@ -7733,7 +7732,6 @@ namespace detail::refine {
     } else if (plan.time < before) {
         plan.stats.status = SolveStatus::heuristic;  // whatever the input's solver proved was about its plan
     }
-    plan.stats.solver = solver;
     plan.stats.options += (plan.stats.options.empty() ? "" : ", ") + std::string("refined in ") +
                           std::to_string(round) + " rounds (" + format_percent(1.0 - plan.time / before) +
                           " faster)";
@@ -10946,8 +10944,8 @@ struct TimeLowerBoundOptions {
     /// on up to this many, each given an equal share of the time left (a solved one hands its
     /// unused time on). The largest proven bound is kept. The ladder leaves out the counts
     /// that the longest chain has no ops for (no more cuts than the count before), and stops
-    /// when an unsolved relaxation proved less than a smaller one. The time limit is then spent on a tighter bound rather than returning early: on a
-    /// 200-op encoder-decoder at 30 % of P_ref, 8 cuts prove +25.7 % in 0.6 s, 32 cuts +28.1 %
+    /// when an unsolved relaxation proved less than a smaller one. The time limit is then
+    /// spent on a tighter bound rather than returning early: on a 200-op encoder-decoder at 30 % of P_ref, 8 cuts prove +25.7 % in 0.6 s, 32 cuts +28.1 %
     /// (not solved: its best proven bound); on a 200-op U-Net at 30 %, 8 cuts prove +5.8 % in
     /// 20 s unsolved, 32 cuts +8.3 % in 5 s. At most `cuts` (the default): no larger relaxation.
     std::size_t max_cuts = 8;
@@ -11270,12 +11268,12 @@ struct Stage {
     std::vector<OpId> cuts;
 };
 
-// The relaxation with up to `cut_count` cuts after the loss, solved within `seconds`.
+// The relaxation with these cuts (choose_cuts), solved within `seconds`.
 template <milp::MilpBackend Backend>
-[[nodiscard]] Stage solve_stage(const Problem& p, const Phases& ph, OpId loss, Bytes budget, std::size_t cut_count,
+[[nodiscard]] Stage solve_stage(const Problem& p, const Phases& ph, std::vector<OpId> cuts, Bytes budget,
                                 double seconds, const Backend& backend, const ProgressCallback& progress) {
     Stage stage;
-    stage.cuts = choose_cuts(ph, loss, cut_count);
+    stage.cuts = std::move(cuts);
     milp::Model model;
     const Variables v = add_variables(model, p, ph, stage.cuts);
     const double unit = static_cast<double>(detail::checkmate::memory_unit(p));
@@ -11299,19 +11297,20 @@ template <milp::MilpBackend Backend>
     return stage;
 }
 
-// The cut counts of the relaxations after the loss-only one: `cuts`, then 4 times as many up
-// to `max_cuts`; none when `cuts` is 0. A count that gets no more cuts than the one before
+// The cuts of the relaxations after the loss-only one: `cuts` of them, then 4 times as many
+// up to `max_cuts`; none when `cuts` is 0. A count that gets no more cuts than the one before
 // (the longest chain after the loss has no more ops) is left out: it would solve the same
 // relaxation again, and the time it would take is better spent on the ones before.
-[[nodiscard]] inline std::vector<std::size_t> cut_ladder(const Phases& ph, OpId loss, const TimeLowerBoundOptions& options) {
-    std::vector<std::size_t> ladder;
+[[nodiscard]] inline std::vector<std::vector<OpId>> cut_ladder(const Phases& ph, OpId loss,
+                                                               const TimeLowerBoundOptions& options) {
+    std::vector<std::vector<OpId>> ladder;
     if (options.cuts == 0) return ladder;
     std::size_t made = 1;  // the loss-only relaxation's
     for (std::size_t c = options.cuts;; c = std::min(4 * c, options.max_cuts)) {
-        const std::size_t cuts = choose_cuts(ph, loss, c).size();
-        if (cuts <= made) break;
-        ladder.push_back(c);
-        made = cuts;
+        std::vector<OpId> cuts = choose_cuts(ph, loss, c);
+        if (cuts.size() <= made) break;
+        made = cuts.size();
+        ladder.push_back(std::move(cuts));
         if (c >= options.max_cuts) break;
     }
     return ladder;
@@ -11346,9 +11345,9 @@ template <milp::MilpBackend Backend>
     } else if (loss) {
         const tb::Phases ph = tb::phases(problem, *loss);
         // The loss alone first: small, and a bound even if nothing larger is solved in time.
-        tb::Stage best = tb::solve_stage(problem, ph, *loss, budget, 0, std::max(options.time_limit_seconds, 0.0),
-                                         backend, options.progress);
-        const std::vector<std::size_t> ladder = tb::cut_ladder(ph, *loss, options);
+        tb::Stage best = tb::solve_stage(problem, ph, tb::choose_cuts(ph, *loss, 0), budget,
+                                         std::max(options.time_limit_seconds, 0.0), backend, options.progress);
+        std::vector<std::vector<OpId>> ladder = tb::cut_ladder(ph, *loss, options);
         for (std::size_t step = 0; step < ladder.size() && !best.infeasible; ++step) {
             const double left = options.time_limit_seconds - elapsed();
             if (left <= 0.0) break;
@@ -11357,7 +11356,7 @@ template <milp::MilpBackend Backend>
             // relaxation after it is often tighter even unsolved (a 200-op U-Net at 30 % of
             // P_ref: 8 cuts prove +5.8 % in 20 s, 32 cuts +8.3 % in 5 s).
             const double share = left / static_cast<double>(ladder.size() - step);
-            tb::Stage stage = tb::solve_stage(problem, ph, *loss, budget, ladder[step], share, backend, options.progress);
+            tb::Stage stage = tb::solve_stage(problem, ph, std::move(ladder[step]), budget, share, backend, options.progress);
             const bool solved = stage.solved;
             const bool improved = stage.infeasible || stage.extra > best.extra;
             if (improved) best = std::move(stage);

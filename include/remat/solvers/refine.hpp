@@ -91,7 +91,6 @@ namespace detail::refine {
     plan.time = checked.time;
     plan.peak = checked.peak;
     const double before = checked.time;
-    const std::string solver = plan.stats.solver;
     const auto gap = [&] { return dr::certified_gap(plan.time, time_bound); };
     const auto take = [&](Schedule schedule, const std::string& how) {
         const SimulationReport r = simulate(problem, schedule);
@@ -126,7 +125,6 @@ namespace detail::refine {
     } else if (plan.time < before) {
         plan.stats.status = SolveStatus::heuristic;  // whatever the input's solver proved was about its plan
     }
-    plan.stats.solver = solver;
     plan.stats.options += (plan.stats.options.empty() ? "" : ", ") + std::string("refined in ") +
                           std::to_string(round) + " rounds (" + format_percent(1.0 - plan.time / before) +
                           " faster)";
