@@ -15,7 +15,8 @@
 // DTR's, "hierarchy alone" H-Rockmate with every other component turned off, "bound" the
 // proven lower bound on the overhead of any plan (bounds/time_lower_bound.hpp, budgets up to
 // 60 %; 8 cuts, then 32 and 128, each in a share of the time; "+" where its MILP stopped at
-// --bound-limit, with its best proven bound), "floor" that
+// --bound-limit, with its best proven bound; with --forward-cuts N, a last relaxation also
+// checks memory at N instants before the loss), "floor" that
 // bound as a ratio of DTR's overhead: no solver's ratio can be lower, and "gap" H-Rockmate's
 // certified gap, its plan's time over the bound's minus 1. Where that gap is above 3 %,
 // "refined" is the plan after solvers/refine.hpp spent up to --refine-limit seconds on faster
@@ -24,7 +25,7 @@
 // (issue 26's target: all of them).
 //
 //   bench_hierarchical [--quick] [--sizes 200,1000,2500] [--checkmate-limit S] [--bound-limit S]
-//                      [--refine-limit S] [--no-rockmate]
+//                      [--forward-cuts N] [--refine-limit S] [--no-rockmate]
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
@@ -60,6 +61,7 @@ struct Options {
     std::vector<int> sizes{200, 1000, 2500};
     double checkmate_limit = 60.0;
     double bound_limit = 20.0;
+    std::size_t forward_cuts = 0;  // TimeLowerBoundOptions::forward_cuts
     double refine_limit = 20.0;
     bool rockmate = true;
 };
@@ -203,6 +205,7 @@ std::string bound_cells(const remat::Problem& p, Bytes budget, int percent, doub
     remat::TimeLowerBoundOptions bo;
     bo.time_limit_seconds = o.bound_limit;
     bo.max_cuts = 128;  // the whole limit for the tightest bound it can prove
+    bo.forward_cuts = o.forward_cuts;
     const remat::TimeLowerBound b = remat::time_lower_bound(p, budget, remat::milp::Preferred{}, bo);
     char text[96];
     if (b.budget_infeasible) {
@@ -327,6 +330,8 @@ int main(int argc, char** argv) {
             o.checkmate_limit = std::stod(argv[++i]);
         } else if (a == "--bound-limit" && i + 1 < argc) {
             o.bound_limit = std::stod(argv[++i]);
+        } else if (a == "--forward-cuts" && i + 1 < argc) {
+            o.forward_cuts = static_cast<std::size_t>(std::stoul(argv[++i]));
         } else if (a == "--refine-limit" && i + 1 < argc) {
             o.refine_limit = std::stod(argv[++i]);
         } else if (a == "--no-rockmate") {
@@ -334,7 +339,7 @@ int main(int argc, char** argv) {
         } else {
             std::fprintf(stderr,
                          "usage: bench_hierarchical [--quick] [--sizes 200,1000,2500] [--checkmate-limit S] [--bound-limit S] "
-                         "[--refine-limit S] [--no-rockmate]\n");
+                         "[--forward-cuts N] [--refine-limit S] [--no-rockmate]\n");
             return 2;
         }
     }
