@@ -48,6 +48,7 @@
 #include <string>
 #include <vector>
 
+#include "../core/bounds.hpp"
 #include "../core/errors.hpp"
 #include "../core/problem.hpp"
 #include "../core/progress.hpp"
@@ -232,10 +233,6 @@ inline void mark_after_first_write(const Problem& p, DataId first, std::vector<c
             last[d] = std::max(last[d], pos[w.index]);
         }
     }
-    const auto reads = [&](OpId w, DataId d) {
-        const auto& r = p.op(w).reads;
-        return std::find(r.begin(), r.end(), d) != r.end();
-    };
     std::vector<std::size_t> by_first;
     for (std::size_t d = 0; d < p.data_count(); ++d)
         if (first[d] != none) by_first.push_back(d);
@@ -244,10 +241,8 @@ inline void mark_after_first_write(const Problem& p, DataId first, std::vector<c
     std::vector<std::size_t> length(p.data_count(), 0), previous(p.data_count(), none);
     for (const std::size_t e : by_first) {
         length[e] = 1;
-        const auto writers = p.writers(DataId{e});
-        for (const DataId d : p.op(writers.front()).reads) {
+        for (const DataId d : detail::bounds::common_reads(p, DataId{e})) {
             if (first[d.index] == none || last[d.index] >= first[e] || length[d.index] + 1 <= length[e]) continue;
-            if (!std::all_of(writers.begin(), writers.end(), [&](OpId w) { return reads(w, d); })) continue;
             length[e] = length[d.index] + 1;
             previous[e] = d.index;
         }
@@ -269,14 +264,20 @@ inline void mark_after_first_write(const Problem& p, DataId first, std::vector<c
     return out;
 }
 
+// The time of the exactly-once ops, each run once.
+[[nodiscard]] inline double exactly_once_time(const Problem& p) {
+    double total = 0.0;
+    for (const Op& op : p.all_ops())
+        if (op.exactly_once) total += op.time;
+    return total;
+}
+
 // What every schedule runs anyway: each exactly-once op once, and before the loss a writer of
 // each data the loss needs (the loss's reads, and what all writers of such a data read), the
 // writer's time shared among the needed data it writes. Data with an exactly-once writer are
 // left out: that op is already counted.
 [[nodiscard]] inline double time_run_anyway(const Problem& p, const std::optional<OpId>& loss) {
-    double total = 0.0;
-    for (const Op& op : p.all_ops())
-        if (op.exactly_once) total += op.time;
+    double total = exactly_once_time(p);
     std::vector<char> needed(p.data_count(), 0);
     std::vector<std::size_t> stack;
     const auto need = [&](DataId d) {
@@ -375,9 +376,11 @@ struct Useful {
     const auto add_run = [&](std::size_t k) { return model.add_binary(p.op(OpId{k}).exactly_once ? 0.0 : p.op(OpId{k}).time); };
     // At forward cut j, its unborn data do not exist yet, and its late ops run after it.
     const auto runs_before = [&](std::size_t j, std::size_t k) { return j >= v.forward || !forward.late[j][k]; };
+    // Before the loss, what can still matter is what matters from the loss on: the forward
+    // cuts share the loss's.
+    const Useful from_loss = useful_from(p, ph, cuts.front());
     for (std::size_t i = 0; i < n; ++i) {
-        // Before the loss, what can still matter is at least what matters from the loss on.
-        const Useful useful = useful_from(p, ph, i < v.forward ? cuts.front() : cuts[i - v.forward]);
+        const Useful useful = i <= v.forward ? from_loss : useful_from(p, ph, cuts[i - v.forward]);
         for (std::size_t d = 0; d < p.data_count(); ++d)
             if (useful.data[d] && !ph.after_loss_data[d] && !p.is_initial(DataId{d}) &&
                 (i >= v.forward || !forward.unborn[i][d]))
@@ -497,13 +500,8 @@ struct CutMemory {
         least = std::min(least, bytes);
     }
     out.forced = p.initial_bytes() + least;
-    for (const DataId d : p.op(writers.front()).reads) {
-        const bool common = std::all_of(writers.begin(), writers.end(), [&](OpId w) {
-            const auto& r = p.op(w).reads;
-            return std::find(r.begin(), r.end(), d) != r.end();
-        });
-        if (common && !p.is_initial(d)) out.reads.push_back(d);
-    }
+    for (const DataId d : detail::bounds::common_reads(p, forward.data[j]))
+        if (!p.is_initial(d)) out.reads.push_back(d);
     return out;
 }
 
@@ -580,14 +578,6 @@ struct Stage {
     std::vector<OpId> cuts;     // the loss, then the cuts after it
     std::vector<DataId> forward;  // the forward cuts' data
 };
-
-// The time of the exactly-once ops, each run once.
-[[nodiscard]] inline double exactly_once_time(const Problem& p) {
-    double total = 0.0;
-    for (const Op& op : p.all_ops())
-        if (op.exactly_once) total += op.time;
-    return total;
-}
 
 // The relaxation with these cuts (choose_cuts) and forward cuts (choose_forward_cuts), solved
 // within `seconds`. Without forward cuts, the runs before the loss are not variables: what runs
