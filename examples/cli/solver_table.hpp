@@ -7,6 +7,7 @@
 // only for the programs.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -136,7 +137,9 @@ inline HRockmateOptions hrockmate_options(const SolveOptions& o) {
                                std::string(help));
         }
     }
-    if (o.time_limit) options.time_limit_seconds = *o.time_limit;
+    // --time-limit covers the analysis and the planning at a budget, shared as remat::Auto
+    // shares its limit (hrockmate_planner sets the planning's part once the analysis is done).
+    if (o.time_limit) options.time_limit_seconds = auto_analysis_share * *o.time_limit;
     options.progress = o.progress;
     return options;
 }
@@ -144,10 +147,17 @@ inline HRockmateOptions hrockmate_options(const SolveOptions& o) {
 }  // namespace detail
 
 /// H-Rockmate bound to one problem: the hierarchy and every cluster's options are analysed
-/// once; each call plans one budget. The first plan's solve time includes the analysis.
+/// once; each call plans one budget. The first plan's solve time includes the analysis. With
+/// --time-limit S, the analysis gets auto_analysis_share of S and each budget what it left (at
+/// least the rest of the share), every component together.
 [[nodiscard]] inline std::function<Plan(Bytes)> hrockmate_planner(const Problem& problem, const SolveOptions& o) {
-    const HRockmate solver(detail::hrockmate_options(o));
-    return [solver, model = std::make_shared<const HRockmateModel>(solver.analyse(problem)), first = true](Bytes budget) mutable {
+    HRockmateOptions options = detail::hrockmate_options(o);
+    auto model = std::make_shared<const HRockmateModel>(HRockmate(options).analyse(problem));
+    if (o.time_limit)
+        options.budget_time_limit_seconds =
+            std::max({(1 - auto_analysis_share) * *o.time_limit, *o.time_limit - model->seconds, 1e-3});
+    const HRockmate solver(options);
+    return [solver, model = std::move(model), first = true](Bytes budget) mutable {
         Plan plan = solver.solve(*model, budget);
         if (first) plan.stats.solve_seconds += model->seconds;
         first = false;
@@ -164,7 +174,10 @@ inline HRockmateOptions hrockmate_options(const SolveOptions& o) {
     constexpr std::string_view help = detail::rockmate_variant_help;
     RockmateOptions options;
     if (!o.variant.empty()) options.peak_budgets = options.saved_budgets = detail::positive_variant(name, help, o);
-    if (o.time_limit) options.block_time_limit_seconds = *o.time_limit;
+    // --time-limit covers the whole analysis: an even share for each block's grid.
+    if (o.time_limit)
+        options.block_time_limit_seconds =
+            *o.time_limit / static_cast<double>(std::max<std::size_t>(partition_blocks(problem).blocks.size(), 1));
     options.progress = o.progress;
 #ifdef REMAT_WITH_LPSOLVE
     using Planner = RockmateMilp<>;

@@ -9104,7 +9104,8 @@ struct HRockmateOptions {
     /// gets at most its own limit above and a share of what is left, in the order hierarchy,
     /// exact search, greedy, Rockmate. The greedy's first replay (milliseconds) and Rockmate's
     /// table lookup always run, so that a plan is never lost to the clock. None: the
-    /// components' own limits only (about 7 s at most).
+    /// components' own limits only (about 7 s at most, and up to flat_time_limit_seconds more
+    /// on an unpartitioned problem, whose exact search is the top).
     std::optional<double> budget_time_limit_seconds;
     /// Also plan with the greedy at the same budget and keep the faster plan.
     bool compare_with_greedy = true;
@@ -9947,7 +9948,7 @@ struct AutoOptions {
     /// sweep gets that much); the greedy's fallback plans within what is then left, its first
     /// replay (milliseconds) always. None: the chain DP unlimited, Rockmate's analysis
     /// auto_default_rockmate_seconds in all, H-Rockmate's its own defaults (40 s, and about
-    /// 7 s per budget).
+    /// 7 s per budget; HRockmateOptions::budget_time_limit_seconds).
     std::optional<double> time_limit_seconds;
     /// Receives the choice and the chosen solver's progress lines.
     ProgressCallback progress;

@@ -4,13 +4,17 @@
 // assertions: tagged [timing] and left out of the sanitizer runs.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
+#include <fstream>
 #include <optional>
 #include <random>
 #include <string>
 
+#include <remat/io/json.hpp>
 #include <remat/remat.hpp>
 
 #include "../support/random_problems.hpp"
+#include "../support/remat_plan_in_process.hpp"
 
 using namespace remat;
 
@@ -25,6 +29,19 @@ Problem dense_dag(std::uint32_t seed, std::size_t forward_ops) {
     shape.second_input = 0.7;
     shape.second_output = 0.3;
     return testing::random_dag(rng, shape, "dense-" + std::to_string(seed));
+}
+
+// The DAG of bench_checkmate's 40-op row of `seed`: Auto picks Rockmate, whose large block
+// cannot be planned, and H-Rockmate's flat exact search at the top stops at its limit.
+Problem bench_dag_40(std::uint32_t seed) {
+    std::mt19937 rng(seed * 7919 + 40 * 2 + 1);
+    std::optional<Problem> dag;
+    for (int attempt = 0; attempt < 300 && (!dag || dag->op_count() != 40); ++attempt) {
+        testing::DagShape shape;
+        shape.forward_ops = static_cast<std::size_t>(14 + attempt % 3 - 1);
+        dag = testing::random_dag(rng, shape, "dag-40-" + std::to_string(seed));
+    }
+    return *std::move(dag);
 }
 
 // A budget that the greedy reaches, low enough that the searches have work to do.
@@ -100,28 +117,42 @@ TEST_CASE("time limits: a sweep's budgets each get the planning share after one 
     }
 }
 
-// The DAGs of bench_checkmate's 40-op rows (seeds 1 and 2): Auto picks Rockmate, whose block
-// cannot be planned, and H-Rockmate's flat exact search at the top stops at its limit. Its
-// weighted fallback once got that limit again: 4.7 s and 5.8 s under a 4 s limit.
+// The DAGs of bench_checkmate's 40-op rows (seeds 1 and 2). H-Rockmate's weighted fallback
+// once got the exact search's limit again: 4.7 s and 5.8 s under a 4 s limit.
 TEST_CASE("time limits: Auto's limit holds when H-Rockmate's exact search at the top stops (40-op DAGs)",
           "[limits][timing]") {
     for (const std::uint32_t seed : {1U, 2U}) {
-        std::mt19937 rng(seed * 7919 + 40 * 2 + 1);
-        std::optional<Problem> dag;
-        for (int attempt = 0; attempt < 300 && (!dag || dag->op_count() != 40); ++attempt) {
-            testing::DagShape shape;
-            shape.forward_ops = static_cast<std::size_t>(14 + attempt % 3 - 1);
-            dag = testing::random_dag(rng, shape, "dag-40-" + std::to_string(seed));
-        }
-        REQUIRE(dag->op_count() == 40);
-        const Bytes budget = percent_of(store_all_reference(*dag).peak, 60);
+        const Problem dag = bench_dag_40(seed);
+        REQUIRE(dag.op_count() == 40);
+        const Bytes budget = percent_of(store_all_reference(dag).peak, 60);
         AutoOptions options;
         options.time_limit_seconds = 4.0;
         const Stopwatch clock;
-        const Plan plan = Auto(options).solve(*dag, budget);
+        const Plan plan = Auto(options).solve(dag, budget);
         const double seconds = clock.seconds();
         INFO("seed " << seed << ": " << plan.stats.options << "; solved in " << seconds << " s");
         CHECK(seconds <= 4.0 * 1.1 + 0.05);
-        CHECK(simulate(*dag, plan.schedule).peak <= budget);
+        CHECK(simulate(dag, plan.schedule).peak <= budget);
     }
+}
+
+// remat-plan's --time-limit once set only H-Rockmate's analysis and Rockmate's limit per block:
+// on this DAG, --solver hrockmate --time-limit 10 took 37 s (the flat search at the budget has
+// 30 s of its own), and rockmate's limit was paid once per block.
+TEST_CASE("time limits: remat-plan --time-limit covers H-Rockmate's and Rockmate's analysis and planning",
+          "[limits][timing][cli]") {
+    const std::filesystem::path file = std::filesystem::temp_directory_path() / "remat_test_time_limits_dag40.json";
+    std::ofstream(file) << io::to_json(bench_dag_40(1));
+    for (const std::string solver : {"hrockmate", "rockmate"}) {
+        const Stopwatch clock;
+        const testing::CliResult r =
+            testing::remat_plan({file.string(), "--budget", "60%", "--solver", solver, "--time-limit", "2", "--quiet"});
+        const double seconds = clock.seconds();
+        INFO(solver << ": exit code " << r.code << " in " << seconds << " s; " << r.err);
+        CHECK(seconds <= 2.0 * 1.1 + 0.1);
+        // H-Rockmate's greedy component always plans; Rockmate's large block has no option
+        // within the budget (exit code 3, infeasible).
+        CHECK(r.code == (solver == "hrockmate" ? 0 : 3));
+    }
+    std::filesystem::remove(file);
 }

@@ -73,7 +73,7 @@ struct AutoOptions {
     /// sweep gets that much); the greedy's fallback plans within what is then left, its first
     /// replay (milliseconds) always. None: the chain DP unlimited, Rockmate's analysis
     /// auto_default_rockmate_seconds in all, H-Rockmate's its own defaults (40 s, and about
-    /// 7 s per budget).
+    /// 7 s per budget; HRockmateOptions::budget_time_limit_seconds).
     std::optional<double> time_limit_seconds;
     /// Receives the choice and the chosen solver's progress lines.
     ProgressCallback progress;

@@ -108,7 +108,8 @@ struct HRockmateOptions {
     /// gets at most its own limit above and a share of what is left, in the order hierarchy,
     /// exact search, greedy, Rockmate. The greedy's first replay (milliseconds) and Rockmate's
     /// table lookup always run, so that a plan is never lost to the clock. None: the
-    /// components' own limits only (about 7 s at most).
+    /// components' own limits only (about 7 s at most, and up to flat_time_limit_seconds more
+    /// on an unpartitioned problem, whose exact search is the top).
     std::optional<double> budget_time_limit_seconds;
     /// Also plan with the greedy at the same budget and keep the faster plan.
     bool compare_with_greedy = true;
