@@ -71,7 +71,8 @@ namespace remat::cli {
         "  --bound           also prove a lower bound on the time of any schedule within the budget, and say\n"
         "                    how far the plan can be from the optimum (a small integer program; 10 s at most\n"
         "                    unless --time-limit; needs a build with lp_solve or CBC). auto does it by default\n"
-        "                    (5 s at most): its plan gets the certified gap, or status optimal where it meets it\n"
+        "                    (5 s and half of --time-limit at most): its plan gets the certified gap, or status\n"
+        "                    optimal where it meets it\n"
         "  --no-bound        (--solver auto) skip that bound\n"
         "  --certify S       (--solver auto, problems of at most 64 data) then the exact search, for up to S\n"
         "                    seconds, looks for a faster schedule than the plan: it finds one, proves the plan\n"
@@ -465,7 +466,8 @@ inline void print_plan(std::ostream& out, const PlanArgs& a, const Reference& re
     if (a.sweep_svg) out << "  wrote     " << *a.sweep_svg << "\n";
 }
 
-// The seconds of the proven bound auto's plans get by default (at most --time-limit).
+// The seconds of the proven bound auto's plans get by default (at most half of --time-limit,
+// whose rest, and what the bound leaves of its half, goes to the plan).
 inline constexpr double auto_bound_seconds = 5.0;
 
 // The plan's certified gap from the proven bound (plan time / bound - 1), unless it has a
@@ -573,8 +575,11 @@ inline int run_plan(const PlanArgs& a, std::ostream& out, std::ostream& err) {
         run.bound = proven_time_bound(problem, run.budget, options);
     } else if (solver.name == "auto" && !a.no_bound && run.planning && !a.sweep && have_time_bound_backend) {
         SolveOptions within = options;
-        within.time_limit = std::min(options.time_limit.value_or(auto_bound_seconds), auto_bound_seconds);
+        within.time_limit = options.time_limit ? std::min(*options.time_limit / 2, auto_bound_seconds) : auto_bound_seconds;
+        const Stopwatch clock;
         run.bound = proven_time_bound(problem, run.budget, within);
+        // --time-limit covers the whole command (plan_at reads `options` when it plans).
+        if (options.time_limit) options.time_limit = std::max(*options.time_limit - clock.seconds(), 1e-3);
     }
     if (run.bound && !run.bound->budget_infeasible && !a.sweep) options.time_bound = run.bound->time;
     if (run.planning) {

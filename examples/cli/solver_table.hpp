@@ -154,8 +154,7 @@ inline HRockmateOptions hrockmate_options(const SolveOptions& o) {
     HRockmateOptions options = detail::hrockmate_options(o);
     auto model = std::make_shared<const HRockmateModel>(HRockmate(options).analyse(problem));
     if (o.time_limit)
-        options.budget_time_limit_seconds =
-            std::max({(1 - auto_analysis_share) * *o.time_limit, *o.time_limit - model->seconds, 1e-3});
+        options.budget_time_limit_seconds = std::max(auto_planning_seconds(*o.time_limit, model->seconds), 1e-3);
     const HRockmate solver(options);
     return [solver, model = std::move(model), first = true](Bytes budget) mutable {
         Plan plan = solver.solve(*model, budget);
@@ -174,10 +173,8 @@ inline HRockmateOptions hrockmate_options(const SolveOptions& o) {
     constexpr std::string_view help = detail::rockmate_variant_help;
     RockmateOptions options;
     if (!o.variant.empty()) options.peak_budgets = options.saved_budgets = detail::positive_variant(name, help, o);
-    // --time-limit covers the whole analysis: an even share for each block's grid.
-    if (o.time_limit)
-        options.block_time_limit_seconds =
-            *o.time_limit / static_cast<double>(std::max<std::size_t>(partition_blocks(problem).blocks.size(), 1));
+    // --time-limit covers the whole analysis, shared by the blocks' grids.
+    if (o.time_limit) options.time_limit_seconds = *o.time_limit;
     options.progress = o.progress;
 #ifdef REMAT_WITH_LPSOLVE
     using Planner = RockmateMilp<>;

@@ -7029,6 +7029,10 @@ struct RockmateOptions {
     /// Wall-clock limit for the grid of one block; the options found by then are kept
     /// (the store-all option always is). One block solve is bounded by the block solver's own limit.
     double block_time_limit_seconds = 20.0;
+    /// Wall-clock limit for the whole analysis, if any. Each block gets an even share of
+    /// what is left when its turn comes (at most block_time_limit_seconds), so the time a
+    /// quick or shared block leaves passes to the blocks after it.
+    std::optional<double> time_limit_seconds;
     /// Each block gets only its store-all option: Rotor over blocks, each block one stage.
     bool store_all_only = false;
     BlockSharing sharing = BlockSharing::same_sizes;
@@ -7357,6 +7361,8 @@ public:
             throw InvalidInput("rockmate: peak_budgets and saved_budgets must be at least 1");
         if (!(options_.block_time_limit_seconds >= 0))
             throw InvalidInput("rockmate: block_time_limit_seconds must be >= 0");
+        if (options_.time_limit_seconds && !(*options_.time_limit_seconds >= 0))
+            throw InvalidInput("rockmate: time_limit_seconds must be >= 0");
     }
 
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "rockmate"; }
@@ -7391,7 +7397,7 @@ public:
             if (same_as) {
                 rb.options = retimed(model.blocks[*same_as].options, rb.problem.problem);
             } else {
-                solve_block(problem, part, l, rb, freeable);
+                solve_block(problem, part, l, rb, freeable, block_time_limit(seconds_since(start), n - l));
             }
             rb.seconds = seconds_since(block_start);
             if (options_.progress)
@@ -7513,8 +7519,17 @@ private:
         return out;
     }
 
+    // The time limit of the next block when the analysis has run `elapsed` seconds and
+    // `blocks_left` blocks (this one included) remain.
+    [[nodiscard]] double block_time_limit(double elapsed, std::size_t blocks_left) const {
+        if (!options_.time_limit_seconds) return options_.block_time_limit_seconds;
+        const double share = std::max(0.0, *options_.time_limit_seconds - elapsed) /
+                             static_cast<double>(std::max<std::size_t>(blocks_left, 1));
+        return std::min(options_.block_time_limit_seconds, share);
+    }
+
     void solve_block(const Problem& problem, const BlockPartition& part, std::size_t l, RockmateBlock& rb,
-                     std::optional<DataId> freeable) const {
+                     std::optional<DataId> freeable, double time_limit_seconds) const {
         const auto start = std::chrono::steady_clock::now();
         const Block& block = part.blocks[l];
         const Problem& q = rb.problem.problem;
@@ -7534,7 +7549,7 @@ private:
             saved_lo += detail::rockmate::bytes_of(q, b.writes);
             const Bytes peak_hi = ref.peak;
             // Every solve of the block stops when the block's time does (time_bounded).
-            const auto left = [&] { return options_.block_time_limit_seconds - seconds_since(start); };
+            const auto left = [&] { return time_limit_seconds - seconds_since(start); };
             const Bytes peak_lo =
                 std::min(peak_hi, detail::rockmate::least_peak(time_bounded(block_solver_, left()), q).value_or(saved_lo));
             const auto step = [](Bytes lo, Bytes hi, std::size_t i, std::size_t count) {
@@ -7565,11 +7580,11 @@ private:
                     if (std::any_of(infeasible.begin(), infeasible.end(),
                                     [&](const auto& f) { return peak <= f.first && saved <= f.second; }))
                         continue;
-                    if (seconds_since(start) > options_.block_time_limit_seconds) {
+                    if (seconds_since(start) > time_limit_seconds) {
                         out_of_time = true;
                         report_progress(options_.progress, "rockmate: block " + std::to_string(l + 1) +
                                                                ": time limit of " +
-                                                               std::to_string(options_.block_time_limit_seconds) +
+                                                               std::to_string(time_limit_seconds) +
                                                                " s reached, " + std::to_string(tried.size() - 1) +
                                                                " grid points tried");
                         break;
@@ -9796,7 +9811,7 @@ private:
             const Stopwatch clock;
             RockmateOptions o = options_.rockmate;
             const double left = std::max(0.0, options_.time_limit_seconds - analysis.seconds());
-            o.block_time_limit_seconds = std::min(o.block_time_limit_seconds, left / static_cast<double>(part.blocks.size()));
+            o.time_limit_seconds = std::min(o.time_limit_seconds.value_or(left), left);
             RockmateModel model = Rockmate<>(o).analyse(problem);
             report("hrockmate: rockmate on " + std::to_string(model.blocks.size()) + " blocks in " +
                    std::to_string(clock.seconds()) + " s");
@@ -9943,7 +9958,7 @@ enum class AutoChoice { rotor, rockmate, hrockmate, greedy, rotor_release };
 struct AutoOptions {
     /// Limit of one solve(problem, budget), analysis and planning at the budget together.
     /// The chain DP (RotorRelease) gets all of it. Rockmate's and H-Rockmate's analyses get
-    /// auto_analysis_share of it (Rockmate's shared evenly by its blocks), and planning at a
+    /// auto_analysis_share of it (Rockmate's shared by its blocks), and planning at a
     /// budget what the analysis left, at least the rest of the share (so each budget of a
     /// sweep gets that much); the greedy's fallback plans within what is then left, its first
     /// replay (milliseconds) always. None: the chain DP unlimited, Rockmate's analysis
@@ -10022,13 +10037,11 @@ inline constexpr double auto_default_rockmate_seconds = 45.0;
 /// planning at the budget has the rest.
 inline constexpr double auto_analysis_share = 0.75;
 
-/// The time limit of each of Rockmate's `blocks` when Auto has `total` seconds in all
-/// (auto_default_rockmate_seconds when none is given): an even share, and at most
-/// H-Rockmate's per-block default (5 s).
-[[nodiscard]] inline double auto_block_time_limit(const std::optional<double>& total, std::size_t blocks) {
-    const double per_block = HRockmateOptions::default_rockmate().block_time_limit_seconds;
-    return std::min(per_block, total.value_or(auto_default_rockmate_seconds) /
-                                   static_cast<double>(std::max<std::size_t>(blocks, 1)));
+/// Seconds for planning at a budget when the time limit is `limit` and the analysis took
+/// `analysed`: what the analysis left, and at least the rest of its share. remat::Auto and
+/// remat-plan's H-Rockmate share a limit so.
+[[nodiscard]] inline double auto_planning_seconds(double limit, double analysed) {
+    return std::max((1 - auto_analysis_share) * limit, limit - analysed);
 }
 
 namespace detail::automatic {
@@ -10151,7 +10164,7 @@ public:
                         "auto: " + std::string(to_string(model.choice)) + " for '" + problem.name() + "'");
         try {
             if (model.choice == AutoChoice::rockmate)
-                model.rockmate = Rockmate<>(rockmate_options(partition_blocks(problem).blocks.size())).analyse(problem);
+                model.rockmate = Rockmate<>(rockmate_options()).analyse(problem);
             if (model.choice == AutoChoice::hrockmate)
                 model.hrockmate = HRockmate(hrockmate_options(std::nullopt)).analyse(problem);
         } catch (const Error& e) {
@@ -10190,9 +10203,7 @@ public:
         // Seconds left of the planning's share (see AutoOptions::time_limit_seconds).
         const auto left = [&]() -> std::optional<double> {
             if (!options_.time_limit_seconds) return std::nullopt;
-            const double limit = *options_.time_limit_seconds;
-            const double share = std::max((1 - auto_analysis_share) * limit, limit - model.seconds);
-            return std::max(0.0, share - clock.seconds());
+            return std::max(0.0, auto_planning_seconds(*options_.time_limit_seconds, model.seconds) - clock.seconds());
         };
         std::vector<detail::automatic::Reach> tried{{std::string(to_string(model.choice)), std::nullopt}};
         std::optional<Plan> chosen;
@@ -10295,10 +10306,11 @@ private:
         if (!options_.time_limit_seconds) return std::nullopt;
         return auto_analysis_share * *options_.time_limit_seconds;
     }
-    // Rockmate's limit is per block: the analysis' share is split evenly among the blocks.
-    [[nodiscard]] RockmateOptions rockmate_options(std::size_t blocks = 1) const {
+    // Rockmate's blocks share the analysis' share (auto_default_rockmate_seconds without a
+    // limit), each at most H-Rockmate's per-block default.
+    [[nodiscard]] RockmateOptions rockmate_options() const {
         RockmateOptions o = HRockmateOptions::default_rockmate();
-        o.block_time_limit_seconds = auto_block_time_limit(analysis_seconds(), blocks);
+        o.time_limit_seconds = analysis_seconds().value_or(auto_default_rockmate_seconds);
         o.progress = options_.progress;
         return o;
     }

@@ -796,6 +796,29 @@ TEST_CASE("rockmate's block solves stop when the block's time limit does (TimeBo
     CHECK(Rockmate<SlowBlockSolver>(options, slow).solve(model, ref.peak).peak <= ref.peak);
 }
 
+TEST_CASE("rockmate's time limit for the whole analysis is shared by its blocks") {
+    const Problem p = identical_mlp_blocks("mlp3", 3);
+    RockmateOptions options = quiet_options();
+    options.sharing = BlockSharing::none;
+    options.block_time_limit_seconds = 20;
+    options.time_limit_seconds = 0.3;
+    const SlowBlockSolver slow;
+    const remat::Stopwatch clock;
+    const RockmateModel model = Rockmate<SlowBlockSolver>(options, slow).analyse(p);
+    REQUIRE(model.blocks.size() >= 2);
+    // Every block spins until its share runs out: the whole analysis keeps to 0.3 s (and
+    // far from the 20 s a block may take), and no block gets more than an even share.
+    CHECK(clock.seconds() < 0.3 + 1.0);
+    REQUIRE_FALSE(slow.limits_given->empty());
+    const double first_share = 0.3 / static_cast<double>(model.blocks.size());
+    for (const double limit : *slow.limits_given) CHECK(limit <= first_share + 0.05);
+    // The blocks got their shares, not nothing.
+    CHECK(*std::max_element(slow.limits_given->begin(), slow.limits_given->end()) >= 0.5 * first_share);
+
+    options.time_limit_seconds = -1;
+    CHECK_THROWS_AS(Rockmate<>(options), InvalidInput);
+}
+
 TEST_CASE("rockmate with store-all options only is rotor over blocks, never faster than the full grid") {
     std::mt19937 rng(31);
     RockmateOptions only = quiet_options();

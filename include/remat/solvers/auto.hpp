@@ -68,7 +68,7 @@ enum class AutoChoice { rotor, rockmate, hrockmate, greedy, rotor_release };
 struct AutoOptions {
     /// Limit of one solve(problem, budget), analysis and planning at the budget together.
     /// The chain DP (RotorRelease) gets all of it. Rockmate's and H-Rockmate's analyses get
-    /// auto_analysis_share of it (Rockmate's shared evenly by its blocks), and planning at a
+    /// auto_analysis_share of it (Rockmate's shared by its blocks), and planning at a
     /// budget what the analysis left, at least the rest of the share (so each budget of a
     /// sweep gets that much); the greedy's fallback plans within what is then left, its first
     /// replay (milliseconds) always. None: the chain DP unlimited, Rockmate's analysis
@@ -147,13 +147,11 @@ inline constexpr double auto_default_rockmate_seconds = 45.0;
 /// planning at the budget has the rest.
 inline constexpr double auto_analysis_share = 0.75;
 
-/// The time limit of each of Rockmate's `blocks` when Auto has `total` seconds in all
-/// (auto_default_rockmate_seconds when none is given): an even share, and at most
-/// H-Rockmate's per-block default (5 s).
-[[nodiscard]] inline double auto_block_time_limit(const std::optional<double>& total, std::size_t blocks) {
-    const double per_block = HRockmateOptions::default_rockmate().block_time_limit_seconds;
-    return std::min(per_block, total.value_or(auto_default_rockmate_seconds) /
-                                   static_cast<double>(std::max<std::size_t>(blocks, 1)));
+/// Seconds for planning at a budget when the time limit is `limit` and the analysis took
+/// `analysed`: what the analysis left, and at least the rest of its share. remat::Auto and
+/// remat-plan's H-Rockmate share a limit so.
+[[nodiscard]] inline double auto_planning_seconds(double limit, double analysed) {
+    return std::max((1 - auto_analysis_share) * limit, limit - analysed);
 }
 
 namespace detail::automatic {
@@ -276,7 +274,7 @@ public:
                         "auto: " + std::string(to_string(model.choice)) + " for '" + problem.name() + "'");
         try {
             if (model.choice == AutoChoice::rockmate)
-                model.rockmate = Rockmate<>(rockmate_options(partition_blocks(problem).blocks.size())).analyse(problem);
+                model.rockmate = Rockmate<>(rockmate_options()).analyse(problem);
             if (model.choice == AutoChoice::hrockmate)
                 model.hrockmate = HRockmate(hrockmate_options(std::nullopt)).analyse(problem);
         } catch (const Error& e) {
@@ -315,9 +313,7 @@ public:
         // Seconds left of the planning's share (see AutoOptions::time_limit_seconds).
         const auto left = [&]() -> std::optional<double> {
             if (!options_.time_limit_seconds) return std::nullopt;
-            const double limit = *options_.time_limit_seconds;
-            const double share = std::max((1 - auto_analysis_share) * limit, limit - model.seconds);
-            return std::max(0.0, share - clock.seconds());
+            return std::max(0.0, auto_planning_seconds(*options_.time_limit_seconds, model.seconds) - clock.seconds());
         };
         std::vector<detail::automatic::Reach> tried{{std::string(to_string(model.choice)), std::nullopt}};
         std::optional<Plan> chosen;
@@ -420,10 +416,11 @@ private:
         if (!options_.time_limit_seconds) return std::nullopt;
         return auto_analysis_share * *options_.time_limit_seconds;
     }
-    // Rockmate's limit is per block: the analysis' share is split evenly among the blocks.
-    [[nodiscard]] RockmateOptions rockmate_options(std::size_t blocks = 1) const {
+    // Rockmate's blocks share the analysis' share (auto_default_rockmate_seconds without a
+    // limit), each at most H-Rockmate's per-block default.
+    [[nodiscard]] RockmateOptions rockmate_options() const {
         RockmateOptions o = HRockmateOptions::default_rockmate();
-        o.block_time_limit_seconds = auto_block_time_limit(analysis_seconds(), blocks);
+        o.time_limit_seconds = analysis_seconds().value_or(auto_default_rockmate_seconds);
         o.progress = options_.progress;
         return o;
     }

@@ -800,7 +800,7 @@ private:
             const Stopwatch clock;
             RockmateOptions o = options_.rockmate;
             const double left = std::max(0.0, options_.time_limit_seconds - analysis.seconds());
-            o.block_time_limit_seconds = std::min(o.block_time_limit_seconds, left / static_cast<double>(part.blocks.size()));
+            o.time_limit_seconds = std::min(o.time_limit_seconds.value_or(left), left);
             RockmateModel model = Rockmate<>(o).analyse(problem);
             report("hrockmate: rockmate on " + std::to_string(model.blocks.size()) + " blocks in " +
                    std::to_string(clock.seconds()) + " s");

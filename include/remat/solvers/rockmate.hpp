@@ -80,6 +80,10 @@ struct RockmateOptions {
     /// Wall-clock limit for the grid of one block; the options found by then are kept
     /// (the store-all option always is). One block solve is bounded by the block solver's own limit.
     double block_time_limit_seconds = 20.0;
+    /// Wall-clock limit for the whole analysis, if any. Each block gets an even share of
+    /// what is left when its turn comes (at most block_time_limit_seconds), so the time a
+    /// quick or shared block leaves passes to the blocks after it.
+    std::optional<double> time_limit_seconds;
     /// Each block gets only its store-all option: Rotor over blocks, each block one stage.
     bool store_all_only = false;
     BlockSharing sharing = BlockSharing::same_sizes;
@@ -408,6 +412,8 @@ public:
             throw InvalidInput("rockmate: peak_budgets and saved_budgets must be at least 1");
         if (!(options_.block_time_limit_seconds >= 0))
             throw InvalidInput("rockmate: block_time_limit_seconds must be >= 0");
+        if (options_.time_limit_seconds && !(*options_.time_limit_seconds >= 0))
+            throw InvalidInput("rockmate: time_limit_seconds must be >= 0");
     }
 
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "rockmate"; }
@@ -442,7 +448,7 @@ public:
             if (same_as) {
                 rb.options = retimed(model.blocks[*same_as].options, rb.problem.problem);
             } else {
-                solve_block(problem, part, l, rb, freeable);
+                solve_block(problem, part, l, rb, freeable, block_time_limit(seconds_since(start), n - l));
             }
             rb.seconds = seconds_since(block_start);
             if (options_.progress)
@@ -564,8 +570,17 @@ private:
         return out;
     }
 
+    // The time limit of the next block when the analysis has run `elapsed` seconds and
+    // `blocks_left` blocks (this one included) remain.
+    [[nodiscard]] double block_time_limit(double elapsed, std::size_t blocks_left) const {
+        if (!options_.time_limit_seconds) return options_.block_time_limit_seconds;
+        const double share = std::max(0.0, *options_.time_limit_seconds - elapsed) /
+                             static_cast<double>(std::max<std::size_t>(blocks_left, 1));
+        return std::min(options_.block_time_limit_seconds, share);
+    }
+
     void solve_block(const Problem& problem, const BlockPartition& part, std::size_t l, RockmateBlock& rb,
-                     std::optional<DataId> freeable) const {
+                     std::optional<DataId> freeable, double time_limit_seconds) const {
         const auto start = std::chrono::steady_clock::now();
         const Block& block = part.blocks[l];
         const Problem& q = rb.problem.problem;
@@ -585,7 +600,7 @@ private:
             saved_lo += detail::rockmate::bytes_of(q, b.writes);
             const Bytes peak_hi = ref.peak;
             // Every solve of the block stops when the block's time does (time_bounded).
-            const auto left = [&] { return options_.block_time_limit_seconds - seconds_since(start); };
+            const auto left = [&] { return time_limit_seconds - seconds_since(start); };
             const Bytes peak_lo =
                 std::min(peak_hi, detail::rockmate::least_peak(time_bounded(block_solver_, left()), q).value_or(saved_lo));
             const auto step = [](Bytes lo, Bytes hi, std::size_t i, std::size_t count) {
@@ -616,11 +631,11 @@ private:
                     if (std::any_of(infeasible.begin(), infeasible.end(),
                                     [&](const auto& f) { return peak <= f.first && saved <= f.second; }))
                         continue;
-                    if (seconds_since(start) > options_.block_time_limit_seconds) {
+                    if (seconds_since(start) > time_limit_seconds) {
                         out_of_time = true;
                         report_progress(options_.progress, "rockmate: block " + std::to_string(l + 1) +
                                                                ": time limit of " +
-                                                               std::to_string(options_.block_time_limit_seconds) +
+                                                               std::to_string(time_limit_seconds) +
                                                                " s reached, " + std::to_string(tried.size() - 1) +
                                                                " grid points tried");
                         break;
