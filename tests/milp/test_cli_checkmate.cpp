@@ -3,11 +3,15 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <remat/core/timing.hpp>
+#include <remat/io/json.hpp>
 
+#include "../support/op_level_problems.hpp"
 #include "../support/remat_plan_in_process.hpp"
 
 namespace {
@@ -100,6 +104,25 @@ TEST_CASE("remat-plan with auto proves the time bound by default: the certified 
                     .contains("time_lower_bound"));
     CHECK_FALSE(nlohmann::json::parse(remat_plan({tiny_chain, "--budget", "100%", "--json", "--solver", "rotor"}).out)
                     .contains("time_lower_bound"));
+}
+
+// The bound auto proves by default once took all of --time-limit (at most 5 s) before the
+// plan took the limit again: 6.2 s for --time-limit 4 on this U-Net, whose bound does not
+// solve within seconds.
+TEST_CASE("remat-plan with auto: --time-limit covers the default bound and the plan together", "[cli][auto][timing]") {
+    const std::filesystem::path file = std::filesystem::temp_directory_path() / "remat_test_cli_unet200.json";
+    std::ofstream(file) << remat::io::to_json(remat::testing::unet_like(remat::testing::UNetShape{}, "unet-200"));
+    const remat::Stopwatch clock;
+    const CliResult r = remat_plan({file.string(), "--budget", "20%", "--time-limit", "4", "--json", "--quiet"});
+    const double seconds = clock.seconds();
+    std::filesystem::remove(file);
+    INFO("exit code " << r.code << " in " << seconds << " s; " << r.err);
+    REQUIRE(r.code == 0);
+    CHECK(seconds <= 4.0 * 1.1 + 0.2);
+    const auto line = nlohmann::json::parse(r.out);
+    REQUIRE(line.contains("time_lower_bound"));
+    CHECK(line.at("time_lower_bound").at("seconds").get<double>() <= 2.0 * 1.1 + 0.1);
+    CHECK(line.at("time_lower_bound").at("time").get<double>() <= line.at("time").get<double>());
 }
 
 TEST_CASE("remat-plan --refine: faster plans until the certified gap is at most 3 %", "[cli]") {
