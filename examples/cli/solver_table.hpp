@@ -225,6 +225,7 @@ namespace detail {
     options.progress = o.progress;
     if (!o.second_opinion) options.second_opinion_max_ops = 0;
     options.certify_seconds = o.certify.value_or(o.exact_component ? options.certify_seconds : 0.0);
+    if (!o.exact_component) options.window_search_seconds = 0.0;  // a sweep plans many budgets
     if (o.exact_component) options.exact_component = detail::checkmate_from_plan(o.time_bound);
     const Auto solver(std::move(options));
     return [solver, p = std::make_shared<const Problem>(problem), model = std::shared_ptr<const AutoModel>(),

@@ -34,6 +34,7 @@
 #include "solvers/improve.hpp"
 #include "solvers/greedy.hpp"
 #include "solvers/refine.hpp"
+#include "solvers/window_search.hpp"
 #include "partition/hierarchy.hpp"
 #include "solvers/hierarchical.hpp"
 #include "solvers/auto.hpp"

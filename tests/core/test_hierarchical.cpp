@@ -687,6 +687,7 @@ TEST_CASE("auto's certification: faster plans found, plans proven optimal, or a 
     remat::AutoOptions options;
     options.certify_seconds = 5.0;
     options.second_opinion_max_ops = 0;
+    options.window_search_seconds = 0.0;  // it would find the faster plans first (test_window_search.cpp)
     const remat::Auto certifying(options);
     remat::AutoOptions plain_options = options;
     plain_options.certify_seconds = 0.0;
@@ -759,6 +760,7 @@ TEST_CASE("auto: the exact component and the certification find the optimum the 
     AutoOptions base;
     base.second_opinion_seconds = 0.2;
     base.certify_seconds = 0.0;
+    base.window_search_seconds = 0.0;
 
     SECTION("an exact component's faster plan replaces the heuristics'") {
         AutoOptions o = base;

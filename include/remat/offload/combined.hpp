@@ -76,6 +76,7 @@ private:
         options.greedy_fallback_seconds = 0.05;
         options.exact_fallback = false;
         options.certify_seconds = 0.0;
+        options.window_search_seconds = 0.0;
         return options;
     }
     [[nodiscard]] const AutoModel& model_of(const Problem& problem) const {

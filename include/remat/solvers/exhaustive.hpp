@@ -125,6 +125,16 @@ struct QueueEntry {
 // What minimises the path cost: total time within a budget, or the peak itself.
 enum class SearchGoal { least_time, least_peak };
 
+// A part of a schedule to search again (solvers/window_search.hpp): from the state a schedule
+// reaches before the part, to one where the same exactly-once units ran and at least what the
+// schedule keeps after it is live. The rest of the schedule, `time_after` seconds, is fixed.
+struct SearchWindow {
+    SearchState from;
+    std::uint64_t done = 0;  // the units done at the end of the part
+    DataMask live;           // what must be live at its end (the rest is then freed)
+    double time_after = 0.0;
+};
+
 class ExhaustiveSearch {
 public:
     /// `choice_groups`: sets of exactly-once ops of which exactly one must run (see above);
@@ -192,8 +202,10 @@ public:
 
     /// `below` (least_time, weight 1): look only for schedules faster than this, and at the time
     /// or state limit return the proven lower bound (the least key still open) instead of
-    /// throwing. Without it, the limits throw SolverError.
-    Result run(SearchGoal goal, Bytes budget, std::optional<double> below = std::nullopt) const {
+    /// throwing. Without it, the limits throw SolverError. With a `window` (least_time), the
+    /// search goes from its state to its end only: times, schedule and bounds are the part's.
+    Result run(SearchGoal goal, Bytes budget, std::optional<double> below = std::nullopt,
+               const SearchWindow* window = nullptr) const {
         const auto start = std::chrono::steady_clock::now();
         using Node = SearchNode;
         using Entry = QueueEntry;
@@ -205,12 +217,15 @@ public:
         };
         std::priority_queue<Entry, std::vector<Entry>, decltype(worse)> open(worse);
 
-        const SearchState root{initial_mask_, 0};
+        const SearchState root = window ? window->from : SearchState{initial_mask_, 0};
         const std::uint64_t tight = options_.memory_bound ? tight_units(budget) : 0;
+        const auto bound = [&](const SearchState& state) {
+            return window ? window_bound(state, budget, tight, *window) : heuristic(state, budget, tight);
+        };
         const Bytes root_memory = memory(root.live);
-        if (root_memory > budget || heuristic(root, budget, tight) == std::numeric_limits<double>::infinity()) return {};
+        if (root_memory > budget || bound(root) == std::numeric_limits<double>::infinity()) return {};
         nodes.emplace(root, Node{0.0, root_memory, root, Step::free(DataId{0}), false});
-        open.push({options_.weight * heuristic(root, budget, tight), root_memory, 0.0, root});
+        open.push({options_.weight * bound(root), root_memory, 0.0, root});
 
         std::size_t expanded = 0;
         bool out_of_states = false;
@@ -222,7 +237,8 @@ public:
             if (node.closed) continue;
             node.closed = true;
             const SearchState s = top.state;
-            if (is_goal(s)) return reconstruct(nodes, s, root);
+            if (window ? (s.done == window->done && (s.live & window->live) == window->live) : is_goal(s))
+                return reconstruct(nodes, s, root, window ? window->live | initial_mask_ : initial_mask_ | final_mask_);
             // Each expansion evaluates the bounds for every successor (up to tens of microseconds
             // on dense graphs), so the clock is read often enough to stop within milliseconds.
             if (++expanded % 64 == 0) {
@@ -249,7 +265,7 @@ public:
                     // drop by more than an op's time), and A* stays exact only by reopening.
                     if (existing.closed ? !strictly_better : !better) return;
                 }
-                const double key = time + options_.weight * heuristic(next, budget, tight);
+                const double key = time + options_.weight * bound(next);
                 if (key == std::numeric_limits<double>::infinity()) return;  // leads nowhere
                 if (below && key >= *below) return;  // cannot beat the incumbent (weight 1: key = time + bound)
                 if (it != nodes.end()) {
@@ -278,6 +294,26 @@ public:
         if (below) return Result{false, {}, 0.0, 0, false, *below};
         return {};
     }
+
+    /// The state before each step of `schedule`, and after its last (one more than its
+    /// steps): what is live as the simulator has it, and the units that ran.
+    [[nodiscard]] std::vector<SearchState> states_along(const Schedule& schedule) const {
+        std::vector<SearchState> states{SearchState{initial_mask_, 0}};
+        states.reserve(schedule.size() + 1);
+        for (const Step& step : schedule) {
+            SearchState next = states.back();
+            if (step.is_run()) {
+                next.live |= op_writes_[step.op().index];
+                if (const int unit = unit_of_[step.op().index]; unit >= 0) next.done |= std::uint64_t{1} << unit;
+            } else {
+                next.live = next.live & ~DataMask::bit(step.data().index);
+            }
+            states.push_back(next);
+        }
+        return states;
+    }
+    /// What is live in `s` that nothing can read any more (see dead_data).
+    [[nodiscard]] DataMask dead(const SearchState& s) const { return dead_data(s); }
 
     /// A budget no step can exceed: every data live at once, with the largest overhead.
     [[nodiscard]] Bytes unconstrained_budget() const {
@@ -678,6 +714,26 @@ private:
         // more of each dropped data (after the unit, the other before it or never) do.
         return std::max(remaining, exactly_once + std::max(recompute, share_of(*needed) + forced));
     }
+    // Admissible for the rest of a window: its units still to run, and whatever every
+    // completion of the whole schedule needs beyond the fixed rest (the heuristic is a bound
+    // on any completion, this window's with the rest among them). Units the window does not
+    // run may not run in it.
+    [[nodiscard]] double window_bound(const SearchState& s, Bytes budget, std::uint64_t tight, const SearchWindow& w) const {
+        if ((s.done & ~w.done) != 0) return std::numeric_limits<double>::infinity();
+        const std::uint64_t to_run = w.done & ~s.done;
+        double units = 0.0;
+        for (std::size_t u = 0; u < units_.size(); ++u)
+            if (to_run >> u & 1U) units += least_unit_time_[u];
+        // What must be live at the end and is not, and no unit of the window writes, needs a
+        // repeatable run (or has no writer left).
+        DataMask missing;
+        for (std::size_t d = 0; d < p_.data_count(); ++d) {
+            if (!w.live.test(d) || s.live.test(d) || (written_by_units_[d] & to_run) != 0) continue;
+            if (repeatable_writers_[d].empty()) return std::numeric_limits<double>::infinity();
+            missing |= DataMask::bit(d);
+        }
+        return std::max({units + recompute_bound(missing), heuristic(s, budget, tight) - w.time_after});
+    }
     [[nodiscard]] bool is_goal(const SearchState& s) const {
         return s.done == all_done_ && (s.live & final_mask_) == final_mask_;
     }
@@ -693,8 +749,9 @@ private:
         return dead;
     }
 
+    // The path from `root` to `goal`, then the frees of what is live at the goal but not in `keep`.
     template <class Nodes>
-    Result reconstruct(const Nodes& nodes, SearchState goal, SearchState root) const {
+    Result reconstruct(const Nodes& nodes, SearchState goal, SearchState root, DataMask keep) const {
         Result result;
         result.found = true;
         result.time = nodes.at(goal).time;
@@ -714,8 +771,8 @@ private:
                     if (gone.test(d)) result.schedule.push_back(Step::free(DataId{d}));
             }
         }
-        // Tidy: free what is left that is neither initial nor final.
-        const DataMask leftover = goal.live & ~(initial_mask_ | final_mask_);
+        // Tidy: free what is left that is not to be kept (neither initial nor final, in a whole schedule).
+        const DataMask leftover = goal.live & ~keep;
         for (std::size_t d = 0; d < p_.data_count(); ++d)
             if (leftover.test(d)) result.schedule.push_back(Step::free(DataId{d}));
         return result;

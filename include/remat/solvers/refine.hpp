@@ -7,6 +7,8 @@
 // says when further search is no longer worth it (issue 26's "use the bound for early
 // stopping"). The search is anytime and randomised:
 //   - the plan itself, locally improved (solvers/improve.hpp: keep instead of recompute);
+//   - on problems within the exact search's reach (at most 128 data), the plan's windows
+//     searched again exactly (solvers/window_search.hpp), for a share of the time limit;
 //   - then rounds of the greedy's portfolio (solvers/greedy.hpp, after DTR, Kirisame et al.
 //     2021), each with fresh noise on DTR's eviction score and alternating the store-all and
 //     the memory-aware order, its fastest plans locally improved.
@@ -31,6 +33,7 @@
 #include "../core/timing.hpp"
 #include "greedy.hpp"
 #include "improve.hpp"
+#include "window_search.hpp"
 
 namespace remat {
 
@@ -43,6 +46,9 @@ struct RefineOptions {
     /// Seconds of one round: the greedy's portfolio (60 %) and the improvement of its fastest
     /// plans (40 %). Shorter rounds stop sooner once the target is met.
     double round_seconds = 2.0;
+    /// The share of the time limit the window search takes, on problems within its reach,
+    /// before the greedy's rounds.
+    double window_share = 0.5;
     /// Seed of the rounds' noise (round r uses its own seed derived from it).
     std::uint64_t seed = 1;
     ProgressCallback progress;
@@ -105,9 +111,18 @@ namespace detail::refine {
         io.time_limit_seconds = std::min(options.round_seconds, options.time_limit_seconds);
         take(improve_schedule(problem, plan.schedule, budget, io), "the plan locally improved");
     }
+    bool proven_optimal = false;  // by the window search over the whole schedule
+    if (gap() > options.target_gap && problem.data_count() <= 128) {
+        WindowSearchOptions wo;
+        wo.time_limit_seconds = std::max(0.0, std::min(options.window_share * options.time_limit_seconds,
+                                                       options.time_limit_seconds - clock.seconds()));
+        const WindowSearchResult searched = window_search(problem, budget, plan, wo);
+        take(searched.plan.schedule, "the plan's windows searched exactly");
+        proven_optimal = searched.optimal;
+    }
     std::uint64_t round = 0;
     int failed_in_a_row = 0;  // rounds whose greedy fits no plan at this budget
-    for (; gap() > options.target_gap && failed_in_a_row < 2; ++round) {
+    for (; !proven_optimal && gap() > options.target_gap && failed_in_a_row < 2; ++round) {
         const double left = options.time_limit_seconds - clock.seconds();
         if (left <= 0.0) break;
         try {
@@ -119,7 +134,7 @@ namespace detail::refine {
         }
     }
     plan.stats.gap = gap();
-    if (*plan.stats.gap <= 1e-9) {
+    if (*plan.stats.gap <= 1e-9 || proven_optimal) {  // no schedule is faster: the bound is below the optimum
         plan.stats.gap = 0.0;
         plan.stats.status = SolveStatus::optimal;
     } else if (plan.time < before) {

@@ -1,0 +1,152 @@
+// solvers/window_search.hpp: windows of a plan searched again by the exact search. Every
+// result is valid, within the budget and never slower; where the search over the whole
+// schedule finishes, the result is the exact optimum and says so; faster windows are found
+// where the heuristics miss the optimum; problems beyond the exact search come back as they
+// are; and Auto and refine_plan use it.
+#include <catch2/catch.hpp>
+
+#include <optional>
+#include <random>
+#include <string>
+
+#include <remat/remat.hpp>
+
+#include "../support/random_problems.hpp"
+
+using namespace remat;
+
+namespace {
+
+// The greedy's plan, or none where it has no plan at the budget.
+std::optional<Plan> greedy_plan(const Problem& p, Bytes budget) {
+    try {
+        return Greedy{}.solve(p, budget);
+    } catch (const Infeasible&) {
+        return std::nullopt;
+    }
+}
+
+}  // namespace
+
+TEST_CASE("window search: valid, within budget, never slower, and exact where the whole search finishes",
+          "[window_search][property]") {
+    std::mt19937 rng(2026);
+    int checked = 0, faster = 0, optimal = 0;
+    for (int trial = 0; trial < 60; ++trial) {
+        testing::DagShape shape;
+        shape.forward_ops = 3 + static_cast<std::size_t>(trial % 4);
+        const Problem p = testing::random_dag(rng, shape, "dag-" + std::to_string(trial));
+        const Reference ref = store_all_reference(p);
+        const Bytes budget = percent_of(ref.peak, 60 + 10 * (trial % 4));
+        const std::optional<Plan> plan = greedy_plan(p, budget);
+        if (!plan) continue;
+        WindowSearchOptions options;
+        options.time_limit_seconds = 30;  // the state cap ends each window first on these sizes
+        options.window_runs = 2;
+        const WindowSearchResult result = window_search(p, budget, *plan, options);
+        INFO("trial " << trial << ": " << result.plan.stats.options);
+        const SimulationReport sim = simulate(p, result.plan.schedule);
+        REQUIRE(sim.fits(budget));
+        CHECK(sim.time == Approx(result.plan.time));
+        CHECK(result.plan.time <= plan->time);
+        ++checked;
+        if (result.faster_windows > 0) {
+            ++faster;
+            CHECK(result.plan.time < plan->time);
+        }
+        if (result.optimal) {
+            ++optimal;
+            CHECK(result.plan.stats.status == SolveStatus::optimal);
+            CHECK(result.plan.time == Approx(Exhaustive{}.solve(p, budget).time));
+        }
+    }
+    INFO(checked << " plans, " << faster << " made faster, " << optimal << " proven optimal");
+    CHECK(checked >= 30);
+    CHECK(faster >= 5);
+    CHECK(optimal >= checked / 2);
+}
+
+TEST_CASE("window search: a faster window where the heuristics miss the optimum", "[window_search]") {
+    // The DAG of test_hierarchical.cpp's missed_optimum(): at 60 % of P_ref the heuristics' plan
+    // was 63 where the optimum is 51.
+    std::mt19937 rng(51);
+    testing::DagShape shape;
+    shape.forward_ops = 6;
+    const Problem p = testing::random_dag(rng, shape, "dag-51");
+    const Bytes budget = percent_of(store_all_reference(p).peak, 60);
+    const double optimum = Exhaustive{}.solve(p, budget).time;
+    const std::optional<Plan> plan = greedy_plan(p, budget);
+    REQUIRE(plan);
+    REQUIRE(plan->time > optimum);
+    WindowSearchOptions options;
+    options.time_limit_seconds = 30;
+    int lines = 0;
+    options.progress = [&](const std::string& line) {
+        ++lines;
+        CHECK_THAT(line, Catch::StartsWith("window search: runs "));
+    };
+    const WindowSearchResult result = window_search(p, budget, *plan, options);
+    CHECK(result.plan.time == Approx(optimum));
+    CHECK(result.optimal);
+    CHECK(result.faster_windows >= 1);
+    CHECK(lines == static_cast<int>(result.faster_windows));
+    CHECK_THAT(result.plan.stats.options, Catch::Contains("window search (") && Catch::Contains("proven optimal by the window search"));
+    CHECK(result.plan.stats.gap == 0.0);
+}
+
+TEST_CASE("window search: out of the exact search's reach the plan comes back as it is; bad options are refused",
+          "[window_search]") {
+    std::mt19937 rng(7);
+    testing::DagShape shape;
+    shape.forward_ops = 40;  // over 128 data
+    const Problem big = testing::random_dag(rng, shape, "big");
+    REQUIRE(big.data_count() > 128);
+    const Bytes budget = store_all_reference(big).peak;
+    const Plan plan = Greedy{}.solve(big, budget);
+    const WindowSearchResult result = window_search(big, budget, plan);
+    CHECK(result.plan.schedule == plan.schedule);
+    CHECK_FALSE(result.optimal);
+    CHECK(result.faster_windows == 0);
+    WindowSearchOptions bad;
+    bad.time_limit_seconds = -1;
+    CHECK_THROWS_AS(window_search(big, budget, plan, bad), InvalidInput);
+}
+
+TEST_CASE("auto and refine_plan search the plan's windows: never slower than without", "[window_search][auto]") {
+    std::mt19937 rng(99);
+    AutoOptions with;
+    with.certify_seconds = 0.0;
+    with.second_opinion_max_ops = 0;
+    with.window_search_seconds = 2.0;
+    AutoOptions without = with;
+    without.window_search_seconds = 0.0;
+    int compared = 0;
+    for (int trial = 0; trial < 6; ++trial) {
+        testing::DagShape shape;
+        shape.forward_ops = 5 + static_cast<std::size_t>(trial % 3);
+        const Problem p = testing::random_dag(rng, shape, "dag-" + std::to_string(trial));
+        const Bytes budget = percent_of(store_all_reference(p).peak, 60 + 5 * trial);
+        const AutoModel model = Auto(without).analyse(p);
+        std::optional<Plan> plain;
+        try {
+            plain = Auto(without).solve(model, budget);
+        } catch (const Infeasible&) {
+            continue;
+        }
+        const Plan searched = Auto(with).solve(model, budget);
+        INFO("trial " << trial << ": " << searched.stats.options);
+        CHECK(simulate(p, searched.schedule).fits(budget));
+        CHECK(searched.time <= plain->time);
+        ++compared;
+        // refine_plan, against the exact optimum as the bound: the window search reaches it.
+        const double optimum = Exhaustive{}.solve(p, budget).time;
+        RefineOptions ro;
+        ro.time_limit_seconds = 20;
+        ro.target_gap = 0.0;
+        const Plan refined = refine_plan(p, budget, *plain, optimum, ro);
+        CHECK(refined.time <= plain->time);
+        CHECK(simulate(p, refined.schedule).fits(budget));
+        CHECK(refined.stats.status == SolveStatus::optimal);
+    }
+    CHECK(compared >= 3);
+}
