@@ -112,7 +112,7 @@ namespace detail::refine {
         take(improve_schedule(problem, plan.schedule, budget, io), "the plan locally improved");
     }
     bool proven_optimal = false;  // by the window search over the whole schedule
-    if (gap() > options.target_gap && problem.data_count() <= 128) {
+    if (gap() > options.target_gap) {  // window_search() leaves problems beyond its reach as they are
         WindowSearchOptions wo;
         wo.time_limit_seconds = std::max(0.0, std::min(options.window_share * options.time_limit_seconds,
                                                        options.time_limit_seconds - clock.seconds()));

@@ -82,28 +82,13 @@ struct Walk {
     }
 };
 
-// `schedule` with steps [begin, end) replaced by `part`; the rest's frees of data that the
-// part left dead (and so freed already) are dropped.
-[[nodiscard]] inline Schedule spliced(const Problem& problem, const Schedule& schedule, std::size_t begin,
-                                      std::size_t end, const Schedule& part) {
+// `schedule` with steps [begin, end) replaced by `part`. The rest may still free data that the
+// part left dead and freed already; accept() tidies those frees away (tidy_schedule).
+[[nodiscard]] inline Schedule spliced(const Schedule& schedule, std::size_t begin, std::size_t end,
+                                      const Schedule& part) {
     Schedule out(schedule.begin(), schedule.begin() + static_cast<std::ptrdiff_t>(begin));
     out.insert(out.end(), part.begin(), part.end());
-    std::vector<char> live(problem.data_count(), 0);
-    for (std::size_t d = 0; d < problem.data_count(); ++d) live[d] = problem.is_initial(DataId{d}) ? 1 : 0;
-    const auto apply = [&](const Step& step) {
-        if (step.is_run()) {
-            for (const DataId d : problem.op(step.op()).writes) live[d.index] = 1;
-        } else {
-            live[step.data().index] = 0;
-        }
-    };
-    for (const Step& step : out) apply(step);
-    for (std::size_t i = end; i < schedule.size(); ++i) {
-        const Step& step = schedule[i];
-        if (step.is_free() && !live[step.data().index]) continue;
-        apply(step);
-        out.push_back(step);
-    }
+    out.insert(out.end(), schedule.begin() + static_cast<std::ptrdiff_t>(end), schedule.end());
     return out;
 }
 
@@ -132,7 +117,7 @@ struct WindowOutcome {
     const double window_time = walk.time_from[begin] - walk.time_from[end];
     auto result = search.run(exhaustive::SearchGoal::least_time, budget, window_time, &window);
     if (!result.found) return {std::nullopt, !result.stopped};
-    return {spliced(problem, schedule, begin, end, result.schedule), true};
+    return {spliced(schedule, begin, end, result.schedule), true};
 }
 
 // The search's state between windows: the schedule so far, its simulation, and what happened.
@@ -144,16 +129,13 @@ struct Current {
     bool out_of_time = false;
 };
 
-// Takes `candidate` when it is valid, within the budget and faster (tidied where that holds).
-inline bool accept(const Problem& problem, Bytes budget, Schedule candidate, Current& state) {
-    SimulationReport report = simulate(problem, candidate);
-    if (!report.fits(budget) || !(report.time < state.report.time)) return false;
+// Takes `candidate`, tidied (which drops its frees of data no longer live), when it is then
+// valid, within the budget and faster.
+inline bool accept(const Problem& problem, Bytes budget, const Schedule& candidate, Current& state) {
     Schedule tidy = tidy_schedule(problem, candidate);
-    if (SimulationReport tidied = simulate(problem, tidy); tidied.fits(budget) && tidied.time <= report.time) {
-        candidate = std::move(tidy);
-        report = std::move(tidied);
-    }
-    state.schedule = std::move(candidate);
+    SimulationReport report = simulate(problem, tidy);
+    if (!report.fits(budget) || !(report.time < state.report.time)) return false;
+    state.schedule = std::move(tidy);
     state.report = std::move(report);
     ++state.improved;
     return true;
@@ -177,7 +159,7 @@ inline bool pass(const Problem& problem, Bytes budget, std::size_t width, Exhaus
         const std::size_t last = std::min(first + width, runs);
         const double before = state.report.time;
         WindowOutcome outcome = search_window(problem, budget, state.schedule, walk, search, first, last);
-        if (outcome.faster && accept(problem, budget, std::move(*outcome.faster), state)) {
+        if (outcome.faster && accept(problem, budget, *outcome.faster, state)) {
             report_progress(options.progress, "window search: runs " + std::to_string(first + 1) + "-" +
                                                   std::to_string(last) + " of " + std::to_string(runs) + ": time " +
                                                   std::to_string(before) + " -> " + std::to_string(state.report.time));
@@ -224,7 +206,8 @@ struct WindowSearchResult {
     const double before = state.report.time;
     for (std::size_t width = std::max<std::size_t>(options.window_runs, 1); !state.optimal && !state.out_of_time;) {
         if (ws::pass(problem, budget, width, exact, options, clock, state)) continue;
-        if (width >= ws::Walk(problem, ws::ExhaustiveSearch(problem, exact), state.schedule).runs.size()) break;
+        const auto runs = std::count_if(state.schedule.begin(), state.schedule.end(), [](const Step& step) { return step.is_run(); });
+        if (width >= static_cast<std::size_t>(runs)) break;
         width *= 2;
     }
     SolverStats stats = plan.stats;
