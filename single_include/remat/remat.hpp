@@ -2342,13 +2342,12 @@ public:
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <limits>
 #include <optional>
 #include <queue>
 #include <string>
 #include <string_view>
-#include <unordered_map>
+#include <utility>
 #include <vector>
 
 
@@ -2373,8 +2372,9 @@ struct ExhaustiveOptions {
     /// what prunes states that keep too much when the budget is tight; off for comparison.
     bool memory_bound = true;
     /// The search also gives up when its state table and queue would take more than this many
-    /// bytes (an estimate from their element counts, about 110 bytes a state and 48 a queued
-    /// entry; the queue can outgrow the table when states are reached again more cheaply).
+    /// bytes: 89 bytes a slot of the table, which doubles when 3/4 full (so 120 to 240 bytes a
+    /// state), and 48 a queued entry (the queue can outgrow the table when states are reached
+    /// again more cheaply).
     std::size_t max_memory_bytes = std::size_t{2} << 30;
 };
 
@@ -2407,12 +2407,18 @@ struct SearchState {
     friend bool operator==(const SearchState&, const SearchState&) = default;
 };
 
-struct SearchStateHash {
-    std::size_t operator()(const SearchState& s) const noexcept {
-        const std::uint64_t h = s.live.low * 0x9E3779B97F4A7C15ULL ^ (s.live.high + 0x7F4A7C159E3779B9ULL) * 0xC2B2AE3D27D4EB4FULL;
-        return std::hash<std::uint64_t>{}(h ^ (s.done + 0x632BE59BD9B4E019ULL));
-    }
-};
+// A hash whose low bits depend on every bit of the state (StateTable indexes by them):
+// each word goes through the finaliser of MurmurHash3 (Appleby 2008) before the next joins.
+[[nodiscard]] constexpr std::uint64_t state_hash(const SearchState& s) noexcept {
+    const auto mix = [](std::uint64_t x) {
+        x ^= x >> 33;
+        x *= 0xFF51AFD7ED558CCDULL;
+        x ^= x >> 33;
+        x *= 0xC4CEB9FE1A85EC53ULL;
+        return x ^ (x >> 33);
+    };
+    return mix(s.live.low ^ mix(s.live.high ^ mix(s.done + 0x9E3779B97F4A7C15ULL)));
+}
 
 // A state the search reached: the cheapest path to it known so far.
 struct SearchNode {
@@ -2422,6 +2428,68 @@ struct SearchNode {
     Step action;  // from the parent: a run (with the frees of what it leaves dead) or a free
     bool closed;
 };
+// The states the search reached, by state: open addressing with linear probing in one array
+// (a power of two of slots, at most 3/4 full). Against a node-based hash map, a lookup
+// touches one cache line instead of following pointers, and dropping a table of millions of
+// states is one deallocation, not one per state: a search that stops at its time limit
+// returns at once instead of spending up to a third of a second freeing its states.
+// A reference into the table is valid until the next insertion.
+class StateTable {
+public:
+    [[nodiscard]] std::size_t size() const noexcept { return size_; }
+    [[nodiscard]] SearchNode* find(const SearchState& state) noexcept {
+        return const_cast<SearchNode*>(std::as_const(*this).find(state));
+    }
+    [[nodiscard]] const SearchNode* find(const SearchState& state) const noexcept {
+        if (slots_.empty()) return nullptr;
+        for (std::size_t i = slot_of(state);; i = (i + 1) & mask()) {
+            if (!used_[i]) return nullptr;
+            if (slots_[i].state == state) return &slots_[i].node;
+        }
+    }
+    /// The node of a state the table holds (precondition: it does).
+    [[nodiscard]] const SearchNode& at(const SearchState& state) const noexcept { return *find(state); }
+    /// Adds `state`, which the table must not hold yet.
+    void insert(const SearchState& state, const SearchNode& node) {
+        if (size_ + 1 > capacity_for(slots_.size())) grow();
+        place(Slot{state, node});
+        ++size_;
+    }
+    /// The bytes the table holds after one more insertion (it may double to take it).
+    [[nodiscard]] std::size_t bytes_after_insert() const noexcept {
+        const std::size_t slots = size_ + 1 > capacity_for(slots_.size()) ? std::max<std::size_t>(2 * slots_.size(), 64)
+                                                                          : slots_.size();
+        return slots * (sizeof(Slot) + 1);
+    }
+
+private:
+    struct Slot {
+        SearchState state;
+        SearchNode node{0.0, 0, {}, Step::free(DataId{0}), false};  // Step has no default
+    };
+    [[nodiscard]] static constexpr std::size_t capacity_for(std::size_t slots) noexcept { return slots / 4 * 3; }
+    [[nodiscard]] std::size_t mask() const noexcept { return slots_.size() - 1; }
+    [[nodiscard]] std::size_t slot_of(const SearchState& state) const noexcept {
+        return static_cast<std::size_t>(state_hash(state)) & mask();
+    }
+    void place(const Slot& slot) {
+        std::size_t i = slot_of(slot.state);
+        while (used_[i]) i = (i + 1) & mask();
+        slots_[i] = slot;
+        used_[i] = 1;
+    }
+    void grow() {
+        std::vector<Slot> old = std::exchange(slots_, std::vector<Slot>(std::max<std::size_t>(2 * slots_.size(), 64)));
+        const std::vector<unsigned char> old_used = std::exchange(used_, std::vector<unsigned char>(slots_.size(), 0));
+        for (std::size_t i = 0; i < old.size(); ++i)
+            if (old_used[i]) place(old[i]);
+    }
+
+    std::vector<Slot> slots_;
+    std::vector<unsigned char> used_;  // per slot: holds a state
+    std::size_t size_ = 0;
+};
+
 // A state in the search's queue, with the keys it is ordered by.
 struct QueueEntry {
     double key_time;
@@ -2517,7 +2585,7 @@ public:
         const auto start = std::chrono::steady_clock::now();
         using Node = SearchNode;
         using Entry = QueueEntry;
-        std::unordered_map<SearchState, Node, SearchStateHash> nodes;
+        StateTable nodes;
         const auto worse = [goal](const Entry& a, const Entry& b) {
             if (goal == SearchGoal::least_time)
                 return a.key_time != b.key_time ? a.key_time > b.key_time : a.key_peak > b.key_peak;
@@ -2532,7 +2600,7 @@ public:
         };
         const Bytes root_memory = memory(root.live);
         if (root_memory > budget || bound(root) == std::numeric_limits<double>::infinity()) return {};
-        nodes.emplace(root, Node{0.0, root_memory, root, Step::free(DataId{0}), false});
+        nodes.insert(root, Node{0.0, root_memory, root, Step::free(DataId{0}), false});
         open.push({options_.weight * bound(root), root_memory, 0.0, root});
 
         std::size_t expanded = 0;
@@ -2541,9 +2609,12 @@ public:
         while (!open.empty()) {
             const Entry top = open.top();
             open.pop();
-            Node& node = nodes.at(top.state);
+            Node& node = *nodes.find(top.state);
             if (node.closed) continue;
             node.closed = true;
+            // Copied: relax's insertions may move the table's nodes.
+            const double node_time = node.time;
+            const Bytes node_peak = node.peak;
             const SearchState s = top.state;
             if (window ? (s.done == window->done && (s.live & window->live) == window->live) : is_goal(s))
                 return reconstruct(nodes, s, root, window ? window->live | initial_mask_ : initial_mask_ | final_mask_);
@@ -2561,9 +2632,9 @@ public:
             const std::size_t first_free = s == root || node.action.is_run() ? 0 : node.action.data().index + 1;
 
             const auto relax = [&](SearchState next, double time, Bytes peak, Step action) {
-                const auto it = nodes.find(next);
-                if (it != nodes.end()) {
-                    const Node& existing = it->second;
+                Node* const existing_node = nodes.find(next);
+                if (existing_node) {
+                    const Node& existing = *existing_node;
                     const bool strictly_better = goal == SearchGoal::least_time ? time < existing.time : peak < existing.peak;
                     const bool better = strictly_better || (goal == SearchGoal::least_time
                                                                 ? (time == existing.time && peak < existing.peak)
@@ -2576,8 +2647,8 @@ public:
                 const double key = time + options_.weight * bound(next);
                 if (key == std::numeric_limits<double>::infinity()) return;  // leads nowhere
                 if (below && key >= *below) return;  // cannot beat the incumbent (weight 1: key = time + bound)
-                if (it != nodes.end()) {
-                    it->second = Node{time, peak, s, action, false};
+                if (existing_node) {
+                    *existing_node = Node{time, peak, s, action, false};
                 } else {
                     const std::size_t table_bytes = estimated_bytes(nodes, open.size());
                     if (nodes.size() >= options_.max_states || table_bytes >= options_.max_memory_bytes) {
@@ -2588,12 +2659,12 @@ public:
                         }
                         throw TooLarge(limit_message(nodes.size(), open.size()));
                     }
-                    nodes.emplace(next, Node{time, peak, s, action, false});
+                    nodes.insert(next, Node{time, peak, s, action, false});
                 }
                 open.push({key, peak, time, next});
             };
 
-            expand(s, node.time, node.peak, budget, first_free, relax);
+            expand(s, node_time, node_peak, budget, first_free, relax);
             // A state left out for the state or memory limit may lead to a faster schedule: what is
             // proven is what the queue still holds, at least this node's key.
             if (out_of_states) return stopped_at(std::min(top.key_time, dropped_key), *below);
@@ -2690,13 +2761,9 @@ private:
                " queued (raise ExhaustiveOptions::max_memory_bytes, or use checkmate or hrockmate)";
     }
 
-    // What the state table and the queue hold, estimated from their element counts: a hash
-    // node (the key, the value, its next pointer and cached hash) and a bucket per state.
-    template <class Nodes>
-    [[nodiscard]] static std::size_t estimated_bytes(const Nodes& nodes, std::size_t queued) {
-        constexpr std::size_t per_state = sizeof(typename Nodes::value_type) + 3 * sizeof(void*);
-        constexpr std::size_t per_entry = sizeof(QueueEntry);
-        return nodes.size() * per_state + queued * per_entry;
+    // What the state table (after one more state) and the queue hold.
+    [[nodiscard]] static std::size_t estimated_bytes(const StateTable& nodes, std::size_t queued) {
+        return nodes.bytes_after_insert() + queued * sizeof(QueueEntry);
     }
 
     // Stopped with `key` the least key still to expand: with an admissible heuristic, every
@@ -3058,8 +3125,7 @@ private:
     }
 
     // The path from `root` to `goal`, then the frees of what is live at the goal but not in `keep`.
-    template <class Nodes>
-    Result reconstruct(const Nodes& nodes, SearchState goal, SearchState root, DataMask keep) const {
+    Result reconstruct(const StateTable& nodes, SearchState goal, SearchState root, DataMask keep) const {
         Result result;
         result.found = true;
         result.time = nodes.at(goal).time;
