@@ -37,6 +37,15 @@ struct QueueEntry {
     SearchState state;
 };
 
+// A state reached from the one being expanded, before the table is asked about it.
+struct Successor {
+    SearchState next;
+    double time;
+    Bytes peak;
+    Step action;
+    std::uint64_t hash;  // state_hash(next)
+};
+
 // What minimises the path cost: total time within a budget, or the peak itself.
 enum class SearchGoal { least_time, least_peak };
 
@@ -82,6 +91,10 @@ public:
         nodes.insert(root, Node{0.0, root_memory, root, Step::free(DataId{0}), false});
         open.push({options_.weight * bound(root), root_memory, 0.0, root});
 
+        std::vector<Successor> successors;  // of the state being expanded, in the order generated
+        const auto collect = [&](SearchState next, double time, Bytes peak, Step action) {
+            successors.push_back({next, time, peak, action, state_hash(next)});
+        };
         std::size_t expanded = 0;
         bool out_of_states = false;
         double dropped_key = std::numeric_limits<double>::infinity();  // least key left out for the state limit
@@ -110,8 +123,9 @@ public:
             // Consecutive frees commute: they are generated in increasing data order only.
             const std::size_t first_free = s == root || node.action.is_run() ? 0 : node.action.data().index + 1;
 
-            const auto relax = [&](SearchState next, double time, Bytes peak, Step action) {
-                Node* const existing_node = nodes.find(next);
+            const auto relax = [&](const Successor& successor) {
+                const auto& [next, time, peak, action, hash] = successor;
+                Node* const existing_node = nodes.find(next, hash);
                 if (existing_node) {
                     const Node& existing = *existing_node;
                     const bool strictly_better = goal == SearchGoal::least_time ? time < existing.time : peak < existing.peak;
@@ -138,12 +152,18 @@ public:
                         }
                         throw TooLarge(limit_message(nodes.size(), open.size()));
                     }
-                    nodes.insert(next, Node{time, peak, s, action, false});
+                    nodes.insert(next, hash, Node{time, peak, s, action, false});
                 }
                 open.push({key, peak, time, next});
             };
 
-            expand(s, node_time, node_peak, budget, first_free, relax);
+            successors.clear();
+            expand(s, node_time, node_peak, budget, first_free, collect);
+            // On a table of millions of states every lookup misses the cache, twice (the index,
+            // then the state): asking for all the successors' lines first lets the misses overlap.
+            for (const Successor& successor : successors) nodes.prefetch_index(successor.hash);
+            for (const Successor& successor : successors) nodes.prefetch_state(successor.hash);
+            for (const Successor& successor : successors) relax(successor);
             // A state left out for the state or memory limit may lead to a faster schedule: what is
             // proven is what the queue still holds, at least this node's key.
             if (out_of_states) return stopped_at(std::min(top.key_time, dropped_key), *below);
