@@ -71,14 +71,16 @@ public:
     [[deprecated("use smallest_budget()")]] [[nodiscard]] Bytes smallest_feasible_budget(const Problem& problem) const {
         return smallest_budget(problem);
     }
+    /// The least peak, search and MILP together within the time limit (as solve()).
     [[nodiscard]] Bytes smallest_budget(const Problem& problem) const {
+        const Stopwatch clock;
         if (small(problem)) {
             try {
                 return exhaustive_.smallest_budget(problem);
             } catch (const SolverError&) {
             }
         }
-        return checkmate_.smallest_budget(problem);
+        return time_bounded(checkmate_, options_.time_limit_seconds - clock.seconds()).smallest_budget(problem);
     }
 
 private:
