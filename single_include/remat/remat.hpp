@@ -2363,9 +2363,9 @@ struct ExhaustiveOptions {
     /// what prunes states that keep too much when the budget is tight; off for comparison.
     bool memory_bound = true;
     /// The search also gives up when its state table and queue would take more than this many
-    /// bytes: 89 bytes a slot of the table, which doubles when 3/4 full (so 120 to 240 bytes a
-    /// state), and 48 a queued entry (the queue can outgrow the table when states are reached
-    /// again more cheaply).
+    /// bytes: 88 bytes a state in an array that doubles as it fills, 16 to 32 of index (so 104
+    /// to 208 bytes a state), and 48 a queued entry (the queue can outgrow the table when
+    /// states are reached again more cheaply).
     std::size_t max_memory_bytes = std::size_t{2} << 30;
 };
 
