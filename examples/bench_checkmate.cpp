@@ -11,7 +11,8 @@
 // cross-checks its optima and infeasible budgets against theirs; "A* no mem" is the same search
 // without its memory bound, "A* plain" with only the exactly-once ops' time as its bound. The summary checks the
 // issue's aim: a 40-op problem solved to proven optimality in under 10 s by the faster
-// backend. Both backends run single-threaded. A second table gives remat::Auto's plan at the
+// backend, and then by any of remat's methods (a backend, the exact search, or Auto's plan
+// meeting the proven bound, whichever proves it first). Both backends run single-threaded. A second table gives remat::Auto's plan at the
 // same budgets, the proven time bound (bounds/time_lower_bound.hpp) and the certified gap
 // between them, which holds whether or not any exact solver finishes. Progress goes to
 // stderr, the tables to stdout.
@@ -230,6 +231,29 @@ struct Row {
     std::optional<TimeLowerBound> bound;
     std::optional<CheckmateRootBounds> root;  // the MILP's LP relaxation, before and after its cuts
 };
+
+// Some solver proved that no schedule fits the row's budget.
+bool proven_infeasible(const Row& r) {
+    const auto infeasible = [](const Outcome& o) { return o.kind == Outcome::Kind::infeasible; };
+    return std::any_of(r.outcomes.begin(), r.outcomes.end(), infeasible) || infeasible(r.automatic) ||
+           (r.bound && r.bound->budget_infeasible);
+}
+
+// The fastest proof of the optimum at the row's budget by any method remat has: a backend
+// or exact search that finished, or Auto's plan meeting the proven bound (their seconds
+// added). The method's name and seconds; nothing when none proved it.
+std::optional<std::pair<std::string, double>> fastest_proof(const Row& r, const std::vector<std::string>& names) {
+    std::optional<std::pair<std::string, double>> best;
+    const auto offer = [&](const std::string& name, double seconds) {
+        if (!best || seconds < best->second) best = {name, seconds};
+    };
+    for (std::size_t i = 0; i < r.outcomes.size(); ++i)
+        if (r.outcomes[i].kind == Outcome::Kind::optimal) offer(names[i], r.outcomes[i].seconds);
+    if (r.automatic.kind == Outcome::Kind::feasible && r.bound && !r.bound->budget_infeasible &&
+        r.automatic.time <= r.bound->time * (1 + 1e-9))
+        offer("auto + bound", r.automatic.seconds + r.bound->seconds);
+    return best;
+}
 
 // remat::Auto, the default solver, within `seconds`.
 Outcome solve_with_auto(const Problem& problem, Bytes budget, double seconds) {
@@ -648,7 +672,7 @@ int main(int argc, char** argv) {
         for (const Row& r : rows) {
             if (!near_aim(r.c->target)) continue;
             const Outcome& o = r.outcomes[*faster];
-            if (o.kind == Outcome::Kind::infeasible) continue;
+            if (proven_infeasible(r)) continue;
             ++feasible;
             slowest = std::max(slowest, o.seconds);
             if (o.kind == Outcome::Kind::optimal && o.seconds < aim_seconds) ++within;
@@ -661,6 +685,26 @@ int main(int argc, char** argv) {
                     "shapes): %s, %zu of %zu proven optimal within %.0f s, slowest %.2f s [%s]\n",
                     aim_seconds, backends[*faster].name.c_str(), pass ? "PASS" : "MISS", within, feasible, aim_seconds,
                     slowest, detail.c_str());
+
+        // The same aim for remat as a whole: whichever of its methods proves the optimum first.
+        std::vector<std::string> names;
+        for (const auto& b : backends) names.push_back(b.name);
+        std::size_t any_within = 0, any_feasible = 0;
+        std::string any_detail;
+        for (const Row& r : rows) {
+            if (!near_aim(r.c->target) || proven_infeasible(r)) continue;
+            ++any_feasible;
+            const auto proof = fastest_proof(r, names);
+            if (proof && proof->second < aim_seconds) ++any_within;
+            if (!any_detail.empty()) any_detail += ", ";
+            any_detail += r.c->shape + " " + std::to_string(r.c->problem.op_count()) + " ops @ " +
+                          format("%.0f", r.percent) + " %: " +
+                          (proof ? proof->first + " " + format("%.2f", proof->second) + " s" : std::string("not proven"));
+        }
+        std::printf("aim, any method (the first of the backends, the exact searches, and auto's plan meeting the proven "
+                    "bound): %s, %zu of %zu feasible budgets proven optimal within %.0f s [%s]\n",
+                    any_feasible > 0 && any_within == any_feasible ? "PASS" : "MISS", any_within, any_feasible,
+                    aim_seconds, any_detail.c_str());
     }
     if (!oddities.empty()) {
         std::printf("\nINCONSISTENCIES:\n");
