@@ -66,6 +66,7 @@ struct SearchNode {
     Step action;  // from the parent: a run (with the frees of what it leaves dead) or a free
     bool closed;
 };
+
 // The states the search reached, by state. The states and their nodes lie in one array in
 // the order they were reached; an open-addressing index (linear probing, a power of two of
 // 8-byte entries, at most half full) maps a hash to a position. Each index entry keeps 24
