@@ -77,25 +77,11 @@ Case make_chain(std::size_t target, std::uint64_t seed) {
     return Case{"chain", target, std::move(p), std::move(ref)};
 }
 
-// A DAG of f forward ops has f with-grad forwards, f backwards, the loss and a no-grad
-// variant for about 80 % of the forwards: draw DAGs around f ≈ (target - 1) / 2.8 and keep
-// the first whose op count is the target (else the closest one drawn).
+// The DAG of about `target` ops (testing::bench_dag, shared with the tests that reproduce a row).
 Case make_dag(std::size_t target, std::uint64_t seed) {
-    std::mt19937 rng(static_cast<std::mt19937::result_type>(seed * 7919 + target * 2 + 1));
-    const long centre = std::max(1L, std::lround((double(target) - 1) / 2.8));
-    std::optional<Problem> best;
-    for (int attempt = 0; attempt < 300; ++attempt) {
-        testing::DagShape shape;
-        shape.forward_ops = static_cast<std::size_t>(std::max(1L, centre + attempt % 3 - 1));
-        Problem p = testing::random_dag(rng, shape, "dag-" + std::to_string(target));
-        const auto distance = [&](const Problem& q) {
-            return std::abs(static_cast<long>(q.op_count()) - static_cast<long>(target));
-        };
-        if (!best || distance(p) < distance(*best)) best = std::move(p);
-        if (distance(*best) == 0) break;
-    }
-    Reference ref = store_all_reference(*best);
-    return Case{"dag", target, std::move(*best), std::move(ref)};
+    Problem p = testing::bench_dag(target, seed);
+    Reference ref = store_all_reference(p);
+    return Case{"dag", target, std::move(p), std::move(ref)};
 }
 
 struct Outcome {

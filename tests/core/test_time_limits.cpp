@@ -6,7 +6,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <optional>
 #include <random>
 #include <string>
 
@@ -33,16 +32,7 @@ Problem dense_dag(std::uint32_t seed, std::size_t forward_ops) {
 
 // The DAG of bench_checkmate's 40-op row of `seed`: Auto picks Rockmate, whose large block
 // cannot be planned, and H-Rockmate's flat exact search at the top stops at its limit.
-Problem bench_dag_40(std::uint32_t seed) {
-    std::mt19937 rng(seed * 7919 + 40 * 2 + 1);
-    std::optional<Problem> dag;
-    for (int attempt = 0; attempt < 300 && (!dag || dag->op_count() != 40); ++attempt) {
-        testing::DagShape shape;
-        shape.forward_ops = static_cast<std::size_t>(14 + attempt % 3 - 1);
-        dag = testing::random_dag(rng, shape, "dag-40-" + std::to_string(seed));
-    }
-    return *std::move(dag);
-}
+Problem bench_dag_40(std::uint32_t seed) { return testing::bench_dag(40, seed); }
 
 // A budget that the greedy reaches, low enough that the searches have work to do.
 Bytes low_budget(const Problem& p) {

@@ -2,10 +2,16 @@
 // (docs/formats.md §5) and training-like DAGs — forward ops reading one or two earlier
 // activations (diamonds, skips), some with two outputs, each with a no-grad and a
 // with-grad alternative writer, a loss, and exactly-once backward ops that write one
-// gradient contribution per input read. without_autograd_order() drops a problem's order.
+// gradient contribution per input read. bench_dag() draws the DAG of one of
+// bench_checkmate's rows. without_autograd_order() drops a problem's order.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -140,6 +146,28 @@ inline Problem random_dag(std::mt19937& rng, const DagShape& shape, const std::s
     }
     b.set_autograd_order(std::move(order));
     return b.build();
+}
+
+/// The DAG of bench_checkmate's row of `target_ops` ops for `seed`, which tests that reproduce
+/// a row of the benchmark draw too. A DAG of f forward ops has f with-grad forwards, f
+/// backwards, the loss and a no-grad variant for about 80 % of the forwards: DAGs are drawn
+/// around f = (target - 1) / 2.8, and the first whose op count is the target is kept (else
+/// the closest one drawn).
+inline Problem bench_dag(std::size_t target_ops, std::uint64_t seed) {
+    std::mt19937 rng(static_cast<std::mt19937::result_type>(seed * 7919 + target_ops * 2 + 1));
+    const long centre = std::max(1L, std::lround((double(target_ops) - 1) / 2.8));
+    const auto distance = [&](const Problem& q) {
+        return std::abs(static_cast<long>(q.op_count()) - static_cast<long>(target_ops));
+    };
+    std::optional<Problem> best;
+    for (int attempt = 0; attempt < 300; ++attempt) {
+        DagShape shape;
+        shape.forward_ops = static_cast<std::size_t>(std::max(1L, centre + attempt % 3 - 1));
+        Problem p = random_dag(rng, shape, "dag-" + std::to_string(target_ops));
+        if (!best || distance(p) < distance(*best)) best = std::move(p);
+        if (distance(*best) == 0) break;
+    }
+    return *std::move(best);
 }
 
 /// The same problem (same ids) without its `autograd` order, so that store-all chooses one.
