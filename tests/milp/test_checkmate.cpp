@@ -311,7 +311,9 @@ TEST_CASE("Checkmate honours its time limit on a 400-op graph and returns the be
     const Plan plan = Checkmate<Fast>(o).solve(p, budget);
     const double seconds = clock.seconds();
     INFO(plan.stats.options);
-    CHECK(seconds <= 1.2 * o.time_limit_seconds + 3.0);  // the greedy baseline and model building included
+    // The greedy baseline and model building count against the limit; CBC's child is killed
+    // at what is left of it, so only the schedule's rounding comes after.
+    CHECK(seconds <= o.time_limit_seconds + 1.0);
     CHECK(simulate(p, plan.schedule).fits(budget));
     CHECK(plan.time <= Greedy{}.solve(p, budget).time);  // never worse than the greedy it starts from
 }
