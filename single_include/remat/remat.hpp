@@ -2345,9 +2345,9 @@ public:
 namespace remat {
 
 struct ExhaustiveOptions {
-    /// The search gives up (SolverError) beyond this many distinct states.
+    /// The search gives up (TooLarge, a SolverError) beyond this many distinct states.
     std::size_t max_states = 4'000'000;
-    /// And beyond this many seconds.
+    /// And beyond this many seconds (TooLarge as well).
     double time_limit_seconds = 60.0;
     /// Weight of the admissible bound in the search order (weighted A*, Pohl 1970): 1 is
     /// exact; w > 1 returns a schedule at most w times slower than the optimum after
@@ -3091,7 +3091,7 @@ public:
 
     /// `below` (least_time, weight 1): look only for schedules faster than this, and at the time
     /// or state limit return the proven lower bound (the least key still open) instead of
-    /// throwing. Without it, the limits throw SolverError. With a `window` (least_time), the
+    /// throwing. Without it, the limits throw TooLarge. With a `window` (least_time), the
     /// search goes from its state to its end only: times, schedule and bounds are the part's.
     Result run(SearchGoal goal, Bytes budget, std::optional<double> below = std::nullopt,
                const SearchWindow* window = nullptr) const {
@@ -3141,8 +3141,9 @@ public:
                 const double seconds = seconds_since(start);
                 if (seconds > options_.time_limit_seconds) {
                     if (below) return stopped_at(top.key_time, *below);
-                    throw SolverError("exhaustive search on '" + p_.name() + "' exceeded its time limit of " +
-                                      std::to_string(options_.time_limit_seconds) + " s (use checkmate or rockmate)");
+                    throw TooLarge("exhaustive search on '" + p_.name() + "' exceeded its time limit of " +
+                                   std::to_string(options_.time_limit_seconds) +
+                                   " s (raise the limit, or use checkmate, hrockmate or auto)");
                 }
             }
             // Consecutive frees commute: they are generated in increasing data order only.
@@ -3398,9 +3399,9 @@ public:
         const LeastPeak least = least_peak(problem, 0, std::chrono::steady_clock::now());
         if (least.none_at_all) throw InvalidInput("problem '" + problem.name() + "' has no valid schedule at all");
         if (!least.peak)
-            throw SolverError("exhaustive search on '" + problem.name() + "': the limits ran out before the least peak "
-                              "was found; it is at least " + std::to_string(least.at_least) +
-                              " bytes (raise ExhaustiveOptions' limits, or use checkmate)");
+            throw TooLarge("exhaustive search on '" + problem.name() + "': the limits ran out before the least peak "
+                           "was found; it is at least " + std::to_string(least.at_least) +
+                           " bytes (raise ExhaustiveOptions' limits, or use checkmate, hrockmate or auto)");
         return *least.peak;
     }
 
@@ -3449,7 +3450,7 @@ private:
                         out.at_least = ceiling + 1;
                     }
                 } catch (const TooLarge&) {  // the probe's state cap: nothing proven at this ceiling
-                    if (last) throw;
+                    if (last || seconds_since(start) >= options_.time_limit_seconds) throw;  // or the time is up
                 }
                 ceiling = std::min(unconstrained, ceiling + std::max<Bytes>(1, ceiling / 8));
             }

@@ -156,8 +156,27 @@ TEST_CASE("time limits: the exact search stops at its limit, its states freed at
     ExhaustiveOptions options;
     options.time_limit_seconds = 3.0;
     const Stopwatch clock;
-    CHECK_THROWS_AS(Exhaustive(options).solve(p, percent_of(store_all_reference(p).peak, 60)), SolverError);
+    CHECK_THROWS_AS(Exhaustive(options).solve(p, percent_of(store_all_reference(p).peak, 60)), TooLarge);
     const double seconds = clock.seconds();
     INFO("time limit 3 s: stopped after " << seconds << " s");
     CHECK(seconds <= 3.0 * 1.02 + 0.04);
+}
+
+TEST_CASE("time limits: the exact search out of time is too large for it: exit code 4, and solvers that scale named",
+          "[limits][cli]") {
+    // It was a plain SolverError (exit code 1, "use checkmate or rockmate"), unlike its state
+    // and memory caps and Rotor's limits; Rockmate does not plan this DAG at all.
+    const std::filesystem::path file = std::filesystem::temp_directory_path() / "remat_test_time_limits_exact_dag40.json";
+    std::ofstream(file) << io::to_json(bench_dag_40(1));
+    const testing::CliResult r =
+        testing::remat_plan({file.string(), "--budget", "60%", "--solver", "exhaustive", "--time-limit", "0.3", "--quiet"});
+    INFO(r.err);
+    CHECK(r.code == 4);
+    CHECK_THAT(r.err, Catch::Contains("too large for this solver") && Catch::Contains("time limit") &&
+                          Catch::Contains("hrockmate") && Catch::Contains("auto"));
+    // Without a budget to plan, the least peak: the same, when the search cannot settle it.
+    ExhaustiveOptions options;
+    options.time_limit_seconds = 0.2;
+    CHECK_THROWS_AS(Exhaustive(options).smallest_budget(bench_dag_40(1)), TooLarge);
+    std::filesystem::remove(file);
 }

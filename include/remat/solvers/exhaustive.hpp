@@ -125,9 +125,9 @@ public:
         const LeastPeak least = least_peak(problem, 0, std::chrono::steady_clock::now());
         if (least.none_at_all) throw InvalidInput("problem '" + problem.name() + "' has no valid schedule at all");
         if (!least.peak)
-            throw SolverError("exhaustive search on '" + problem.name() + "': the limits ran out before the least peak "
-                              "was found; it is at least " + std::to_string(least.at_least) +
-                              " bytes (raise ExhaustiveOptions' limits, or use checkmate)");
+            throw TooLarge("exhaustive search on '" + problem.name() + "': the limits ran out before the least peak "
+                           "was found; it is at least " + std::to_string(least.at_least) +
+                           " bytes (raise ExhaustiveOptions' limits, or use checkmate, hrockmate or auto)");
         return *least.peak;
     }
 
@@ -176,7 +176,7 @@ private:
                         out.at_least = ceiling + 1;
                     }
                 } catch (const TooLarge&) {  // the probe's state cap: nothing proven at this ceiling
-                    if (last) throw;
+                    if (last || seconds_since(start) >= options_.time_limit_seconds) throw;  // or the time is up
                 }
                 ceiling = std::min(unconstrained, ceiling + std::max<Bytes>(1, ceiling / 8));
             }

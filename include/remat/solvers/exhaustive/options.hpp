@@ -8,9 +8,9 @@
 namespace remat {
 
 struct ExhaustiveOptions {
-    /// The search gives up (SolverError) beyond this many distinct states.
+    /// The search gives up (TooLarge, a SolverError) beyond this many distinct states.
     std::size_t max_states = 4'000'000;
-    /// And beyond this many seconds.
+    /// And beyond this many seconds (TooLarge as well).
     double time_limit_seconds = 60.0;
     /// Weight of the admissible bound in the search order (weighted A*, Pohl 1970): 1 is
     /// exact; w > 1 returns a schedule at most w times slower than the optimum after

@@ -66,7 +66,7 @@ public:
 
     /// `below` (least_time, weight 1): look only for schedules faster than this, and at the time
     /// or state limit return the proven lower bound (the least key still open) instead of
-    /// throwing. Without it, the limits throw SolverError. With a `window` (least_time), the
+    /// throwing. Without it, the limits throw TooLarge. With a `window` (least_time), the
     /// search goes from its state to its end only: times, schedule and bounds are the part's.
     Result run(SearchGoal goal, Bytes budget, std::optional<double> below = std::nullopt,
                const SearchWindow* window = nullptr) const {
@@ -116,8 +116,9 @@ public:
                 const double seconds = seconds_since(start);
                 if (seconds > options_.time_limit_seconds) {
                     if (below) return stopped_at(top.key_time, *below);
-                    throw SolverError("exhaustive search on '" + p_.name() + "' exceeded its time limit of " +
-                                      std::to_string(options_.time_limit_seconds) + " s (use checkmate or rockmate)");
+                    throw TooLarge("exhaustive search on '" + p_.name() + "' exceeded its time limit of " +
+                                   std::to_string(options_.time_limit_seconds) +
+                                   " s (raise the limit, or use checkmate, hrockmate or auto)");
                 }
             }
             // Consecutive frees commute: they are generated in increasing data order only.
