@@ -54,7 +54,7 @@ namespace remat::cli {
     for (const SolverEntry& e : solver_table()) {
         std::string line = "                      " + std::string(e.name);
         line.resize(std::max<std::size_t>(line.size() + 1, 36), ' ');
-        u += line + std::string(e.summary) + (e.chains_only ? " [chains]" : "") + "\n";
+        u += line + std::string(e.summary) + (e.requirement.empty() ? "" : " [needs " + std::string(e.requirement) + "]") + "\n";
         if (!e.variant_help.empty()) u += std::string(36, ' ') + std::string(e.variant_help) + "\n";
     }
     u +=
@@ -554,10 +554,7 @@ inline int run_plan(const PlanArgs& a, std::ostream& out, std::ostream& err) {
     }
     const Reference ref = store_all_reference(problem);
     const SolverEntry& solver = a.solver ? find_solver(*a.solver, options) : default_solver(problem);
-    if (!solver.applies(problem))
-        throw InvalidInput("solver '" + std::string(solver.name) + "' does not apply to problem '" +
-                           printable(problem.name()) + "'" + (solver.chains_only ? " (not a chain)" : "") +
-                           "; solvers that apply: " + applicable_solvers(problem));
+    require_applies(solver, problem);
     PlanRun run;
     run.solver_name = std::string(solver.name) + (options.variant.empty() ? "" : ":" + options.variant);
     run.planning = a.budget.has_value();

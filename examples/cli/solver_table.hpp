@@ -65,8 +65,9 @@ struct SolverEntry {
     std::string_view name;
     std::string_view summary;       ///< one line for --help
     std::string_view variant_help;  ///< what NAME:VARIANT accepts; empty when no variant
-    /// Chains only (docs/formats.md §5 (chains) expansions): other problems get a clear error.
-    bool chains_only = false;
+    /// What a problem must have for this entry to apply, after "needs" ("a chain"); empty: any
+    /// problem. --help shows it, and a problem without it is refused with it.
+    std::string_view requirement;
     /// Chosen when --solver is not given: the first applicable entry with this flag.
     bool default_choice = false;
     /// Applies to this problem at all (hard limits of the method).
@@ -81,6 +82,8 @@ namespace detail {
 
 inline bool is_chain(const Problem& problem) { return as_chain(problem).has_value(); }
 inline bool always(const Problem&) { return true; }
+inline constexpr std::string_view needs_chain = "a chain (docs/formats.md §5)";
+inline constexpr std::string_view needs_loss = "a loss op";
 
 inline std::size_t positive_variant(std::string_view name, std::string_view help, const SolveOptions& options) {
     const std::string& v = options.variant;
@@ -247,7 +250,8 @@ namespace detail {
         std::vector<SolverEntry> t;
         {
             SolverEntry e{"rotor", "optimal persistent schedule of a chain (Beaumont et al. 2019)",
-                          "rotor:SLOTS, the number of memory slots of the DP (default 500)", true, false, {}, {}, {}};
+                          "rotor:SLOTS, the number of memory slots of the DP (default 500)", detail::needs_chain, false, {},
+                          {}, {}};
             e.applies = detail::is_chain;
             e.quick = detail::is_chain;
             e.solve = [name = e.name, help = e.variant_help](const Problem& p, Bytes budget, const SolveOptions& o) {
@@ -265,7 +269,7 @@ namespace detail {
                           "recomputed (remat)",
                           "rotor-release:SLOTS, the least number of memory slots of the DP (default 500; short "
                           "chains get more)",
-                          true, false, {}, {}, {}};
+                          detail::needs_chain, false, {}, {}, {}};
             e.applies = detail::is_chain;
             e.quick = detail::is_chain;
             e.solve = [name = e.name, help = e.variant_help](const Problem& p, Bytes budget, const SolveOptions& o) {
@@ -279,7 +283,8 @@ namespace detail {
         }
         {
             SolverEntry e{"periodic", "checkpoint every k-th stage input (Chen et al. 2016)",
-                          "periodic:K, the stages per segment (default ceil(sqrt(L)))", true, false, {}, {}, {}};
+                          "periodic:K, the stages per segment (default ceil(sqrt(L)))", detail::needs_chain, false, {}, {},
+                          {}};
             e.applies = detail::is_chain;
             e.quick = detail::is_chain;
             e.solve = [name = e.name, help = e.variant_help](const Problem& p, Bytes budget, const SolveOptions& o) {
@@ -297,7 +302,7 @@ namespace detail {
 #else
                           "checkmate:lpsolve, the MILP backend (the only one built)",
 #endif
-                          false, false, {}, {}, {}};
+                          "", false, {}, {}, {}};
             e.applies = detail::always;
             e.quick = [](const Problem& p) { return p.op_count() <= 12; };
             e.solve = [name = e.name](const Problem& p, Bytes budget, const SolveOptions& o) -> Plan {
@@ -321,7 +326,7 @@ namespace detail {
 #endif
         {
             SolverEntry e{"rockmate", "exact block options, Rotor across the blocks (Zhao et al. 2023)",
-                          detail::rockmate_variant_help, false, false, {}, {}, {}};
+                          detail::rockmate_variant_help, detail::needs_loss, false, {}, {}, {}};
             e.applies = [](const Problem& p) { return p.loss().has_value(); };
             e.quick = [](const Problem& p) { return p.data_count() <= 200; };
             e.solve = [](const Problem& p, Bytes budget, const SolveOptions& o) { return rockmate_planner(p, o)(budget); };
@@ -329,7 +334,7 @@ namespace detail {
         }
         {
             SolverEntry e{"greedy", "fast greedy eviction and recomputation, any graph (after DTR, Kirisame et al. 2021)",
-                          "greedy:dtr or greedy:belady, one eviction rule (default: both, the faster plan)", false, false,
+                          "greedy:dtr or greedy:belady, one eviction rule (default: both, the faster plan)", "", false,
                           {}, {}, {}};
             e.applies = detail::always;
             e.quick = detail::always;
@@ -348,7 +353,7 @@ namespace detail {
         {
             SolverEntry e{"hrockmate", "hierarchy of small exact searches for any graph, with the greedy and Rockmate "
                           "as components (after H-Rockmate/HiRemate, Zhao et al. 2025)",
-                          detail::hrockmate_variant_help, false, false, {}, {}, {}};
+                          detail::hrockmate_variant_help, detail::needs_loss, false, {}, {}, {}};
             e.applies = [](const Problem& p) { return p.loss().has_value(); };
             e.quick = [](const Problem& p) { return p.op_count() <= 40; };
             e.solve = [](const Problem& p, Bytes budget, const SolveOptions& o) { return hrockmate_planner(p, o)(budget); };
@@ -356,16 +361,16 @@ namespace detail {
         }
         {
             SolverEntry e{"auto", "the default: rotor for chains, rockmate for sequences of small blocks, hrockmate "
-                          "otherwise; greedy as the last resort", "", false, true, {}, {}, {}};
+                          "otherwise; greedy as the last resort", "", "", true, {}, {}, {}};
             e.applies = detail::always;
             e.quick = [](const Problem& p) { return p.op_count() <= 40 || detail::is_chain(p); };
             e.solve = [](const Problem& p, Bytes budget, const SolveOptions& o) { return auto_planner(p, o)(budget); };
             t.push_back(std::move(e));
         }
         {
-            SolverEntry e{"exhaustive", "exact optimum over all schedules by A* search (small problems)", "", false,
-                          false, {}, {}, {}};
-            e.applies = [](const Problem& p) { return p.data_count() <= 64; };
+            SolverEntry e{"exhaustive", "exact optimum over all schedules by A* search (small problems)", "",
+                          "at most 128 data and 64 exactly-once ops", false, {}, {}, {}};
+            e.applies = [](const Problem& p) { return Exhaustive::handles(p); };
             e.quick = [](const Problem& p) { return p.data_count() <= 20; };
             e.solve = [name = e.name](const Problem& p, Bytes budget, const SolveOptions& o) {
                 detail::no_variant(name, o);
@@ -376,7 +381,7 @@ namespace detail {
             t.push_back(std::move(e));
         }
         {
-            SolverEntry e{"store-all", "no rematerialization: the framework's own order (the reference)", "", false,
+            SolverEntry e{"store-all", "no rematerialization: the framework's own order (the reference)", "", "",
                           false, {}, {}, {}};
             e.applies = detail::always;
             e.quick = detail::always;
@@ -425,14 +430,21 @@ namespace detail {
     return names;
 }
 
+/// Refuses a problem the entry does not apply to: an InvalidInput that says what the entry
+/// needs, the problem's size, and the solvers that apply.
+inline void require_applies(const SolverEntry& entry, const Problem& problem) {
+    if (entry.applies(problem)) return;
+    std::string why = "solver '" + std::string(entry.name) + "' does not apply to problem '" + printable(problem.name()) +
+                      "' (" + std::to_string(problem.data_count()) + " data, " + std::to_string(problem.op_count()) + " ops";
+    if (!entry.requirement.empty()) why += "): it needs " + std::string(entry.requirement);
+    else why += ")";
+    throw InvalidInput(why + "; solvers that apply: " + applicable_solvers(problem));
+}
+
 /// Runs an entry, turning "does not apply" into a clear InvalidInput naming those that apply.
 [[nodiscard]] inline Plan solve_with(const SolverEntry& entry, const Problem& problem, Bytes budget,
                                      const SolveOptions& options) {
-    if (!entry.applies(problem))
-        throw InvalidInput("solver '" + std::string(entry.name) + "' does not apply to problem '" +
-                           printable(problem.name()) + "'" +
-                           (entry.chains_only ? " (not a chain, docs/formats.md §5 (chains))" : "") +
-                           "; solvers that apply: " + applicable_solvers(problem));
+    require_applies(entry, problem);
     return entry.solve(problem, budget, options);
 }
 

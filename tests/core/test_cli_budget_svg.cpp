@@ -8,6 +8,7 @@
 #include <remat/remat.hpp>
 
 #include "../support/op_level_problems.hpp"
+#include "../support/random_problems.hpp"
 #include "../support/remat_plan_in_process.hpp"
 
 #include <filesystem>
@@ -275,7 +276,8 @@ TEST_CASE("remat-plan exits 2 on bad arguments and bad files", "[cli]") {
     bad({tiny_chain(), "--budget", "1", "--solver", "magic"}, "unknown solver 'magic'; known solvers: rotor, rotor-release, periodic");
     bad({tiny_chain(), "--budget", "1", "--solver", "store-all:x"}, "takes no ':VARIANT'");
     bad({tiny_chain(), "--budget", "1", "--solver", "rotor:many"}, "rotor:SLOTS");
-    bad({diamond(), "--budget", "1", "--solver", "rotor"}, "does not apply to problem 'diamond' (not a chain)");
+    bad({diamond(), "--budget", "1", "--solver", "rotor"}, "does not apply to problem 'diamond' (");
+    bad({diamond(), "--budget", "1", "--solver", "rotor"}, "ops): it needs a chain (docs/formats.md");
     bad({"/nonexistent.json", "--budget", "1"}, "cannot read '/nonexistent.json'");
     bad({tiny_chain(), "--sweep", "3", "--out", "x.json"}, "--out and --svg need --budget");
     CHECK_THAT(cli({tiny_chain()}).err, Catch::Contains("usage: remat-plan FILE.json --budget B"));
@@ -361,6 +363,32 @@ TEST_CASE("remat-plan --solver hrockmate plans any graph, with options", "[cli][
     r = cli({file, "--sweep", "3", "--solver", "hrockmate", "--json"});
     CHECK(r.code == 0);
     CHECK(nlohmann::json::parse(r.out).at("sweep").size() == 3);
+}
+
+TEST_CASE("remat-plan --solver exhaustive takes what the exact search handles, and says what it needs", "[cli]") {
+    // It once stopped at 64 data (the search's masks have held 128 since), refusing a 60-op
+    // DAG of 81 data without saying why.
+    std::mt19937 rng(5);
+    const remat::Problem large = remat::to_problem(remat::testing::random_chain(rng, 60, "long"));  // 182 data
+    const remat::Problem medium = remat::testing::bench_dag(60, 1);  // bench_checkmate's 60-op DAG
+    REQUIRE(medium.data_count() > 64);
+    REQUIRE(remat::Exhaustive::handles(medium));
+    REQUIRE_FALSE(remat::Exhaustive::handles(large));
+    const fs::path dir = scratch_dir();
+    std::ofstream(dir / "medium.json") << remat::io::to_json(medium);
+    std::ofstream(dir / "large.json") << remat::io::to_json(large);
+    // Taken, and out of time: exit 4 (too large), not 2 (does not apply).
+    auto r = cli({(dir / "medium.json").string(), "--budget", "60%", "--solver", "exhaustive", "--time-limit", "0.2", "--quiet"});
+    INFO(r.err);
+    CHECK((r.code == 0 || r.code == 4));
+    r = cli({(dir / "large.json").string(), "--budget", "60%", "--solver", "exhaustive"});
+    CHECK(r.code == 2);
+    CHECK_THAT(r.err, Catch::Contains("does not apply to problem '" + large.name() + "' (" +
+                                      std::to_string(large.data_count()) + " data, " + std::to_string(large.op_count()) +
+                                      " ops): it needs at most 128 data and 64 exactly-once ops") &&
+                          Catch::Contains("solvers that apply: rotor, rotor-release"));
+    CHECK_THAT(cli({"--help"}).out, Catch::Contains("[needs at most 128 data and 64 exactly-once ops]") &&
+                                        Catch::Contains("[needs a chain"));
 }
 
 TEST_CASE("remat-plan --solver auto: rotor-release for chains, a block or hierarchy solver otherwise",

@@ -45,6 +45,14 @@ public:
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "exhaustive"; }
     [[nodiscard]] const ExhaustiveOptions& options() const noexcept { return options_; }
 
+    /// Whether the problem is within the search's reach at all: at most 128 data and 64
+    /// exactly-once ops (its bit masks). Beyond, every call throws InvalidInput.
+    [[nodiscard]] static bool handles(const Problem& problem) {
+        const auto ops = problem.all_ops();
+        return problem.data_count() <= 128 &&
+               std::count_if(ops.begin(), ops.end(), [](const Op& op) { return op.exactly_once; }) <= 64;
+    }
+
     /// A copy whose time limit is at most `seconds` (models TimeBoundedSolver).
     [[nodiscard]] Exhaustive with_time_limit_at_most(double seconds) const {
         ExhaustiveOptions o = options_;
