@@ -2438,6 +2438,10 @@ struct ExhaustiveOptions {
 
 namespace remat::detail::exhaustive {
 
+/// What a state's masks hold: data (DataMask, two words) and exactly-once units (one word).
+inline constexpr std::size_t max_data = 128;
+inline constexpr std::size_t max_units = 64;
+
 /// A set of up to 128 data, by id.
 struct DataMask {
     std::uint64_t low = 0, high = 0;
@@ -2594,8 +2598,9 @@ public:
     /// every other exactly-once op is a unit of its own.
     SearchBounds(const Problem& problem, ExhaustiveOptions options, const std::vector<std::vector<OpId>>& choice_groups = {})
         : p_(problem), options_(options) {
-        if (p_.data_count() > 128)
-            throw InvalidInput("exhaustive search handles at most 128 data; problem '" + p_.name() + "' has " +
+        if (p_.data_count() > max_data)
+            throw InvalidInput("exhaustive search handles at most " + std::to_string(max_data) + " data; problem '" +
+                               p_.name() + "' has " +
                                std::to_string(p_.data_count()) + " (use checkmate, rockmate or hrockmate)");
         unit_of_.assign(p_.op_count(), -1);
         for (const auto& group : choice_groups) {
@@ -2611,8 +2616,9 @@ public:
                 unit_of_[k] = static_cast<int>(units_.size());
                 units_.push_back({OpId{k}});
             }
-        if (units_.size() > 64)
-            throw InvalidInput("exhaustive search handles at most 64 exactly-once ops; problem '" + p_.name() + "' has " +
+        if (units_.size() > max_units)
+            throw InvalidInput("exhaustive search handles at most " + std::to_string(max_units) +
+                               " exactly-once ops; problem '" + p_.name() + "' has " +
                                std::to_string(units_.size()));
         for (std::size_t d = 0; d < p_.data_count(); ++d) {
             if (p_.is_initial(DataId{d})) initial_mask_ |= DataMask::bit(d);
@@ -3323,8 +3329,9 @@ public:
     /// exactly-once ops (its bit masks). Beyond, every call throws InvalidInput.
     [[nodiscard]] static bool handles(const Problem& problem) {
         const auto ops = problem.all_ops();
-        return problem.data_count() <= 128 &&
-               std::count_if(ops.begin(), ops.end(), [](const Op& op) { return op.exactly_once; }) <= 64;
+        const auto exactly_once = std::count_if(ops.begin(), ops.end(), [](const Op& op) { return op.exactly_once; });
+        return problem.data_count() <= detail::exhaustive::max_data &&
+               static_cast<std::size_t>(exactly_once) <= detail::exhaustive::max_units;
     }
 
     /// A copy whose time limit is at most `seconds` (models TimeBoundedSolver).

@@ -49,8 +49,9 @@ public:
     /// exactly-once ops (its bit masks). Beyond, every call throws InvalidInput.
     [[nodiscard]] static bool handles(const Problem& problem) {
         const auto ops = problem.all_ops();
-        return problem.data_count() <= 128 &&
-               std::count_if(ops.begin(), ops.end(), [](const Op& op) { return op.exactly_once; }) <= 64;
+        const auto exactly_once = std::count_if(ops.begin(), ops.end(), [](const Op& op) { return op.exactly_once; });
+        return problem.data_count() <= detail::exhaustive::max_data &&
+               static_cast<std::size_t>(exactly_once) <= detail::exhaustive::max_units;
     }
 
     /// A copy whose time limit is at most `seconds` (models TimeBoundedSolver).

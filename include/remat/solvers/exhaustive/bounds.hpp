@@ -40,8 +40,9 @@ public:
     /// every other exactly-once op is a unit of its own.
     SearchBounds(const Problem& problem, ExhaustiveOptions options, const std::vector<std::vector<OpId>>& choice_groups = {})
         : p_(problem), options_(options) {
-        if (p_.data_count() > 128)
-            throw InvalidInput("exhaustive search handles at most 128 data; problem '" + p_.name() + "' has " +
+        if (p_.data_count() > max_data)
+            throw InvalidInput("exhaustive search handles at most " + std::to_string(max_data) + " data; problem '" +
+                               p_.name() + "' has " +
                                std::to_string(p_.data_count()) + " (use checkmate, rockmate or hrockmate)");
         unit_of_.assign(p_.op_count(), -1);
         for (const auto& group : choice_groups) {
@@ -57,8 +58,9 @@ public:
                 unit_of_[k] = static_cast<int>(units_.size());
                 units_.push_back({OpId{k}});
             }
-        if (units_.size() > 64)
-            throw InvalidInput("exhaustive search handles at most 64 exactly-once ops; problem '" + p_.name() + "' has " +
+        if (units_.size() > max_units)
+            throw InvalidInput("exhaustive search handles at most " + std::to_string(max_units) +
+                               " exactly-once ops; problem '" + p_.name() + "' has " +
                                std::to_string(units_.size()));
         for (std::size_t d = 0; d < p_.data_count(); ++d) {
             if (p_.is_initial(DataId{d})) initial_mask_ |= DataMask::bit(d);

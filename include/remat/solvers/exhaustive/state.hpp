@@ -18,6 +18,10 @@
 
 namespace remat::detail::exhaustive {
 
+/// What a state's masks hold: data (DataMask, two words) and exactly-once units (one word).
+inline constexpr std::size_t max_data = 128;
+inline constexpr std::size_t max_units = 64;
+
 /// A set of up to 128 data, by id.
 struct DataMask {
     std::uint64_t low = 0, high = 0;
