@@ -475,12 +475,9 @@ inline constexpr double auto_bound_seconds = 5.0;
 // smaller one; status optimal where its time meets the bound.
 inline void certify_by_bound(Plan& plan, const TimeLowerBound& bound) {
     if (bound.budget_infeasible || !(bound.time > 0)) return;
+    if (settle_by_time_bound(plan, bound.time)) return;
     const double gap = std::max(0.0, plan.time / bound.time - 1.0);
-    if (gap <= 1e-9) {
-        plan.stats.status = SolveStatus::optimal;
-        plan.stats.gap = 0.0;
-        plan.stats.options += std::string(plan.stats.options.empty() ? "" : ", ") + "optimal: its time meets the proven bound";
-    } else if (!plan.stats.gap || gap < *plan.stats.gap) {
+    if (!plan.stats.gap || gap < *plan.stats.gap) {
         plan.stats.gap = gap;
     }
 }
@@ -496,7 +493,7 @@ inline void print_bound(std::ostream& out, const Reference& ref, const PlanRun& 
     }
     out << "  bound     time >= " << number(b.time) << ", overhead >= " << signed_percent(b.time, ref.time)
         << " vs T_ref for any schedule within the budget" << how << "\n";
-    if (run.plan && run.plan->time <= b.time * (1.0 + 1e-9))
+    if (run.plan && meets_time_bound(run.plan->time, b.time))
         out << "  optimum   this plan is optimal: its time meets the bound\n";
     else if (run.plan)
         out << "  optimum   this plan is at most " << number(100.0 * (run.plan->time / std::max(b.time, 1e-300) - 1.0), "%.2f")

@@ -57,7 +57,8 @@ struct SolveOptions {
     bool exact_component = true;
     /// A proven lower bound on the time at this budget (bounds/time_lower_bound.hpp), when
     /// remat-plan has one before planning: Checkmate (by name or as auto's exact component)
-    /// uses it instead of proving its own (CheckmateOptions::time_bound).
+    /// uses it instead of proving its own (CheckmateOptions::time_bound), and auto and
+    /// H-Rockmate stop once a plan meets it (AutoOptions::time_bound, HRockmateOptions::time_bound).
     std::optional<double> time_bound;
 };
 
@@ -143,6 +144,7 @@ inline HRockmateOptions hrockmate_options(const SolveOptions& o) {
     // --time-limit covers the analysis and the planning at a budget, shared as remat::Auto
     // shares its limit (hrockmate_planner sets the planning's part once the analysis is done).
     if (o.time_limit) options.time_limit_seconds = auto_analysis_share * *o.time_limit;
+    options.time_bound = o.time_bound;
     options.progress = o.progress;
     return options;
 }
@@ -225,6 +227,7 @@ namespace detail {
 [[nodiscard]] inline std::function<Plan(Bytes)> auto_planner(const Problem& problem, const SolveOptions& o) {
     AutoOptions options;
     options.time_limit_seconds = o.time_limit;
+    options.time_bound = o.time_bound;
     options.progress = o.progress;
     if (!o.second_opinion) options.second_opinion_max_ops = 0;
     options.certify_seconds = o.certify.value_or(o.exact_component ? options.certify_seconds : 0.0);

@@ -819,6 +819,76 @@ TEST_CASE("auto: the exact component and the certification find the optimum the 
     }
 }
 
+TEST_CASE("auto and hrockmate stop once a plan meets the proven time bound, and state the certified gap otherwise",
+          "[hierarchical][auto]") {
+    SECTION("at P_ref the first plan meets T_ref (a bound at any budget): nothing runs after it") {
+        std::mt19937 rng(7);
+        const Problem p = random_dag(rng, DagShape{8});
+        const Reference ref = store_all_reference(p);
+        std::vector<std::string> lines;
+        AutoOptions o;
+        o.time_bound = ref.time;
+        o.progress = [&lines](const std::string& line) { lines.push_back(line); };
+        int calls = 0;
+        o.exact_component = [&](const Problem&, Bytes, const Plan& incumbent, double) -> std::optional<Plan> {
+            ++calls;
+            return incumbent;
+        };
+        const Plan plan = Auto(o).solve(p, ref.peak);
+        INFO(plan.stats.options);
+        CHECK(plan.time == ref.time);
+        CHECK(plan.stats.status == SolveStatus::optimal);
+        CHECK(plan.stats.gap == 0.0);
+        CHECK(calls == 0);
+        const std::string& text = plan.stats.options;
+        const auto note = text.find(meets_time_bound_note);
+        REQUIRE(note != std::string::npos);
+        CHECK(text.find(meets_time_bound_note, note + 1) == std::string::npos);  // said once
+        for (const std::string& line : lines) {
+            INFO(line);
+            CHECK(line.find("searching the windows") == std::string::npos);
+            CHECK(line.find("certifying") == std::string::npos);
+            CHECK(line.find("second opinion") == std::string::npos);
+        }
+        // H-Rockmate alone: the hierarchy's plan meets it, so the greedy and Rockmate are skipped.
+        lines.clear();
+        HRockmateOptions h;
+        h.time_bound = ref.time;
+        h.progress = o.progress;
+        const Plan top = HRockmate(h).solve(p, ref.peak);
+        CHECK(top.stats.status == SolveStatus::optimal);
+        CHECK(top.stats.gap == 0.0);
+        CHECK_THAT(top.stats.options, Catch::Contains(std::string(meets_time_bound_note)));
+        const auto done = [&](const std::string& component) {
+            return std::any_of(lines.begin(), lines.end(), [&](const std::string& line) {
+                return line.starts_with("hrockmate: " + component + " done after");
+            });
+        };
+        CHECK(done("hierarchy"));
+        CHECK_FALSE(done("greedy"));
+        CHECK_FALSE(done("rockmate"));
+    }
+    SECTION("a plan above the bound gets plan time / bound - 1, unless it has a smaller gap") {
+        const auto [p, budget, optimum] = missed_optimum();
+        AutoOptions o;
+        o.second_opinion_seconds = 0.2;
+        o.window_search_seconds = 0.0;
+        o.certify_seconds = 0.0;
+        o.time_bound = 0.8 * optimum;
+        const Plan plan = Auto(o).solve(p, budget);
+        REQUIRE(plan.stats.gap.has_value());
+        CHECK(*plan.stats.gap == Approx(plan.time / (0.8 * optimum) - 1.0));
+        CHECK(plan.stats.status != SolveStatus::optimal);
+        CHECK_THAT(plan.stats.options, !Catch::Contains(std::string(meets_time_bound_note)));
+        // The exact search certifies the optimum (gap 0): the weaker bound does not widen it.
+        o.certify_seconds = 5.0;
+        const Plan certified = Auto(o).solve(p, budget);
+        CHECK(certified.time == Approx(optimum));
+        CHECK(certified.stats.status == SolveStatus::optimal);
+        CHECK(certified.stats.gap == 0.0);
+    }
+}
+
 // [timing]: the default certification has 1 s (the sanitized build is slower than that).
 TEST_CASE("auto: by default the certification's exact search finds the optimum the heuristics miss",
           "[hierarchical][auto][timing]") {

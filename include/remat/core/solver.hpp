@@ -74,6 +74,31 @@ struct Plan {
     }
 };
 
+/// Relative slack of meets_time_bound: a proven time bound comes from a MILP solved to a
+/// relative gap of 1e-6 and lowered by it (bounds/time_lower_bound.hpp), so float noise must
+/// not keep a schedule at the bound from meeting it.
+inline constexpr double time_bound_tolerance = 1e-7;
+
+/// Whether a schedule of `time` meets `bound`, a proven lower bound on the time of every
+/// schedule within its budget: it is then optimal over every schedule.
+[[nodiscard]] inline bool meets_time_bound(double time, double bound) noexcept {
+    return std::isfinite(bound) && time <= bound * (1 + time_bound_tolerance);
+}
+
+/// What a plan's options say once its time meets the proven time bound.
+inline constexpr std::string_view meets_time_bound_note = "optimal: its time meets the proven time bound";
+
+/// When `plan`'s time meets `bound` (see meets_time_bound), marks it optimal over every
+/// schedule: status optimal, gap 0, and its options say why (once). Returns whether it does.
+inline bool settle_by_time_bound(Plan& plan, double bound) {
+    if (!meets_time_bound(plan.time, bound)) return false;
+    plan.stats.status = SolveStatus::optimal;
+    plan.stats.gap = 0.0;
+    if (plan.stats.options.find(meets_time_bound_note) == std::string::npos)
+        plan.stats.options += std::string(plan.stats.options.empty() ? "" : ", ") + std::string(meets_time_bound_note);
+    return true;
+}
+
 template <class S>
 concept Solver = requires(const S& solver, const Problem& problem, Bytes budget) {
     { solver.solve(problem, budget) } -> std::same_as<Plan>;

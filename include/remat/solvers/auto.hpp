@@ -118,6 +118,14 @@ struct AutoOptions {
     bool exact_fallback = true;
     std::size_t exact_fallback_max_data = 64;
     double exact_fallback_seconds = 10.0;
+    /// A proven lower bound on the time of every schedule within the budget of the next solve
+    /// (bounds/time_lower_bound.hpp; remat-plan proves one by default). A plan that meets it
+    /// is optimal over every schedule: Auto stops there (no second opinion, window search,
+    /// exact component or certification; H-Rockmate skips its remaining components) and
+    /// returns it with status optimal and gap 0. Any other plan gets the certified gap, plan
+    /// time / bound - 1, unless it has a smaller one. The bound holds at one budget only:
+    /// leave it empty where one Auto plans several (a sweep).
+    std::optional<double> time_bound;
     /// H-Rockmate's plan beside Rotor's or Rockmate's, the faster kept, on problems of at most
     /// this many ops (0: never). Its analysis shares the time limit with the chosen solver's.
     std::size_t second_opinion_max_ops = 160;
@@ -326,6 +334,8 @@ public:
             return std::max(0.0, auto_planning_seconds(*options_.time_limit_seconds, model.seconds) - clock.seconds());
         };
         std::vector<detail::automatic::Reach> tried{{std::string(to_string(model.choice)), std::nullopt}};
+        // Whether `plan` meets AutoOptions::time_bound (then marked optimal): nothing can beat it.
+        const auto settled = [&](Plan& plan) { return options_.time_bound && settle_by_time_bound(plan, *options_.time_bound); };
         std::optional<Plan> chosen;
         try {
             chosen = detail::automatic::tagged(solve_chosen(model, budget, left()), to_string(model.choice));
@@ -337,7 +347,7 @@ public:
             report_progress(options_.progress, "auto: " + std::string(to_string(model.choice)) + " failed (" +
                                                    e.what() + ")");
         }
-        if (second_opinion_of(model)) {
+        if (second_opinion_of(model) && !(chosen && settled(*chosen))) {
             tried.push_back({"hrockmate (second opinion)", std::nullopt});
             try {
                 Plan other = HRockmate(second_opinion_options(left())).solve(*model.hrockmate, budget);
@@ -355,11 +365,11 @@ public:
             }
         }
         if (chosen) {
-            search_windows(model.problem, budget, *chosen, left());
-            improve_by_exact_component(model.problem, budget, *chosen, left());
-            certify(model.problem, budget, *chosen, left());
-            chosen->stats.solve_seconds = clock.seconds();
-            return std::move(*chosen);
+            // Each step only where the plan so far does not meet the proven time bound.
+            if (!settled(*chosen)) search_windows(model.problem, budget, *chosen, left());
+            if (!settled(*chosen)) improve_by_exact_component(model.problem, budget, *chosen, left());
+            if (!settled(*chosen)) certify(model.problem, budget, *chosen, left());
+            return finished(std::move(*chosen), clock);
         }
         if (!options_.greedy_fallback) throw detail::automatic::infeasible(model.problem, budget, tried);
         for (const GreedyOrder order : {GreedyOrder::store_all, GreedyOrder::memory_aware}) {
@@ -369,8 +379,9 @@ public:
             if (options_.greedy_fallback_seconds)
                 within = std::min(within.value_or(*options_.greedy_fallback_seconds), *options_.greedy_fallback_seconds);
             try {
-                return detail::automatic::tagged(Greedy(greedy_options(within, order)).solve(model.problem, budget),
-                                                   who + " (last resort)");
+                return finished(detail::automatic::tagged(Greedy(greedy_options(within, order)).solve(model.problem, budget),
+                                                          who + " (last resort)"),
+                                clock);
             } catch (const Infeasible& e) {
                 tried.back().least = e.smallest_budget();
             }
@@ -380,7 +391,8 @@ public:
             report_progress(options_.progress, "auto: no heuristic plan; the exact search of '" + model.problem.name() +
                                                    "' (" + std::to_string(model.problem.data_count()) + " data)");
             try {
-                return detail::automatic::tagged(exact->solve(model.problem, budget), "exhaustive (last resort)");
+                return finished(detail::automatic::tagged(exact->solve(model.problem, budget), "exhaustive (last resort)"),
+                                clock);
             } catch (const Infeasible& e) {
                 exact_least = e.smallest_budget();  // the least peak of any schedule, when found in time
             } catch (const SolverError& e) {
@@ -416,6 +428,16 @@ public:
     }
 
 private:
+    // The plan as solve() returns it: with its certified gap from AutoOptions::time_bound
+    // (status optimal where it meets it) and the seconds of planning at the budget.
+    [[nodiscard]] Plan finished(Plan plan, const Stopwatch& clock) const {
+        if (options_.time_bound && !settle_by_time_bound(plan, *options_.time_bound) && *options_.time_bound > 0) {
+            const double gap = std::max(0.0, plan.time / *options_.time_bound - 1.0);
+            if (!plan.stats.gap || gap < *plan.stats.gap) plan.stats.gap = gap;
+        }
+        plan.stats.solve_seconds = clock.seconds();
+        return plan;
+    }
     [[nodiscard]] RotorOptions rotor_options() const {
         RotorOptions o;
         o.time_limit_seconds = options_.time_limit_seconds;
@@ -459,6 +481,7 @@ private:
     // `planning`: seconds left for planning at a budget (none: H-Rockmate's own limits).
     [[nodiscard]] HRockmateOptions hrockmate_options(const std::optional<double>& planning) const {
         HRockmateOptions o;
+        o.time_bound = options_.time_bound;
         if (const auto analysis = analysis_seconds()) o.time_limit_seconds = *analysis;
         if (planning) o.budget_time_limit_seconds = std::max(*planning, 1e-3);
         o.progress = options_.progress;
@@ -539,7 +562,8 @@ private:
                 plan.stats.status = SolveStatus::optimal;
                 plan.stats.gap = 0.0;
                 plan.stats.options += ", certified optimal by the exact search";
-            } else if (c.lower_bound > 0) {
+            } else if (c.lower_bound > 0 && (!plan.stats.gap || plan.time / c.lower_bound - 1.0 < *plan.stats.gap)) {
+                // (a smaller gap the plan has, Checkmate's, stays)
                 plan.stats.gap = plan.time / c.lower_bound - 1.0;
                 plan.stats.options += ", certified gap " + format_percent(*plan.stats.gap) +
                                       " (the exact search's bound " + std::to_string(c.lower_bound) + ")";

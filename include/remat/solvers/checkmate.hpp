@@ -197,13 +197,13 @@ public:
         Formulation f(problem, a, std::move(layout), budget);
         if (options_.lp_rounding) return solve_by_rounding(problem, a, f, budget, base, start);
         const double bound = proven_time_bound(problem, budget);
-        if (base && meets(base->time, bound)) return proven_start(problem, budget, f, *base, start);
+        if (base && meets_time_bound(base->time, bound)) return proven_start(problem, budget, f, *base, start);
         improve_start(problem, a, f, budget, base, start);
         if (base && options_.warm_start) start_from(a, problem, f, base->schedule);
         report(problem, budget, f, base);
         if (f.infeasible()) throw_infeasible(problem, a, budget, start, f.infeasible_reason());
-        if (base && meets(base->time, bound)) return proven_start(problem, budget, f, *base, start);
-        if (std::isfinite(bound)) f.add_time_at_least(bound * (1 - bound_tolerance));
+        if (base && meets_time_bound(base->time, bound)) return proven_start(problem, budget, f, *base, start);
+        if (std::isfinite(bound)) f.add_time_at_least(bound * (1 - time_bound_tolerance));
 
         milp::Result r = run(f.model(), start);
         if (options_.progress) print_result(r);
@@ -247,7 +247,7 @@ public:
         out.plain = lp(Formulation(problem, a, make_layout(problem, a, pre_passes(problem)), budget, {}, false));
         out.time_bound = proven_time_bound(problem, budget);
         Formulation strong(problem, a, make_layout(problem, a, pre_passes(problem)), budget);
-        if (std::isfinite(out.time_bound)) strong.add_time_at_least(out.time_bound * (1 - bound_tolerance));
+        if (std::isfinite(out.time_bound)) strong.add_time_at_least(out.time_bound * (1 - time_bound_tolerance));
         out.strengthened = lp(strong);
         return out;
     }
@@ -284,14 +284,6 @@ private:
                           "backend=" + std::string(backend_.name()) + " " + why + "; returned=" + base->from};
         stats.solve_seconds = seconds_since(start);
         return make_checked_plan(problem, base->schedule, budget, std::move(stats));
-    }
-
-    // Relative slack under a proven time bound: the bound's MILP is solved to a relative gap
-    // of 1e-6 and lowered by it (bounds/time_lower_bound.hpp); the slack keeps float noise
-    // from cutting off a schedule at the bound.
-    static constexpr double bound_tolerance = 1e-7;
-    [[nodiscard]] static bool meets(double time, double bound) noexcept {
-        return std::isfinite(bound) && time <= bound * (1 + bound_tolerance);
     }
 
     // The proven lower bound on the time (−infinity without one): the given one, or

@@ -111,6 +111,11 @@ struct HRockmateOptions {
     /// components' own limits only (about 7 s at most, and up to flat_time_limit_seconds more
     /// on an unpartitioned problem, whose exact search is the top).
     std::optional<double> budget_time_limit_seconds;
+    /// A proven lower bound on the time of every schedule within the budget of the next solve
+    /// (bounds/time_lower_bound.hpp): once a component's plan meets it, the components after
+    /// it are skipped, and the plan is returned with status optimal and gap 0. It holds at one
+    /// budget only: leave it empty where one H-Rockmate plans several.
+    std::optional<double> time_bound;
     /// Also plan with the greedy at the same budget and keep the faster plan.
     bool compare_with_greedy = true;
     /// The greedy used then: a portfolio of eviction scores, improved (greedy.hpp).
@@ -323,15 +328,18 @@ public:
         const bool flat = model.hierarchy.clusters.empty();
         const double top_seconds = flat ? std::min(options_.flat_time_limit_seconds, 0.6 * left())
                                         : std::min(options_.top_time_limit_seconds, 0.4 * left());
+        // Whether the best plan so far meets the proven time bound: no component can beat it.
+        const auto settled = [&] { return best && options_.time_bound && meets_time_bound(best->time, *options_.time_bound); };
         consider("hierarchy", solve_top(model, budget, top_seconds, improve()));
-        if (!flat && left() > 0)
+        if (!flat && left() > 0 && !settled())
             consider("exact search",
                      exact_plan(model.problem, budget, std::min(options_.exact_component_seconds, 0.5 * left()), improve()));
-        if (options_.compare_with_greedy || !best)
+        if ((options_.compare_with_greedy || !best) && !settled())
             consider("greedy", greedy_plan(model.problem, budget, 0.5 * left(), improve()));
-        if (model.rockmate && (left() > 0 || !best))
+        if (model.rockmate && (left() > 0 || !best) && !settled())
             consider("rockmate", rockmate_plan(*model.rockmate, budget, improve()));
         if (!best) throw infeasible(model, budget, left());
+        if (options_.time_bound) settle_by_time_bound(*best, *options_.time_bound);
         best->stats.solve_seconds = clock.seconds();
         return *std::move(best);
     }
