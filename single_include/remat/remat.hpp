@@ -10532,6 +10532,13 @@ struct AutoOptions {
     std::function<std::optional<Plan>(const Problem&, Bytes, const Plan& incumbent, double seconds)> exact_component;
     std::size_t exact_component_max_ops = 60;
     double exact_component_seconds = 10.0;
+    /// Under a time limit, the share of it kept for the exact component where it runs: the
+    /// analyses get auto_analysis_share of the rest, and the heuristics plan at the budget
+    /// within what is left less this share. Without it, the analyses and the heuristics took
+    /// the whole limit on bench_checkmate's 40-op DAG (Rockmate's least-peak search on its
+    /// 36-op block alone took 5 s of 10) and the component, which found the best plans there,
+    /// ran for 0.4 s.
+    double exact_component_share = 0.5;
     /// Then, on problems of at most exact_fallback_max_data data, the exact search, for at most
     /// exact_fallback_seconds (and within time_limit_seconds).
     bool exact_fallback = true;
@@ -10711,9 +10718,9 @@ public:
                         "auto: " + std::string(to_string(model.choice)) + " for '" + problem.name() + "'");
         try {
             if (model.choice == AutoChoice::rockmate)
-                model.rockmate = Rockmate<>(rockmate_options()).analyse(problem);
+                model.rockmate = Rockmate<>(rockmate_options(problem)).analyse(problem);
             if (model.choice == AutoChoice::hrockmate)
-                model.hrockmate = HRockmate(hrockmate_options(std::nullopt)).analyse(problem);
+                model.hrockmate = HRockmate(hrockmate_options(problem, std::nullopt)).analyse(problem);
         } catch (const Error& e) {
             // A solver failure, or a valid problem outside the chosen solver's class (a
             // hierarchy needs forward ops it may recompute): the last resorts still plan, and
@@ -10723,7 +10730,12 @@ public:
         }
         if (wants_second_opinion(model)) {
             try {
-                model.hrockmate = HRockmate(second_opinion_options(std::nullopt, clock.seconds())).analyse(problem);
+                HRockmateOptions o = second_opinion_options(problem, std::nullopt, clock.seconds());
+                // Rockmate is auto's own choice here, its blocks analysed already: H-Rockmate
+                // need not analyse them again as its Rockmate component (on a 40-op DAG that
+                // took 2.4 s of a 10-s limit).
+                if (model.rockmate) o.use_rockmate = false;
+                model.hrockmate = HRockmate(o).analyse(problem);
                 report_progress(options_.progress, "auto: hrockmate's analysis for a second opinion");
             } catch (const Error& e) {
                 report_progress(options_.progress, std::string("auto: no second opinion from hrockmate (") + e.what() + ")");
@@ -10752,12 +10764,19 @@ public:
             if (!options_.time_limit_seconds) return std::nullopt;
             return std::max(0.0, auto_planning_seconds(*options_.time_limit_seconds, model.seconds) - clock.seconds());
         };
+        // What the heuristics (the chosen solver, the second opinion, the window search) may
+        // take of it: the exact component keeps its reserve.
+        const auto heuristics_left = [&]() -> std::optional<double> {
+            const std::optional<double> all = left();
+            if (!all) return all;
+            return std::max(0.0, *all - exact_reserve(model.problem));
+        };
         std::vector<detail::automatic::Reach> tried{{std::string(to_string(model.choice)), std::nullopt}};
         // Whether `plan` meets AutoOptions::time_bound (then marked optimal): nothing can beat it.
         const auto settled = [&](Plan& plan) { return options_.time_bound && settle_by_time_bound(plan, *options_.time_bound); };
         std::optional<Plan> chosen;
         try {
-            chosen = detail::automatic::tagged(solve_chosen(model, budget, left()), to_string(model.choice));
+            chosen = detail::automatic::tagged(solve_chosen(model, budget, heuristics_left()), to_string(model.choice));
         } catch (const Infeasible& e) {
             tried.back().least = e.smallest_budget();
             if (!options_.greedy_fallback && !second_opinion_of(model)) throw;
@@ -10769,7 +10788,7 @@ public:
         if (second_opinion_of(model) && !(chosen && settled(*chosen))) {
             tried.push_back({"hrockmate (second opinion)", std::nullopt});
             try {
-                Plan other = HRockmate(second_opinion_options(left())).solve(*model.hrockmate, budget);
+                Plan other = HRockmate(second_opinion_options(model.problem, heuristics_left())).solve(*model.hrockmate, budget);
                 if (!chosen || other.time < chosen->time) {
                     const std::string against =
                         chosen ? "faster than " + std::string(to_string(model.choice)) + " by " +
@@ -10785,7 +10804,7 @@ public:
         }
         if (chosen) {
             // Each step only where the plan so far does not meet the proven time bound.
-            if (!settled(*chosen)) search_windows(model.problem, budget, *chosen, left());
+            if (!settled(*chosen)) search_windows(model.problem, budget, *chosen, heuristics_left());
             if (!settled(*chosen)) improve_by_exact_component(model.problem, budget, *chosen, left());
             if (!settled(*chosen)) certify(model.problem, budget, *chosen, left());
             return finished(std::move(*chosen), clock);
@@ -10833,13 +10852,13 @@ public:
             else if (model.choice == AutoChoice::rotor_release)
                 least = std::min(least, RotorRelease(rotor_options()).smallest_budget(*as_chain(model.problem)));
             else if (model.rockmate)
-                least = std::min(least, Rockmate<>(rockmate_options()).smallest_budget(*model.rockmate));
+                least = std::min(least, Rockmate<>(rockmate_options(model.problem)).smallest_budget(*model.rockmate));
         } catch (const Error&) {
             // the greedy's answer stands
         }
         try {
             if (model.hrockmate)
-                least = std::min(least, HRockmate(hrockmate_options(std::nullopt)).smallest_budget(*model.hrockmate));
+                least = std::min(least, HRockmate(hrockmate_options(model.problem, std::nullopt)).smallest_budget(*model.hrockmate));
         } catch (const Error&) {
             // the others' answer stands
         }
@@ -10863,16 +10882,23 @@ private:
         o.progress = options_.progress;
         return o;
     }
-    // The analysis' share of the time limit, if any.
-    [[nodiscard]] std::optional<double> analysis_seconds() const {
+    // The seconds of the time limit kept for the exact component on `problem`
+    // (AutoOptions::exact_component_share; 0 where it does not run).
+    [[nodiscard]] double exact_reserve(const Problem& problem) const {
+        if (!options_.time_limit_seconds || !options_.exact_component || problem.op_count() > options_.exact_component_max_ops)
+            return 0.0;
+        return options_.exact_component_share * *options_.time_limit_seconds;
+    }
+    // The analysis' share of the time limit, if any (of what the exact component's reserve leaves).
+    [[nodiscard]] std::optional<double> analysis_seconds(const Problem& problem) const {
         if (!options_.time_limit_seconds) return std::nullopt;
-        return auto_analysis_share * *options_.time_limit_seconds;
+        return auto_analysis_share * (*options_.time_limit_seconds - exact_reserve(problem));
     }
     // Rockmate's blocks share the analysis' share (auto_default_rockmate_seconds without a
     // limit), each at most H-Rockmate's per-block default.
-    [[nodiscard]] RockmateOptions rockmate_options() const {
+    [[nodiscard]] RockmateOptions rockmate_options(const Problem& problem) const {
         RockmateOptions o = HRockmateOptions::default_rockmate();
-        o.time_limit_seconds = analysis_seconds().value_or(auto_default_rockmate_seconds);
+        o.time_limit_seconds = analysis_seconds(problem).value_or(auto_default_rockmate_seconds);
         o.progress = options_.progress;
         return o;
     }
@@ -10886,10 +10912,10 @@ private:
     }
     // The second opinion's: within what the chosen solver's analysis (`analysed` seconds) left
     // of the analysis' share, or second_opinion_seconds without a time limit.
-    [[nodiscard]] HRockmateOptions second_opinion_options(const std::optional<double>& planning,
+    [[nodiscard]] HRockmateOptions second_opinion_options(const Problem& problem, const std::optional<double>& planning,
                                                           double analysed = 0.0) const {
-        HRockmateOptions o = hrockmate_options(planning);
-        if (const auto analysis = analysis_seconds()) {
+        HRockmateOptions o = hrockmate_options(problem, planning);
+        if (const auto analysis = analysis_seconds(problem)) {
             o.time_limit_seconds = std::max(*analysis - analysed, 1e-3);
         } else {
             o.time_limit_seconds = std::max(options_.second_opinion_seconds, 1e-3);
@@ -10898,10 +10924,10 @@ private:
         return o;
     }
     // `planning`: seconds left for planning at a budget (none: H-Rockmate's own limits).
-    [[nodiscard]] HRockmateOptions hrockmate_options(const std::optional<double>& planning) const {
+    [[nodiscard]] HRockmateOptions hrockmate_options(const Problem& problem, const std::optional<double>& planning) const {
         HRockmateOptions o;
         o.time_bound = options_.time_bound;
-        if (const auto analysis = analysis_seconds()) o.time_limit_seconds = *analysis;
+        if (const auto analysis = analysis_seconds(problem)) o.time_limit_seconds = *analysis;
         if (planning) o.budget_time_limit_seconds = std::max(*planning, 1e-3);
         o.progress = options_.progress;
         return o;
@@ -11008,8 +11034,8 @@ private:
         if (model.choice == AutoChoice::rotor) return Rotor(rotor_options()).solve(model.problem, budget);
         if (model.choice == AutoChoice::rotor_release) return RotorRelease(rotor_options()).solve(model.problem, budget);
         if (model.choice == AutoChoice::greedy) return Greedy(greedy_options(planning)).solve(model.problem, budget);
-        if (model.rockmate) return Rockmate<>(rockmate_options()).solve(*model.rockmate, budget);
-        if (model.hrockmate) return HRockmate(hrockmate_options(planning)).solve(*model.hrockmate, budget);
+        if (model.rockmate) return Rockmate<>(rockmate_options(model.problem)).solve(*model.rockmate, budget);
+        if (model.hrockmate) return HRockmate(hrockmate_options(model.problem, planning)).solve(*model.hrockmate, budget);
         throw SolverError("auto: " + std::string(to_string(model.choice)) + " has no analysis of '" +
                           model.problem.name() + "'");
     }

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -124,6 +125,33 @@ TEST_CASE("time limits: Auto's limit holds when H-Rockmate's exact search at the
         CHECK(seconds <= 4.0 * 1.1 + 0.05);
         CHECK(simulate(dag, plan.schedule).peak <= budget);
     }
+}
+
+// On bench_checkmate's 40-op DAG at 60 %, the analyses and the heuristics once took the whole
+// limit and Checkmate (remat-plan's exact component, which found the best plans there) ran for
+// 0.4 s of 10.
+TEST_CASE("time limits: Auto keeps its share of the limit for the exact component", "[limits][timing]") {
+    const Problem dag = bench_dag_40(1);
+    const Bytes budget = percent_of(store_all_reference(dag).peak, 60);
+    const double limit = 4.0;
+    AutoOptions options;
+    options.time_limit_seconds = limit;
+    std::optional<double> given;
+    options.exact_component = [&](const Problem& q, Bytes b, const Plan& incumbent, double seconds) -> std::optional<Plan> {
+        given = seconds;
+        CHECK(simulate(q, incumbent.schedule).fits(b));
+        return std::nullopt;
+    };
+    const Auto solver(options);
+    const Stopwatch clock;
+    const AutoModel model = solver.analyse(dag);
+    CHECK(model.seconds <= auto_analysis_share * (1 - options.exact_component_share) * limit * 1.1 + 0.05);
+    const Plan plan = solver.solve(model, budget);
+    INFO(plan.stats.options << "; analysed in " << model.seconds << " s, solved in " << clock.seconds() << " s");
+    REQUIRE(given.has_value());
+    CHECK(*given >= 0.9 * options.exact_component_share * limit);
+    CHECK(clock.seconds() <= limit * 1.1 + 0.05);
+    CHECK(simulate(dag, plan.schedule).peak <= budget);
 }
 
 // remat-plan's --time-limit once set only H-Rockmate's analysis and Rockmate's limit per block:
