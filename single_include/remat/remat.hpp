@@ -10459,8 +10459,11 @@ private:
 // is below a proven bound (core/bounds.hpp, or the exact search's) or only beyond the reach of
 // the solvers tried, and carries the smallest budget they know to work. On problems within
 // the exact search's reach, the plan's windows are then searched again exactly
-// (solvers/window_search.hpp, large neighbourhood search, Shaw 1998), and the plan certified
-// by the exact search. See docs/guide.md, "Choosing a solver".
+// (solvers/window_search.hpp, large neighbourhood search, Shaw 1998), then improved by an
+// exact component when one is given (remat-plan's: Checkmate started from the plan), which
+// keeps a share of the time limit for itself, and the plan certified by the exact search.
+// Given a proven time bound (AutoOptions::time_bound), a plan that meets it ends all this
+// early: it is optimal over every schedule. See docs/guide.md, "Choosing a solver".
 
 #include <algorithm>
 #include <functional>
@@ -10706,7 +10709,11 @@ struct AutoModel {
 /// the greedy. Models remat::Solver.
 class Auto {
 public:
-    explicit Auto(AutoOptions options = {}) : options_(std::move(options)) {}
+    explicit Auto(AutoOptions options = {}) : options_(std::move(options)) {
+        if (!(options_.exact_component_share >= 0 && options_.exact_component_share < 1))
+            throw InvalidInput("auto: exact_component_share must be at least 0 and below 1 (the share of the time limit "
+                               "kept for the exact component)");
+    }
 
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "auto"; }
     [[nodiscard]] const AutoOptions& options() const noexcept { return options_; }
@@ -10785,23 +10792,8 @@ public:
             report_progress(options_.progress, "auto: " + std::string(to_string(model.choice)) + " failed (" +
                                                    e.what() + ")");
         }
-        if (second_opinion_of(model) && !(chosen && settled(*chosen))) {
-            tried.push_back({"hrockmate (second opinion)", std::nullopt});
-            try {
-                Plan other = HRockmate(second_opinion_options(model.problem, heuristics_left())).solve(*model.hrockmate, budget);
-                if (!chosen || other.time < chosen->time) {
-                    const std::string against =
-                        chosen ? "faster than " + std::string(to_string(model.choice)) + " by " +
-                                     format_percent(1.0 - other.time / chosen->time)
-                               : std::string(to_string(model.choice)) + " had no plan";
-                    chosen = detail::automatic::tagged(std::move(other), "hrockmate (" + against + ")");
-                }
-            } catch (const Infeasible& e) {
-                tried.back().least = e.smallest_budget();
-            } catch (const SolverError& e) {
-                report_progress(options_.progress, std::string("auto: hrockmate's second opinion failed (") + e.what() + ")");
-            }
-        }
+        if (second_opinion_of(model) && !(chosen && settled(*chosen)))
+            take_second_opinion(model, budget, heuristics_left(), chosen, tried);
         if (chosen) {
             // Each step only where the plan so far does not meet the proven time bound.
             if (!settled(*chosen)) search_windows(model.problem, budget, *chosen, heuristics_left());
@@ -10866,6 +10858,25 @@ public:
     }
 
 private:
+    // H-Rockmate's plan beside the chosen solver's (AutoOptions::second_opinion_max_ops),
+    // within `planning` seconds: it replaces `chosen` where faster.
+    void take_second_opinion(const AutoModel& model, Bytes budget, const std::optional<double>& planning,
+                             std::optional<Plan>& chosen, std::vector<detail::automatic::Reach>& tried) const {
+        tried.push_back({"hrockmate (second opinion)", std::nullopt});
+        try {
+            Plan other = HRockmate(second_opinion_options(model.problem, planning)).solve(*model.hrockmate, budget);
+            if (!chosen || other.time < chosen->time) {
+                const std::string against = chosen ? "faster than " + std::string(to_string(model.choice)) + " by " +
+                                                         format_percent(1.0 - other.time / chosen->time)
+                                                   : std::string(to_string(model.choice)) + " had no plan";
+                chosen = detail::automatic::tagged(std::move(other), "hrockmate (" + against + ")");
+            }
+        } catch (const Infeasible& e) {
+            tried.back().least = e.smallest_budget();
+        } catch (const SolverError& e) {
+            report_progress(options_.progress, std::string("auto: hrockmate's second opinion failed (") + e.what() + ")");
+        }
+    }
     // The plan as solve() returns it: with its certified gap from AutoOptions::time_bound
     // (status optimal where it meets it) and the seconds of planning at the budget.
     [[nodiscard]] Plan finished(Plan plan, const Stopwatch& clock) const {

@@ -152,6 +152,11 @@ TEST_CASE("time limits: Auto keeps its share of the limit for the exact componen
     CHECK(*given >= 0.9 * options.exact_component_share * limit);
     CHECK(clock.seconds() <= limit * 1.1 + 0.05);
     CHECK(simulate(dag, plan.schedule).peak <= budget);
+    for (const double share : {-0.1, 1.0}) {
+        AutoOptions bad;
+        bad.exact_component_share = share;
+        CHECK_THROWS_AS(Auto(bad), InvalidInput);
+    }
 }
 
 // remat-plan's --time-limit once set only H-Rockmate's analysis and Rockmate's limit per block:
