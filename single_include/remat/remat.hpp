@@ -1328,6 +1328,17 @@ inline constexpr double time_bound_tolerance = 1e-7;
     return std::isfinite(bound) && time <= bound * (1 + time_bound_tolerance);
 }
 
+/// Throws InvalidInput when a plan of `time` is faster than `bound`, which `option` (the
+/// option's name, "AutoOptions::time_bound") gave as a proven lower bound: it is then no bound
+/// at this budget (one proved at another budget, say), and a plan that met it would be called
+/// optimal falsely.
+inline void require_time_bound_holds(double time, double bound, std::string_view option) {
+    if (std::isfinite(bound) && time < bound * (1 - time_bound_tolerance))
+        throw InvalidInput(std::string(option) + " is " + std::to_string(bound) + ", but a plan takes " +
+                           std::to_string(time) + ": it is no lower bound at this budget; give the bound proved at "
+                           "the budget planned (bounds/time_lower_bound.hpp), or none");
+}
+
 /// What a plan's options say once its time meets the proven time bound.
 inline constexpr std::string_view meets_time_bound_note = "optimal: its time meets the proven time bound";
 
@@ -9647,7 +9658,8 @@ struct HRockmateOptions {
     /// A proven lower bound on the time of every schedule within the budget of the next solve
     /// (bounds/time_lower_bound.hpp): once a component's plan meets it, the components after
     /// it are skipped, and the plan is returned with status optimal and gap 0. It holds at one
-    /// budget only: leave it empty where one H-Rockmate plans several.
+    /// budget only: leave it empty where one H-Rockmate plans several (a plan faster than it
+    /// makes solve() throw InvalidInput).
     std::optional<double> time_bound;
     /// Also plan with the greedy at the same budget and keep the faster plan.
     bool compare_with_greedy = true;
@@ -9872,7 +9884,10 @@ public:
         if (model.rockmate && (left() > 0 || !best) && !settled())
             consider("rockmate", rockmate_plan(*model.rockmate, budget, improve()));
         if (!best) throw infeasible(model, budget, left());
-        if (options_.time_bound) settle_by_time_bound(*best, *options_.time_bound);
+        if (options_.time_bound) {
+            require_time_bound_holds(best->time, *options_.time_bound, "HRockmateOptions::time_bound");
+            settle_by_time_bound(*best, *options_.time_bound);
+        }
         best->stats.solve_seconds = clock.seconds();
         return *std::move(best);
     }
@@ -10553,7 +10568,9 @@ struct AutoOptions {
     /// exact component or certification; H-Rockmate skips its remaining components) and
     /// returns it with status optimal and gap 0. Any other plan gets the certified gap, plan
     /// time / bound - 1, unless it has a smaller one. The bound holds at one budget only:
-    /// leave it empty where one Auto plans several (a sweep).
+    /// leave it empty where one Auto plans several (a sweep). A plan faster than it shows it is
+    /// no bound at the budget: solve() then throws InvalidInput (naming this option, or
+    /// HRockmateOptions::time_bound, to which Auto passes it on).
     std::optional<double> time_bound;
     /// H-Rockmate's plan beside Rotor's or Rockmate's, the faster kept, on problems of at most
     /// this many ops (0: never). Its analysis shares the time limit with the chosen solver's.
@@ -10780,7 +10797,11 @@ public:
         };
         std::vector<detail::automatic::Reach> tried{{std::string(to_string(model.choice)), std::nullopt}};
         // Whether `plan` meets AutoOptions::time_bound (then marked optimal): nothing can beat it.
-        const auto settled = [&](Plan& plan) { return options_.time_bound && settle_by_time_bound(plan, *options_.time_bound); };
+        const auto settled = [&](Plan& plan) {
+            if (!options_.time_bound) return false;
+            require_time_bound_holds(plan.time, *options_.time_bound, "AutoOptions::time_bound");
+            return settle_by_time_bound(plan, *options_.time_bound);
+        };
         std::optional<Plan> chosen;
         try {
             chosen = detail::automatic::tagged(solve_chosen(model, budget, heuristics_left()), to_string(model.choice));
@@ -10880,6 +10901,7 @@ private:
     // The plan as solve() returns it: with its certified gap from AutoOptions::time_bound
     // (status optimal where it meets it) and the seconds of planning at the budget.
     [[nodiscard]] Plan finished(Plan plan, const Stopwatch& clock) const {
+        if (options_.time_bound) require_time_bound_holds(plan.time, *options_.time_bound, "AutoOptions::time_bound");
         if (options_.time_bound && !settle_by_time_bound(plan, *options_.time_bound) && *options_.time_bound > 0) {
             const double gap = std::max(0.0, plan.time / *options_.time_bound - 1.0);
             if (!plan.stats.gap || gap < *plan.stats.gap) plan.stats.gap = gap;

@@ -868,6 +868,21 @@ TEST_CASE("auto and hrockmate stop once a plan meets the proven time bound, and 
         CHECK_FALSE(done("greedy"));
         CHECK_FALSE(done("rockmate"));
     }
+    SECTION("a plan faster than the bound shows it is none at this budget: refused, not called optimal") {
+        std::mt19937 rng(7);
+        const Problem p = random_dag(rng, DagShape{8});
+        const Reference ref = store_all_reference(p);
+        AutoOptions o;
+        o.time_bound = 1.5 * ref.time;  // no schedule at P_ref is that slow: store-all takes T_ref
+        // (auto passes its bound on to H-Rockmate, whose check may come first and name its option)
+        CHECK_THROWS_WITH(Auto(o).solve(p, ref.peak), Catch::Contains("Options::time_bound is") &&
+                                                          Catch::Contains("no lower bound at this budget"));
+        CHECK_THROWS_AS(Auto(o).solve(p, ref.peak), InvalidInput);
+        HRockmateOptions h;
+        h.time_bound = o.time_bound;
+        CHECK_THROWS_WITH(HRockmate(h).solve(p, ref.peak), Catch::Contains("HRockmateOptions::time_bound is"));
+        CHECK_THROWS_AS(HRockmate(h).solve(p, ref.peak), InvalidInput);
+    }
     SECTION("a plan above the bound gets plan time / bound - 1, unless it has a smaller gap") {
         const auto [p, budget, optimum] = missed_optimum();
         AutoOptions o;

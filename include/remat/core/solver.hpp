@@ -85,6 +85,17 @@ inline constexpr double time_bound_tolerance = 1e-7;
     return std::isfinite(bound) && time <= bound * (1 + time_bound_tolerance);
 }
 
+/// Throws InvalidInput when a plan of `time` is faster than `bound`, which `option` (the
+/// option's name, "AutoOptions::time_bound") gave as a proven lower bound: it is then no bound
+/// at this budget (one proved at another budget, say), and a plan that met it would be called
+/// optimal falsely.
+inline void require_time_bound_holds(double time, double bound, std::string_view option) {
+    if (std::isfinite(bound) && time < bound * (1 - time_bound_tolerance))
+        throw InvalidInput(std::string(option) + " is " + std::to_string(bound) + ", but a plan takes " +
+                           std::to_string(time) + ": it is no lower bound at this budget; give the bound proved at "
+                           "the budget planned (bounds/time_lower_bound.hpp), or none");
+}
+
 /// What a plan's options say once its time meets the proven time bound.
 inline constexpr std::string_view meets_time_bound_note = "optimal: its time meets the proven time bound";
 

@@ -134,7 +134,9 @@ struct AutoOptions {
     /// exact component or certification; H-Rockmate skips its remaining components) and
     /// returns it with status optimal and gap 0. Any other plan gets the certified gap, plan
     /// time / bound - 1, unless it has a smaller one. The bound holds at one budget only:
-    /// leave it empty where one Auto plans several (a sweep).
+    /// leave it empty where one Auto plans several (a sweep). A plan faster than it shows it is
+    /// no bound at the budget: solve() then throws InvalidInput (naming this option, or
+    /// HRockmateOptions::time_bound, to which Auto passes it on).
     std::optional<double> time_bound;
     /// H-Rockmate's plan beside Rotor's or Rockmate's, the faster kept, on problems of at most
     /// this many ops (0: never). Its analysis shares the time limit with the chosen solver's.
@@ -361,7 +363,11 @@ public:
         };
         std::vector<detail::automatic::Reach> tried{{std::string(to_string(model.choice)), std::nullopt}};
         // Whether `plan` meets AutoOptions::time_bound (then marked optimal): nothing can beat it.
-        const auto settled = [&](Plan& plan) { return options_.time_bound && settle_by_time_bound(plan, *options_.time_bound); };
+        const auto settled = [&](Plan& plan) {
+            if (!options_.time_bound) return false;
+            require_time_bound_holds(plan.time, *options_.time_bound, "AutoOptions::time_bound");
+            return settle_by_time_bound(plan, *options_.time_bound);
+        };
         std::optional<Plan> chosen;
         try {
             chosen = detail::automatic::tagged(solve_chosen(model, budget, heuristics_left()), to_string(model.choice));
@@ -461,6 +467,7 @@ private:
     // The plan as solve() returns it: with its certified gap from AutoOptions::time_bound
     // (status optimal where it meets it) and the seconds of planning at the budget.
     [[nodiscard]] Plan finished(Plan plan, const Stopwatch& clock) const {
+        if (options_.time_bound) require_time_bound_holds(plan.time, *options_.time_bound, "AutoOptions::time_bound");
         if (options_.time_bound && !settle_by_time_bound(plan, *options_.time_bound) && *options_.time_bound > 0) {
             const double gap = std::max(0.0, plan.time / *options_.time_bound - 1.0);
             if (!plan.stats.gap || gap < *plan.stats.gap) plan.stats.gap = gap;

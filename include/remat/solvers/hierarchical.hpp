@@ -114,7 +114,8 @@ struct HRockmateOptions {
     /// A proven lower bound on the time of every schedule within the budget of the next solve
     /// (bounds/time_lower_bound.hpp): once a component's plan meets it, the components after
     /// it are skipped, and the plan is returned with status optimal and gap 0. It holds at one
-    /// budget only: leave it empty where one H-Rockmate plans several.
+    /// budget only: leave it empty where one H-Rockmate plans several (a plan faster than it
+    /// makes solve() throw InvalidInput).
     std::optional<double> time_bound;
     /// Also plan with the greedy at the same budget and keep the faster plan.
     bool compare_with_greedy = true;
@@ -339,7 +340,10 @@ public:
         if (model.rockmate && (left() > 0 || !best) && !settled())
             consider("rockmate", rockmate_plan(*model.rockmate, budget, improve()));
         if (!best) throw infeasible(model, budget, left());
-        if (options_.time_bound) settle_by_time_bound(*best, *options_.time_bound);
+        if (options_.time_bound) {
+            require_time_bound_holds(best->time, *options_.time_bound, "HRockmateOptions::time_bound");
+            settle_by_time_bound(*best, *options_.time_bound);
+        }
         best->stats.solve_seconds = clock.seconds();
         return *std::move(best);
     }
