@@ -475,11 +475,7 @@ inline constexpr double auto_bound_seconds = 5.0;
 // smaller one; status optimal where its time meets the bound.
 inline void certify_by_bound(Plan& plan, const TimeLowerBound& bound) {
     if (bound.budget_infeasible || !(bound.time > 0)) return;
-    if (settle_by_time_bound(plan, bound.time)) return;
-    const double gap = std::max(0.0, plan.time / bound.time - 1.0);
-    if (!plan.stats.gap || gap < *plan.stats.gap) {
-        plan.stats.gap = gap;
-    }
+    certify_by_time_bound(plan, bound.time);
 }
 
 // --bound: the proven lower bound, and how far above it the plan is.

@@ -1062,6 +1062,7 @@ inline std::optional<std::string> use_after_update(const Problem& problem, const
 // plugged in at compile time: any type with `solve(const Problem&, Bytes) const -> Plan`
 // and a `name()` models remat::Solver, whether it lives in remat or in user code.
 
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstdio>
@@ -1351,6 +1352,15 @@ inline bool settle_by_time_bound(Plan& plan, double bound) {
     if (plan.stats.options.find(meets_time_bound_note) == std::string::npos)
         plan.stats.options += std::string(plan.stats.options.empty() ? "" : ", ") + std::string(meets_time_bound_note);
     return true;
+}
+
+/// `plan` against `bound`, a proven lower bound at its budget: settled as optimal where its
+/// time meets it (settle_by_time_bound), else given the certified gap, plan time / bound - 1,
+/// unless it has a smaller one already.
+inline void certify_by_time_bound(Plan& plan, double bound) {
+    if (settle_by_time_bound(plan, bound) || !(bound > 0) || !std::isfinite(bound)) return;
+    const double gap = std::max(0.0, plan.time / bound - 1.0);
+    if (!plan.stats.gap || gap < *plan.stats.gap) plan.stats.gap = gap;
 }
 
 template <class S>
@@ -10901,10 +10911,9 @@ private:
     // The plan as solve() returns it: with its certified gap from AutoOptions::time_bound
     // (status optimal where it meets it) and the seconds of planning at the budget.
     [[nodiscard]] Plan finished(Plan plan, const Stopwatch& clock) const {
-        if (options_.time_bound) require_time_bound_holds(plan.time, *options_.time_bound, "AutoOptions::time_bound");
-        if (options_.time_bound && !settle_by_time_bound(plan, *options_.time_bound) && *options_.time_bound > 0) {
-            const double gap = std::max(0.0, plan.time / *options_.time_bound - 1.0);
-            if (!plan.stats.gap || gap < *plan.stats.gap) plan.stats.gap = gap;
+        if (options_.time_bound) {
+            require_time_bound_holds(plan.time, *options_.time_bound, "AutoOptions::time_bound");
+            certify_by_time_bound(plan, *options_.time_bound);
         }
         plan.stats.solve_seconds = clock.seconds();
         return plan;

@@ -5,6 +5,7 @@
 // and a `name()` models remat::Solver, whether it lives in remat or in user code.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstdio>
@@ -108,6 +109,15 @@ inline bool settle_by_time_bound(Plan& plan, double bound) {
     if (plan.stats.options.find(meets_time_bound_note) == std::string::npos)
         plan.stats.options += std::string(plan.stats.options.empty() ? "" : ", ") + std::string(meets_time_bound_note);
     return true;
+}
+
+/// `plan` against `bound`, a proven lower bound at its budget: settled as optimal where its
+/// time meets it (settle_by_time_bound), else given the certified gap, plan time / bound - 1,
+/// unless it has a smaller one already.
+inline void certify_by_time_bound(Plan& plan, double bound) {
+    if (settle_by_time_bound(plan, bound) || !(bound > 0) || !std::isfinite(bound)) return;
+    const double gap = std::max(0.0, plan.time / bound - 1.0);
+    if (!plan.stats.gap || gap < *plan.stats.gap) plan.stats.gap = gap;
 }
 
 template <class S>

@@ -467,10 +467,9 @@ private:
     // The plan as solve() returns it: with its certified gap from AutoOptions::time_bound
     // (status optimal where it meets it) and the seconds of planning at the budget.
     [[nodiscard]] Plan finished(Plan plan, const Stopwatch& clock) const {
-        if (options_.time_bound) require_time_bound_holds(plan.time, *options_.time_bound, "AutoOptions::time_bound");
-        if (options_.time_bound && !settle_by_time_bound(plan, *options_.time_bound) && *options_.time_bound > 0) {
-            const double gap = std::max(0.0, plan.time / *options_.time_bound - 1.0);
-            if (!plan.stats.gap || gap < *plan.stats.gap) plan.stats.gap = gap;
+        if (options_.time_bound) {
+            require_time_bound_holds(plan.time, *options_.time_bound, "AutoOptions::time_bound");
+            certify_by_time_bound(plan, *options_.time_bound);
         }
         plan.stats.solve_seconds = clock.seconds();
         return plan;
