@@ -3371,13 +3371,17 @@ public:
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "exhaustive"; }
     [[nodiscard]] const ExhaustiveOptions& options() const noexcept { return options_; }
 
-    /// Whether the problem is within the search's reach at all: at most 128 data and 64
-    /// exactly-once ops (its bit masks). Beyond, every call throws InvalidInput.
+    /// The most data, and the most exactly-once ops, a problem within the search's reach has
+    /// (the bit masks of its states); the other solvers that run it test against these.
+    static constexpr std::size_t max_data = detail::exhaustive::max_data;
+    static constexpr std::size_t max_exactly_once_ops = detail::exhaustive::max_units;
+
+    /// Whether the problem is within the search's reach at all: at most max_data (128) data
+    /// and max_exactly_once_ops (64) exactly-once ops. Beyond, every call throws InvalidInput.
     [[nodiscard]] static bool handles(const Problem& problem) {
         const auto ops = problem.all_ops();
         const auto exactly_once = std::count_if(ops.begin(), ops.end(), [](const Op& op) { return op.exactly_once; });
-        return problem.data_count() <= detail::exhaustive::max_data &&
-               static_cast<std::size_t>(exactly_once) <= detail::exhaustive::max_units;
+        return problem.data_count() <= max_data && static_cast<std::size_t>(exactly_once) <= max_exactly_once_ops;
     }
 
     /// A copy whose time limit is at most `seconds` (models TimeBoundedSolver).
@@ -8147,7 +8151,7 @@ struct WindowSearchResult {
                                                       const WindowSearchOptions& options = {}) {
     namespace ws = detail::window_search;
     if (!(options.time_limit_seconds >= 0)) throw InvalidInput("window search: time_limit_seconds must be >= 0");
-    if (problem.data_count() > 128 || problem.has_updates()) return {std::move(plan)};
+    if (problem.data_count() > Exhaustive::max_data || problem.has_updates()) return {std::move(plan)};
     const Stopwatch clock;
     ws::Current state{plan.schedule, simulate(problem, plan.schedule)};
     if (!state.report.fits(budget) || state.schedule.empty()) return {std::move(plan)};
@@ -10080,7 +10084,7 @@ private:
         using namespace detail::hrockmate;
         const Problem& p = model.problem;
         const AbstractProblem base = abstract_problem(p, f, children, {}, false, 0, name);
-        if (base.problem.data_count() > 128) return {};
+        if (base.problem.data_count() > Exhaustive::max_data) return {};
         const Bytes unlimited = std::numeric_limits<Bytes>::max() / 4;
         // One search's limits, within what is left of `seconds`.
         const auto search_limits = [&] {
@@ -10209,7 +10213,7 @@ private:
         const std::vector<Child> children = children_of(model, model.hierarchy.top);
         const AbstractProblem a =
             abstract_problem(model.problem, model.top, children, model.hierarchy.top_ops, true, 0, model.problem.name());
-        if (a.problem.data_count() > 128) return std::nullopt;
+        if (a.problem.data_count() > Exhaustive::max_data) return std::nullopt;
         return search(a, goal, budget, limits);
     }
 
@@ -10231,7 +10235,7 @@ private:
         const std::vector<DataId> initial(model.problem.initial().begin(), model.problem.initial().end());
         const bool flat = model.hierarchy.clusters.empty();  // the abstract problem is the real one
         const std::size_t factors = flat ? 1 : options_.top_budget_factors.size();
-        for (std::size_t i = 0; i < factors && misses < 2 && a.problem.data_count() <= 128; ++i) {
+        for (std::size_t i = 0; i < factors && misses < 2 && a.problem.data_count() <= Exhaustive::max_data; ++i) {
             const double left = seconds - clock.seconds();
             if (left <= 0 && !flat) break;
             const double factor = flat ? 1.0 : options_.top_budget_factors[i];
@@ -10381,7 +10385,7 @@ private:
     // nothing.
     [[nodiscard]] std::optional<Plan> exact_plan(const Problem& problem, Bytes budget, double seconds,
                                                  double improve_seconds) const {
-        if (problem.data_count() > 128) return std::nullopt;
+        if (problem.data_count() > Exhaustive::max_data) return std::nullopt;
         try {
             ExhaustiveOptions o;
             o.max_states = options_.flat_max_states;
@@ -10639,7 +10643,7 @@ struct Reach {
 // The exact search's proven lower bound on the least peak (its bounds alone, no search), on
 // problems within its limits.
 [[nodiscard]] inline std::optional<Bytes> exact_search_bound(const Problem& problem) {
-    if (problem.data_count() > 128) return std::nullopt;
+    if (problem.data_count() > Exhaustive::max_data) return std::nullopt;
     try {
         return Exhaustive{}.least_budget_bound(problem);
     } catch (const InvalidInput&) {  // more than 64 exactly-once ops
@@ -10985,7 +10989,7 @@ private:
     // AutoOptions::window_search_seconds: the plan's windows searched exactly (see there).
     void search_windows(const Problem& problem, Bytes budget, Plan& plan, const std::optional<double>& planning) const {
         const double seconds = std::min(options_.window_search_seconds, planning.value_or(options_.window_search_seconds));
-        if (!(seconds > 0.01) || problem.data_count() > 128) return;
+        if (!(seconds > 0.01) || problem.data_count() > Exhaustive::max_data) return;
         report_progress(options_.progress, "auto: searching the windows of the plan of '" + problem.name() + "' exactly");
         WindowSearchOptions o;
         o.time_limit_seconds = seconds;
@@ -11028,7 +11032,7 @@ private:
     }
     // AutoOptions::certify_seconds: the exact search against the plan (see there).
     void certify(const Problem& problem, Bytes budget, Plan& plan, const std::optional<double>& planning) const {
-        if (!(options_.certify_seconds > 0) || problem.data_count() > std::min<std::size_t>(options_.exact_fallback_max_data, 128))
+        if (!(options_.certify_seconds > 0) || problem.data_count() > std::min(options_.exact_fallback_max_data, Exhaustive::max_data))
             return;
         const double seconds = std::min(options_.certify_seconds, planning.value_or(options_.certify_seconds));
         if (!(seconds > 0.01)) return;
@@ -11063,7 +11067,7 @@ private:
     [[nodiscard]] std::optional<Exhaustive> exact_search(const Problem& problem,
                                                          const std::optional<double>& planning) const {
         if (!options_.exact_fallback || problem.data_count() > options_.exact_fallback_max_data ||
-            problem.data_count() > 128)
+            problem.data_count() > Exhaustive::max_data)
             return std::nullopt;
         const double seconds = std::min(options_.exact_fallback_seconds, planning.value_or(options_.exact_fallback_seconds));
         if (!(seconds > 0.01)) return std::nullopt;

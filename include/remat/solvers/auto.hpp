@@ -195,7 +195,7 @@ struct Reach {
 // The exact search's proven lower bound on the least peak (its bounds alone, no search), on
 // problems within its limits.
 [[nodiscard]] inline std::optional<Bytes> exact_search_bound(const Problem& problem) {
-    if (problem.data_count() > 128) return std::nullopt;
+    if (problem.data_count() > Exhaustive::max_data) return std::nullopt;
     try {
         return Exhaustive{}.least_budget_bound(problem);
     } catch (const InvalidInput&) {  // more than 64 exactly-once ops
@@ -541,7 +541,7 @@ private:
     // AutoOptions::window_search_seconds: the plan's windows searched exactly (see there).
     void search_windows(const Problem& problem, Bytes budget, Plan& plan, const std::optional<double>& planning) const {
         const double seconds = std::min(options_.window_search_seconds, planning.value_or(options_.window_search_seconds));
-        if (!(seconds > 0.01) || problem.data_count() > 128) return;
+        if (!(seconds > 0.01) || problem.data_count() > Exhaustive::max_data) return;
         report_progress(options_.progress, "auto: searching the windows of the plan of '" + problem.name() + "' exactly");
         WindowSearchOptions o;
         o.time_limit_seconds = seconds;
@@ -584,7 +584,7 @@ private:
     }
     // AutoOptions::certify_seconds: the exact search against the plan (see there).
     void certify(const Problem& problem, Bytes budget, Plan& plan, const std::optional<double>& planning) const {
-        if (!(options_.certify_seconds > 0) || problem.data_count() > std::min<std::size_t>(options_.exact_fallback_max_data, 128))
+        if (!(options_.certify_seconds > 0) || problem.data_count() > std::min(options_.exact_fallback_max_data, Exhaustive::max_data))
             return;
         const double seconds = std::min(options_.certify_seconds, planning.value_or(options_.certify_seconds));
         if (!(seconds > 0.01)) return;
@@ -619,7 +619,7 @@ private:
     [[nodiscard]] std::optional<Exhaustive> exact_search(const Problem& problem,
                                                          const std::optional<double>& planning) const {
         if (!options_.exact_fallback || problem.data_count() > options_.exact_fallback_max_data ||
-            problem.data_count() > 128)
+            problem.data_count() > Exhaustive::max_data)
             return std::nullopt;
         const double seconds = std::min(options_.exact_fallback_seconds, planning.value_or(options_.exact_fallback_seconds));
         if (!(seconds > 0.01)) return std::nullopt;

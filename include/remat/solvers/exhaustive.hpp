@@ -45,13 +45,17 @@ public:
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "exhaustive"; }
     [[nodiscard]] const ExhaustiveOptions& options() const noexcept { return options_; }
 
-    /// Whether the problem is within the search's reach at all: at most 128 data and 64
-    /// exactly-once ops (its bit masks). Beyond, every call throws InvalidInput.
+    /// The most data, and the most exactly-once ops, a problem within the search's reach has
+    /// (the bit masks of its states); the other solvers that run it test against these.
+    static constexpr std::size_t max_data = detail::exhaustive::max_data;
+    static constexpr std::size_t max_exactly_once_ops = detail::exhaustive::max_units;
+
+    /// Whether the problem is within the search's reach at all: at most max_data (128) data
+    /// and max_exactly_once_ops (64) exactly-once ops. Beyond, every call throws InvalidInput.
     [[nodiscard]] static bool handles(const Problem& problem) {
         const auto ops = problem.all_ops();
         const auto exactly_once = std::count_if(ops.begin(), ops.end(), [](const Op& op) { return op.exactly_once; });
-        return problem.data_count() <= detail::exhaustive::max_data &&
-               static_cast<std::size_t>(exactly_once) <= detail::exhaustive::max_units;
+        return problem.data_count() <= max_data && static_cast<std::size_t>(exactly_once) <= max_exactly_once_ops;
     }
 
     /// A copy whose time limit is at most `seconds` (models TimeBoundedSolver).

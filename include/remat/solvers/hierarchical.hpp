@@ -526,7 +526,7 @@ private:
         using namespace detail::hrockmate;
         const Problem& p = model.problem;
         const AbstractProblem base = abstract_problem(p, f, children, {}, false, 0, name);
-        if (base.problem.data_count() > 128) return {};
+        if (base.problem.data_count() > Exhaustive::max_data) return {};
         const Bytes unlimited = std::numeric_limits<Bytes>::max() / 4;
         // One search's limits, within what is left of `seconds`.
         const auto search_limits = [&] {
@@ -655,7 +655,7 @@ private:
         const std::vector<Child> children = children_of(model, model.hierarchy.top);
         const AbstractProblem a =
             abstract_problem(model.problem, model.top, children, model.hierarchy.top_ops, true, 0, model.problem.name());
-        if (a.problem.data_count() > 128) return std::nullopt;
+        if (a.problem.data_count() > Exhaustive::max_data) return std::nullopt;
         return search(a, goal, budget, limits);
     }
 
@@ -677,7 +677,7 @@ private:
         const std::vector<DataId> initial(model.problem.initial().begin(), model.problem.initial().end());
         const bool flat = model.hierarchy.clusters.empty();  // the abstract problem is the real one
         const std::size_t factors = flat ? 1 : options_.top_budget_factors.size();
-        for (std::size_t i = 0; i < factors && misses < 2 && a.problem.data_count() <= 128; ++i) {
+        for (std::size_t i = 0; i < factors && misses < 2 && a.problem.data_count() <= Exhaustive::max_data; ++i) {
             const double left = seconds - clock.seconds();
             if (left <= 0 && !flat) break;
             const double factor = flat ? 1.0 : options_.top_budget_factors[i];
@@ -827,7 +827,7 @@ private:
     // nothing.
     [[nodiscard]] std::optional<Plan> exact_plan(const Problem& problem, Bytes budget, double seconds,
                                                  double improve_seconds) const {
-        if (problem.data_count() > 128) return std::nullopt;
+        if (problem.data_count() > Exhaustive::max_data) return std::nullopt;
         try {
             ExhaustiveOptions o;
             o.max_states = options_.flat_max_states;

@@ -192,7 +192,7 @@ struct WindowSearchResult {
                                                       const WindowSearchOptions& options = {}) {
     namespace ws = detail::window_search;
     if (!(options.time_limit_seconds >= 0)) throw InvalidInput("window search: time_limit_seconds must be >= 0");
-    if (problem.data_count() > 128 || problem.has_updates()) return {std::move(plan)};
+    if (problem.data_count() > Exhaustive::max_data || problem.has_updates()) return {std::move(plan)};
     const Stopwatch clock;
     ws::Current state{plan.schedule, simulate(problem, plan.schedule)};
     if (!state.report.fits(budget) || state.schedule.empty()) return {std::move(plan)};
