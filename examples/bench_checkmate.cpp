@@ -91,8 +91,8 @@ struct Outcome {
     enum class Kind { not_built, optimal, feasible, no_solution, infeasible, error };
     Kind kind = Kind::not_built;
     double seconds = 0.0;
-    double gap = 0.0;
-    double time = 0.0;  // of the schedule
+    std::optional<double> gap;  // plan time / proven bound - 1 (SolverStats::gap), when bounded
+    double time = 0.0;          // of the schedule
     Bytes peak = 0;
     std::optional<Bytes> smallest;  // when infeasible
     bool smallest_proven = false;   // false: a budget known to work, the search ran out of time
@@ -108,7 +108,7 @@ Outcome solve_with(const Problem& problem, Bytes budget, const CheckmateOptions&
         const Plan plan = checkmate.solve(problem, budget);
         out.seconds = seconds_since(start);
         out.kind = plan.stats.status == SolveStatus::optimal ? Outcome::Kind::optimal : Outcome::Kind::feasible;
-        out.gap = plan.stats.gap.value_or(0.0);
+        out.gap = plan.stats.gap;
         out.time = plan.time;
         out.peak = plan.peak;
     } catch (const Infeasible& e) {
@@ -195,7 +195,7 @@ std::string status_text(const Outcome& o, const Reference& ref) {
     switch (o.kind) {
         case Outcome::Kind::not_built: return "n/a";
         case Outcome::Kind::optimal: return "optimal";
-        case Outcome::Kind::feasible: return "gap " + format("%.1f", 100.0 * o.gap) + " %";
+        case Outcome::Kind::feasible: return o.gap ? "gap " + format("%.1f", 100.0 * *o.gap) + " %" : "feasible (no bound)";
         case Outcome::Kind::no_solution: return "no solution";
         case Outcome::Kind::error: return "error";
         case Outcome::Kind::infeasible:

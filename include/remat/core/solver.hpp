@@ -53,8 +53,10 @@ struct SolverStats {
     std::string solver;
     double solve_seconds = 0.0;
     SolveStatus status = SolveStatus::heuristic;
-    /// Relative gap to a proven lower bound: a MILP solver's when it stopped before proving
-    /// optimality, or a certified one (remat::Auto's certification: plan time / bound - 1).
+    /// How much slower than a proven lower bound the plan may be: plan time / bound - 1, with
+    /// Checkmate's MILP bound when it stopped before proving optimality, or a certified one
+    /// (the time bound, or the exact search's; remat::Auto). Not the MILP convention
+    /// (time - bound) / time, which reads smaller for the same bound. None without a bound.
     std::optional<double> gap;
     /// Free-form description of the options used ("slots=500", "k=4").
     std::string options;

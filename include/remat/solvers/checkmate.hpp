@@ -469,10 +469,12 @@ private:
         return skipped;
     }
 
-    [[nodiscard]] static double gap(double time, double bound) {
-        if (!std::isfinite(bound)) return 1.0;
-        if (time <= 0) return 0.0;
-        return std::max(0.0, (time - bound) / time);
+    // SolverStats::gap as every solver states it: plan time / proven bound - 1 (how much slower
+    // than the best schedule the plan may be), not the MILP's (time - bound) / time, which for the
+    // same bound reads smaller; none without a positive bound.
+    [[nodiscard]] static std::optional<double> gap(double time, double bound) {
+        if (!std::isfinite(bound) || !(bound > 0)) return std::nullopt;
+        return std::max(0.0, time / bound - 1.0);
     }
 
     [[nodiscard]] std::string describe_options(const detail::checkmate::Formulation& f) const {
