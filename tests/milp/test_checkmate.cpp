@@ -178,8 +178,9 @@ TEST_CASE("a time limit that stops the search still returns a schedule that fits
     const auto check = [&](const Plan& plan) {
         CHECK(simulate(p, plan.schedule).fits(budget));
         REQUIRE(plan.stats.gap.has_value());
+        // plan time / the MILP's bound - 1: finite (a positive bound), and 0 only when proven
         CHECK(*plan.stats.gap >= 0.0);
-        CHECK(*plan.stats.gap < 1.0);
+        CHECK(std::isfinite(*plan.stats.gap));
         if (plan.stats.status == SolveStatus::feasible) CHECK(*plan.stats.gap > 0.0);
         CHECK(plan.stats.solve_seconds < 5.0);
     };
