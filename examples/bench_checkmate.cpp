@@ -528,11 +528,11 @@ int main(int argc, char** argv) {
             bound_seconds = format("%.2f", r.bound->seconds);
             bound_overhead = r.bound->budget_infeasible ? "no schedule fits"
                                                         : format("%.1f", 100.0 * (r.bound->time / c.ref.time - 1.0)) + " %";
-            if (auto_planned && !r.bound->budget_infeasible && r.bound->time > 0) {
-                const double g = std::max(0.0, a.time / r.bound->time - 1.0);
-                gap = format("%.2f", 100.0 * g) + " %";
+            const std::optional<double> g = certified_gap(a.time, r.bound->time);
+            if (auto_planned && !r.bound->budget_infeasible && g) {
+                gap = format("%.2f", 100.0 * *g) + " %";
                 ++planned;
-                if (g <= 1e-9) ++certified;
+                if (*g <= 1e-9) ++certified;
             }
             // A proven bound above a proven optimum, or a plan below the bound, is a bug.
             for (const Outcome& o : r.outcomes)

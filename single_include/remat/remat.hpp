@@ -1356,13 +1356,21 @@ inline bool settle_by_time_bound(Plan& plan, double bound) {
     return true;
 }
 
+/// The certified gap (SolverStats::gap) of a plan of time `plan_time` against `bound`, a proven
+/// lower bound on the time of every schedule at its budget: plan_time / bound - 1; none without
+/// a positive, finite bound.
+[[nodiscard]] inline std::optional<double> certified_gap(double plan_time, double bound) {
+    if (!(bound > 0) || !std::isfinite(bound)) return std::nullopt;
+    return std::max(0.0, plan_time / bound - 1.0);
+}
+
 /// `plan` against `bound`, a proven lower bound at its budget: settled as optimal where its
-/// time meets it (settle_by_time_bound), else given the certified gap, plan time / bound - 1,
-/// unless it has a smaller one already.
+/// time meets it (settle_by_time_bound), else given the certified gap unless it has a smaller
+/// one already.
 inline void certify_by_time_bound(Plan& plan, double bound) {
-    if (settle_by_time_bound(plan, bound) || !(bound > 0) || !std::isfinite(bound)) return;
-    const double gap = std::max(0.0, plan.time / bound - 1.0);
-    if (!plan.stats.gap || gap < *plan.stats.gap) plan.stats.gap = gap;
+    if (settle_by_time_bound(plan, bound)) return;
+    const std::optional<double> gap = certified_gap(plan.time, bound);
+    if (gap && (!plan.stats.gap || *gap < *plan.stats.gap)) plan.stats.gap = gap;
 }
 
 template <class S>
@@ -8212,8 +8220,9 @@ struct RefineOptions {
 
 namespace detail::refine {
 
-[[nodiscard]] inline double certified_gap(double plan_time, double time_bound) {
-    return time_bound > 0.0 ? std::max(0.0, plan_time / time_bound - 1.0) : std::numeric_limits<double>::infinity();
+// remat::certified_gap, infinite without a bound, for comparisons with the target.
+[[nodiscard]] inline double gap_or_infinity(double plan_time, double time_bound) {
+    return certified_gap(plan_time, time_bound).value_or(std::numeric_limits<double>::infinity());
 }
 
 // The options of round r: fresh noise, alternating orders, within `seconds`.
@@ -8253,7 +8262,7 @@ namespace detail::refine {
     plan.time = checked.time;
     plan.peak = checked.peak;
     const double before = checked.time;
-    const auto gap = [&] { return dr::certified_gap(plan.time, time_bound); };
+    const auto gap = [&] { return dr::gap_or_infinity(plan.time, time_bound); };
     const auto take = [&](Schedule schedule, const std::string& how) {
         const SimulationReport r = simulate(problem, schedule);
         if (!r.fits(budget) || !(r.time < plan.time)) return;
@@ -11055,9 +11064,10 @@ private:
                 plan.stats.status = SolveStatus::optimal;
                 plan.stats.gap = 0.0;
                 plan.stats.options += ", certified optimal by the exact search";
-            } else if (c.lower_bound > 0 && (!plan.stats.gap || plan.time / c.lower_bound - 1.0 < *plan.stats.gap)) {
+            } else if (const std::optional<double> gap = certified_gap(plan.time, c.lower_bound);
+                       gap && (!plan.stats.gap || *gap < *plan.stats.gap)) {
                 // (a smaller gap the plan has, Checkmate's, stays)
-                plan.stats.gap = plan.time / c.lower_bound - 1.0;
+                plan.stats.gap = gap;
                 plan.stats.options += ", certified gap " + format_percent(*plan.stats.gap) +
                                       " (the exact search's bound " + std::to_string(c.lower_bound) + ")";
             }

@@ -113,13 +113,21 @@ inline bool settle_by_time_bound(Plan& plan, double bound) {
     return true;
 }
 
+/// The certified gap (SolverStats::gap) of a plan of time `plan_time` against `bound`, a proven
+/// lower bound on the time of every schedule at its budget: plan_time / bound - 1; none without
+/// a positive, finite bound.
+[[nodiscard]] inline std::optional<double> certified_gap(double plan_time, double bound) {
+    if (!(bound > 0) || !std::isfinite(bound)) return std::nullopt;
+    return std::max(0.0, plan_time / bound - 1.0);
+}
+
 /// `plan` against `bound`, a proven lower bound at its budget: settled as optimal where its
-/// time meets it (settle_by_time_bound), else given the certified gap, plan time / bound - 1,
-/// unless it has a smaller one already.
+/// time meets it (settle_by_time_bound), else given the certified gap unless it has a smaller
+/// one already.
 inline void certify_by_time_bound(Plan& plan, double bound) {
-    if (settle_by_time_bound(plan, bound) || !(bound > 0) || !std::isfinite(bound)) return;
-    const double gap = std::max(0.0, plan.time / bound - 1.0);
-    if (!plan.stats.gap || gap < *plan.stats.gap) plan.stats.gap = gap;
+    if (settle_by_time_bound(plan, bound)) return;
+    const std::optional<double> gap = certified_gap(plan.time, bound);
+    if (gap && (!plan.stats.gap || *gap < *plan.stats.gap)) plan.stats.gap = gap;
 }
 
 template <class S>

@@ -605,9 +605,10 @@ private:
                 plan.stats.status = SolveStatus::optimal;
                 plan.stats.gap = 0.0;
                 plan.stats.options += ", certified optimal by the exact search";
-            } else if (c.lower_bound > 0 && (!plan.stats.gap || plan.time / c.lower_bound - 1.0 < *plan.stats.gap)) {
+            } else if (const std::optional<double> gap = certified_gap(plan.time, c.lower_bound);
+                       gap && (!plan.stats.gap || *gap < *plan.stats.gap)) {
                 // (a smaller gap the plan has, Checkmate's, stays)
-                plan.stats.gap = plan.time / c.lower_bound - 1.0;
+                plan.stats.gap = gap;
                 plan.stats.options += ", certified gap " + format_percent(*plan.stats.gap) +
                                       " (the exact search's bound " + std::to_string(c.lower_bound) + ")";
             }

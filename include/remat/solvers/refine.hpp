@@ -56,8 +56,9 @@ struct RefineOptions {
 
 namespace detail::refine {
 
-[[nodiscard]] inline double certified_gap(double plan_time, double time_bound) {
-    return time_bound > 0.0 ? std::max(0.0, plan_time / time_bound - 1.0) : std::numeric_limits<double>::infinity();
+// remat::certified_gap, infinite without a bound, for comparisons with the target.
+[[nodiscard]] inline double gap_or_infinity(double plan_time, double time_bound) {
+    return certified_gap(plan_time, time_bound).value_or(std::numeric_limits<double>::infinity());
 }
 
 // The options of round r: fresh noise, alternating orders, within `seconds`.
@@ -97,7 +98,7 @@ namespace detail::refine {
     plan.time = checked.time;
     plan.peak = checked.peak;
     const double before = checked.time;
-    const auto gap = [&] { return dr::certified_gap(plan.time, time_bound); };
+    const auto gap = [&] { return dr::gap_or_infinity(plan.time, time_bound); };
     const auto take = [&](Schedule schedule, const std::string& how) {
         const SimulationReport r = simulate(problem, schedule);
         if (!r.fits(budget) || !(r.time < plan.time)) return;
