@@ -22,11 +22,12 @@
 // small problems the exact search (solvers/exhaustive.hpp), which either finds a plan or
 // proves the smallest budget any schedule needs. An infeasible answer says whether the budget
 // is below a proven bound (core/bounds.hpp, or the exact search's) or only beyond the reach of
-// the solvers tried, and carries the smallest budget they know to work. On problems within
-// the exact search's reach, the plan's windows are then searched again exactly
-// (solvers/window_search.hpp, large neighbourhood search, Shaw 1998), then improved by an
-// exact component when one is given (remat-plan's: Checkmate started from the plan), which
-// keeps a share of the time limit for itself, and the plan certified by the exact search.
+// the solvers tried, and carries the smallest budget they know to work. The plan is then
+// improved by an exact component when one is given (remat-plan's: Checkmate started from the
+// plan), which keeps a share of the time limit for itself; then, on problems within the exact
+// search's reach, polished: locally improved (solvers/improve.hpp) and its windows searched
+// again exactly (solvers/window_search.hpp, large neighbourhood search, Shaw 1998); and
+// certified by the exact search.
 // Given a proven time bound (AutoOptions::time_bound), a plan that meets it ends all this
 // early: it is optimal over every schedule. See docs/guide.md, "Choosing a solver".
 #pragma once
@@ -49,6 +50,7 @@
 #include "exhaustive.hpp"
 #include "greedy.hpp"
 #include "hierarchical.hpp"
+#include "improve.hpp"
 #include "rockmate.hpp"
 #include "rotor.hpp"
 #include "rotor_release.hpp"
@@ -101,12 +103,14 @@ struct AutoOptions {
     /// than the optimum the search finds in milliseconds. Off where a plan is made many times
     /// (the combined offloading planner, remat-plan's sweeps).
     double certify_seconds = 1.0;
-    /// Window search (off at 0): on problems within the exact search's reach (at most 128
-    /// data and 64 exactly-once ops), the plan's windows searched again exactly, faster ones
-    /// spliced in (solvers/window_search.hpp), for up to this many seconds within the time
-    /// limit, before the exact component and the certification. On bench_checkmate's random
-    /// DAGs of 40 and 60 ops at 50-80 % of P_ref, 5 s made the plans 0-8 % faster. Off where
-    /// certification is.
+    /// The polish (off at 0): on problems within the exact search's reach (at most 128 data
+    /// and 64 exactly-once ops), the plan locally improved (solvers/improve.hpp, a quarter of
+    /// the seconds at most), then its windows searched again exactly, faster ones spliced in
+    /// (solvers/window_search.hpp), for up to this many seconds within the time limit, after
+    /// the exact component (out of its reserve, a quarter of it at most) and before the
+    /// certification. On bench_checkmate's random DAGs of 40 and 60 ops at 50-80 % of P_ref,
+    /// 5 s of window search made the plans 0-8 % faster; after Checkmate, the polish took the
+    /// 40-op DAG at 50 % from 119 to 112. Off where certification is.
     double window_search_seconds = 1.0;
     /// An exact component on problems of at most exact_component_max_ops ops, after the
     /// solvers above: called with the best plan so far and the seconds it may take (at most
@@ -116,9 +120,9 @@ struct AutoOptions {
     std::function<std::optional<Plan>(const Problem&, Bytes, const Plan& incumbent, double seconds)> exact_component;
     std::size_t exact_component_max_ops = 60;
     double exact_component_seconds = 10.0;
-    /// Under a time limit, the share of it kept for the exact component where it runs: the
-    /// analyses get auto_analysis_share of the rest, and the heuristics plan at the budget
-    /// within what is left less this share. Without it, the analyses and the heuristics took
+    /// Under a time limit, the share of it kept for the exact component where it runs (and
+    /// the polish after it; see window_search_seconds): the analyses get auto_analysis_share
+    /// of the rest, and the heuristics plan at the budget within what is left less this share. Without it, the analyses and the heuristics took
     /// the whole limit on bench_checkmate's 40-op DAG (Rockmate's least-peak search on its
     /// 36-op block alone took 5 s of 10) and the component, which found the best plans there,
     /// ran for 0.4 s.
@@ -382,9 +386,16 @@ public:
         if (second_opinion_of(model) && !(chosen && settled(*chosen)))
             take_second_opinion(model, budget, heuristics_left(), chosen, tried);
         if (chosen) {
-            // Each step only where the plan so far does not meet the proven time bound.
-            if (!settled(*chosen)) search_windows(model.problem, budget, *chosen, heuristics_left());
-            if (!settled(*chosen)) improve_by_exact_component(model.problem, budget, *chosen, left());
+            // Each step only where the plan so far does not meet the proven time bound. The
+            // polish comes after the exact component, keeping its seconds: Checkmate's plans
+            // were the ones it made faster (see polish()).
+            const auto left_for_exact_component = [&]() -> std::optional<double> {
+                const std::optional<double> all = left();
+                if (!all) return all;
+                return std::max(0.0, *all - polish_seconds(model.problem));
+            };
+            if (!settled(*chosen)) improve_by_exact_component(model.problem, budget, *chosen, left_for_exact_component());
+            if (!settled(*chosen)) polish(model.problem, budget, *chosen, left());
             if (!settled(*chosen)) certify(model.problem, budget, *chosen, left());
             return finished(std::move(*chosen), clock);
         }
@@ -537,18 +548,43 @@ private:
         o.order = order;
         return planning ? greedy_within(o, *planning) : o;
     }
-    // AutoOptions::exact_component: a faster plan from it replaces `plan` (see there).
-    // AutoOptions::window_search_seconds: the plan's windows searched exactly (see there).
-    void search_windows(const Problem& problem, Bytes budget, Plan& plan, const std::optional<double>& planning) const {
-        const double seconds = std::min(options_.window_search_seconds, planning.value_or(options_.window_search_seconds));
-        if (!(seconds > 0.01) || problem.data_count() > Exhaustive::max_data) return;
+    // The seconds polish() takes on `problem` at most (0 where the window search cannot run):
+    // where the exact component runs under a time limit, at most a quarter of its reserve.
+    [[nodiscard]] double polish_seconds(const Problem& problem) const {
+        if (problem.data_count() > Exhaustive::max_data) return 0.0;
+        const double seconds = std::max(0.0, options_.window_search_seconds);
+        const double reserve = exact_reserve(problem);
+        return reserve > 0 ? std::min(seconds, 0.25 * reserve) : seconds;
+    }
+    // AutoOptions::window_search_seconds: the plan locally improved (solvers/improve.hpp), then
+    // its windows searched exactly (see there). The improvement takes a quarter of the
+    // seconds at most (milliseconds on 40 ops): Checkmate's plans, rounded from its
+    // relaxation, kept recomputations that the budget no longer needed (on bench_checkmate's
+    // 40-op DAG at 50 % of P_ref, 119 -> 114, and the windows then 114 -> 112).
+    void polish(const Problem& problem, Bytes budget, Plan& plan, const std::optional<double>& planning) const {
+        const double seconds = std::min(polish_seconds(problem), planning.value_or(options_.window_search_seconds));
+        if (!(seconds > 0.01)) return;
+        const Stopwatch clock;
+        ImproveOptions io;
+        io.time_limit_seconds = seconds / 4;
+        Schedule improved = improve_schedule(problem, plan.schedule, budget, io);
+        if (const SimulationReport r = simulate(problem, improved); r.fits(budget) && r.time < plan.time) {
+            const double before = plan.time;
+            plan.schedule = std::move(improved);
+            plan.time = r.time;
+            plan.peak = r.peak;
+            plan.stats.status = SolveStatus::heuristic;  // what its solver proved was about its own plan
+            plan.stats.gap.reset();
+            plan.stats.options += ", locally improved (" + format_percent(1.0 - plan.time / before) + " faster)";
+        }
         report_progress(options_.progress, "auto: searching the windows of the plan of '" + problem.name() + "' exactly");
         WindowSearchOptions o;
-        o.time_limit_seconds = seconds;
+        o.time_limit_seconds = std::max(0.0, seconds - clock.seconds());
         o.progress = options_.progress;
         plan = window_search(problem, budget, std::move(plan), o).plan;
     }
 
+    // AutoOptions::exact_component: a faster plan from it replaces `plan` (see there).
     void improve_by_exact_component(const Problem& problem, Bytes budget, Plan& plan,
                                     const std::optional<double>& planning) const {
         if (!options_.exact_component || problem.op_count() > options_.exact_component_max_ops) return;
