@@ -134,8 +134,8 @@ struct AutoOptions {
     double exact_fallback_seconds = 10.0;
     /// A proven lower bound on the time of every schedule within the budget of the next solve
     /// (bounds/time_lower_bound.hpp; remat-plan proves one by default). A plan that meets it
-    /// is optimal over every schedule: Auto stops there (no second opinion, window search,
-    /// exact component or certification; H-Rockmate skips its remaining components) and
+    /// is optimal over every schedule: Auto stops there (no second opinion, exact component,
+    /// polish or certification; H-Rockmate skips its remaining components) and
     /// returns it with status optimal and gap 0. Any other plan gets the certified gap, plan
     /// time / bound - 1, unless it has a smaller one. The bound holds at one budget only:
     /// leave it empty where one Auto plans several (a sweep). A plan faster than it shows it is
