@@ -9918,16 +9918,18 @@ public:
         return *std::move(best);
     }
 
-    /// The smallest budget H-Rockmate (hierarchy or greedy) plans for; with `seconds`, the
-    /// hierarchy's search for it gets at most that long (none: skipped), the greedy's and
-    /// Rockmate's answers, which need no search, stand.
+    /// The smallest budget H-Rockmate (hierarchy, greedy along either order, Rockmate) plans
+    /// for; with `seconds`, the hierarchy's search for it gets at most that long (none:
+    /// skipped), the greedy's and Rockmate's answers, which need no search, stand.
     [[nodiscard]] Bytes smallest_budget(const HRockmateModel& model,
                                         double seconds = std::numeric_limits<double>::infinity()) const {
         Bytes least = std::numeric_limits<Bytes>::max();
         if (const auto top = top_search(model, detail::exhaustive::SearchGoal::least_peak,
                                         std::numeric_limits<Bytes>::max(), seconds))
             least = top->peak;
-        if (options_.compare_with_greedy) least = std::min(least, Greedy{options_.greedy}.smallest_budget(model.problem));
+        if (options_.compare_with_greedy)
+            for (const GreedyOrder order : {GreedyOrder::store_all, GreedyOrder::memory_aware})
+                least = std::min(least, Greedy{greedy_along(order)}.smallest_budget(model.problem));
         if (model.rockmate) {
             try {
                 least = std::min(least, Rockmate<>(options_.rockmate).smallest_budget(*model.rockmate));
@@ -10422,6 +10424,12 @@ private:
         }
     }
 
+    // HRockmateOptions::greedy along `order`.
+    [[nodiscard]] GreedyOptions greedy_along(GreedyOrder order) const {
+        GreedyOptions o = options_.greedy;
+        o.order = order;
+        return o;
+    }
     // The greedy's plan (the portfolio of HRockmateOptions::greedy, its replays and its own
     // improvement), the faster along the store-all order and along the memory-aware order,
     // each within half of `seconds` (a plan may fit or be faster by reordering: on a 40-op
@@ -10431,12 +10439,11 @@ private:
                                                   double improve_seconds) const {
         std::optional<Plan> best;
         for (const GreedyOrder order : {GreedyOrder::store_all, GreedyOrder::memory_aware}) {
-            GreedyOptions o = greedy_within(options_.greedy, seconds / 2);
-            o.order = order;
             try {
-                Plan g = Greedy{o}.solve(problem, budget);
+                Plan g = Greedy{greedy_within(greedy_along(order), seconds / 2)}.solve(problem, budget);
                 if (!best || g.time < best->time) best = std::move(g);
             } catch (const Infeasible&) {
+                // the other order may still fit
             }
         }
         if (!best) return std::nullopt;
@@ -10589,10 +10596,10 @@ struct AutoOptions {
     double exact_component_seconds = 10.0;
     /// Under a time limit, the share of it kept for the exact component where it runs (and
     /// the polish after it; see window_search_seconds): the analyses get auto_analysis_share
-    /// of the rest, and the heuristics plan at the budget within what is left less this share. Without it, the analyses and the heuristics took
-    /// the whole limit on bench_checkmate's 40-op DAG (Rockmate's least-peak search on its
-    /// 36-op block alone took 5 s of 10) and the component, which found the best plans there,
-    /// ran for 0.4 s.
+    /// of the rest, and the heuristics plan at the budget within what is left less this
+    /// share. Without it, the analyses and the heuristics took the whole limit on
+    /// bench_checkmate's 40-op DAG (Rockmate's least-peak search on its 36-op block alone
+    /// took 5 s of 10) and the component, which found the best plans there, ran for 0.4 s.
     double exact_component_share = 0.5;
     /// Then, on problems of at most exact_fallback_max_data data, the exact search, for at most
     /// exact_fallback_seconds (and within time_limit_seconds).

@@ -122,10 +122,10 @@ struct AutoOptions {
     double exact_component_seconds = 10.0;
     /// Under a time limit, the share of it kept for the exact component where it runs (and
     /// the polish after it; see window_search_seconds): the analyses get auto_analysis_share
-    /// of the rest, and the heuristics plan at the budget within what is left less this share. Without it, the analyses and the heuristics took
-    /// the whole limit on bench_checkmate's 40-op DAG (Rockmate's least-peak search on its
-    /// 36-op block alone took 5 s of 10) and the component, which found the best plans there,
-    /// ran for 0.4 s.
+    /// of the rest, and the heuristics plan at the budget within what is left less this
+    /// share. Without it, the analyses and the heuristics took the whole limit on
+    /// bench_checkmate's 40-op DAG (Rockmate's least-peak search on its 36-op block alone
+    /// took 5 s of 10) and the component, which found the best plans there, ran for 0.4 s.
     double exact_component_share = 0.5;
     /// Then, on problems of at most exact_fallback_max_data data, the exact search, for at most
     /// exact_fallback_seconds (and within time_limit_seconds).

@@ -349,16 +349,18 @@ public:
         return *std::move(best);
     }
 
-    /// The smallest budget H-Rockmate (hierarchy or greedy) plans for; with `seconds`, the
-    /// hierarchy's search for it gets at most that long (none: skipped), the greedy's and
-    /// Rockmate's answers, which need no search, stand.
+    /// The smallest budget H-Rockmate (hierarchy, greedy along either order, Rockmate) plans
+    /// for; with `seconds`, the hierarchy's search for it gets at most that long (none:
+    /// skipped), the greedy's and Rockmate's answers, which need no search, stand.
     [[nodiscard]] Bytes smallest_budget(const HRockmateModel& model,
                                         double seconds = std::numeric_limits<double>::infinity()) const {
         Bytes least = std::numeric_limits<Bytes>::max();
         if (const auto top = top_search(model, detail::exhaustive::SearchGoal::least_peak,
                                         std::numeric_limits<Bytes>::max(), seconds))
             least = top->peak;
-        if (options_.compare_with_greedy) least = std::min(least, Greedy{options_.greedy}.smallest_budget(model.problem));
+        if (options_.compare_with_greedy)
+            for (const GreedyOrder order : {GreedyOrder::store_all, GreedyOrder::memory_aware})
+                least = std::min(least, Greedy{greedy_along(order)}.smallest_budget(model.problem));
         if (model.rockmate) {
             try {
                 least = std::min(least, Rockmate<>(options_.rockmate).smallest_budget(*model.rockmate));
@@ -853,6 +855,12 @@ private:
         }
     }
 
+    // HRockmateOptions::greedy along `order`.
+    [[nodiscard]] GreedyOptions greedy_along(GreedyOrder order) const {
+        GreedyOptions o = options_.greedy;
+        o.order = order;
+        return o;
+    }
     // The greedy's plan (the portfolio of HRockmateOptions::greedy, its replays and its own
     // improvement), the faster along the store-all order and along the memory-aware order,
     // each within half of `seconds` (a plan may fit or be faster by reordering: on a 40-op
@@ -862,12 +870,11 @@ private:
                                                   double improve_seconds) const {
         std::optional<Plan> best;
         for (const GreedyOrder order : {GreedyOrder::store_all, GreedyOrder::memory_aware}) {
-            GreedyOptions o = greedy_within(options_.greedy, seconds / 2);
-            o.order = order;
             try {
-                Plan g = Greedy{o}.solve(problem, budget);
+                Plan g = Greedy{greedy_within(greedy_along(order), seconds / 2)}.solve(problem, budget);
                 if (!best || g.time < best->time) best = std::move(g);
             } catch (const Infeasible&) {
+                // the other order may still fit
             }
         }
         if (!best) return std::nullopt;
