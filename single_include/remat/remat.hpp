@@ -11164,8 +11164,8 @@ static_assert(Solver<Auto>);
 // relaxation of the scheduling problem that keeps only what happens at a few instants the
 // graph fixes, "cuts": the start of the loss (the turn from forward to backward) and the
 // starts of some exactly-once ops after it, chosen along the longest chain of exactly-once
-// ops that must follow one another (each cut must run before the next). Every valid schedule
-// maps onto the relaxation:
+// ops that must follow one another (each cut must run before the next): spread evenly, or
+// where the op itself holds the most memory. Every valid schedule maps onto the relaxation:
 //   k[d,i] = 1  data d is live when cut i starts;
 //   r[o,i] = 1  op o runs at least once between cut i and cut i+1 (after the last cut: to the end).
 // Rows, all true of every schedule that fits the budget:
@@ -11204,6 +11204,7 @@ static_assert(Solver<Auto>);
 #include <limits>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 // ---- begin remat/milp/backend.hpp ----
@@ -11664,18 +11665,21 @@ inline Analysis analyse(const Problem& p) {
 namespace remat {
 
 struct TimeLowerBoundOptions {
-    /// Exactly-once ops after the loss at which memory is checked, at most, spread along the
-    /// longest chain of ops that must follow one another. More cuts give a tighter bound and a
-    /// larger MILP (about (cuts + 1) × (data + ops) binaries); 0 checks the loss only.
+    /// Exactly-once ops after the loss at which memory is checked, at most, along the longest
+    /// chain of ops that must follow one another: two relaxations, one with the cuts spread
+    /// evenly, one with them at the ops that hold the most memory, after one with a quarter as
+    /// many of the latter; each is a bound, and the largest is kept. More cuts give a tighter
+    /// bound and a larger MILP (about (cuts + 1) × (data + ops) binaries); 0 checks the loss only.
     std::size_t cuts = 8;
     /// Above `cuts`: after the relaxation with `cuts` cuts, ones with 4 times as many, and so
     /// on up to this many, each given an equal share of the time left (a solved one hands its
     /// unused time on). The largest proven bound is kept. The ladder leaves out the counts
-    /// that the longest chain has no ops for (no more cuts than the count before), and stops
-    /// when an unsolved relaxation proved less than a smaller one. The time limit is then
-    /// spent on a tighter bound rather than returning early: on a 200-op encoder-decoder at 30 % of P_ref, 8 cuts prove +25.7 % in 0.6 s, 32 cuts +28.1 %
-    /// (not solved: its best proven bound); on a 200-op U-Net at 30 %, 8 cuts prove +5.8 % in
-    /// 20 s unsolved, 32 cuts +8.3 % in 5 s. At most `cuts` (the default): no larger relaxation.
+    /// that the longest chain has no ops for (no more cuts than the count before). The time
+    /// limit is then spent on a tighter bound rather than returning early: on a
+    /// 200-op encoder-decoder at 30 % of P_ref, 8 spread cuts prove +25.7 % in 0.6 s, 32 cuts
+    /// +28.1 % (not solved: its best proven bound); on a 200-op U-Net at 30 %, 8 spread cuts
+    /// prove +5.8 % in 20 s unsolved, 32 cuts +8.3 % in 5 s. At most `cuts` (the default): no
+    /// larger relaxation.
     std::size_t max_cuts = 8;
     /// Forward cuts: up to this many instants before the loss that every schedule passes in one
     /// order (the first write of each data along the longest chain in which every writer of a
@@ -11752,9 +11756,9 @@ struct Phases {
     return b != none && a != none && ph.order.eo_pred[a].test(b);
 }
 
-// The loss, then up to `count` exactly-once ops spread along the longest chain of exactly-once
-// ops after the loss in which each must precede the next.
-[[nodiscard]] inline std::vector<OpId> choose_cuts(const Phases& ph, OpId loss, std::size_t count) {
+// The longest chain of exactly-once ops after the loss in which each must precede the next:
+// the candidates for cuts, in the order every schedule runs them.
+[[nodiscard]] inline std::vector<OpId> longest_chain_after_loss(const Phases& ph, OpId loss) {
     const auto& a = ph.order;
     std::vector<std::size_t> chain_ops;  // exactly-once indices after the loss
     for (std::size_t e = 0; e < a.eo_ops.size(); ++e)
@@ -11775,6 +11779,11 @@ struct Phases {
     std::vector<OpId> chain;
     for (std::size_t j = end; j != none; j = previous[j]) chain.push_back(OpId{a.eo_ops[chain_ops[j]]});
     std::reverse(chain.begin(), chain.end());
+    return chain;
+}
+
+// The loss, then up to `count` ops of the chain spread evenly along it.
+[[nodiscard]] inline std::vector<OpId> spread_cuts(const std::vector<OpId>& chain, OpId loss, std::size_t count) {
     std::vector<OpId> cuts{loss};
     const std::size_t taken = std::min(count, chain.size());
     for (std::size_t j = 1; j <= taken; ++j) {
@@ -12079,6 +12088,38 @@ inline void add_start_rows(milp::Model& model, const Problem& p, const Variables
     return total;
 }
 
+// The bytes an exactly-once op after the loss holds while it runs whatever the schedule: what
+// the relaxation forces at it as a cut (forced_bytes) and the data it reads.
+[[nodiscard]] inline Bytes footprint(const Problem& p, const Phases& ph, OpId cut) {
+    Bytes total = forced_bytes(p, ph, cut);
+    std::vector<DataId> reads = p.op(cut).reads;
+    std::sort(reads.begin(), reads.end());
+    reads.erase(std::unique(reads.begin(), reads.end()), reads.end());
+    for (const DataId d : reads)
+        if (!p.is_initial(d) && !ph.after_loss_data[d.index]) total += p.data(d).bytes;  // the others are in forced
+    return total;
+}
+
+// The loss, then the `count` ops of the chain with the largest footprints, in chain order
+// (ties: the earlier ones). Where little room is left beside an op, little else can stay live,
+// so these are the instants that force recomputation: on a U-Net, the backward of the top
+// decoder convolution holds its input, the gradient and its output at once, and the evenly
+// spread cuts may all miss it (a 94-op U-Net at 40 % of P_ref: +3.6 % spread, +22.4 % here,
+// the plan +26.1 %).
+[[nodiscard]] inline std::vector<OpId> tightest_cuts(const Problem& p, const Phases& ph, const std::vector<OpId>& chain,
+                                                     OpId loss, std::size_t count) {
+    std::vector<Bytes> held(chain.size());
+    for (std::size_t j = 0; j < chain.size(); ++j) held[j] = footprint(p, ph, chain[j]);
+    std::vector<std::size_t> by_size(chain.size());
+    for (std::size_t j = 0; j < chain.size(); ++j) by_size[j] = j;
+    std::stable_sort(by_size.begin(), by_size.end(), [&](std::size_t x, std::size_t y) { return held[x] > held[y]; });
+    by_size.resize(std::min(count, chain.size()));
+    std::sort(by_size.begin(), by_size.end());
+    std::vector<OpId> cuts{loss};
+    for (const std::size_t j : by_size) cuts.push_back(chain[j]);
+    return cuts;
+}
+
 // What each cut holds beyond the live variables: the bytes it forces (the initial data, its
 // own new writes and overhead, …) and the data it reads, which must be live.
 struct CutMemory {
@@ -12184,12 +12225,13 @@ struct Stage {
     std::vector<DataId> forward;  // the forward cuts' data
 };
 
-// The relaxation with these cuts (choose_cuts) and forward cuts (choose_forward_cuts), solved
+// The relaxation with these cuts (cut_ladder) and forward cuts (choose_forward_cuts), solved
 // within `seconds`. Without forward cuts, the runs before the loss are not variables: what runs
 // anyway (time_run_anyway) is added instead; with them, every run is counted by a variable.
 template <milp::MilpBackend Backend>
 [[nodiscard]] Stage solve_stage(const Problem& p, const Phases& ph, std::vector<OpId> cuts, const ForwardCuts& forward,
-                                Bytes budget, double seconds, const Backend& backend, const ProgressCallback& progress) {
+                                Bytes budget, double seconds, const Backend& backend, const ProgressCallback& progress,
+                                std::string_view kind = {}) {
     Stage stage;
     stage.cuts = std::move(cuts);
     stage.forward = forward.data;
@@ -12203,10 +12245,12 @@ template <milp::MilpBackend Backend>
     add_start_rows(model, p, v, forward);
     model.set_time_limit(seconds);
     model.set_relative_gap(1e-6);
-    report_progress(progress, "time bound: " + std::to_string(stage.cuts.size()) + " cuts" +
-                                  (forward.data.empty() ? "" : " and " + std::to_string(forward.data.size()) + " forward") +
-                                  ", " + std::to_string(model.variable_count()) + " binaries, " +
+    const std::string what = std::to_string(stage.cuts.size()) + " cuts" +
+                             (kind.empty() ? std::string() : " (" + std::string(kind) + ")") +
+                             (forward.data.empty() ? "" : " and " + std::to_string(forward.data.size()) + " forward");
+    report_progress(progress, "time bound: " + what + ", " + std::to_string(model.variable_count()) + " binaries, " +
                                   std::to_string(model.row_count()) + " rows, " + std::string(backend.name()));
+    const auto start = std::chrono::steady_clock::now();
     const milp::Result result = backend.solve(model);
     stage.solved = result.status == milp::Status::optimal || result.status == milp::Status::infeasible;
     stage.infeasible = result.status == milp::Status::infeasible;
@@ -12216,23 +12260,48 @@ template <milp::MilpBackend Backend>
         extra = std::min(result.objective, std::max(extra, result.objective * (1.0 - 1e-6)));
     const std::optional<OpId> loss = stage.cuts.front();
     stage.time = (forward.data.empty() ? time_run_anyway(p, loss) : exactly_once_time(p)) + std::max(0.0, extra);
+    const double seconds_taken = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    report_progress(progress, "time bound: " + what + ": " +
+                                  (stage.infeasible ? std::string("no schedule fits")
+                                                    : std::to_string(stage.time) + (stage.solved ? " (solved)" : " (at its limit)")) +
+                                  " in " + std::to_string(seconds_taken) + " s");
     return stage;
 }
 
-// The cuts of the relaxations after the loss-only one: `cuts` of them, then 4 times as many
-// up to `max_cuts`; none when `cuts` is 0. A count that gets no more cuts than the one before
-// (the longest chain after the loss has no more ops) is left out: it would solve the same
-// relaxation again, and the time it would take is better spent on the ones before.
-[[nodiscard]] inline std::vector<std::vector<OpId>> cut_ladder(const Phases& ph, OpId loss,
-                                                               const TimeLowerBoundOptions& options) {
-    std::vector<std::vector<OpId>> ladder;
+// The cuts of the relaxations after the loss-only one, in the order they are solved, by count:
+// `cuts`, then 4 times as many up to `max_cuts`; none when `cuts` is 0. Each count gets the
+// cuts spread along the longest chain, then its tightest ops where those differ: the spread
+// ones bound the recomputation all along the backward, the tightest ones where memory forces
+// it; neither is better on every graph (a 60-op random DAG at 40 %: 186 spread, solved in
+// 0.8 s, and 181 tightest, unsolved in 10 s). Before them, the tightest ops alone at a quarter
+// of `cuts`: a few cuts at the right instants often solve in a second where more stop at the
+// limit with a weaker proven bound (a 283-op U-Net at 20 % of P_ref: 2 tightest cuts prove
+// +25.2 % in 0.7 s, 8 only +20.3 % in 96 s). A count that gets no more cuts than the one
+// before (the chain has no more ops) is left out: it would solve the same relaxations again,
+// and the time they would take is better spent on the ones before.
+struct CutSet {
+    std::vector<OpId> cuts;
+    std::string_view kind;  // for progress: "spread" or "tightest"
+};
+
+[[nodiscard]] inline std::vector<CutSet> cut_ladder(const Problem& p, const Phases& ph, OpId loss,
+                                                    const TimeLowerBoundOptions& options) {
+    std::vector<CutSet> ladder;
     if (options.cuts == 0) return ladder;
+    const std::vector<OpId> chain = longest_chain_after_loss(ph, loss);
     std::size_t made = 1;  // the loss-only relaxation's
+    if (const std::size_t few = options.cuts / 4; few > 0) {
+        ladder.push_back({tightest_cuts(p, ph, chain, loss, few), "tightest"});
+        made = ladder.back().cuts.size();
+    }
     for (std::size_t c = options.cuts;; c = std::min(4 * c, options.max_cuts)) {
-        std::vector<OpId> cuts = choose_cuts(ph, loss, c);
-        if (cuts.size() <= made) break;
-        made = cuts.size();
-        ladder.push_back(std::move(cuts));
+        std::vector<OpId> spread = spread_cuts(chain, loss, c);
+        if (spread.size() <= made) break;
+        made = spread.size();
+        std::vector<OpId> tightest = tightest_cuts(p, ph, chain, loss, c);
+        const bool same = tightest == spread;
+        ladder.push_back({std::move(spread), "spread"});
+        if (!same) ladder.push_back({std::move(tightest), "tightest"});
         if (c >= options.max_cuts) break;
     }
     return ladder;
@@ -12243,10 +12312,11 @@ template <milp::MilpBackend Backend>
 /// A proven lower bound on the time of every valid schedule of `problem` whose peak is at most
 /// `budget` (see the header comment). A budget below core/bounds.hpp's memory lower bound is
 /// reported as `budget_infeasible` at once. The relaxation is solved with the loss alone as a
-/// cut (small, usually solved in well under a second), then with `options.cuts` cuts in the
-/// time left, then with 4 times as many up to `options.max_cuts`, each in an equal share of the
-/// time left, and the largest bound is kept (each is a bound; more cuts are tighter once
-/// solved, but a larger model may stop at its time limit with a weaker proven bound).
+/// cut (small, usually solved in well under a second), then with `options.cuts` cuts (spread
+/// along the backward, then at its tightest ops) in the time left, then with 4 times as many up
+/// to `options.max_cuts`, each in an equal share of the time left, and the largest bound is
+/// kept (each is a bound; more cuts are tighter once solved, but a larger model may stop at its
+/// time limit with a weaker proven bound).
 /// Needs the problem's loss for the cuts; without one, the bound is what every schedule runs
 /// anyway. Throws what the backend throws (SolverError).
 template <milp::MilpBackend Backend>
@@ -12267,33 +12337,29 @@ template <milp::MilpBackend Backend>
     } else if (loss) {
         const tb::Phases ph = tb::phases(problem, *loss);
         // The loss alone first: small, and a bound even if nothing larger is solved in time.
-        tb::Stage best = tb::solve_stage(problem, ph, tb::choose_cuts(ph, *loss, 0), {}, budget,
-                                         std::max(options.time_limit_seconds, 0.0), backend, options.progress);
-        std::vector<std::vector<OpId>> ladder = tb::cut_ladder(ph, *loss, options);
+        tb::Stage best = tb::solve_stage(problem, ph, {*loss}, {}, budget, std::max(options.time_limit_seconds, 0.0),
+                                         backend, options.progress, "the loss alone");
+        std::vector<tb::CutSet> ladder = tb::cut_ladder(problem, ph, *loss, options);
         const tb::ForwardCuts forward = tb::choose_forward_cuts(problem, ph, *loss, options.forward_cuts);
-        const std::size_t last_stage = forward.data.empty() ? 0 : 1;  // the forward cuts' relaxation
-        for (std::size_t step = 0; step < ladder.size() && !best.infeasible; ++step) {
+        std::size_t to_come = ladder.size() + (forward.data.empty() ? 0 : 1);  // relaxations still to solve
+        for (tb::CutSet& set : ladder) {
             const double left = options.time_limit_seconds - elapsed();
-            if (left <= 0.0) break;
+            if (best.infeasible || left <= 0.0) break;
             // An equal share of what is left for each relaxation still to come: a solved one
-            // hands its unused time on; an unsolved one still proves a bound, and the larger
+            // hands its unused time on; an unsolved one still proves a bound, and a larger
             // relaxation after it is often tighter even unsolved (a 200-op U-Net at 30 % of
-            // P_ref: 8 cuts prove +5.8 % in 20 s, 32 cuts +8.3 % in 5 s).
-            const double share = left / static_cast<double>(ladder.size() - step + last_stage);
+            // P_ref: 8 spread cuts prove +5.8 % in 20 s, 32 cuts +8.3 % in 5 s), so the ladder
+            // goes on to the end or the time limit.
+            const double share = left / static_cast<double>(to_come--);
             tb::Stage stage =
-                tb::solve_stage(problem, ph, std::move(ladder[step]), {}, budget, share, backend, options.progress);
-            const bool solved = stage.solved;
-            const bool improved = stage.infeasible || stage.time > best.time;
-            if (improved) best = std::move(stage);
-            // An unsolved relaxation that proved less than a smaller one: a larger one, with
-            // less time, is unlikely to do better.
-            if (!solved && !improved) break;
+                tb::solve_stage(problem, ph, std::move(set.cuts), {}, budget, share, backend, options.progress, set.kind);
+            if (stage.infeasible || stage.time > best.time) best = std::move(stage);
         }
         // Last, the forward cuts with the best cuts so far, in all the time left: a relaxation
         // that counts every run, so it may prove more than the ladder, and only its own larger
         // bound is kept.
         const double left = options.time_limit_seconds - elapsed();
-        if (last_stage > 0 && !best.infeasible && left > 0.0) {
+        if (!forward.data.empty() && !best.infeasible && left > 0.0) {
             tb::Stage stage = tb::solve_stage(problem, ph, best.cuts, forward, budget, left, backend, options.progress);
             if (stage.infeasible || stage.time > best.time) best = std::move(stage);
         }

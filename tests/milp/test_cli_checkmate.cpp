@@ -128,11 +128,11 @@ TEST_CASE("remat-plan with auto: --time-limit covers the default bound and the p
 TEST_CASE("remat-plan --refine: faster plans until the certified gap is at most 3 %", "[cli]") {
     const std::string resnet =
         (std::filesystem::path(REMAT_SOURCE_DIR) / "examples" / "problems" / "resnet-24.chain.json").string();
-    // The plain greedy at 60 % is 3.1 % above the proven bound; refined, within 3 %.
-    CliResult r = remat_plan({resnet, "--budget", "60%", "--solver", "greedy", "--bound", "--json"});
+    // The plain greedy at 55 % is 3.5 % above the proven bound; refined, 2.3 % (when written).
+    CliResult r = remat_plan({resnet, "--budget", "55%", "--solver", "greedy", "--bound", "--json"});
     REQUIRE(r.code == 0);
     const auto plain = nlohmann::json::parse(r.out);
-    r = remat_plan({resnet, "--budget", "60%", "--solver", "greedy", "--refine", "30", "--json"});
+    r = remat_plan({resnet, "--budget", "55%", "--solver", "greedy", "--refine", "30", "--json"});
     REQUIRE(r.code == 0);
     const auto refined = nlohmann::json::parse(r.out);
     const double bound = refined.at("time_lower_bound").at("time").get<double>();
