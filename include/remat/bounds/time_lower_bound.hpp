@@ -40,7 +40,6 @@
 #pragma once
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <limits>
@@ -53,6 +52,7 @@
 #include "../core/errors.hpp"
 #include "../core/problem.hpp"
 #include "../core/progress.hpp"
+#include "../core/timing.hpp"
 #include "../milp/backend.hpp"
 #include "../milp/model.hpp"
 #include "../solvers/checkmate/analysis.hpp"
@@ -645,7 +645,7 @@ template <milp::MilpBackend Backend>
                              (forward.data.empty() ? "" : " and " + std::to_string(forward.data.size()) + " forward");
     report_progress(progress, "time bound: " + what + ", " + std::to_string(model.variable_count()) + " binaries, " +
                                   std::to_string(model.row_count()) + " rows, " + std::string(backend.name()));
-    const auto start = std::chrono::steady_clock::now();
+    const Stopwatch clock;
     const milp::Result result = backend.solve(model);
     stage.solved = result.status == milp::Status::optimal || result.status == milp::Status::infeasible;
     stage.infeasible = result.status == milp::Status::infeasible;
@@ -655,11 +655,10 @@ template <milp::MilpBackend Backend>
         extra = std::min(result.objective, std::max(extra, result.objective * (1.0 - 1e-6)));
     const std::optional<OpId> loss = stage.cuts.front();
     stage.time = (forward.data.empty() ? time_run_anyway(p, loss) : exactly_once_time(p)) + std::max(0.0, extra);
-    const double seconds_taken = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     report_progress(progress, "time bound: " + what + ": " +
                                   (stage.infeasible ? std::string("no schedule fits")
                                                     : std::to_string(stage.time) + (stage.solved ? " (solved)" : " (at its limit)")) +
-                                  " in " + std::to_string(seconds_taken) + " s");
+                                  " in " + std::to_string(clock.seconds()) + " s");
     return stage;
 }
 
@@ -718,8 +717,7 @@ template <milp::MilpBackend Backend>
 [[nodiscard]] TimeLowerBound time_lower_bound(const Problem& problem, Bytes budget, const Backend& backend,
                                               const TimeLowerBoundOptions& options = {}) {
     namespace tb = detail::time_bound;
-    const auto start = std::chrono::steady_clock::now();
-    const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+    const Stopwatch clock;
     TimeLowerBound out;
     // The cuts need a loss that runs exactly once (it then splits every schedule in two).
     std::optional<OpId> loss = problem.loss();
@@ -738,7 +736,7 @@ template <milp::MilpBackend Backend>
         const tb::ForwardCuts forward = tb::choose_forward_cuts(problem, ph, *loss, options.forward_cuts);
         std::size_t to_come = ladder.size() + (forward.data.empty() ? 0 : 1);  // relaxations still to solve
         for (tb::CutSet& set : ladder) {
-            const double left = options.time_limit_seconds - elapsed();
+            const double left = options.time_limit_seconds - clock.seconds();
             if (best.infeasible || left <= 0.0) break;
             // An equal share of what is left for each relaxation still to come: a solved one
             // hands its unused time on; an unsolved one still proves a bound, and a larger
@@ -753,7 +751,7 @@ template <milp::MilpBackend Backend>
         // Last, the forward cuts with the best cuts so far, in all the time left: a relaxation
         // that counts every run, so it may prove more than the ladder, and only its own larger
         // bound is kept.
-        const double left = options.time_limit_seconds - elapsed();
+        const double left = options.time_limit_seconds - clock.seconds();
         if (!forward.data.empty() && !best.infeasible && left > 0.0) {
             tb::Stage stage = tb::solve_stage(problem, ph, best.cuts, forward, budget, left, backend, options.progress);
             if (stage.infeasible || stage.time > best.time) best = std::move(stage);
@@ -764,7 +762,7 @@ template <milp::MilpBackend Backend>
         for (const OpId c : best.cuts) out.cuts.push_back(problem.op(c).name);
         for (const DataId d : best.forward) out.forward_cuts.push_back(problem.data(d).name);
     }
-    out.seconds = elapsed();
+    out.seconds = clock.seconds();
     report_progress(options.progress,
                     out.budget_infeasible
                         ? std::string("time bound: no schedule fits the budget")
