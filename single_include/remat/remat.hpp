@@ -7992,8 +7992,10 @@ private:
 // own bound on any completion of the whole schedule less the fixed rest. So a window that
 // cannot beat the schedule is refuted after few states.
 //
-// window_search() slides windows of `window_runs` runs over the schedule, half a window at a
-// time, and splices in every faster window it finds. After a pass that finds nothing, the
+// window_search() first searches the whole backward, from the loss's run to the end: what is
+// live when the loss runs fixes most of it, and a heuristic's backward is often not the best
+// one from there. Then it slides windows of `window_runs` runs over the schedule, half a
+// window at a time, and splices in every faster window it finds. After a pass that finds nothing, the
 // windows double, up to the whole schedule: that search is the exact one, and when it
 // finishes without a faster schedule, the plan is optimal over all schedules. It stops at its
 // time limit. The heuristics (the greedy, H-Rockmate) decide what to keep and recompute one
@@ -8020,6 +8022,14 @@ struct WindowSearchOptions {
     std::size_t window_runs = 4;
     /// States one window's search may hold; past them that window is left as it is.
     std::size_t max_states_per_window = 200'000;
+    /// Before the sliding windows, the whole backward: the window from the loss's run to the
+    /// end, searched with up to this many states (0: not searched). What is live when the loss
+    /// runs decides most of the backward, and a heuristic's backward is often not the best one
+    /// from there, while the sliding windows, which must each reproduce the state the rest of
+    /// the schedule needs, cannot reorder it as a whole: on bench_checkmate's 40-op DAG at 50 %
+    /// of P_ref, auto's plan of 112 becomes 107 in 0.05 s (proven bound 104); the 60-op DAG at
+    /// 60 %, 168 -> 159 in 1.7 s with about a million states (200,000 were not enough).
+    std::size_t backward_max_states = 4'000'000;
     /// Receives one line per faster window found.
     ProgressCallback progress;
 };
@@ -8089,6 +8099,24 @@ struct WindowOutcome {
     return {spliced(schedule, begin, end, result.schedule), true};
 }
 
+// The run of the loss in the schedule's runs (its boundary), if the problem has a loss that the
+// schedule runs exactly once.
+[[nodiscard]] inline std::optional<std::size_t> loss_run(const Problem& problem, const Schedule& schedule) {
+    const std::optional<OpId> loss = problem.loss();
+    if (!loss) return std::nullopt;
+    std::optional<std::size_t> at;
+    std::size_t k = 0;
+    for (const Step& step : schedule) {
+        if (!step.is_run()) continue;
+        if (step.op() == *loss) {
+            if (at) return std::nullopt;
+            at = k;
+        }
+        ++k;
+    }
+    return at;
+}
+
 // The search's state between windows: the schedule so far, its simulation, and what happened.
 struct Current {
     Schedule schedule;
@@ -8141,6 +8169,25 @@ inline bool pass(const Problem& problem, Bytes budget, std::size_t width, Exhaus
     }
 }
 
+// WindowSearchOptions::backward_max_states: the window from the loss's run to the end.
+inline void search_backward(const Problem& problem, Bytes budget, ExhaustiveOptions exact,
+                            const WindowSearchOptions& options, const Stopwatch& clock, Current& state) {
+    const std::optional<std::size_t> loss = loss_run(problem, state.schedule);
+    const double left = options.time_limit_seconds - clock.seconds();
+    if (!loss || options.backward_max_states == 0 || left <= 0) return;
+    exact.time_limit_seconds = left;
+    exact.max_states = options.backward_max_states;
+    const ExhaustiveSearch search(problem, exact);
+    const Walk walk(problem, search, state.schedule);
+    const double before = state.report.time;
+    const WindowOutcome outcome = search_window(problem, budget, state.schedule, walk, search, *loss, walk.runs.size());
+    if (outcome.faster && accept(problem, budget, *outcome.faster, state))
+        report_progress(options.progress, "window search: runs " + std::to_string(*loss + 1) + "-" +
+                                              std::to_string(walk.runs.size()) + " (the backward): time " + std::to_string(before) +
+                                              " -> " + std::to_string(state.report.time));
+    if (*loss == 0 && outcome.finished && !outcome.faster) state.optimal = true;
+}
+
 }  // namespace detail::window_search
 
 /// What window_search() returns.
@@ -8173,8 +8220,13 @@ struct WindowSearchResult {
         return {std::move(plan)};
     }
     const double before = state.report.time;
+    ws::search_backward(problem, budget, exact, options, clock, state);
     for (std::size_t width = std::max<std::size_t>(options.window_runs, 1); !state.optimal && !state.out_of_time;) {
-        if (ws::pass(problem, budget, width, exact, options, clock, state)) continue;
+        if (ws::pass(problem, budget, width, exact, options, clock, state)) {
+            // The faster windows may have changed what is live at the loss.
+            ws::search_backward(problem, budget, exact, options, clock, state);
+            continue;
+        }
         const auto runs = std::count_if(state.schedule.begin(), state.schedule.end(), [](const Step& step) { return step.is_run(); });
         if (width >= static_cast<std::size_t>(runs)) break;
         width *= 2;
@@ -10515,7 +10567,8 @@ private:
 // is below a proven bound (core/bounds.hpp, or the exact search's) or only beyond the reach of
 // the solvers tried, and carries the smallest budget they know to work. The plan is then
 // improved by an exact component when one is given (remat-plan's: Checkmate started from the
-// plan), which keeps a share of the time limit for itself; then, on problems within the exact
+// plan), which keeps a share of the time limit for itself, and which starts from the plan
+// with its whole backward searched again exactly (solvers/window_search.hpp); then, on problems within the exact
 // search's reach, polished: locally improved (solvers/improve.hpp) and its windows searched
 // again exactly (solvers/window_search.hpp, large neighbourhood search, Shaw 1998); and
 // certified by the exact search.
@@ -10594,6 +10647,15 @@ struct AutoOptions {
     std::function<std::optional<Plan>(const Problem&, Bytes, const Plan& incumbent, double seconds)> exact_component;
     std::size_t exact_component_max_ops = 60;
     double exact_component_seconds = 10.0;
+    /// Before the exact component, where it runs (at most 128 data): the plan's whole backward
+    /// searched again exactly from what it keeps when the loss runs
+    /// (WindowSearchOptions::backward_max_states), in up to this share of the component's
+    /// seconds; it stops when that search does, and the component starts from its plan. The
+    /// heuristics' backward is often far from the best one from their own state at the loss:
+    /// with `remat-plan --time-limit 10`, bench_checkmate's 60-op DAG at 60 % of P_ref went
+    /// from 171 to 154 (proven bound 153; the search alone gave 159 in 2 s, where Checkmate
+    /// had found nothing in 4 s), the 40-op DAG at 50 % from 112 to 107 (bound 104). 0: off.
+    double backward_search_share = 0.5;
     /// Under a time limit, the share of it kept for the exact component where it runs (and
     /// the polish after it; see window_search_seconds): the analyses get auto_analysis_share
     /// of the rest, and the heuristics plan at the budget within what is left less this
@@ -10774,6 +10836,9 @@ public:
         if (!(options_.exact_component_share >= 0 && options_.exact_component_share < 1))
             throw InvalidInput("auto: exact_component_share must be at least 0 and below 1 (the share of the time limit "
                                "kept for the exact component)");
+        if (!(options_.backward_search_share >= 0 && options_.backward_search_share <= 1))
+            throw InvalidInput("auto: backward_search_share must be between 0 and 1 (the share of the exact component's "
+                               "seconds for the backward search before it)");
     }
 
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "auto"; }
@@ -10868,6 +10933,7 @@ public:
                 if (!all) return all;
                 return std::max(0.0, *all - polish_seconds(model.problem));
             };
+            if (!settled(*chosen)) search_backward(model.problem, budget, *chosen, left_for_exact_component());
             if (!settled(*chosen)) improve_by_exact_component(model.problem, budget, *chosen, left_for_exact_component());
             if (!settled(*chosen)) polish(model.problem, budget, *chosen, left());
             if (!settled(*chosen)) certify(model.problem, budget, *chosen, left());
@@ -11054,6 +11120,23 @@ private:
         report_progress(options_.progress, "auto: searching the windows of the plan of '" + problem.name() + "' exactly");
         WindowSearchOptions o;
         o.time_limit_seconds = std::max(0.0, seconds - clock.seconds());
+        o.progress = options_.progress;
+        plan = window_search(problem, budget, std::move(plan), o).plan;
+    }
+
+    // AutoOptions::backward_search_share: the plan's backward searched whole before the exact
+    // component, where that runs (see there).
+    void search_backward(const Problem& problem, Bytes budget, Plan& plan, const std::optional<double>& planning) const {
+        if (!options_.exact_component || problem.op_count() > options_.exact_component_max_ops ||
+            problem.data_count() > Exhaustive::max_data)
+            return;
+        const double seconds = options_.backward_search_share *
+                               std::min(options_.exact_component_seconds, planning.value_or(options_.exact_component_seconds));
+        if (!(seconds > 0.01)) return;
+        report_progress(options_.progress, "auto: searching the backward of the plan of '" + problem.name() + "' exactly");
+        WindowSearchOptions o;
+        o.time_limit_seconds = seconds;
+        o.max_states_per_window = 0;  // the backward alone; the sliding windows come in the polish
         o.progress = options_.progress;
         plan = window_search(problem, budget, std::move(plan), o).plan;
     }

@@ -150,14 +150,21 @@ TEST_CASE("time limits: Auto keeps its share of the limit for the exact componen
     const Plan plan = solver.solve(model, budget);
     INFO(plan.stats.options << "; analysed in " << model.seconds << " s, solved in " << clock.seconds() << " s");
     REQUIRE(given.has_value());
-    // The reserve less the polish after the component (window search, at most a quarter of it).
+    // The reserve less the polish after the component (window search, at most a quarter of it),
+    // and less the backward search before it (a share of the rest at most).
     const double reserve = options.exact_component_share * limit;
-    CHECK(*given >= 0.9 * (reserve - std::min(options.window_search_seconds, 0.25 * reserve)));
+    CHECK(*given >= 0.9 * (1.0 - options.backward_search_share) *
+                        (reserve - std::min(options.window_search_seconds, 0.25 * reserve)));
     CHECK(clock.seconds() <= limit * 1.1 + 0.05);
     CHECK(simulate(dag, plan.schedule).peak <= budget);
     for (const double share : {-0.1, 1.0}) {
         AutoOptions bad;
         bad.exact_component_share = share;
+        CHECK_THROWS_AS(Auto(bad), InvalidInput);
+    }
+    for (const double share : {-0.1, 1.1}) {
+        AutoOptions bad;
+        bad.backward_search_share = share;
         CHECK_THROWS_AS(Auto(bad), InvalidInput);
     }
 }
