@@ -7995,7 +7995,8 @@ private:
 // window_search() first searches the whole backward, from the loss's run to the end: what is
 // live when the loss runs fixes most of it, and a heuristic's backward is often not the best
 // one from there. Then it slides windows of `window_runs` runs over the schedule, half a
-// window at a time, and splices in every faster window it finds. After a pass that finds nothing, the
+// window at a time, and splices in every faster window it finds (and searches the backward
+// again: what is live at the loss may have changed). After a pass that finds nothing, the
 // windows double, up to the whole schedule: that search is the exact one, and when it
 // finishes without a faster schedule, the plan is optimal over all schedules. It stops at its
 // time limit. The heuristics (the greedy, H-Rockmate) decide what to keep and recompute one
@@ -10568,10 +10569,10 @@ private:
 // the solvers tried, and carries the smallest budget they know to work. The plan is then
 // improved by an exact component when one is given (remat-plan's: Checkmate started from the
 // plan), which keeps a share of the time limit for itself, and which starts from the plan
-// with its whole backward searched again exactly (solvers/window_search.hpp); then, on problems within the exact
-// search's reach, polished: locally improved (solvers/improve.hpp) and its windows searched
-// again exactly (solvers/window_search.hpp, large neighbourhood search, Shaw 1998); and
-// certified by the exact search.
+// with its whole backward searched again exactly (solvers/window_search.hpp); then, on
+// problems within the exact search's reach, polished: locally improved (solvers/improve.hpp)
+// and its windows searched again exactly (solvers/window_search.hpp, large neighbourhood
+// search, Shaw 1998); and certified by the exact search.
 // Given a proven time bound (AutoOptions::time_bound), a plan that meets it ends all this
 // early: it is optimal over every schedule. See docs/guide.md, "Choosing a solver".
 

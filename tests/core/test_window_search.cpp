@@ -259,8 +259,9 @@ TEST_CASE("auto polishes the exact component's plan: a run it did not need is dr
 
 // Auto searches the heuristics' backward whole before the exact component, which then starts
 // from that plan (AutoOptions::backward_search_share): bench_checkmate's 40-op DAG, with an
-// exact component that only records the plan it is given.
-TEST_CASE("auto searches the plan's backward before the exact component", "[window_search][auto]") {
+// exact component that only records the plan it is given. [timing]: whether the search finishes
+// within its share of the 6 s depends on the machine's speed (not under the sanitizers).
+TEST_CASE("auto searches the plan's backward before the exact component", "[window_search][auto][timing]") {
     int faster = 0;
     for (const int percent : {50, 60}) {
         const Problem p = testing::bench_dag(40, 1);

@@ -25,10 +25,10 @@
 // the solvers tried, and carries the smallest budget they know to work. The plan is then
 // improved by an exact component when one is given (remat-plan's: Checkmate started from the
 // plan), which keeps a share of the time limit for itself, and which starts from the plan
-// with its whole backward searched again exactly (solvers/window_search.hpp); then, on problems within the exact
-// search's reach, polished: locally improved (solvers/improve.hpp) and its windows searched
-// again exactly (solvers/window_search.hpp, large neighbourhood search, Shaw 1998); and
-// certified by the exact search.
+// with its whole backward searched again exactly (solvers/window_search.hpp); then, on
+// problems within the exact search's reach, polished: locally improved (solvers/improve.hpp)
+// and its windows searched again exactly (solvers/window_search.hpp, large neighbourhood
+// search, Shaw 1998); and certified by the exact search.
 // Given a proven time bound (AutoOptions::time_bound), a plan that meets it ends all this
 // early: it is optimal over every schedule. See docs/guide.md, "Choosing a solver".
 #pragma once

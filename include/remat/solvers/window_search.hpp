@@ -16,7 +16,8 @@
 // window_search() first searches the whole backward, from the loss's run to the end: what is
 // live when the loss runs fixes most of it, and a heuristic's backward is often not the best
 // one from there. Then it slides windows of `window_runs` runs over the schedule, half a
-// window at a time, and splices in every faster window it finds. After a pass that finds nothing, the
+// window at a time, and splices in every faster window it finds (and searches the backward
+// again: what is live at the loss may have changed). After a pass that finds nothing, the
 // windows double, up to the whole schedule: that search is the exact one, and when it
 // finishes without a faster schedule, the plan is optimal over all schedules. It stops at its
 // time limit. The heuristics (the greedy, H-Rockmate) decide what to keep and recompute one
