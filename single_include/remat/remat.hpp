@@ -8139,6 +8139,25 @@ inline bool accept(const Problem& problem, Bytes budget, const Schedule& candida
     return true;
 }
 
+// Runs [first, last) of `walk` searched again (search_window); a faster schedule, valid and
+// within the budget, becomes the state and is reported, the window named by `what` after its
+// runs. Returns whether one was taken; a search over the whole schedule that finishes without
+// one proves the state optimal.
+inline bool splice_faster_window(const Problem& problem, Bytes budget, const ExhaustiveSearch& search, const Walk& walk,
+                                 std::size_t first, std::size_t last, const std::string& what,
+                                 const WindowSearchOptions& options, Current& state) {
+    const double before = state.report.time;
+    const WindowOutcome outcome = search_window(problem, budget, state.schedule, walk, search, first, last);
+    if (outcome.faster && accept(problem, budget, *outcome.faster, state)) {
+        report_progress(options.progress, "window search: runs " + std::to_string(first + 1) + "-" + std::to_string(last) +
+                                              what + ": time " + std::to_string(before) + " -> " +
+                                              std::to_string(state.report.time));
+        return true;
+    }
+    if (first == 0 && last == walk.runs.size() && outcome.finished && !outcome.faster) state.optimal = true;
+    return false;
+}
+
 // One pass of windows of `width` runs, half a window apart; a faster window is searched again
 // in the new schedule. Returns whether any window was faster.
 inline bool pass(const Problem& problem, Bytes budget, std::size_t width, ExhaustiveOptions exact,
@@ -8155,16 +8174,10 @@ inline bool pass(const Problem& problem, Bytes budget, std::size_t width, Exhaus
         const Walk walk(problem, search, state.schedule);
         const std::size_t runs = walk.runs.size();
         const std::size_t last = std::min(first + width, runs);
-        const double before = state.report.time;
-        WindowOutcome outcome = search_window(problem, budget, state.schedule, walk, search, first, last);
-        if (outcome.faster && accept(problem, budget, *outcome.faster, state)) {
-            report_progress(options.progress, "window search: runs " + std::to_string(first + 1) + "-" +
-                                                  std::to_string(last) + " of " + std::to_string(runs) + ": time " +
-                                                  std::to_string(before) + " -> " + std::to_string(state.report.time));
+        if (splice_faster_window(problem, budget, search, walk, first, last, " of " + std::to_string(runs), options, state)) {
             found = true;
             continue;
         }
-        if (first == 0 && last == runs && outcome.finished && !outcome.faster) state.optimal = true;
         if (last >= runs) return found;
         first += std::max<std::size_t>(width / 2, 1);
     }
@@ -8180,13 +8193,7 @@ inline void search_backward(const Problem& problem, Bytes budget, ExhaustiveOpti
     exact.max_states = options.backward_max_states;
     const ExhaustiveSearch search(problem, exact);
     const Walk walk(problem, search, state.schedule);
-    const double before = state.report.time;
-    const WindowOutcome outcome = search_window(problem, budget, state.schedule, walk, search, *loss, walk.runs.size());
-    if (outcome.faster && accept(problem, budget, *outcome.faster, state))
-        report_progress(options.progress, "window search: runs " + std::to_string(*loss + 1) + "-" +
-                                              std::to_string(walk.runs.size()) + " (the backward): time " + std::to_string(before) +
-                                              " -> " + std::to_string(state.report.time));
-    if (*loss == 0 && outcome.finished && !outcome.faster) state.optimal = true;
+    (void)splice_faster_window(problem, budget, search, walk, *loss, walk.runs.size(), " (the backward)", options, state);
 }
 
 }  // namespace detail::window_search
