@@ -252,6 +252,7 @@ Outcome solve_with_auto(const Problem& problem, Bytes budget, double seconds, co
     std::optional<double> time_bound;
     if (bound && !bound->budget_infeasible && bound->time > 0) time_bound = bound->time;
     options.time_bound = time_bound;
+    if (time_bound) options.loss_state_preferred = bound->live_at_loss;
     options.exact_component = cli::detail::checkmate_from_plan(time_bound);
     return outcome_of([&] { return Auto(options).solve(problem, budget); },
                       {Outcome::Kind::feasible, Outcome::Kind::error, Outcome::Kind::error});

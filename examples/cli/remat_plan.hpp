@@ -572,7 +572,10 @@ inline int run_plan(const PlanArgs& a, std::ostream& out, std::ostream& err) {
         // --time-limit covers the whole command (plan_at reads `options` when it plans).
         if (options.time_limit) options.time_limit = std::max(*options.time_limit - clock.seconds(), 1e-3);
     }
-    if (run.bound && !run.bound->budget_infeasible && !a.sweep) options.time_bound = run.bound->time;
+    if (run.bound && !run.bound->budget_infeasible && !a.sweep) {
+        options.time_bound = run.bound->time;
+        options.loss_state_preferred = run.bound->live_at_loss;
+    }
     if (run.planning) {
         try {
             run.plan = plan_at(run.budget);

@@ -60,6 +60,9 @@ struct SolveOptions {
     /// uses it instead of proving its own (CheckmateOptions::time_bound), and auto and
     /// H-Rockmate stop once a plan meets it (AutoOptions::time_bound, HRockmateOptions::time_bound).
     std::optional<double> time_bound;
+    /// With that bound, the data its relaxation keeps at the loss (TimeLowerBound::live_at_loss):
+    /// auto's loss-state search tries them first (AutoOptions::loss_state_preferred).
+    std::vector<std::string> loss_state_preferred;
 };
 
 struct SolverEntry {
@@ -228,6 +231,7 @@ namespace detail {
     AutoOptions options;
     options.time_limit_seconds = o.time_limit;
     options.time_bound = o.time_bound;
+    options.loss_state_preferred = o.loss_state_preferred;
     options.progress = o.progress;
     if (!o.second_opinion) options.second_opinion_max_ops = 0;
     options.certify_seconds = o.certify.value_or(o.exact_component ? options.certify_seconds : 0.0);

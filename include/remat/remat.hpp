@@ -35,6 +35,7 @@
 #include "solvers/greedy.hpp"
 #include "solvers/refine.hpp"
 #include "solvers/window_search.hpp"
+#include "solvers/loss_state_search.hpp"
 #include "partition/hierarchy.hpp"
 #include "solvers/hierarchical.hpp"
 #include "solvers/auto.hpp"

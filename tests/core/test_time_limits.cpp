@@ -151,9 +151,10 @@ TEST_CASE("time limits: Auto keeps its share of the limit for the exact componen
     INFO(plan.stats.options << "; analysed in " << model.seconds << " s, solved in " << clock.seconds() << " s");
     REQUIRE(given.has_value());
     // The reserve less the polish after the component (window search, at most a quarter of it),
-    // and less the backward search before it (a share of the rest at most).
+    // and less the backward search and the loss-state search before it (each a share of what
+    // is left at most).
     const double reserve = options.exact_component_share * limit;
-    CHECK(*given >= 0.9 * (1.0 - options.backward_search_share) *
+    CHECK(*given >= 0.9 * (1.0 - options.backward_search_share) * (1.0 - options.loss_state_search_share) *
                         (reserve - std::min(options.window_search_seconds, 0.25 * reserve)));
     CHECK(clock.seconds() <= limit * 1.1 + 0.05);
     CHECK(simulate(dag, plan.schedule).peak <= budget);
@@ -166,6 +167,9 @@ TEST_CASE("time limits: Auto keeps its share of the limit for the exact componen
         AutoOptions bad;
         bad.backward_search_share = share;
         CHECK_THROWS_AS(Auto(bad), InvalidInput);
+        bad = AutoOptions{};
+        bad.loss_state_search_share = share;
+        CHECK_THROWS_WITH(Auto(bad), Catch::Contains("loss_state_search_share"));
     }
 }
 

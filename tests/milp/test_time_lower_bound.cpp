@@ -448,3 +448,26 @@ TEST_CASE("time_lower_bound proves a budget infeasible where a gradient must be 
     CHECK_FALSE(fits.budget_infeasible);
     CHECK(fits.time <= Exhaustive().solve(p, 41).time + 1e-9);
 }
+
+TEST_CASE("time_lower_bound says what its relaxation keeps at the loss; the loss-state search preferring it meets the bound") {
+    // bench_checkmate's 40-op DAG at 60 % of P_ref: the bound, 93, is the optimum, and the
+    // heuristics keep other data at the loss (96 at best, tests/core/test_loss_state_search.cpp).
+    const Problem p = testing::bench_dag(40, 1);
+    const Bytes budget = percent_of(store_all_reference(p).peak, 60);
+    const TimeLowerBound bound = time_lower_bound(p, budget, Backend{});
+    REQUIRE(bound.time == Approx(93.0));
+    REQUIRE_FALSE(bound.live_at_loss.empty());
+    for (const DataId d : p.op(*p.loss()).reads)  // the loss reads them: live when it starts
+        CHECK(std::find(bound.live_at_loss.begin(), bound.live_at_loss.end(), p.data(d).name) != bound.live_at_loss.end());
+    for (const std::string& name : bound.live_at_loss) CHECK(p.find_data(name).has_value());
+    const Plan greedy = Greedy{}.solve(p, budget);
+    REQUIRE(greedy.time > bound.time);
+    LossStateSearchOptions options;
+    options.time_limit_seconds = 60;  // it meets the bound in well under a second
+    options.preferred = bound.live_at_loss;
+    options.time_bound = bound.time;
+    const LossStateSearchResult found = loss_state_search(p, budget, greedy, options);
+    INFO(found.keep_sets << " keep sets");
+    CHECK(found.plan.time == Approx(bound.time));
+    CHECK(simulate(p, found.plan.schedule).fits(budget));
+}

@@ -105,6 +105,11 @@ struct TimeLowerBound {
     /// The data whose first writes are the forward cuts of that relaxation
     /// (TimeLowerBoundOptions::forward_cuts), first first.
     std::vector<std::string> forward_cuts;
+    /// The data live when the loss starts in that relaxation's best solution, where the backend
+    /// found one: not a schedule's (nothing checks memory before the loss), but a hint of what
+    /// an optimal schedule keeps for its backward (LossStateSearchOptions::preferred,
+    /// solvers/loss_state_search.hpp).
+    std::vector<std::string> live_at_loss;
     double seconds = 0.0;
 };
 
@@ -618,6 +623,7 @@ struct Stage {
     bool infeasible = false;
     std::vector<OpId> cuts;     // the loss, then the cuts after it
     std::vector<DataId> forward;  // the forward cuts' data
+    std::vector<DataId> live_at_loss;  // in the backend's best solution, if any
 };
 
 // The relaxation with these cuts (cut_ladder) and forward cuts (choose_forward_cuts), solved
@@ -647,6 +653,9 @@ template <milp::MilpBackend Backend>
                                   std::to_string(model.row_count()) + " rows, " + std::string(backend.name()));
     const Stopwatch clock;
     const milp::Result result = backend.solve(model);
+    if (result.has_solution())
+        for (std::size_t d = 0; d < p.data_count(); ++d)
+            if (const auto& k = v.live[v.forward][d]; k && result.values[k->index] > 0.5) stage.live_at_loss.push_back(DataId{d});
     stage.solved = result.status == milp::Status::optimal || result.status == milp::Status::infeasible;
     stage.infeasible = result.status == milp::Status::infeasible;
     // Within the relative gap of the optimum when solved; the backend's proven bound otherwise.
@@ -761,6 +770,7 @@ template <milp::MilpBackend Backend>
         out.relaxation_solved = best.solved;
         for (const OpId c : best.cuts) out.cuts.push_back(problem.op(c).name);
         for (const DataId d : best.forward) out.forward_cuts.push_back(problem.data(d).name);
+        for (const DataId d : best.live_at_loss) out.live_at_loss.push_back(problem.data(d).name);
     }
     out.seconds = clock.seconds();
     report_progress(options.progress,

@@ -25,7 +25,8 @@
 // the solvers tried, and carries the smallest budget they know to work. The plan is then
 // improved by an exact component when one is given (remat-plan's: Checkmate started from the
 // plan), which keeps a share of the time limit for itself, and which starts from the plan
-// with its whole backward searched again exactly (solvers/window_search.hpp); then, on
+// with its whole backward searched again exactly (solvers/window_search.hpp) and other states
+// at the loss tried, each with its exact best backward (solvers/loss_state_search.hpp); then, on
 // problems within the exact search's reach, polished: locally improved (solvers/improve.hpp)
 // and its windows searched again exactly (solvers/window_search.hpp, large neighbourhood
 // search, Shaw 1998); and certified by the exact search.
@@ -39,6 +40,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "../core/bounds.hpp"
 #include "../core/chain.hpp"
@@ -52,6 +54,7 @@
 #include "greedy.hpp"
 #include "hierarchical.hpp"
 #include "improve.hpp"
+#include "loss_state_search.hpp"
 #include "rockmate.hpp"
 #include "rotor.hpp"
 #include "rotor_release.hpp"
@@ -114,12 +117,15 @@ struct AutoOptions {
     /// 40-op DAG at 50 % from 119 to 112. Off where certification is.
     double window_search_seconds = 1.0;
     /// An exact component on problems of at most exact_component_max_ops ops, after the
-    /// solvers above: called with the best plan so far and the seconds it may take (at most
-    /// exact_component_seconds, within the time limit); a faster valid plan it returns replaces
-    /// that one. The core has no MILP backend, so it is empty by default; remat-plan fills it
-    /// with Checkmate started from the plan (CheckmateOptions::start), on the backend it has.
+    /// solvers above: called with the best plan so far and the seconds it may take; a faster
+    /// valid plan it returns replaces that one. The core has no MILP backend, so it is empty by
+    /// default; remat-plan fills it with Checkmate started from the plan
+    /// (CheckmateOptions::start), on the backend it has.
     std::function<std::optional<Plan>(const Problem&, Bytes, const Plan& incumbent, double seconds)> exact_component;
     std::size_t exact_component_max_ops = 60;
+    /// The exact component's seconds without a time limit. Under one, it takes what the
+    /// heuristics left of the limit (at least its reserve, exact_component_share), less the
+    /// polish's: a longer limit buys a better plan or a proof.
     double exact_component_seconds = 10.0;
     /// Before the exact component, where it runs (at most 128 data): the plan's whole backward
     /// searched again exactly from what it keeps when the loss runs
@@ -130,6 +136,16 @@ struct AutoOptions {
     /// from 171 to 154 (proven bound 153; the search alone gave 159 in 2 s, where Checkmate
     /// had found nothing in 4 s), the 40-op DAG at 50 % from 112 to 107 (bound 104). 0: off.
     double backward_search_share = 0.5;
+    /// Then, in up to this share of what is left of the component's seconds, the loss-state
+    /// search (solvers/loss_state_search.hpp): other states at the loss, each with its exact
+    /// best backward, the data named by loss_state_preferred tried first. Its plan, when
+    /// faster, is the one the component starts from. With `remat-plan --time-limit 10`,
+    /// bench_checkmate's 40-op DAG at 60 % of P_ref went from 96 to 93 (the proven time bound:
+    /// optimal), at 70 % from 87 to 85 (optimal too). 0: off.
+    double loss_state_search_share = 0.5;
+    /// The data the loss-state search tries to keep first: remat-plan passes the time lower
+    /// bound's relaxation's choice (TimeLowerBound::live_at_loss).
+    std::vector<std::string> loss_state_preferred;
     /// Under a time limit, the share of it kept for the exact component where it runs (and
     /// the polish after it; see window_search_seconds): the analyses get auto_analysis_share
     /// of the rest, and the heuristics plan at the budget within what is left less this
@@ -313,6 +329,9 @@ public:
         if (!(options_.backward_search_share >= 0 && options_.backward_search_share <= 1))
             throw InvalidInput("auto: backward_search_share must be between 0 and 1 (the share of the exact component's "
                                "seconds for the backward search before it)");
+        if (!(options_.loss_state_search_share >= 0 && options_.loss_state_search_share <= 1))
+            throw InvalidInput("auto: loss_state_search_share must be between 0 and 1 (the share of the exact component's "
+                               "seconds left for the loss-state search before it)");
     }
 
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "auto"; }
@@ -408,6 +427,7 @@ public:
                 return std::max(0.0, *all - polish_seconds(model.problem));
             };
             if (!settled(*chosen)) search_backward(model.problem, budget, *chosen, left_for_exact_component());
+            if (!settled(*chosen)) search_loss_states(model.problem, budget, *chosen, left_for_exact_component());
             if (!settled(*chosen)) improve_by_exact_component(model.problem, budget, *chosen, left_for_exact_component());
             if (!settled(*chosen)) polish(model.problem, budget, *chosen, left());
             if (!settled(*chosen)) certify(model.problem, budget, *chosen, left());
@@ -598,14 +618,18 @@ private:
         plan = window_search(problem, budget, std::move(plan), o).plan;
     }
 
+    // The seconds of the exact component (AutoOptions::exact_component_seconds), given what
+    // the time limit leaves it (`planning`, none without a limit).
+    [[nodiscard]] double exact_component_seconds(const std::optional<double>& planning) const {
+        return planning.value_or(options_.exact_component_seconds);
+    }
     // AutoOptions::backward_search_share: the plan's backward searched whole before the exact
     // component, where that runs (see there).
     void search_backward(const Problem& problem, Bytes budget, Plan& plan, const std::optional<double>& planning) const {
         if (!options_.exact_component || problem.op_count() > options_.exact_component_max_ops ||
             problem.data_count() > Exhaustive::max_data)
             return;
-        const double seconds = options_.backward_search_share *
-                               std::min(options_.exact_component_seconds, planning.value_or(options_.exact_component_seconds));
+        const double seconds = options_.backward_search_share * exact_component_seconds(planning);
         if (!(seconds > 0.01)) return;
         report_progress(options_.progress, "auto: searching the backward of the plan of '" + problem.name() + "' exactly");
         WindowSearchOptions o;
@@ -615,11 +639,26 @@ private:
         plan = window_search(problem, budget, std::move(plan), o).plan;
     }
 
+    // AutoOptions::loss_state_search_share: other states at the loss, before the exact
+    // component, where that runs (see there).
+    void search_loss_states(const Problem& problem, Bytes budget, Plan& plan, const std::optional<double>& planning) const {
+        if (!options_.exact_component || problem.op_count() > options_.exact_component_max_ops) return;
+        const double seconds = options_.loss_state_search_share * exact_component_seconds(planning);
+        if (!(seconds > 0.01)) return;
+        report_progress(options_.progress, "auto: searching the states at the loss of '" + problem.name() + "'");
+        LossStateSearchOptions o;
+        o.time_limit_seconds = seconds;
+        o.preferred = options_.loss_state_preferred;
+        o.time_bound = options_.time_bound;
+        o.progress = options_.progress;
+        plan = loss_state_search(problem, budget, std::move(plan), o).plan;
+    }
+
     // AutoOptions::exact_component: a faster plan from it replaces `plan` (see there).
     void improve_by_exact_component(const Problem& problem, Bytes budget, Plan& plan,
                                     const std::optional<double>& planning) const {
         if (!options_.exact_component || problem.op_count() > options_.exact_component_max_ops) return;
-        const double seconds = std::min(options_.exact_component_seconds, planning.value_or(options_.exact_component_seconds));
+        const double seconds = exact_component_seconds(planning);
         if (!(seconds > 0.05)) return;
         report_progress(options_.progress, "auto: the exact component on '" + problem.name() + "', started from the plan");
         try {
