@@ -78,8 +78,8 @@ namespace remat::cli {
         "                    seconds, looks for a faster schedule than the plan: it finds one, proves the plan\n"
         "                    optimal (gap 0 %), or prints the gap to the lower bound it proved\n"
         "  --refine S        prove the bound as --bound does, then spend up to S seconds on faster plans (the\n"
-        "                    plan locally improved, its windows searched exactly, then rounds of the greedy's\n"
-        "                    portfolio with fresh noise),\n"
+        "                    plan locally improved, other states at the loss and its windows searched exactly,\n"
+        "                    then rounds of the greedy's portfolio with fresh noise),\n"
         "                    stopping once the certified gap is at most 3 %\n"
         "  --offload         (remat.problem/2, docs/formats.md §11) the budget counts everything the step holds:\n"
         "                    split it between weights and activations, offloading weights and optimizer state to\n"
@@ -587,6 +587,7 @@ inline int run_plan(const PlanArgs& a, std::ostream& out, std::ostream& err) {
     if (a.refine && run.bound && run.plan && !run.bound->budget_infeasible && run.bound->time > 0) {
         RefineOptions ro;
         ro.time_limit_seconds = *a.refine;
+        ro.loss_state_preferred = run.bound->live_at_loss;
         ro.progress = options.progress;
         // A smaller gap the plan already had (--certify's exact search) stays while the plan does.
         const std::optional<double> gap_before = run.plan->stats.gap;

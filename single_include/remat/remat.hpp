@@ -7959,8 +7959,9 @@ private:
 // says when further search is no longer worth it (issue 26's "use the bound for early
 // stopping"). The search is anytime and randomised:
 //   - the plan itself, locally improved (solvers/improve.hpp: keep instead of recompute);
-//   - on problems within the exact search's reach (at most 128 data), the plan's windows
-//     searched again exactly (solvers/window_search.hpp), for a share of the time limit;
+//   - on problems within the exact search's reach (at most 128 data), other states at the loss,
+//     each with its exact best backward (solvers/loss_state_search.hpp), then the plan's windows
+//     searched again exactly (solvers/window_search.hpp), each for a share of the time limit;
 //   - then rounds of the greedy's portfolio (solvers/greedy.hpp, after DTR, Kirisame et al.
 //     2021), each with fresh noise on DTR's eviction score and alternating the store-all and
 //     the memory-aware order, its fastest plans locally improved.
@@ -7975,405 +7976,8 @@ private:
 #include <limits>
 #include <string>
 #include <utility>
-
-// ---- begin remat/solvers/window_search.hpp ----
-// remat/solvers/window_search.hpp — large neighbourhood search over a schedule's windows with
-// the exact search.
-//
-// Large neighbourhood search (Shaw, "Using constraint programming and local search methods to
-// solve vehicle routing problems", CP 1998) keeps most of a solution fixed and solves the
-// rest exactly. Here the rest is a window of a schedule: the steps from one run to another.
-// The exact search (solvers/exhaustive.hpp, A*) goes from the state the schedule reaches
-// before the window (what is live, which exactly-once ops ran) to a state from which the rest
-// of the schedule runs as it is: the same exactly-once ops done, and at least what the rest
-// still reads live. In between it may reorder, recompute, keep or free anything within the
-// budget. Its bound on a window is the larger of two admissible ones: the window's
-// exactly-once ops plus a run for each data it must make live again, and the exact search's
-// own bound on any completion of the whole schedule less the fixed rest. So a window that
-// cannot beat the schedule is refuted after few states.
-//
-// window_search() first searches the whole backward, from the loss's run to the end: what is
-// live when the loss runs fixes most of it, and a heuristic's backward is often not the best
-// one from there. Then it slides windows of `window_runs` runs over the schedule, half a
-// window at a time, and splices in every faster window it finds (and searches the backward
-// again: what is live at the loss may have changed). After a pass that finds nothing, the
-// windows double, up to the whole schedule: that search is the exact one, and when it
-// finishes without a faster schedule, the plan is optimal over all schedules. It stops at its
-// time limit. The heuristics (the greedy, H-Rockmate) decide what to keep and recompute one
-// op at a time; a window weighs those decisions jointly. On bench_checkmate's random DAGs of
-// 40 and 60 ops at 50-80 % of P_ref, 5 s made auto's plans 0-8 % faster (docs/design.md
-// §4.8). Problems beyond the exact search (more than 128 data or 64 exactly-once ops, or
-// in-place updates) get their plan back as it is. Standard library only.
-
-#include <algorithm>
-#include <cstddef>
-#include <optional>
-#include <string>
-#include <utility>
 #include <vector>
 
-
-namespace remat {
-
-struct WindowSearchOptions {
-    /// Wall-clock limit of the whole search.
-    double time_limit_seconds = 1.0;
-    /// Runs in a window of the first pass (at least 1); each pass that finds nothing faster
-    /// doubles it.
-    std::size_t window_runs = 4;
-    /// States one window's search may hold; past them that window is left as it is.
-    std::size_t max_states_per_window = 200'000;
-    /// Before the sliding windows, the whole backward: the window from the loss's run to the
-    /// end, searched with up to this many states (0: not searched). What is live when the loss
-    /// runs decides most of the backward, and a heuristic's backward is often not the best one
-    /// from there, while the sliding windows, which must each reproduce the state the rest of
-    /// the schedule needs, cannot reorder it as a whole: on bench_checkmate's 40-op DAG at 50 %
-    /// of P_ref, auto's plan of 112 becomes 107 in 0.05 s (proven bound 104); the 60-op DAG at
-    /// 60 %, 168 -> 159 in 1.7 s with about a million states (200,000 were not enough).
-    std::size_t backward_max_states = 4'000'000;
-    /// Receives one line per faster window found.
-    ProgressCallback progress;
-};
-
-namespace detail::window_search {
-
-using exhaustive::DataMask;
-using exhaustive::ExhaustiveSearch;
-using exhaustive::SearchState;
-using exhaustive::SearchWindow;
-
-// A schedule with what the search needs of it: the state before each step, where the runs
-// are, and the time of the runs from each step to the end.
-struct Walk {
-    std::vector<SearchState> states;
-    std::vector<std::size_t> runs;  // the steps that run an op, in order
-    std::vector<double> time_from;  // time_from[i]: the runs of steps i..end
-
-    Walk(const Problem& problem, const ExhaustiveSearch& search, const Schedule& schedule)
-        : states(search.states_along(schedule)), time_from(schedule.size() + 1, 0.0) {
-        for (std::size_t i = schedule.size(); i-- > 0;)
-            time_from[i] = time_from[i + 1] + (schedule[i].is_run() ? problem.op(schedule[i].op()).time : 0.0);
-        for (std::size_t i = 0; i < schedule.size(); ++i)
-            if (schedule[i].is_run()) runs.push_back(i);
-    }
-    // The step where boundary `k` lies: the start (k = 0), the k-th run, or the end (k = runs).
-    [[nodiscard]] std::size_t boundary(std::size_t k, std::size_t steps) const {
-        return k == 0 ? 0 : k >= runs.size() ? steps : runs[k];
-    }
-};
-
-// `schedule` with steps [begin, end) replaced by `part`. The rest may still free data that the
-// part left dead and freed already; accept() tidies those frees away (tidy_schedule).
-[[nodiscard]] inline Schedule spliced(const Schedule& schedule, std::size_t begin, std::size_t end,
-                                      const Schedule& part) {
-    Schedule out(schedule.begin(), schedule.begin() + static_cast<std::ptrdiff_t>(begin));
-    out.insert(out.end(), part.begin(), part.end());
-    out.insert(out.end(), schedule.begin() + static_cast<std::ptrdiff_t>(end), schedule.end());
-    return out;
-}
-
-// What searching one window found: a faster whole schedule, and whether the search finished
-// (without one, no faster window exists).
-struct WindowOutcome {
-    std::optional<Schedule> faster;
-    bool finished = false;
-};
-
-// The runs [first, last) of `walk` searched again. Up to the end, only the final data must be
-// live there.
-[[nodiscard]] inline WindowOutcome search_window(const Problem& problem, Bytes budget, const Schedule& schedule,
-                                                 const Walk& walk, const ExhaustiveSearch& search, std::size_t first,
-                                                 std::size_t last) {
-    const std::size_t begin = walk.boundary(first, schedule.size());
-    const std::size_t end = walk.boundary(last, schedule.size());
-    const SearchState& to = walk.states[end];
-    DataMask keep = to.live & ~search.dead(to);
-    if (end == schedule.size()) {
-        keep = {};
-        for (std::size_t d = 0; d < problem.data_count(); ++d)
-            if (problem.is_final(DataId{d})) keep |= DataMask::bit(d);
-    }
-    const SearchWindow window{walk.states[begin], to.done, keep, walk.time_from[end]};
-    const double window_time = walk.time_from[begin] - walk.time_from[end];
-    auto result = search.run(exhaustive::SearchGoal::least_time, budget, window_time, &window);
-    if (!result.found) return {std::nullopt, !result.stopped};
-    return {spliced(schedule, begin, end, result.schedule), true};
-}
-
-// The run of the loss in the schedule's runs (its boundary), if the problem has a loss that the
-// schedule runs exactly once.
-[[nodiscard]] inline std::optional<std::size_t> loss_run(const Problem& problem, const Schedule& schedule) {
-    const std::optional<OpId> loss = problem.loss();
-    if (!loss) return std::nullopt;
-    std::optional<std::size_t> at;
-    std::size_t k = 0;
-    for (const Step& step : schedule) {
-        if (!step.is_run()) continue;
-        if (step.op() == *loss) {
-            if (at) return std::nullopt;
-            at = k;
-        }
-        ++k;
-    }
-    return at;
-}
-
-// The search's state between windows: the schedule so far, its simulation, and what happened.
-struct Current {
-    Schedule schedule;
-    SimulationReport report;
-    std::size_t improved = 0;
-    bool optimal = false;
-    bool out_of_time = false;
-};
-
-// Takes `candidate`, tidied (which drops its frees of data no longer live), when it is then
-// valid, within the budget and faster.
-inline bool accept(const Problem& problem, Bytes budget, const Schedule& candidate, Current& state) {
-    Schedule tidy = tidy_schedule(problem, candidate);
-    SimulationReport report = simulate(problem, tidy);
-    if (!report.fits(budget) || !(report.time < state.report.time)) return false;
-    state.schedule = std::move(tidy);
-    state.report = std::move(report);
-    ++state.improved;
-    return true;
-}
-
-// Runs [first, last) of `walk` searched again (search_window); a faster schedule, valid and
-// within the budget, becomes the state and is reported, the window named by `what` after its
-// runs. Returns whether one was taken; a search over the whole schedule that finishes without
-// one proves the state optimal.
-inline bool splice_faster_window(const Problem& problem, Bytes budget, const ExhaustiveSearch& search, const Walk& walk,
-                                 std::size_t first, std::size_t last, const std::string& what,
-                                 const WindowSearchOptions& options, Current& state) {
-    const double before = state.report.time;
-    const WindowOutcome outcome = search_window(problem, budget, state.schedule, walk, search, first, last);
-    if (outcome.faster && accept(problem, budget, *outcome.faster, state)) {
-        report_progress(options.progress, "window search: runs " + std::to_string(first + 1) + "-" + std::to_string(last) +
-                                              what + ": time " + std::to_string(before) + " -> " +
-                                              std::to_string(state.report.time));
-        return true;
-    }
-    if (first == 0 && last == walk.runs.size() && outcome.finished && !outcome.faster) state.optimal = true;
-    return false;
-}
-
-// One pass of windows of `width` runs, half a window apart; a faster window is searched again
-// in the new schedule. Returns whether any window was faster.
-inline bool pass(const Problem& problem, Bytes budget, std::size_t width, ExhaustiveOptions exact,
-                 const WindowSearchOptions& options, const Stopwatch& clock, Current& state) {
-    bool found = false;
-    for (std::size_t first = 0;;) {
-        const double left = options.time_limit_seconds - clock.seconds();
-        if (left <= 0) {
-            state.out_of_time = true;
-            return found;
-        }
-        exact.time_limit_seconds = left;
-        const ExhaustiveSearch search(problem, exact);
-        const Walk walk(problem, search, state.schedule);
-        const std::size_t runs = walk.runs.size();
-        const std::size_t last = std::min(first + width, runs);
-        if (splice_faster_window(problem, budget, search, walk, first, last, " of " + std::to_string(runs), options, state)) {
-            found = true;
-            continue;
-        }
-        if (last >= runs) return found;
-        first += std::max<std::size_t>(width / 2, 1);
-    }
-}
-
-// WindowSearchOptions::backward_max_states: the window from the loss's run to the end.
-inline void search_backward(const Problem& problem, Bytes budget, ExhaustiveOptions exact,
-                            const WindowSearchOptions& options, const Stopwatch& clock, Current& state) {
-    const std::optional<std::size_t> loss = loss_run(problem, state.schedule);
-    const double left = options.time_limit_seconds - clock.seconds();
-    if (!loss || options.backward_max_states == 0 || left <= 0) return;
-    exact.time_limit_seconds = left;
-    exact.max_states = options.backward_max_states;
-    const ExhaustiveSearch search(problem, exact);
-    const Walk walk(problem, search, state.schedule);
-    (void)splice_faster_window(problem, budget, search, walk, *loss, walk.runs.size(), " (the backward)", options, state);
-}
-
-}  // namespace detail::window_search
-
-/// What window_search() returns.
-struct WindowSearchResult {
-    /// The plan, with the faster windows spliced in: never slower, valid and within the budget.
-    Plan plan;
-    /// The search over the whole schedule finished without a faster one: no schedule within
-    /// the budget is faster (the plan's status is then optimal and its gap 0).
-    bool optimal = false;
-    /// Faster windows spliced in (the status is then heuristic unless optimal: what the
-    /// input's solver proved was about its own plan).
-    std::size_t faster_windows = 0;
-};
-
-/// `plan` at `budget` with faster windows spliced in, within the time limit (see the top of
-/// this file). The plan comes back as it is where the exact search cannot take the problem.
-[[nodiscard]] inline WindowSearchResult window_search(const Problem& problem, Bytes budget, Plan plan,
-                                                      const WindowSearchOptions& options = {}) {
-    namespace ws = detail::window_search;
-    if (!(options.time_limit_seconds >= 0)) throw InvalidInput("window search: time_limit_seconds must be >= 0");
-    if (problem.data_count() > Exhaustive::max_data || problem.has_updates()) return {std::move(plan)};
-    const Stopwatch clock;
-    ws::Current state{plan.schedule, simulate(problem, plan.schedule)};
-    if (!state.report.fits(budget) || state.schedule.empty()) return {std::move(plan)};
-    ExhaustiveOptions exact;
-    exact.max_states = options.max_states_per_window;
-    try {
-        (void)ws::ExhaustiveSearch(problem, exact);
-    } catch (const InvalidInput&) {  // more than 64 exactly-once ops
-        return {std::move(plan)};
-    }
-    const double before = state.report.time;
-    ws::search_backward(problem, budget, exact, options, clock, state);
-    for (std::size_t width = std::max<std::size_t>(options.window_runs, 1); !state.optimal && !state.out_of_time;) {
-        if (ws::pass(problem, budget, width, exact, options, clock, state)) {
-            // The faster windows may have changed what is live at the loss.
-            ws::search_backward(problem, budget, exact, options, clock, state);
-            continue;
-        }
-        const auto runs = std::count_if(state.schedule.begin(), state.schedule.end(), [](const Step& step) { return step.is_run(); });
-        if (width >= static_cast<std::size_t>(runs)) break;
-        width *= 2;
-    }
-    SolverStats stats = plan.stats;
-    stats.solve_seconds += clock.seconds();
-    if (state.improved > 0) {
-        stats.status = SolveStatus::heuristic;
-        stats.gap.reset();
-        stats.options += std::string(stats.options.empty() ? "" : ", ") + "window search (" +
-                         std::to_string(state.improved) + " windows, " + format_percent(1.0 - state.report.time / before) +
-                         " faster)";
-    }
-    if (state.optimal) {
-        stats.status = SolveStatus::optimal;
-        stats.gap = 0.0;
-        stats.options += std::string(stats.options.empty() ? "" : ", ") + "proven optimal by the window search";
-    }
-    return {make_checked_plan(problem, std::move(state.schedule), budget, std::move(stats)), state.optimal, state.improved};
-}
-
-}  // namespace remat
-// ---- end remat/solvers/window_search.hpp ----
-
-namespace remat {
-
-struct RefineOptions {
-    /// Stop as soon as the plan's certified gap (plan time / bound - 1) is at most this.
-    double target_gap = 0.03;
-    /// Seconds for the whole refinement; each round's portfolio and improvement end within
-    /// it (a round's first replay always runs, milliseconds on thousands of ops).
-    double time_limit_seconds = 10.0;
-    /// Seconds of one round: the greedy's portfolio (60 %) and the improvement of its fastest
-    /// plans (40 %). Shorter rounds stop sooner once the target is met.
-    double round_seconds = 2.0;
-    /// The share of the time limit the window search takes, on problems within its reach,
-    /// before the greedy's rounds.
-    double window_share = 0.5;
-    /// Seed of the rounds' noise (round r uses its own seed derived from it).
-    std::uint64_t seed = 1;
-    ProgressCallback progress;
-};
-
-namespace detail::refine {
-
-// remat::certified_gap, infinite without a bound, for comparisons with the target.
-[[nodiscard]] inline double gap_or_infinity(double plan_time, double time_bound) {
-    return certified_gap(plan_time, time_bound).value_or(std::numeric_limits<double>::infinity());
-}
-
-// The options of round r: fresh noise, alternating orders, within `seconds`.
-[[nodiscard]] inline GreedyOptions round_options(const RefineOptions& options, std::uint64_t round, double seconds) {
-    GreedyOptions g;
-    g.order = round % 2 == 0 ? GreedyOrder::store_all : GreedyOrder::memory_aware;
-    g.seed = options.seed * 0x9E3779B97F4A7C15ULL + round * 0xBF58476D1CE4E5B9ULL;
-    g.portfolio_seconds = 0.6 * seconds;
-    g.improve_seconds = 0.4 * seconds;
-    return g;
-}
-
-}  // namespace detail::refine
-
-/// `plan` (within `budget`), or a faster plan within it, found within the time limit (see the
-/// top of this header); `time_bound` is a proven lower bound on the time of every schedule
-/// within `budget`. The result's stats.gap is its certified gap against `time_bound`; its
-/// status is optimal when it meets the bound, heuristic when a faster plan replaced the input
-/// without meeting it, and the input's otherwise; its time and peak are the simulator's.
-/// Throws InvalidInput when the plan does not fit the budget, or when it is faster than the
-/// bound (which then is no lower bound at this budget).
-[[nodiscard]] inline Plan refine_plan(const Problem& problem, Bytes budget, Plan plan, double time_bound,
-                                      const RefineOptions& options = {}) {
-    namespace dr = detail::refine;
-    if (!(options.time_limit_seconds >= 0) || !(options.round_seconds > 0) || !(options.target_gap >= 0))
-        throw InvalidInput("refine: the time limit must be non-negative, the round's seconds positive and the "
-                           "target gap non-negative");
-    const SimulationReport checked = simulate(problem, plan.schedule);
-    if (!checked.fits(budget))
-        throw InvalidInput("refine: the plan of '" + problem.name() + "' does not fit the budget of " +
-                           std::to_string(budget) + " bytes" + (checked.valid ? "" : " (" + checked.error + ")"));
-    if (!std::isfinite(time_bound) || checked.time < time_bound * (1.0 - 1e-9))
-        throw InvalidInput("refine: the plan of '" + problem.name() + "' takes " + std::to_string(checked.time) +
-                           ", less than the bound " + std::to_string(time_bound) +
-                           ", which is therefore no lower bound at this budget");
-    const Stopwatch clock;
-    plan.time = checked.time;
-    plan.peak = checked.peak;
-    const double before = checked.time;
-    const auto gap = [&] { return dr::gap_or_infinity(plan.time, time_bound); };
-    const auto take = [&](Schedule schedule, const std::string& how) {
-        const SimulationReport r = simulate(problem, schedule);
-        if (!r.fits(budget) || !(r.time < plan.time)) return;
-        plan.schedule = std::move(schedule);
-        plan.time = r.time;
-        plan.peak = r.peak;
-        report_progress(options.progress, "refine: " + how + ", certified gap " + format_percent(gap()));
-    };
-    if (gap() > options.target_gap) {
-        ImproveOptions io;
-        io.time_limit_seconds = std::min(options.round_seconds, options.time_limit_seconds);
-        take(improve_schedule(problem, plan.schedule, budget, io), "the plan locally improved");
-    }
-    bool proven_optimal = false;  // by the window search over the whole schedule
-    if (gap() > options.target_gap) {  // window_search() leaves problems beyond its reach as they are
-        WindowSearchOptions wo;
-        wo.time_limit_seconds = std::max(0.0, std::min(options.window_share * options.time_limit_seconds,
-                                                       options.time_limit_seconds - clock.seconds()));
-        const WindowSearchResult searched = window_search(problem, budget, plan, wo);
-        take(searched.plan.schedule, "the plan's windows searched exactly");
-        proven_optimal = searched.optimal;
-    }
-    std::uint64_t round = 0;
-    int failed_in_a_row = 0;  // rounds whose greedy fits no plan at this budget
-    for (; !proven_optimal && gap() > options.target_gap && failed_in_a_row < 2; ++round) {
-        const double left = options.time_limit_seconds - clock.seconds();
-        if (left <= 0.0) break;
-        try {
-            const Greedy greedy(dr::round_options(options, round, std::min(options.round_seconds, left)));
-            take(greedy.solve(problem, budget).schedule, "round " + std::to_string(round + 1) + " of the greedy's portfolio");
-            failed_in_a_row = 0;
-        } catch (const Infeasible&) {
-            ++failed_in_a_row;  // neither order fits after two in a row: more rounds will not either
-        }
-    }
-    plan.stats.gap = gap();
-    if (*plan.stats.gap <= 1e-9 || proven_optimal) {  // no schedule is faster: the bound is below the optimum
-        plan.stats.gap = 0.0;
-        plan.stats.status = SolveStatus::optimal;
-    } else if (plan.time < before) {
-        plan.stats.status = SolveStatus::heuristic;  // whatever the input's solver proved was about its plan
-    }
-    plan.stats.options += (plan.stats.options.empty() ? "" : ", ") + std::string("refined in ") +
-                          std::to_string(round) + " rounds (" + format_percent(1.0 - plan.time / before) +
-                          " faster)";
-    plan.stats.solve_seconds += clock.seconds();
-    return plan;
-}
-
-}  // namespace remat
-// ---- end remat/solvers/refine.hpp ----
 // ---- begin remat/solvers/loss_state_search.hpp ----
 // remat/solvers/loss_state_search.hpp — what to keep for the backward: states at the loss
 // searched one by one, each with its exact best backward.
@@ -8683,6 +8287,418 @@ private:
 
 }  // namespace remat
 // ---- end remat/solvers/loss_state_search.hpp ----
+// ---- begin remat/solvers/window_search.hpp ----
+// remat/solvers/window_search.hpp — large neighbourhood search over a schedule's windows with
+// the exact search.
+//
+// Large neighbourhood search (Shaw, "Using constraint programming and local search methods to
+// solve vehicle routing problems", CP 1998) keeps most of a solution fixed and solves the
+// rest exactly. Here the rest is a window of a schedule: the steps from one run to another.
+// The exact search (solvers/exhaustive.hpp, A*) goes from the state the schedule reaches
+// before the window (what is live, which exactly-once ops ran) to a state from which the rest
+// of the schedule runs as it is: the same exactly-once ops done, and at least what the rest
+// still reads live. In between it may reorder, recompute, keep or free anything within the
+// budget. Its bound on a window is the larger of two admissible ones: the window's
+// exactly-once ops plus a run for each data it must make live again, and the exact search's
+// own bound on any completion of the whole schedule less the fixed rest. So a window that
+// cannot beat the schedule is refuted after few states.
+//
+// window_search() first searches the whole backward, from the loss's run to the end: what is
+// live when the loss runs fixes most of it, and a heuristic's backward is often not the best
+// one from there. Then it slides windows of `window_runs` runs over the schedule, half a
+// window at a time, and splices in every faster window it finds (and searches the backward
+// again: what is live at the loss may have changed). After a pass that finds nothing, the
+// windows double, up to the whole schedule: that search is the exact one, and when it
+// finishes without a faster schedule, the plan is optimal over all schedules. It stops at its
+// time limit. The heuristics (the greedy, H-Rockmate) decide what to keep and recompute one
+// op at a time; a window weighs those decisions jointly. On bench_checkmate's random DAGs of
+// 40 and 60 ops at 50-80 % of P_ref, 5 s made auto's plans 0-8 % faster (docs/design.md
+// §4.8). Problems beyond the exact search (more than 128 data or 64 exactly-once ops, or
+// in-place updates) get their plan back as it is. Standard library only.
+
+#include <algorithm>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+
+namespace remat {
+
+struct WindowSearchOptions {
+    /// Wall-clock limit of the whole search.
+    double time_limit_seconds = 1.0;
+    /// Runs in a window of the first pass (at least 1); each pass that finds nothing faster
+    /// doubles it.
+    std::size_t window_runs = 4;
+    /// States one window's search may hold; past them that window is left as it is.
+    std::size_t max_states_per_window = 200'000;
+    /// Before the sliding windows, the whole backward: the window from the loss's run to the
+    /// end, searched with up to this many states (0: not searched). What is live when the loss
+    /// runs decides most of the backward, and a heuristic's backward is often not the best one
+    /// from there, while the sliding windows, which must each reproduce the state the rest of
+    /// the schedule needs, cannot reorder it as a whole: on bench_checkmate's 40-op DAG at 50 %
+    /// of P_ref, auto's plan of 112 becomes 107 in 0.05 s (proven bound 104); the 60-op DAG at
+    /// 60 %, 168 -> 159 in 1.7 s with about a million states (200,000 were not enough).
+    std::size_t backward_max_states = 4'000'000;
+    /// Receives one line per faster window found.
+    ProgressCallback progress;
+};
+
+namespace detail::window_search {
+
+using exhaustive::DataMask;
+using exhaustive::ExhaustiveSearch;
+using exhaustive::SearchState;
+using exhaustive::SearchWindow;
+
+// A schedule with what the search needs of it: the state before each step, where the runs
+// are, and the time of the runs from each step to the end.
+struct Walk {
+    std::vector<SearchState> states;
+    std::vector<std::size_t> runs;  // the steps that run an op, in order
+    std::vector<double> time_from;  // time_from[i]: the runs of steps i..end
+
+    Walk(const Problem& problem, const ExhaustiveSearch& search, const Schedule& schedule)
+        : states(search.states_along(schedule)), time_from(schedule.size() + 1, 0.0) {
+        for (std::size_t i = schedule.size(); i-- > 0;)
+            time_from[i] = time_from[i + 1] + (schedule[i].is_run() ? problem.op(schedule[i].op()).time : 0.0);
+        for (std::size_t i = 0; i < schedule.size(); ++i)
+            if (schedule[i].is_run()) runs.push_back(i);
+    }
+    // The step where boundary `k` lies: the start (k = 0), the k-th run, or the end (k = runs).
+    [[nodiscard]] std::size_t boundary(std::size_t k, std::size_t steps) const {
+        return k == 0 ? 0 : k >= runs.size() ? steps : runs[k];
+    }
+};
+
+// `schedule` with steps [begin, end) replaced by `part`. The rest may still free data that the
+// part left dead and freed already; accept() tidies those frees away (tidy_schedule).
+[[nodiscard]] inline Schedule spliced(const Schedule& schedule, std::size_t begin, std::size_t end,
+                                      const Schedule& part) {
+    Schedule out(schedule.begin(), schedule.begin() + static_cast<std::ptrdiff_t>(begin));
+    out.insert(out.end(), part.begin(), part.end());
+    out.insert(out.end(), schedule.begin() + static_cast<std::ptrdiff_t>(end), schedule.end());
+    return out;
+}
+
+// What searching one window found: a faster whole schedule, and whether the search finished
+// (without one, no faster window exists).
+struct WindowOutcome {
+    std::optional<Schedule> faster;
+    bool finished = false;
+};
+
+// The runs [first, last) of `walk` searched again. Up to the end, only the final data must be
+// live there.
+[[nodiscard]] inline WindowOutcome search_window(const Problem& problem, Bytes budget, const Schedule& schedule,
+                                                 const Walk& walk, const ExhaustiveSearch& search, std::size_t first,
+                                                 std::size_t last) {
+    const std::size_t begin = walk.boundary(first, schedule.size());
+    const std::size_t end = walk.boundary(last, schedule.size());
+    const SearchState& to = walk.states[end];
+    DataMask keep = to.live & ~search.dead(to);
+    if (end == schedule.size()) {
+        keep = {};
+        for (std::size_t d = 0; d < problem.data_count(); ++d)
+            if (problem.is_final(DataId{d})) keep |= DataMask::bit(d);
+    }
+    const SearchWindow window{walk.states[begin], to.done, keep, walk.time_from[end]};
+    const double window_time = walk.time_from[begin] - walk.time_from[end];
+    auto result = search.run(exhaustive::SearchGoal::least_time, budget, window_time, &window);
+    if (!result.found) return {std::nullopt, !result.stopped};
+    return {spliced(schedule, begin, end, result.schedule), true};
+}
+
+// The run of the loss in the schedule's runs (its boundary), if the problem has a loss that the
+// schedule runs exactly once.
+[[nodiscard]] inline std::optional<std::size_t> loss_run(const Problem& problem, const Schedule& schedule) {
+    const std::optional<OpId> loss = problem.loss();
+    if (!loss) return std::nullopt;
+    std::optional<std::size_t> at;
+    std::size_t k = 0;
+    for (const Step& step : schedule) {
+        if (!step.is_run()) continue;
+        if (step.op() == *loss) {
+            if (at) return std::nullopt;
+            at = k;
+        }
+        ++k;
+    }
+    return at;
+}
+
+// The search's state between windows: the schedule so far, its simulation, and what happened.
+struct Current {
+    Schedule schedule;
+    SimulationReport report;
+    std::size_t improved = 0;
+    bool optimal = false;
+    bool out_of_time = false;
+};
+
+// Takes `candidate`, tidied (which drops its frees of data no longer live), when it is then
+// valid, within the budget and faster.
+inline bool accept(const Problem& problem, Bytes budget, const Schedule& candidate, Current& state) {
+    Schedule tidy = tidy_schedule(problem, candidate);
+    SimulationReport report = simulate(problem, tidy);
+    if (!report.fits(budget) || !(report.time < state.report.time)) return false;
+    state.schedule = std::move(tidy);
+    state.report = std::move(report);
+    ++state.improved;
+    return true;
+}
+
+// Runs [first, last) of `walk` searched again (search_window); a faster schedule, valid and
+// within the budget, becomes the state and is reported, the window named by `what` after its
+// runs. Returns whether one was taken; a search over the whole schedule that finishes without
+// one proves the state optimal.
+inline bool splice_faster_window(const Problem& problem, Bytes budget, const ExhaustiveSearch& search, const Walk& walk,
+                                 std::size_t first, std::size_t last, const std::string& what,
+                                 const WindowSearchOptions& options, Current& state) {
+    const double before = state.report.time;
+    const WindowOutcome outcome = search_window(problem, budget, state.schedule, walk, search, first, last);
+    if (outcome.faster && accept(problem, budget, *outcome.faster, state)) {
+        report_progress(options.progress, "window search: runs " + std::to_string(first + 1) + "-" + std::to_string(last) +
+                                              what + ": time " + std::to_string(before) + " -> " +
+                                              std::to_string(state.report.time));
+        return true;
+    }
+    if (first == 0 && last == walk.runs.size() && outcome.finished && !outcome.faster) state.optimal = true;
+    return false;
+}
+
+// One pass of windows of `width` runs, half a window apart; a faster window is searched again
+// in the new schedule. Returns whether any window was faster.
+inline bool pass(const Problem& problem, Bytes budget, std::size_t width, ExhaustiveOptions exact,
+                 const WindowSearchOptions& options, const Stopwatch& clock, Current& state) {
+    bool found = false;
+    for (std::size_t first = 0;;) {
+        const double left = options.time_limit_seconds - clock.seconds();
+        if (left <= 0) {
+            state.out_of_time = true;
+            return found;
+        }
+        exact.time_limit_seconds = left;
+        const ExhaustiveSearch search(problem, exact);
+        const Walk walk(problem, search, state.schedule);
+        const std::size_t runs = walk.runs.size();
+        const std::size_t last = std::min(first + width, runs);
+        if (splice_faster_window(problem, budget, search, walk, first, last, " of " + std::to_string(runs), options, state)) {
+            found = true;
+            continue;
+        }
+        if (last >= runs) return found;
+        first += std::max<std::size_t>(width / 2, 1);
+    }
+}
+
+// WindowSearchOptions::backward_max_states: the window from the loss's run to the end.
+inline void search_backward(const Problem& problem, Bytes budget, ExhaustiveOptions exact,
+                            const WindowSearchOptions& options, const Stopwatch& clock, Current& state) {
+    const std::optional<std::size_t> loss = loss_run(problem, state.schedule);
+    const double left = options.time_limit_seconds - clock.seconds();
+    if (!loss || options.backward_max_states == 0 || left <= 0) return;
+    exact.time_limit_seconds = left;
+    exact.max_states = options.backward_max_states;
+    const ExhaustiveSearch search(problem, exact);
+    const Walk walk(problem, search, state.schedule);
+    (void)splice_faster_window(problem, budget, search, walk, *loss, walk.runs.size(), " (the backward)", options, state);
+}
+
+}  // namespace detail::window_search
+
+/// What window_search() returns.
+struct WindowSearchResult {
+    /// The plan, with the faster windows spliced in: never slower, valid and within the budget.
+    Plan plan;
+    /// The search over the whole schedule finished without a faster one: no schedule within
+    /// the budget is faster (the plan's status is then optimal and its gap 0).
+    bool optimal = false;
+    /// Faster windows spliced in (the status is then heuristic unless optimal: what the
+    /// input's solver proved was about its own plan).
+    std::size_t faster_windows = 0;
+};
+
+/// `plan` at `budget` with faster windows spliced in, within the time limit (see the top of
+/// this file). The plan comes back as it is where the exact search cannot take the problem.
+[[nodiscard]] inline WindowSearchResult window_search(const Problem& problem, Bytes budget, Plan plan,
+                                                      const WindowSearchOptions& options = {}) {
+    namespace ws = detail::window_search;
+    if (!(options.time_limit_seconds >= 0)) throw InvalidInput("window search: time_limit_seconds must be >= 0");
+    if (problem.data_count() > Exhaustive::max_data || problem.has_updates()) return {std::move(plan)};
+    const Stopwatch clock;
+    ws::Current state{plan.schedule, simulate(problem, plan.schedule)};
+    if (!state.report.fits(budget) || state.schedule.empty()) return {std::move(plan)};
+    ExhaustiveOptions exact;
+    exact.max_states = options.max_states_per_window;
+    try {
+        (void)ws::ExhaustiveSearch(problem, exact);
+    } catch (const InvalidInput&) {  // more than 64 exactly-once ops
+        return {std::move(plan)};
+    }
+    const double before = state.report.time;
+    ws::search_backward(problem, budget, exact, options, clock, state);
+    for (std::size_t width = std::max<std::size_t>(options.window_runs, 1); !state.optimal && !state.out_of_time;) {
+        if (ws::pass(problem, budget, width, exact, options, clock, state)) {
+            // The faster windows may have changed what is live at the loss.
+            ws::search_backward(problem, budget, exact, options, clock, state);
+            continue;
+        }
+        const auto runs = std::count_if(state.schedule.begin(), state.schedule.end(), [](const Step& step) { return step.is_run(); });
+        if (width >= static_cast<std::size_t>(runs)) break;
+        width *= 2;
+    }
+    SolverStats stats = plan.stats;
+    stats.solve_seconds += clock.seconds();
+    if (state.improved > 0) {
+        stats.status = SolveStatus::heuristic;
+        stats.gap.reset();
+        stats.options += std::string(stats.options.empty() ? "" : ", ") + "window search (" +
+                         std::to_string(state.improved) + " windows, " + format_percent(1.0 - state.report.time / before) +
+                         " faster)";
+    }
+    if (state.optimal) {
+        stats.status = SolveStatus::optimal;
+        stats.gap = 0.0;
+        stats.options += std::string(stats.options.empty() ? "" : ", ") + "proven optimal by the window search";
+    }
+    return {make_checked_plan(problem, std::move(state.schedule), budget, std::move(stats)), state.optimal, state.improved};
+}
+
+}  // namespace remat
+// ---- end remat/solvers/window_search.hpp ----
+
+namespace remat {
+
+struct RefineOptions {
+    /// Stop as soon as the plan's certified gap (plan time / bound - 1) is at most this.
+    double target_gap = 0.03;
+    /// Seconds for the whole refinement; each round's portfolio and improvement end within
+    /// it (a round's first replay always runs, milliseconds on thousands of ops).
+    double time_limit_seconds = 10.0;
+    /// Seconds of one round: the greedy's portfolio (60 %) and the improvement of its fastest
+    /// plans (40 %). Shorter rounds stop sooner once the target is met.
+    double round_seconds = 2.0;
+    /// The share of the time limit the window search takes, on problems within its reach,
+    /// before the greedy's rounds.
+    double window_share = 0.5;
+    /// The share of the time limit the loss-state search takes, on problems within its reach,
+    /// before the window search; and the data it tries to keep first (the bound's relaxation's
+    /// choice, TimeLowerBound::live_at_loss).
+    double loss_state_share = 0.25;
+    std::vector<std::string> loss_state_preferred;
+    /// Seed of the rounds' noise (round r uses its own seed derived from it).
+    std::uint64_t seed = 1;
+    ProgressCallback progress;
+};
+
+namespace detail::refine {
+
+// remat::certified_gap, infinite without a bound, for comparisons with the target.
+[[nodiscard]] inline double gap_or_infinity(double plan_time, double time_bound) {
+    return certified_gap(plan_time, time_bound).value_or(std::numeric_limits<double>::infinity());
+}
+
+// The options of round r: fresh noise, alternating orders, within `seconds`.
+[[nodiscard]] inline GreedyOptions round_options(const RefineOptions& options, std::uint64_t round, double seconds) {
+    GreedyOptions g;
+    g.order = round % 2 == 0 ? GreedyOrder::store_all : GreedyOrder::memory_aware;
+    g.seed = options.seed * 0x9E3779B97F4A7C15ULL + round * 0xBF58476D1CE4E5B9ULL;
+    g.portfolio_seconds = 0.6 * seconds;
+    g.improve_seconds = 0.4 * seconds;
+    return g;
+}
+
+}  // namespace detail::refine
+
+/// `plan` (within `budget`), or a faster plan within it, found within the time limit (see the
+/// top of this header); `time_bound` is a proven lower bound on the time of every schedule
+/// within `budget`. The result's stats.gap is its certified gap against `time_bound`; its
+/// status is optimal when it meets the bound, heuristic when a faster plan replaced the input
+/// without meeting it, and the input's otherwise; its time and peak are the simulator's.
+/// Throws InvalidInput when the plan does not fit the budget, or when it is faster than the
+/// bound (which then is no lower bound at this budget).
+[[nodiscard]] inline Plan refine_plan(const Problem& problem, Bytes budget, Plan plan, double time_bound,
+                                      const RefineOptions& options = {}) {
+    namespace dr = detail::refine;
+    if (!(options.time_limit_seconds >= 0) || !(options.round_seconds > 0) || !(options.target_gap >= 0) ||
+        !(options.loss_state_share >= 0 && options.loss_state_share <= 1))
+        throw InvalidInput("refine: the time limit must be non-negative, the round's seconds positive, the "
+                           "target gap non-negative and the loss-state search's share between 0 and 1");
+    const SimulationReport checked = simulate(problem, plan.schedule);
+    if (!checked.fits(budget))
+        throw InvalidInput("refine: the plan of '" + problem.name() + "' does not fit the budget of " +
+                           std::to_string(budget) + " bytes" + (checked.valid ? "" : " (" + checked.error + ")"));
+    if (!std::isfinite(time_bound) || checked.time < time_bound * (1.0 - 1e-9))
+        throw InvalidInput("refine: the plan of '" + problem.name() + "' takes " + std::to_string(checked.time) +
+                           ", less than the bound " + std::to_string(time_bound) +
+                           ", which is therefore no lower bound at this budget");
+    const Stopwatch clock;
+    plan.time = checked.time;
+    plan.peak = checked.peak;
+    const double before = checked.time;
+    const auto gap = [&] { return dr::gap_or_infinity(plan.time, time_bound); };
+    const auto take = [&](Schedule schedule, const std::string& how) {
+        const SimulationReport r = simulate(problem, schedule);
+        if (!r.fits(budget) || !(r.time < plan.time)) return;
+        plan.schedule = std::move(schedule);
+        plan.time = r.time;
+        plan.peak = r.peak;
+        report_progress(options.progress, "refine: " + how + ", certified gap " + format_percent(gap()));
+    };
+    if (gap() > options.target_gap) {
+        ImproveOptions io;
+        io.time_limit_seconds = std::min(options.round_seconds, options.time_limit_seconds);
+        take(improve_schedule(problem, plan.schedule, budget, io), "the plan locally improved");
+    }
+    if (gap() > options.target_gap && options.loss_state_share > 0) {  // problems beyond its reach come back as they are
+        LossStateSearchOptions lo;
+        lo.time_limit_seconds = std::max(0.0, std::min(options.loss_state_share * options.time_limit_seconds,
+                                                       options.time_limit_seconds - clock.seconds()));
+        lo.preferred = options.loss_state_preferred;
+        lo.time_bound = time_bound;
+        take(loss_state_search(problem, budget, plan, lo).plan.schedule, "other states at the loss searched");
+    }
+    bool proven_optimal = false;  // by the window search over the whole schedule
+    if (gap() > options.target_gap) {  // window_search() leaves problems beyond its reach as they are
+        WindowSearchOptions wo;
+        wo.time_limit_seconds = std::max(0.0, std::min(options.window_share * options.time_limit_seconds,
+                                                       options.time_limit_seconds - clock.seconds()));
+        const WindowSearchResult searched = window_search(problem, budget, plan, wo);
+        take(searched.plan.schedule, "the plan's windows searched exactly");
+        proven_optimal = searched.optimal;
+    }
+    std::uint64_t round = 0;
+    int failed_in_a_row = 0;  // rounds whose greedy fits no plan at this budget
+    for (; !proven_optimal && gap() > options.target_gap && failed_in_a_row < 2; ++round) {
+        const double left = options.time_limit_seconds - clock.seconds();
+        if (left <= 0.0) break;
+        try {
+            const Greedy greedy(dr::round_options(options, round, std::min(options.round_seconds, left)));
+            take(greedy.solve(problem, budget).schedule, "round " + std::to_string(round + 1) + " of the greedy's portfolio");
+            failed_in_a_row = 0;
+        } catch (const Infeasible&) {
+            ++failed_in_a_row;  // neither order fits after two in a row: more rounds will not either
+        }
+    }
+    plan.stats.gap = gap();
+    if (*plan.stats.gap <= 1e-9 || proven_optimal) {  // no schedule is faster: the bound is below the optimum
+        plan.stats.gap = 0.0;
+        plan.stats.status = SolveStatus::optimal;
+    } else if (plan.time < before) {
+        plan.stats.status = SolveStatus::heuristic;  // whatever the input's solver proved was about its plan
+    }
+    plan.stats.options += (plan.stats.options.empty() ? "" : ", ") + std::string("refined in ") +
+                          std::to_string(round) + " rounds (" + format_percent(1.0 - plan.time / before) +
+                          " faster)";
+    plan.stats.solve_seconds += clock.seconds();
+    return plan;
+}
+
+}  // namespace remat
+// ---- end remat/solvers/refine.hpp ----
 // ---- begin remat/partition/hierarchy.hpp ----
 // remat/partition/hierarchy.hpp — an op-level training problem as a hierarchy of clusters,
 // for graphs with or without a sequential block structure.

@@ -169,3 +169,26 @@ TEST_CASE("auto searches the states at the loss before the exact component", "[l
                            [](const std::string& l) { return l.find("states at the loss") != std::string::npos; }));
     }
 }
+
+TEST_CASE("refine_plan searches other states at the loss before the windows", "[loss_state_search][refine]") {
+    const Dag40 dag;
+    const Plan greedy = *greedy_plan(dag.problem, dag.budget);
+    RefineOptions options;
+    options.time_limit_seconds = 40;  // it meets the bound within its quarter, in about a second
+    options.target_gap = 0.0;
+    std::vector<std::string> lines;
+    options.progress = [&](std::string_view line) { lines.emplace_back(line); };
+    const Plan refined = refine_plan(dag.problem, dag.budget, greedy, Dag40::optimum, options);
+    INFO(refined.stats.options);
+    CHECK(refined.time == Approx(Dag40::optimum));
+    CHECK(refined.stats.status == SolveStatus::optimal);
+    CHECK(simulate(dag.problem, refined.schedule).fits(dag.budget));
+    CHECK(std::any_of(lines.begin(), lines.end(),
+                      [](const std::string& l) { return l.find("other states at the loss searched") != std::string::npos; }));
+    for (const double share : {-0.5, 1.5}) {
+        RefineOptions bad;
+        bad.loss_state_share = share;
+        CHECK_THROWS_WITH(refine_plan(dag.problem, dag.budget, greedy, Dag40::optimum, bad),
+                          Catch::Contains("loss-state search's share"));
+    }
+}

@@ -7,8 +7,9 @@
 // says when further search is no longer worth it (issue 26's "use the bound for early
 // stopping"). The search is anytime and randomised:
 //   - the plan itself, locally improved (solvers/improve.hpp: keep instead of recompute);
-//   - on problems within the exact search's reach (at most 128 data), the plan's windows
-//     searched again exactly (solvers/window_search.hpp), for a share of the time limit;
+//   - on problems within the exact search's reach (at most 128 data), other states at the loss,
+//     each with its exact best backward (solvers/loss_state_search.hpp), then the plan's windows
+//     searched again exactly (solvers/window_search.hpp), each for a share of the time limit;
 //   - then rounds of the greedy's portfolio (solvers/greedy.hpp, after DTR, Kirisame et al.
 //     2021), each with fresh noise on DTR's eviction score and alternating the store-all and
 //     the memory-aware order, its fastest plans locally improved.
@@ -24,6 +25,7 @@
 #include <limits>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "../core/errors.hpp"
 #include "../core/problem.hpp"
@@ -33,6 +35,7 @@
 #include "../core/timing.hpp"
 #include "greedy.hpp"
 #include "improve.hpp"
+#include "loss_state_search.hpp"
 #include "window_search.hpp"
 
 namespace remat {
@@ -49,6 +52,11 @@ struct RefineOptions {
     /// The share of the time limit the window search takes, on problems within its reach,
     /// before the greedy's rounds.
     double window_share = 0.5;
+    /// The share of the time limit the loss-state search takes, on problems within its reach,
+    /// before the window search; and the data it tries to keep first (the bound's relaxation's
+    /// choice, TimeLowerBound::live_at_loss).
+    double loss_state_share = 0.25;
+    std::vector<std::string> loss_state_preferred;
     /// Seed of the rounds' noise (round r uses its own seed derived from it).
     std::uint64_t seed = 1;
     ProgressCallback progress;
@@ -83,9 +91,10 @@ namespace detail::refine {
 [[nodiscard]] inline Plan refine_plan(const Problem& problem, Bytes budget, Plan plan, double time_bound,
                                       const RefineOptions& options = {}) {
     namespace dr = detail::refine;
-    if (!(options.time_limit_seconds >= 0) || !(options.round_seconds > 0) || !(options.target_gap >= 0))
-        throw InvalidInput("refine: the time limit must be non-negative, the round's seconds positive and the "
-                           "target gap non-negative");
+    if (!(options.time_limit_seconds >= 0) || !(options.round_seconds > 0) || !(options.target_gap >= 0) ||
+        !(options.loss_state_share >= 0 && options.loss_state_share <= 1))
+        throw InvalidInput("refine: the time limit must be non-negative, the round's seconds positive, the "
+                           "target gap non-negative and the loss-state search's share between 0 and 1");
     const SimulationReport checked = simulate(problem, plan.schedule);
     if (!checked.fits(budget))
         throw InvalidInput("refine: the plan of '" + problem.name() + "' does not fit the budget of " +
@@ -111,6 +120,14 @@ namespace detail::refine {
         ImproveOptions io;
         io.time_limit_seconds = std::min(options.round_seconds, options.time_limit_seconds);
         take(improve_schedule(problem, plan.schedule, budget, io), "the plan locally improved");
+    }
+    if (gap() > options.target_gap && options.loss_state_share > 0) {  // problems beyond its reach come back as they are
+        LossStateSearchOptions lo;
+        lo.time_limit_seconds = std::max(0.0, std::min(options.loss_state_share * options.time_limit_seconds,
+                                                       options.time_limit_seconds - clock.seconds()));
+        lo.preferred = options.loss_state_preferred;
+        lo.time_bound = time_bound;
+        take(loss_state_search(problem, budget, plan, lo).plan.schedule, "other states at the loss searched");
     }
     bool proven_optimal = false;  // by the window search over the whole schedule
     if (gap() > options.target_gap) {  // window_search() leaves problems beyond its reach as they are
