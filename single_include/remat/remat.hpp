@@ -8207,12 +8207,12 @@ private:
         double forward_time = 0.0;
         for (const Step& step : schedule)
             if (step.is_run()) forward_time += problem_.op(step.op()).time;
+        if (!(best_.time - forward_time > 0)) return;  // no backward can make it faster
         ExhaustiveOptions exact;
         exact.time_limit_seconds = std::max(0.0, options_.time_limit_seconds - clock_.seconds());
         exact.max_states = options_.max_states;
         const exhaustive::ExhaustiveSearch search(problem_, exact);
         const exhaustive::SearchWindow backward{search.states_along(schedule).back(), done_at_end_, finals_, 0.0};
-        if (!(best_.time - forward_time > 0)) return;
         const auto found = search.run(exhaustive::SearchGoal::least_time, budget_, best_.time - forward_time, &backward);
         if (!found.found) return;
         schedule.insert(schedule.end(), found.schedule.begin(), found.schedule.end());
