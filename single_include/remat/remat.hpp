@@ -8138,31 +8138,27 @@ template <class Needed>
     return order;
 }
 
-// The data live when the loss runs in `schedule` (none where it does not run).
-[[nodiscard]] inline std::vector<char> live_at_loss(const Problem& problem, const Schedule& schedule, OpId loss) {
+// The data live when the loss runs in a schedule whose states (ExhaustiveSearch::states_along,
+// the state before each step) are `states` (none where it does not run the loss).
+[[nodiscard]] inline std::vector<char> live_at_loss(const Problem& problem, const Schedule& schedule,
+                                                    const std::vector<exhaustive::SearchState>& states, OpId loss) {
     std::vector<char> live(problem.data_count(), 0);
-    for (const DataId d : problem.initial()) live[d.index] = 1;
-    for (const Step& step : schedule) {
-        if (step.is_run() && step.op() == loss) return live;
-        if (step.is_run())
-            for (const DataId d : problem.op(step.op()).writes) live[d.index] = 1;
-        else
-            live[step.data().index] = 0;
-    }
-    return std::vector<char>(problem.data_count(), 0);
+    const auto at = std::find(schedule.begin(), schedule.end(), Step::run(loss));
+    if (at == schedule.end()) return live;
+    const exhaustive::DataMask& mask = states[static_cast<std::size_t>(at - schedule.begin())].live;
+    for (std::size_t d = 0; d < problem.data_count(); ++d) live[d] = mask.test(d) ? 1 : 0;
+    return live;
 }
 
 // The depth-first search over keep sets (see the top of the file): `best` becomes each faster
 // plan found.
 class KeepSetSearch {
 public:
+    // `done_at_end`: the exactly-once units every schedule has run at its end.
     KeepSetSearch(const Problem& problem, Bytes budget, const Forward& forward, std::vector<DataId> order,
-                  const LossStateSearchOptions& options, const Stopwatch& clock, Plan& best)
+                  std::uint64_t done_at_end, const LossStateSearchOptions& options, const Stopwatch& clock, Plan& best)
         : problem_(problem), budget_(budget), forward_(forward), order_(std::move(order)), options_(options),
-          clock_(clock), best_(best), keep_(problem.data_count(), 0) {
-        const ExhaustiveOptions exact;
-        const exhaustive::ExhaustiveSearch search(problem, exact);
-        done_at_end_ = search.states_along(best.schedule).back().done;
+          clock_(clock), best_(best), keep_(problem.data_count(), 0), done_at_end_(done_at_end) {
         for (const DataId d : problem.final_data()) finals_ |= exhaustive::DataMask::bit(d.index);
     }
     // Returns whether every keep set was searched.
@@ -8234,7 +8230,7 @@ private:
     const Stopwatch& clock_;
     Plan& best_;
     std::vector<char> keep_;
-    std::uint64_t done_at_end_ = 0;
+    std::uint64_t done_at_end_;
     exhaustive::DataMask finals_{};
     std::size_t searched_ = 0;
     bool stopped_ = false;
@@ -8262,8 +8258,9 @@ private:
     if (!loss || !problem.op(*loss).exactly_once || problem.data_count() > Exhaustive::max_data ||
         problem.has_updates() || !simulate(problem, plan.schedule).fits(budget))
         return {std::move(plan)};
+    std::vector<detail::exhaustive::SearchState> states;  // of the plan, before each step
     try {
-        (void)detail::exhaustive::ExhaustiveSearch(problem, ExhaustiveOptions{});
+        states = detail::exhaustive::ExhaustiveSearch(problem, ExhaustiveOptions{}).states_along(plan.schedule);
     } catch (const InvalidInput&) {  // more than 64 exactly-once ops
         return {std::move(plan)};
     }
@@ -8271,8 +8268,8 @@ private:
     const ls::Forward forward = ls::forward_of(problem, *loss);
     const double before = plan.time;
     ls::KeepSetSearch search(problem, budget, forward,
-                             ls::decision_order(forward, preferred, ls::live_at_loss(problem, plan.schedule, *loss)),
-                             options, clock, plan);
+                             ls::decision_order(forward, preferred, ls::live_at_loss(problem, plan.schedule, states, *loss)),
+                             states.back().done, options, clock, plan);
     const bool complete = search.run();
     const bool improved = plan.time < before;
     plan.stats.solve_seconds += clock.seconds();
@@ -11386,8 +11383,7 @@ private:
     // The seconds of the time limit kept for the exact component on `problem`
     // (AutoOptions::exact_component_share; 0 where it does not run).
     [[nodiscard]] double exact_reserve(const Problem& problem) const {
-        if (!options_.time_limit_seconds || !options_.exact_component || problem.op_count() > options_.exact_component_max_ops)
-            return 0.0;
+        if (!options_.time_limit_seconds || !runs_exact_component(problem)) return 0.0;
         return options_.exact_component_share * *options_.time_limit_seconds;
     }
     // The analysis' share of the time limit, if any (of what the exact component's reserve leaves).
@@ -11476,6 +11472,10 @@ private:
         plan = window_search(problem, budget, std::move(plan), o).plan;
     }
 
+    // Whether the exact component runs on `problem` (and the searches before it, in its time).
+    [[nodiscard]] bool runs_exact_component(const Problem& problem) const {
+        return options_.exact_component && problem.op_count() <= options_.exact_component_max_ops;
+    }
     // The seconds of the exact component (AutoOptions::exact_component_seconds), given what
     // the time limit leaves it (`planning`, none without a limit).
     [[nodiscard]] double exact_component_seconds(const std::optional<double>& planning) const {
@@ -11484,9 +11484,7 @@ private:
     // AutoOptions::backward_search_share: the plan's backward searched whole before the exact
     // component, where that runs (see there).
     void search_backward(const Problem& problem, Bytes budget, Plan& plan, const std::optional<double>& planning) const {
-        if (!options_.exact_component || problem.op_count() > options_.exact_component_max_ops ||
-            problem.data_count() > Exhaustive::max_data)
-            return;
+        if (!runs_exact_component(problem) || problem.data_count() > Exhaustive::max_data) return;
         const double seconds = options_.backward_search_share * exact_component_seconds(planning);
         if (!(seconds > 0.01)) return;
         report_progress(options_.progress, "auto: searching the backward of the plan of '" + problem.name() + "' exactly");
@@ -11500,7 +11498,7 @@ private:
     // AutoOptions::loss_state_search_share: other states at the loss, before the exact
     // component, where that runs (see there).
     void search_loss_states(const Problem& problem, Bytes budget, Plan& plan, const std::optional<double>& planning) const {
-        if (!options_.exact_component || problem.op_count() > options_.exact_component_max_ops) return;
+        if (!runs_exact_component(problem)) return;
         const double seconds = options_.loss_state_search_share * exact_component_seconds(planning);
         if (!(seconds > 0.01)) return;
         report_progress(options_.progress, "auto: searching the states at the loss of '" + problem.name() + "'");
@@ -11515,7 +11513,7 @@ private:
     // AutoOptions::exact_component: a faster plan from it replaces `plan` (see there).
     void improve_by_exact_component(const Problem& problem, Bytes budget, Plan& plan,
                                     const std::optional<double>& planning) const {
-        if (!options_.exact_component || problem.op_count() > options_.exact_component_max_ops) return;
+        if (!runs_exact_component(problem)) return;
         const double seconds = exact_component_seconds(planning);
         if (!(seconds > 0.05)) return;
         report_progress(options_.progress, "auto: the exact component on '" + problem.name() + "', started from the plan");

@@ -528,8 +528,7 @@ private:
     // The seconds of the time limit kept for the exact component on `problem`
     // (AutoOptions::exact_component_share; 0 where it does not run).
     [[nodiscard]] double exact_reserve(const Problem& problem) const {
-        if (!options_.time_limit_seconds || !options_.exact_component || problem.op_count() > options_.exact_component_max_ops)
-            return 0.0;
+        if (!options_.time_limit_seconds || !runs_exact_component(problem)) return 0.0;
         return options_.exact_component_share * *options_.time_limit_seconds;
     }
     // The analysis' share of the time limit, if any (of what the exact component's reserve leaves).
@@ -618,6 +617,10 @@ private:
         plan = window_search(problem, budget, std::move(plan), o).plan;
     }
 
+    // Whether the exact component runs on `problem` (and the searches before it, in its time).
+    [[nodiscard]] bool runs_exact_component(const Problem& problem) const {
+        return options_.exact_component && problem.op_count() <= options_.exact_component_max_ops;
+    }
     // The seconds of the exact component (AutoOptions::exact_component_seconds), given what
     // the time limit leaves it (`planning`, none without a limit).
     [[nodiscard]] double exact_component_seconds(const std::optional<double>& planning) const {
@@ -626,9 +629,7 @@ private:
     // AutoOptions::backward_search_share: the plan's backward searched whole before the exact
     // component, where that runs (see there).
     void search_backward(const Problem& problem, Bytes budget, Plan& plan, const std::optional<double>& planning) const {
-        if (!options_.exact_component || problem.op_count() > options_.exact_component_max_ops ||
-            problem.data_count() > Exhaustive::max_data)
-            return;
+        if (!runs_exact_component(problem) || problem.data_count() > Exhaustive::max_data) return;
         const double seconds = options_.backward_search_share * exact_component_seconds(planning);
         if (!(seconds > 0.01)) return;
         report_progress(options_.progress, "auto: searching the backward of the plan of '" + problem.name() + "' exactly");
@@ -642,7 +643,7 @@ private:
     // AutoOptions::loss_state_search_share: other states at the loss, before the exact
     // component, where that runs (see there).
     void search_loss_states(const Problem& problem, Bytes budget, Plan& plan, const std::optional<double>& planning) const {
-        if (!options_.exact_component || problem.op_count() > options_.exact_component_max_ops) return;
+        if (!runs_exact_component(problem)) return;
         const double seconds = options_.loss_state_search_share * exact_component_seconds(planning);
         if (!(seconds > 0.01)) return;
         report_progress(options_.progress, "auto: searching the states at the loss of '" + problem.name() + "'");
@@ -657,7 +658,7 @@ private:
     // AutoOptions::exact_component: a faster plan from it replaces `plan` (see there).
     void improve_by_exact_component(const Problem& problem, Bytes budget, Plan& plan,
                                     const std::optional<double>& planning) const {
-        if (!options_.exact_component || problem.op_count() > options_.exact_component_max_ops) return;
+        if (!runs_exact_component(problem)) return;
         const double seconds = exact_component_seconds(planning);
         if (!(seconds > 0.05)) return;
         report_progress(options_.progress, "auto: the exact component on '" + problem.name() + "', started from the plan");
