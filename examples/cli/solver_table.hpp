@@ -26,6 +26,7 @@
 #include <remat/solvers/auto.hpp>
 #include <remat/partition/blocks.hpp>
 #include <remat/core/bounds.hpp>
+#include <remat/bounds/loss_state_bound.hpp>
 #include <remat/bounds/time_lower_bound.hpp>
 #ifdef REMAT_WITH_LPSOLVE
 #include <remat/milp/lp_solve.hpp>
@@ -219,6 +220,20 @@ namespace detail {
 #endif
 }
 
+// AutoOptions::loss_state_proof: loss_state_bound (bounds/loss_state_bound.hpp) on the build's
+// preferred backend; empty without a backend.
+[[nodiscard]] inline decltype(AutoOptions::loss_state_proof) loss_state_proof() {
+#if defined(REMAT_WITH_CBC) || defined(REMAT_WITH_LPSOLVE)
+    return [](const Problem& problem, Bytes budget, double target, double seconds) {
+        LossStateBoundOptions o;
+        o.time_limit_seconds = seconds;
+        return loss_state_bound(problem, budget, milp::Preferred{}, target, o);
+    };
+#else
+    return {};
+#endif
+}
+
 }  // namespace detail
 
 /// What --solver auto picks for a problem (remat::auto_choice, solvers/auto.hpp).
@@ -236,7 +251,10 @@ namespace detail {
     if (!o.second_opinion) options.second_opinion_max_ops = 0;
     options.certify_seconds = o.certify.value_or(o.exact_component ? options.certify_seconds : 0.0);
     if (!o.exact_component) options.window_search_seconds = 0.0;  // a sweep plans many budgets
-    if (o.exact_component) options.exact_component = detail::checkmate_from_plan(o.time_bound);
+    if (o.exact_component) {
+        options.exact_component = detail::checkmate_from_plan(o.time_bound);
+        options.loss_state_proof = detail::loss_state_proof();
+    }
     const Auto solver(std::move(options));
     return [solver, p = std::make_shared<const Problem>(problem), model = std::shared_ptr<const AutoModel>(),
             first = true](Bytes budget) mutable -> Plan {

@@ -40,6 +40,7 @@
 #include "solvers/hierarchical.hpp"
 #include "solvers/auto.hpp"
 #include "bounds/time_lower_bound.hpp"
+#include "bounds/loss_state_bound.hpp"
 #include "exec/report.hpp"
 #include "exec/plan.hpp"
 #include "exec/backend.hpp"

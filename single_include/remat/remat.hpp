@@ -10897,9 +10897,12 @@ private:
 // is below a proven bound (core/bounds.hpp, or the exact search's) or only beyond the reach of
 // the solvers tried, and carries the smallest budget they know to work. The plan is then
 // improved by an exact component when one is given (remat-plan's: Checkmate started from the
-// plan), which keeps a share of the time limit for itself, and which starts from the plan
-// with its whole backward searched again exactly (solvers/window_search.hpp) and other states
-// at the loss tried, each with its exact best backward (solvers/loss_state_search.hpp); then, on
+// plan), which keeps a share of the time limit for itself. Before it, in that share: a proof
+// by the states at the loss when one is given (bounds/loss_state_bound.hpp, a logic-based
+// Benders decomposition that may also find a faster plan; a plan it proves optimal ends the
+// solve), the plan's whole backward searched again exactly (solvers/window_search.hpp), and
+// other states at the loss tried, each with its exact best backward
+// (solvers/loss_state_search.hpp); the component starts from that plan. Then, on
 // problems within the exact search's reach, polished: locally improved (solvers/improve.hpp)
 // and its windows searched again exactly (solvers/window_search.hpp, large neighbourhood
 // search, Shaw 1998); and certified by the exact search.
@@ -10914,748 +10917,49 @@ private:
 #include <utility>
 #include <vector>
 
-
-namespace remat {
-
-/// Which solver Auto hands a problem to.
-/// (rotor, Rotor's persistent DP, is not chosen any more: rotor_release's class contains it.)
-enum class AutoChoice { rotor, rockmate, hrockmate, greedy, rotor_release };
-
-[[nodiscard]] constexpr std::string_view to_string(AutoChoice choice) noexcept {
-    switch (choice) {
-        case AutoChoice::rotor: return "rotor";
-        case AutoChoice::rockmate: return "rockmate";
-        case AutoChoice::hrockmate: return "hrockmate";
-        case AutoChoice::greedy: return "greedy";
-        case AutoChoice::rotor_release: return "rotor-release";
-    }
-    return "unknown";
-}
-
-struct AutoOptions {
-    /// Limit of one solve(problem, budget), analysis and planning at the budget together.
-    /// The chain DP (RotorRelease) gets all of it. Rockmate's and H-Rockmate's analyses get
-    /// auto_analysis_share of it (Rockmate's shared by its blocks), and planning at a
-    /// budget what the analysis left, at least the rest of the share (so each budget of a
-    /// sweep gets that much); the greedy's fallback plans within what is then left, its first
-    /// replay (milliseconds) always. None: the chain DP unlimited, Rockmate's analysis
-    /// auto_default_rockmate_seconds in all, H-Rockmate's its own defaults (40 s, and about
-    /// 7 s per budget; HRockmateOptions::budget_time_limit_seconds).
-    std::optional<double> time_limit_seconds;
-    /// Receives the choice and the chosen solver's progress lines.
-    ProgressCallback progress;
-    /// Rockmate is chosen only when every block has at most this many ops (forward and
-    /// backward): larger blocks make its per-block exact searches slow.
-    std::size_t max_block_ops = 64;
-    /// Try the greedy (along the store-all order, then along an order chosen for memory) when
-    /// the chosen solver has no plan.
-    bool greedy_fallback = true;
-    /// The seconds each of those greedies spends on its portfolio and improvement (which run
-    /// until their time is spent, also where no plan fits); none: 1.5 s, within the time limit.
-    std::optional<double> greedy_fallback_seconds;
-    /// Certification (off at 0): on problems of at most exact_fallback_max_data data, the
-    /// exact search, for up to this many seconds (within the time limit), takes the plan as its
-    /// incumbent and looks only for faster schedules. It returns one (optimal), proves the plan
-    /// optimal over all schedules (status optimal, gap 0), or at its limit states the certified
-    /// gap: SolverStats::gap = plan time / proven lower bound - 1. The plan's options say which.
-    /// On by default: on random DAGs of 20-30 data the heuristics' plans were up to 24 % slower
-    /// than the optimum the search finds in milliseconds. Off where a plan is made many times
-    /// (the combined offloading planner, remat-plan's sweeps).
-    double certify_seconds = 1.0;
-    /// The polish (off at 0): on problems within the exact search's reach (at most 128 data
-    /// and 64 exactly-once ops), the plan locally improved (solvers/improve.hpp, a quarter of
-    /// the seconds at most), then its windows searched again exactly, faster ones spliced in
-    /// (solvers/window_search.hpp), for up to this many seconds within the time limit, after
-    /// the exact component (out of its reserve, a quarter of it at most) and before the
-    /// certification. On bench_checkmate's random DAGs of 40 and 60 ops at 50-80 % of P_ref,
-    /// 5 s of window search made the plans 0-8 % faster; after Checkmate, the polish took the
-    /// 40-op DAG at 50 % from 119 to 112. Off where certification is.
-    double window_search_seconds = 1.0;
-    /// An exact component on problems of at most exact_component_max_ops ops, after the
-    /// solvers above: called with the best plan so far and the seconds it may take; a faster
-    /// valid plan it returns replaces that one. The core has no MILP backend, so it is empty by
-    /// default; remat-plan fills it with Checkmate started from the plan
-    /// (CheckmateOptions::start), on the backend it has.
-    std::function<std::optional<Plan>(const Problem&, Bytes, const Plan& incumbent, double seconds)> exact_component;
-    std::size_t exact_component_max_ops = 60;
-    /// The exact component's seconds without a time limit. Under one, it takes what the
-    /// heuristics left of the limit (at least its reserve, exact_component_share), less the
-    /// polish's: a longer limit buys a better plan or a proof.
-    double exact_component_seconds = 10.0;
-    /// Before the exact component, where it runs (at most 128 data): the plan's whole backward
-    /// searched again exactly from what it keeps when the loss runs
-    /// (WindowSearchOptions::backward_max_states), in up to this share of the component's
-    /// seconds; it stops when that search does, and the component starts from its plan. The
-    /// heuristics' backward is often far from the best one from their own state at the loss:
-    /// with `remat-plan --time-limit 10`, bench_checkmate's 60-op DAG at 60 % of P_ref went
-    /// from 171 to 154 (proven bound 153; the search alone gave 159 in 2 s, where Checkmate
-    /// had found nothing in 4 s), the 40-op DAG at 50 % from 112 to 107 (bound 104). 0: off.
-    double backward_search_share = 0.5;
-    /// Then, in up to this share of what is left of the component's seconds, the loss-state
-    /// search (solvers/loss_state_search.hpp): other states at the loss, each with its exact
-    /// best backward, the data named by loss_state_preferred tried first. Its plan, when
-    /// faster, is the one the component starts from. With `remat-plan --time-limit 10`,
-    /// bench_checkmate's 40-op DAG at 60 % of P_ref went from 96 to 93 (the proven time bound:
-    /// optimal), at 70 % from 87 to 85 (optimal too). 0: off.
-    double loss_state_search_share = 0.5;
-    /// The data the loss-state search tries to keep first: remat-plan passes the time lower
-    /// bound's relaxation's choice (TimeLowerBound::live_at_loss).
-    std::vector<std::string> loss_state_preferred;
-    /// Under a time limit, the share of it kept for the exact component where it runs (and
-    /// the polish after it; see window_search_seconds): the analyses get auto_analysis_share
-    /// of the rest, and the heuristics plan at the budget within what is left less this
-    /// share. Without it, the analyses and the heuristics took the whole limit on
-    /// bench_checkmate's 40-op DAG (Rockmate's least-peak search on its 36-op block alone
-    /// took 5 s of 10) and the component, which found the best plans there, ran for 0.4 s.
-    double exact_component_share = 0.5;
-    /// Then, on problems of at most exact_fallback_max_data data, the exact search, for at most
-    /// exact_fallback_seconds (and within time_limit_seconds).
-    bool exact_fallback = true;
-    std::size_t exact_fallback_max_data = 64;
-    double exact_fallback_seconds = 10.0;
-    /// A proven lower bound on the time of every schedule within the budget of the next solve
-    /// (bounds/time_lower_bound.hpp; remat-plan proves one by default). A plan that meets it
-    /// is optimal over every schedule: Auto stops there (no second opinion, exact component,
-    /// polish or certification; H-Rockmate skips its remaining components) and
-    /// returns it with status optimal and gap 0. Any other plan gets the certified gap, plan
-    /// time / bound - 1, unless it has a smaller one. The bound holds at one budget only:
-    /// leave it empty where one Auto plans several (a sweep). A plan faster than it shows it is
-    /// no bound at the budget: solve() then throws InvalidInput (naming this option, or
-    /// HRockmateOptions::time_bound, to which Auto passes it on).
-    std::optional<double> time_bound;
-    /// H-Rockmate's plan beside Rotor's or Rockmate's, the faster kept, on problems of at most
-    /// this many ops (0: never). Its analysis shares the time limit with the chosen solver's.
-    std::size_t second_opinion_max_ops = 160;
-    /// Without a time limit: the seconds of the second opinion's analysis (and half of it for
-    /// each budget it plans). On random chains of 8-50 stages, 2 s found plans up to 16 %
-    /// faster than Rotor's; H-Rockmate's own defaults (40 s) rarely add more.
-    double second_opinion_seconds = 2.0;
-};
-
-/// True when the problem is a sequence of at least two blocks of at most `max_block_ops` ops.
-[[nodiscard]] inline bool is_sequence_of_small_blocks(const Problem& problem, std::size_t max_block_ops = 64) {
-    try {
-        const BlockPartition partition = partition_blocks(problem);
-        if (partition.blocks.size() < 2) return false;
-        for (const Block& block : partition.blocks)
-            if (block.forward_ops.size() + block.backward_ops.size() > max_block_ops) return false;
-        return true;
-    } catch (const Error&) {
-        return false;  // no block structure that Rockmate can use
-    }
-}
-
-/// The solver Auto uses for `problem`.
-[[nodiscard]] inline AutoChoice auto_choice(const Problem& problem, std::size_t max_block_ops = 64) {
-    if (as_chain(problem)) return AutoChoice::rotor_release;
-    if (!problem.loss()) return AutoChoice::greedy;  // the block and hierarchy solvers need a loss
-    if (is_sequence_of_small_blocks(problem, max_block_ops)) return AutoChoice::rockmate;
-    return AutoChoice::hrockmate;
-}
-
-/// Rockmate's analysis under Auto when no time limit is given: this many seconds in all, so
-/// that planning stays within a minute. (On a 50-block MobileNet it once took 260 s at 5 s a
-/// block, for 0.8 % less overhead than with 20 s in all.)
-inline constexpr double auto_default_rockmate_seconds = 45.0;
-
-/// The share of AutoOptions::time_limit_seconds that Rockmate's and H-Rockmate's analyses get;
-/// planning at the budget has the rest.
-inline constexpr double auto_analysis_share = 0.75;
-
-/// Seconds for planning at a budget when the time limit is `limit` and the analysis took
-/// `analysed`: what the analysis left, and at least the rest of its share. remat::Auto and
-/// remat-plan's H-Rockmate share a limit so.
-[[nodiscard]] inline double auto_planning_seconds(double limit, double analysed) {
-    return std::max((1 - auto_analysis_share) * limit, limit - analysed);
-}
-
-namespace detail::automatic {
-
-// What one solver Auto tried knows of the smallest budget it plans.
-struct Reach {
-    std::string solver;
-    std::optional<Bytes> least;
-};
-
-// The exact search's proven lower bound on the least peak (its bounds alone, no search), on
-// problems within its limits.
-[[nodiscard]] inline std::optional<Bytes> exact_search_bound(const Problem& problem) {
-    if (problem.data_count() > Exhaustive::max_data) return std::nullopt;
-    try {
-        return Exhaustive{}.least_budget_bound(problem);
-    } catch (const InvalidInput&) {  // more than 64 exactly-once ops
-        return std::nullopt;
-    }
-}
-
-// Why no solver Auto tried has a plan: below the proven lower bound, below the least peak of
-// any schedule (the exact search's proof), or only beyond the reach of the solvers tried,
-// naming the one that reaches lowest. `searched`: exact_search_bound(problem).
-[[nodiscard]] inline Infeasible infeasible(const Problem& problem, Bytes budget, const std::vector<Reach>& tried,
-                                           const std::optional<Bytes>& exact_least, const std::optional<Bytes>& searched) {
-    const MemoryLowerBound bound = memory_lower_bound(problem);
-    const auto show = [](const std::optional<Bytes>& b) { return b ? std::to_string(*b) + " bytes" : std::string("unknown"); };
-    std::string message = "auto: no plan of '" + problem.name() + "' within " + std::to_string(budget) + " bytes: ";
-    std::optional<Bytes> least;
-    const Reach* lowest = nullptr;
-    for (const Reach& r : tried)
-        if (r.least && (!least || *r.least < *least)) {
-            least = r.least;
-            lowest = &r;
-        }
-    if (budget < bound.bytes) {
-        message += "the budget is below a proven lower bound: every schedule needs at least " +
-                   std::to_string(bound.bytes) + " bytes (" + bound.reason + ")";
-    } else if (searched && budget < *searched && !exact_least) {
-        message += "the budget is below a proven lower bound: every schedule needs at least " + std::to_string(*searched) +
-                   " bytes (the exact search's bounds: what exists before an exactly-once op and is needed after it, "
-                   "beside that op, less what can be dropped and written again)";
-    } else if (exact_least) {
-        message += "the budget is below a proven lower bound: the exact search finds no schedule within it, and the "
-                   "least peak of any schedule is " + std::to_string(*exact_least) + " bytes";
-        least = exact_least;
-    } else {
-        message += "the budget is above the proven lower bound of " + std::to_string(bound.bytes) + " bytes (" +
-                   bound.reason + ") but beyond the reach of ";
-        for (std::size_t i = 0; i < tried.size(); ++i)
-            message += (i == 0 ? "" : i + 1 == tried.size() ? " and " : ", ") + tried[i].solver + " (smallest budget " +
-                       show(tried[i].least) + ")";
-        if (lowest && tried.size() > 1) message += "; " + lowest->solver + " reaches lowest";
-        message += "; an exact solver (checkmate, or exhaustive on small problems) may reach further";
-    }
-    return Infeasible(message, budget, least);
-}
-
-[[nodiscard]] inline Infeasible infeasible(const Problem& problem, Bytes budget, const std::vector<Reach>& tried,
-                                           const std::optional<Bytes>& exact_least = std::nullopt) {
-    return infeasible(problem, budget, tried, exact_least, exact_search_bound(problem));
-}
-
-// A budget below the proven lower bound needs no analysis: no solver can meet it. The answer
-// carries the smallest budget `least` says (called only then).
-template <class Least>
-void refuse_below_bound(const Problem& problem, Bytes budget, Least&& least) {
-    const std::optional<Bytes> searched = exact_search_bound(problem);
-    if (budget < memory_lower_bound(problem).bytes || (searched && budget < *searched))
-        throw infeasible(problem, budget, {{"auto", least()}}, std::nullopt, searched);
-}
-
-// The smallest budget known without an analysis: the greedy's, and RotorRelease's on a chain.
-[[nodiscard]] inline Bytes smallest_budget_without_analysis(const Problem& problem) {
-    Bytes least = Greedy(HRockmateOptions::default_greedy()).smallest_budget(problem);
-    if (const auto chain = as_chain(problem)) {
-        try {
-            least = std::min(least, RotorRelease{}.smallest_budget(*chain));
-        } catch (const Error&) {
-            // the greedy's answer stands
-        }
-    }
-    return least;
-}
-
-// Says in the plan's options that auto chose the solver that made it (stats.solver names it).
-[[nodiscard]] inline Plan tagged(Plan plan, std::string_view who) {
-    plan.stats.options = "chose " + std::string(who) + (plan.stats.options.empty() ? "" : ", " + plan.stats.options);
-    return plan;
-}
-
-}  // namespace detail::automatic
-
-/// What Auto derives from a problem before the budget comes in: its choice and the chosen
-/// solver's analysis (Rockmate's blocks or H-Rockmate's clusters), reusable at any budget —
-/// a sweep over budgets analyses once (Auto::analyse, Auto::solve(model, budget)).
-struct AutoModel {
-    Problem problem;
-    AutoChoice choice = AutoChoice::hrockmate;
-    std::optional<RockmateModel> rockmate;    ///< when choice == rockmate
-    /// When choice == hrockmate, or as the second opinion (AutoOptions::second_opinion_max_ops).
-    std::optional<HRockmateModel> hrockmate;
-    double seconds = 0.0;
-};
-
-/// Picks the solver for the problem's shape (see the top of this file) and falls back to
-/// the greedy. Models remat::Solver.
-class Auto {
-public:
-    explicit Auto(AutoOptions options = {}) : options_(std::move(options)) {
-        if (!(options_.exact_component_share >= 0 && options_.exact_component_share < 1))
-            throw InvalidInput("auto: exact_component_share must be at least 0 and below 1 (the share of the time limit "
-                               "kept for the exact component)");
-        if (!(options_.backward_search_share >= 0 && options_.backward_search_share <= 1))
-            throw InvalidInput("auto: backward_search_share must be between 0 and 1 (the share of the exact component's "
-                               "seconds for the backward search before it)");
-        if (!(options_.loss_state_search_share >= 0 && options_.loss_state_search_share <= 1))
-            throw InvalidInput("auto: loss_state_search_share must be between 0 and 1 (the share of the exact component's "
-                               "seconds left for the loss-state search before it)");
-    }
-
-    [[nodiscard]] static constexpr std::string_view name() noexcept { return "auto"; }
-    [[nodiscard]] const AutoOptions& options() const noexcept { return options_; }
-
-    [[nodiscard]] AutoModel analyse(const Problem& problem) const {
-        const Stopwatch clock;
-        AutoModel model{problem, auto_choice(problem, options_.max_block_ops), std::nullopt, std::nullopt, 0.0};
-        report_progress(options_.progress,
-                        "auto: " + std::string(to_string(model.choice)) + " for '" + problem.name() + "'");
-        try {
-            if (model.choice == AutoChoice::rockmate)
-                model.rockmate = Rockmate<>(rockmate_options(problem)).analyse(problem);
-            if (model.choice == AutoChoice::hrockmate)
-                model.hrockmate = HRockmate(hrockmate_options(problem, std::nullopt)).analyse(problem);
-        } catch (const Error& e) {
-            // A solver failure, or a valid problem outside the chosen solver's class (a
-            // hierarchy needs forward ops it may recompute): the last resorts still plan, and
-            // solve() says why the chosen solver is missing.
-            report_progress(options_.progress, "auto: the analysis of " + std::string(to_string(model.choice)) +
-                                                   " failed (" + e.what() + "); the last resorts plan alone");
-        }
-        if (wants_second_opinion(model)) {
-            try {
-                HRockmateOptions o = second_opinion_options(problem, std::nullopt, clock.seconds());
-                // Rockmate is auto's own choice here, its blocks analysed already: H-Rockmate
-                // need not analyse them again as its Rockmate component (on a 40-op DAG that
-                // took 2.4 s of a 10-s limit).
-                if (model.rockmate) o.use_rockmate = false;
-                model.hrockmate = HRockmate(o).analyse(problem);
-                report_progress(options_.progress, "auto: hrockmate's analysis for a second opinion");
-            } catch (const Error& e) {
-                report_progress(options_.progress, std::string("auto: no second opinion from hrockmate (") + e.what() + ")");
-            }
-        }
-        model.seconds = clock.seconds();
-        return model;
-    }
-
-    /// A budget below the proven lower bound (core/bounds.hpp) is refused before any analysis.
-    [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
-        detail::automatic::refuse_below_bound(
-            problem, budget, [&] { return detail::automatic::smallest_budget_without_analysis(problem); });
-        AutoModel model = analyse(problem);
-        Plan plan = solve(model, budget);
-        plan.stats.solve_seconds += model.seconds;
-        return plan;
-    }
-
-    /// Plans at `budget` with a model from analyse().
-    [[nodiscard]] Plan solve(const AutoModel& model, Bytes budget) const {
-        const Stopwatch clock;
-        detail::automatic::refuse_below_bound(model.problem, budget, [&] { return smallest_budget(model); });
-        // Seconds left of the planning's share (see AutoOptions::time_limit_seconds).
-        const auto left = [&]() -> std::optional<double> {
-            if (!options_.time_limit_seconds) return std::nullopt;
-            return std::max(0.0, auto_planning_seconds(*options_.time_limit_seconds, model.seconds) - clock.seconds());
-        };
-        // What the heuristics (the chosen solver, the second opinion, the window search) may
-        // take of it: the exact component keeps its reserve.
-        const auto heuristics_left = [&]() -> std::optional<double> {
-            const std::optional<double> all = left();
-            if (!all) return all;
-            return std::max(0.0, *all - exact_reserve(model.problem));
-        };
-        std::vector<detail::automatic::Reach> tried{{std::string(to_string(model.choice)), std::nullopt}};
-        // Whether `plan` meets AutoOptions::time_bound (then marked optimal): nothing can beat it.
-        const auto settled = [&](Plan& plan) {
-            if (!options_.time_bound) return false;
-            require_time_bound_holds(plan.time, *options_.time_bound, "AutoOptions::time_bound");
-            return settle_by_time_bound(plan, *options_.time_bound);
-        };
-        std::optional<Plan> chosen;
-        try {
-            chosen = detail::automatic::tagged(solve_chosen(model, budget, heuristics_left()), to_string(model.choice));
-        } catch (const Infeasible& e) {
-            tried.back().least = e.smallest_budget();
-            if (!options_.greedy_fallback && !second_opinion_of(model)) throw;
-        } catch (const SolverError& e) {
-            if (!options_.greedy_fallback && !second_opinion_of(model)) throw;
-            report_progress(options_.progress, "auto: " + std::string(to_string(model.choice)) + " failed (" +
-                                                   e.what() + ")");
-        }
-        if (second_opinion_of(model) && !(chosen && settled(*chosen)))
-            take_second_opinion(model, budget, heuristics_left(), chosen, tried);
-        if (chosen) {
-            // Each step only where the plan so far does not meet the proven time bound. The
-            // polish comes after the exact component, keeping its seconds: Checkmate's plans
-            // were the ones it made faster (see polish()).
-            const auto left_for_exact_component = [&]() -> std::optional<double> {
-                const std::optional<double> all = left();
-                if (!all) return all;
-                return std::max(0.0, *all - polish_seconds(model.problem));
-            };
-            if (!settled(*chosen)) search_backward(model.problem, budget, *chosen, left_for_exact_component());
-            if (!settled(*chosen)) search_loss_states(model.problem, budget, *chosen, left_for_exact_component());
-            if (!settled(*chosen)) improve_by_exact_component(model.problem, budget, *chosen, left_for_exact_component());
-            if (!settled(*chosen)) polish(model.problem, budget, *chosen, left());
-            if (!settled(*chosen)) certify(model.problem, budget, *chosen, left());
-            return finished(std::move(*chosen), clock);
-        }
-        if (!options_.greedy_fallback) throw detail::automatic::infeasible(model.problem, budget, tried);
-        for (const GreedyOrder order : {GreedyOrder::store_all, GreedyOrder::memory_aware}) {
-            const std::string who = order == GreedyOrder::store_all ? "greedy" : "greedy (memory-aware order)";
-            tried.push_back({who, std::nullopt});
-            std::optional<double> within = left();
-            if (options_.greedy_fallback_seconds)
-                within = std::min(within.value_or(*options_.greedy_fallback_seconds), *options_.greedy_fallback_seconds);
-            try {
-                return finished(detail::automatic::tagged(Greedy(greedy_options(within, order)).solve(model.problem, budget),
-                                                          who + " (last resort)"),
-                                clock);
-            } catch (const Infeasible& e) {
-                tried.back().least = e.smallest_budget();
-            }
-        }
-        std::optional<Bytes> exact_least;
-        if (const auto exact = exact_search(model.problem, left())) {
-            report_progress(options_.progress, "auto: no heuristic plan; the exact search of '" + model.problem.name() +
-                                                   "' (" + std::to_string(model.problem.data_count()) + " data)");
-            try {
-                return finished(detail::automatic::tagged(exact->solve(model.problem, budget), "exhaustive (last resort)"),
-                                clock);
-            } catch (const Infeasible& e) {
-                exact_least = e.smallest_budget();  // the least peak of any schedule, when found in time
-            } catch (const SolverError& e) {
-                report_progress(options_.progress, std::string("auto: the exact search gave up: ") + e.what());
-            }
-        }
-        throw detail::automatic::infeasible(model.problem, budget, tried, exact_least);
-    }
-
-    /// The smallest budget the chosen solver or the greedy plans (the lower of the two).
-    [[nodiscard]] Bytes smallest_budget(const Problem& problem) const { return smallest_budget(analyse(problem)); }
-    [[nodiscard]] Bytes smallest_budget(const AutoModel& model) const {
-        Bytes least = Greedy(HRockmateOptions::default_greedy()).smallest_budget(model.problem);
-        if (options_.greedy_fallback)
-            least = std::min(least, Greedy(greedy_options(std::nullopt, GreedyOrder::memory_aware)).smallest_budget(model.problem));
-        try {
-            if (model.choice == AutoChoice::rotor)
-                least = std::min(least, Rotor(rotor_options()).smallest_budget(*as_chain(model.problem)));
-            else if (model.choice == AutoChoice::rotor_release)
-                least = std::min(least, RotorRelease(rotor_options()).smallest_budget(*as_chain(model.problem)));
-            else if (model.rockmate)
-                least = std::min(least, Rockmate<>(rockmate_options(model.problem)).smallest_budget(*model.rockmate));
-        } catch (const Error&) {
-            // the greedy's answer stands
-        }
-        try {
-            if (model.hrockmate)
-                least = std::min(least, HRockmate(hrockmate_options(model.problem, std::nullopt)).smallest_budget(*model.hrockmate));
-        } catch (const Error&) {
-            // the others' answer stands
-        }
-        return least;
-    }
-
-private:
-    // H-Rockmate's plan beside the chosen solver's (AutoOptions::second_opinion_max_ops),
-    // within `planning` seconds: it replaces `chosen` where faster.
-    void take_second_opinion(const AutoModel& model, Bytes budget, const std::optional<double>& planning,
-                             std::optional<Plan>& chosen, std::vector<detail::automatic::Reach>& tried) const {
-        tried.push_back({"hrockmate (second opinion)", std::nullopt});
-        try {
-            Plan other = HRockmate(second_opinion_options(model.problem, planning)).solve(*model.hrockmate, budget);
-            if (!chosen || other.time < chosen->time) {
-                const std::string against = chosen ? "faster than " + std::string(to_string(model.choice)) + " by " +
-                                                         format_percent(1.0 - other.time / chosen->time)
-                                                   : std::string(to_string(model.choice)) + " had no plan";
-                chosen = detail::automatic::tagged(std::move(other), "hrockmate (" + against + ")");
-            }
-        } catch (const Infeasible& e) {
-            tried.back().least = e.smallest_budget();
-        } catch (const SolverError& e) {
-            report_progress(options_.progress, std::string("auto: hrockmate's second opinion failed (") + e.what() + ")");
-        }
-    }
-    // The plan as solve() returns it: with its certified gap from AutoOptions::time_bound
-    // (status optimal where it meets it) and the seconds of planning at the budget.
-    [[nodiscard]] Plan finished(Plan plan, const Stopwatch& clock) const {
-        if (options_.time_bound) {
-            require_time_bound_holds(plan.time, *options_.time_bound, "AutoOptions::time_bound");
-            certify_by_time_bound(plan, *options_.time_bound);
-        }
-        plan.stats.solve_seconds = clock.seconds();
-        return plan;
-    }
-    [[nodiscard]] RotorOptions rotor_options() const {
-        RotorOptions o;
-        o.time_limit_seconds = options_.time_limit_seconds;
-        o.progress = options_.progress;
-        return o;
-    }
-    // The seconds of the time limit kept for the exact component on `problem`
-    // (AutoOptions::exact_component_share; 0 where it does not run).
-    [[nodiscard]] double exact_reserve(const Problem& problem) const {
-        if (!options_.time_limit_seconds || !runs_exact_component(problem)) return 0.0;
-        return options_.exact_component_share * *options_.time_limit_seconds;
-    }
-    // The analysis' share of the time limit, if any (of what the exact component's reserve leaves).
-    [[nodiscard]] std::optional<double> analysis_seconds(const Problem& problem) const {
-        if (!options_.time_limit_seconds) return std::nullopt;
-        return auto_analysis_share * (*options_.time_limit_seconds - exact_reserve(problem));
-    }
-    // Rockmate's blocks share the analysis' share (auto_default_rockmate_seconds without a
-    // limit), each at most H-Rockmate's per-block default.
-    [[nodiscard]] RockmateOptions rockmate_options(const Problem& problem) const {
-        RockmateOptions o = HRockmateOptions::default_rockmate();
-        o.time_limit_seconds = analysis_seconds(problem).value_or(auto_default_rockmate_seconds);
-        o.progress = options_.progress;
-        return o;
-    }
-    // Whether H-Rockmate also analyses a problem for which auto chose Rotor or Rockmate.
-    [[nodiscard]] bool wants_second_opinion(const AutoModel& model) const {
-        return (model.choice == AutoChoice::rotor || model.choice == AutoChoice::rockmate) && model.problem.loss() &&
-               model.problem.op_count() <= options_.second_opinion_max_ops;
-    }
-    [[nodiscard]] static bool second_opinion_of(const AutoModel& model) {
-        return model.choice != AutoChoice::hrockmate && model.hrockmate.has_value();
-    }
-    // The second opinion's: within what the chosen solver's analysis (`analysed` seconds) left
-    // of the analysis' share, or second_opinion_seconds without a time limit.
-    [[nodiscard]] HRockmateOptions second_opinion_options(const Problem& problem, const std::optional<double>& planning,
-                                                          double analysed = 0.0) const {
-        HRockmateOptions o = hrockmate_options(problem, planning);
-        if (const auto analysis = analysis_seconds(problem)) {
-            o.time_limit_seconds = std::max(*analysis - analysed, 1e-3);
-        } else {
-            o.time_limit_seconds = std::max(options_.second_opinion_seconds, 1e-3);
-            o.budget_time_limit_seconds = std::max(options_.second_opinion_seconds / 2, 1e-3);
-        }
-        return o;
-    }
-    // `planning`: seconds left for planning at a budget (none: H-Rockmate's own limits).
-    [[nodiscard]] HRockmateOptions hrockmate_options(const Problem& problem, const std::optional<double>& planning) const {
-        HRockmateOptions o;
-        o.time_bound = options_.time_bound;
-        if (const auto analysis = analysis_seconds(problem)) o.time_limit_seconds = *analysis;
-        if (planning) o.budget_time_limit_seconds = std::max(*planning, 1e-3);
-        o.progress = options_.progress;
-        return o;
-    }
-    // The greedy's portfolio and improvement within `planning` seconds, if given.
-    [[nodiscard]] static GreedyOptions greedy_options(const std::optional<double>& planning,
-                                                      GreedyOrder order = GreedyOrder::store_all) {
-        GreedyOptions o = HRockmateOptions::default_greedy();
-        o.order = order;
-        return planning ? greedy_within(o, *planning) : o;
-    }
-    // The seconds polish() takes on `problem` at most (0 where the window search cannot run):
-    // where the exact component runs under a time limit, at most a quarter of its reserve.
-    [[nodiscard]] double polish_seconds(const Problem& problem) const {
-        if (problem.data_count() > Exhaustive::max_data) return 0.0;
-        const double seconds = std::max(0.0, options_.window_search_seconds);
-        const double reserve = exact_reserve(problem);
-        return reserve > 0 ? std::min(seconds, 0.25 * reserve) : seconds;
-    }
-    // AutoOptions::window_search_seconds: the plan locally improved (solvers/improve.hpp), then
-    // its windows searched exactly (see there). The improvement takes a quarter of the
-    // seconds at most (milliseconds on 40 ops): Checkmate's plans, rounded from its
-    // relaxation, kept recomputations that the budget no longer needed (on bench_checkmate's
-    // 40-op DAG at 50 % of P_ref, 119 -> 114, and the windows then 114 -> 112).
-    void polish(const Problem& problem, Bytes budget, Plan& plan, const std::optional<double>& planning) const {
-        const double seconds = std::min(polish_seconds(problem), planning.value_or(options_.window_search_seconds));
-        if (!(seconds > 0.01)) return;
-        const Stopwatch clock;
-        ImproveOptions io;
-        io.time_limit_seconds = seconds / 4;
-        Schedule improved = improve_schedule(problem, plan.schedule, budget, io);
-        if (const SimulationReport r = simulate(problem, improved); r.fits(budget) && r.time < plan.time) {
-            const double before = plan.time;
-            plan.schedule = std::move(improved);
-            plan.time = r.time;
-            plan.peak = r.peak;
-            plan.stats.status = SolveStatus::heuristic;  // what its solver proved was about its own plan
-            plan.stats.gap.reset();
-            plan.stats.options += ", locally improved (" + format_percent(1.0 - plan.time / before) + " faster)";
-        }
-        report_progress(options_.progress, "auto: searching the windows of the plan of '" + problem.name() + "' exactly");
-        WindowSearchOptions o;
-        o.time_limit_seconds = std::max(0.0, seconds - clock.seconds());
-        o.progress = options_.progress;
-        plan = window_search(problem, budget, std::move(plan), o).plan;
-    }
-
-    // Whether the exact component runs on `problem` (and the searches before it, in its time).
-    [[nodiscard]] bool runs_exact_component(const Problem& problem) const {
-        return options_.exact_component && problem.op_count() <= options_.exact_component_max_ops;
-    }
-    // The seconds of the exact component (AutoOptions::exact_component_seconds), given what
-    // the time limit leaves it (`planning`, none without a limit).
-    [[nodiscard]] double exact_component_seconds(const std::optional<double>& planning) const {
-        return planning.value_or(options_.exact_component_seconds);
-    }
-    // AutoOptions::backward_search_share: the plan's backward searched whole before the exact
-    // component, where that runs (see there).
-    void search_backward(const Problem& problem, Bytes budget, Plan& plan, const std::optional<double>& planning) const {
-        if (!runs_exact_component(problem) || problem.data_count() > Exhaustive::max_data) return;
-        const double seconds = options_.backward_search_share * exact_component_seconds(planning);
-        if (!(seconds > 0.01)) return;
-        report_progress(options_.progress, "auto: searching the backward of the plan of '" + problem.name() + "' exactly");
-        WindowSearchOptions o;
-        o.time_limit_seconds = seconds;
-        o.max_states_per_window = 0;  // the backward alone; the sliding windows come in the polish
-        o.progress = options_.progress;
-        plan = window_search(problem, budget, std::move(plan), o).plan;
-    }
-
-    // AutoOptions::loss_state_search_share: other states at the loss, before the exact
-    // component, where that runs (see there).
-    void search_loss_states(const Problem& problem, Bytes budget, Plan& plan, const std::optional<double>& planning) const {
-        if (!runs_exact_component(problem)) return;
-        const double seconds = options_.loss_state_search_share * exact_component_seconds(planning);
-        if (!(seconds > 0.01)) return;
-        report_progress(options_.progress, "auto: searching the states at the loss of '" + problem.name() + "'");
-        LossStateSearchOptions o;
-        o.time_limit_seconds = seconds;
-        o.preferred = options_.loss_state_preferred;
-        o.time_bound = options_.time_bound;
-        o.progress = options_.progress;
-        plan = loss_state_search(problem, budget, std::move(plan), o).plan;
-    }
-
-    // AutoOptions::exact_component: a faster plan from it replaces `plan` (see there).
-    void improve_by_exact_component(const Problem& problem, Bytes budget, Plan& plan,
-                                    const std::optional<double>& planning) const {
-        if (!runs_exact_component(problem)) return;
-        const double seconds = exact_component_seconds(planning);
-        if (!(seconds > 0.05)) return;
-        report_progress(options_.progress, "auto: the exact component on '" + problem.name() + "', started from the plan");
-        try {
-            std::optional<Plan> other = options_.exact_component(problem, budget, plan, seconds);
-            if (!other) return;
-            const SimulationReport checked = simulate(problem, other->schedule);  // the simulator's figures, not the claim
-            if (!checked.fits(budget) || !(checked.time < plan.time)) {
-                // Nothing faster: where the component proved its optimum, the plan is optimal too.
-                if (checked.fits(budget) && other->stats.status == SolveStatus::optimal && checked.time >= plan.time) {
-                    plan.stats.status = SolveStatus::optimal;
-                    // Checkmate's start met the proven time bound: optimal over every schedule,
-                    // not only within the passes its model allows.
-                    const bool over_every_schedule =
-                        other->stats.options.find("meets the proven time bound") != std::string::npos;
-                    plan.stats.options += ", " + other->stats.solver + " found nothing faster" +
-                                          (over_every_schedule ? " (its time meets the proven time bound: optimal over every schedule)"
-                                                               : " (optimal within its model)");
-                }
-                return;
-            }
-            other->time = checked.time;
-            other->peak = checked.peak;
-            const std::string against = "exact component, faster than " + plan.stats.solver + " by " +
-                                        format_percent(1.0 - other->time / plan.time);
-            plan = detail::automatic::tagged(std::move(*other), other->stats.solver + " (" + against + ")");
-        } catch (const Error& e) {
-            report_progress(options_.progress, std::string("auto: the exact component failed (") + e.what() + ")");
-        }
-    }
-    // AutoOptions::certify_seconds: the exact search against the plan (see there).
-    void certify(const Problem& problem, Bytes budget, Plan& plan, const std::optional<double>& planning) const {
-        if (!(options_.certify_seconds > 0) || problem.data_count() > std::min(options_.exact_fallback_max_data, Exhaustive::max_data))
-            return;
-        const double seconds = std::min(options_.certify_seconds, planning.value_or(options_.certify_seconds));
-        if (!(seconds > 0.01)) return;
-        ExhaustiveOptions o;
-        o.time_limit_seconds = seconds;
-        o.max_states = 2'000'000;
-        report_progress(options_.progress, "auto: certifying the plan of '" + problem.name() + "' by the exact search");
-        try {
-            const Exhaustive::Certificate c = Exhaustive(o).certify(problem, budget, plan.time);
-            if (c.faster) {
-                Plan faster = *c.faster;
-                faster.stats.gap = 0.0;
-                faster.stats.options = "chose exhaustive (certification, faster than " + plan.stats.solver + " by " +
-                                       format_percent(1.0 - faster.time / plan.time) + "), " +
-                                       plan.stats.options;
-                plan = std::move(faster);
-            } else if (c.complete) {
-                plan.stats.status = SolveStatus::optimal;
-                plan.stats.gap = 0.0;
-                plan.stats.options += ", certified optimal by the exact search";
-            } else if (const std::optional<double> gap = certified_gap(plan.time, c.lower_bound);
-                       gap && (!plan.stats.gap || *gap < *plan.stats.gap)) {
-                // (a smaller gap the plan has, Checkmate's, stays)
-                plan.stats.gap = gap;
-                plan.stats.options += ", certified gap " + format_percent(*plan.stats.gap) +
-                                      " (the exact search's bound " + std::to_string(c.lower_bound) + ")";
-            }
-        } catch (const InvalidInput&) {
-            // beyond the exact search's limits (more than 64 exactly-once ops): no certificate
-        }
-    }
-    // The exact search, on a problem small enough and with time left for it.
-    [[nodiscard]] std::optional<Exhaustive> exact_search(const Problem& problem,
-                                                         const std::optional<double>& planning) const {
-        if (!options_.exact_fallback || problem.data_count() > options_.exact_fallback_max_data ||
-            problem.data_count() > Exhaustive::max_data)
-            return std::nullopt;
-        const double seconds = std::min(options_.exact_fallback_seconds, planning.value_or(options_.exact_fallback_seconds));
-        if (!(seconds > 0.01)) return std::nullopt;
-        ExhaustiveOptions o;
-        o.time_limit_seconds = seconds;
-        o.max_states = 2'000'000;
-        return Exhaustive(o);
-    }
-    [[nodiscard]] Plan solve_chosen(const AutoModel& model, Bytes budget, const std::optional<double>& planning) const {
-        if (model.choice == AutoChoice::rotor) return Rotor(rotor_options()).solve(model.problem, budget);
-        if (model.choice == AutoChoice::rotor_release) return RotorRelease(rotor_options()).solve(model.problem, budget);
-        if (model.choice == AutoChoice::greedy) return Greedy(greedy_options(planning)).solve(model.problem, budget);
-        if (model.rockmate) return Rockmate<>(rockmate_options(model.problem)).solve(*model.rockmate, budget);
-        if (model.hrockmate) return HRockmate(hrockmate_options(model.problem, planning)).solve(*model.hrockmate, budget);
-        throw SolverError("auto: " + std::string(to_string(model.choice)) + " has no analysis of '" +
-                          model.problem.name() + "'");
-    }
-
-    AutoOptions options_;
-};
-
-static_assert(Solver<Auto>);
-
-}  // namespace remat
-// ---- end remat/solvers/auto.hpp ----
-// ---- begin remat/bounds/time_lower_bound.hpp ----
-// remat/bounds/time_lower_bound.hpp — a proven lower bound on the time of every schedule that
-// fits a budget: how close a plan is to the optimum when no exact solver finishes.
+// ---- begin remat/bounds/loss_state_bound.hpp ----
+// remat/bounds/loss_state_bound.hpp — a proof that no schedule beats a target time, by the
+// states at the loss: the time bound's relaxation chooses them, the exact search scores them.
 //
-// core/bounds.hpp bounds the peak; this header bounds the time. The bound comes from a
-// relaxation of the scheduling problem that keeps only what happens at a few instants the
-// graph fixes, "cuts": the start of the loss (the turn from forward to backward) and the
-// starts of some exactly-once ops after it, chosen along the longest chain of exactly-once
-// ops that must follow one another (each cut must run before the next): spread evenly, or
-// where the op itself holds the most memory. Every valid schedule maps onto the relaxation:
-//   k[d,i] = 1  data d is live when cut i starts;
-//   r[o,i] = 1  op o runs at least once between cut i and cut i+1 (after the last cut: to the end).
-// Rows, all true of every schedule that fits the budget:
-//   - the data a cut reads are live when it starts;
-//   - at each cut, the live data + what must also be live then (below) + the cut's own writes
-//     and overhead fit the budget (docs/formats.md §3: memory while an op runs);
-//   - a data live at cut i+1 was live at cut i or was written between them;
-//   - an op that runs between two cuts read data that were live at the first or were written
-//     in between (by another op);
-//   - the data an exactly-once op after cut i reads were live at cut i or are written after it.
-// What must also be live at a cut: the initial data, the data the cut reads that only ops
-// after the loss write, and every such data an exactly-once op already run wrote and an op
-// still to come (or the end) reads: no op can write it again.
-// The objective, the least time of the runs after the loss, is minimised by a MILP backend
-// (milp/backend.hpp); it is added to what every schedule runs anyway: each exactly-once op
-// once, and, before the loss, a writer of each data the loss needs (shared among the data one
-// op writes). Only ops that run after the loss can be counted in r, and nothing limits the
-// memory between cuts or before the loss, so the bound can be far below the optimum at low
-// budgets on graphs whose recomputation happens in the forward phase; it is tight where the
-// cost is in keeping the loss's and the backward's inputs. Forward cuts (opt-in) add instants
-// before the loss, the first writes of data every schedule makes in one order; there, data
-// not written yet are not live and ops that need them have not run, the runs before the loss
-// become variables too, and the relaxation sees recomputation in the forward phase (exact on
-// a skip that cannot be held, tests/milp/test_time_lower_bound.cpp). When the backend stops at its
-// time limit, its best proven bound on the relaxation is used, which is still a bound.
+// The loss runs once and splits every schedule in two: the runs before it, and the rest from
+// the set K of data live when it starts. The rest takes at least B(K), the least time of any
+// continuation from K (the exact search, solvers/exhaustive/search.hpp, finds it in
+// milliseconds on 60-op graphs, or proves it above a target), and the runs before it take at
+// least what every schedule runs before the loss (time_run_anyway less the exactly-once ops
+// from the loss on). B is monotone: a continuation from a superset of K may free the extra
+// data at once, so B(K') <= B(K) for every K' containing K.
 //
-// Checkmate (Jain et al., MLSys 2020) proves optimality with the full MILP over every pass;
-// that model does not finish on graphs of hundreds of ops and its LP bound is weak. This
-// relaxation is far smaller (one stage per cut, no op order inside a stage), so it gives a
-// useful bound on thousands of ops in seconds. Standard library only, plus the backend.
+// That is a logic-based Benders decomposition (Hooker and Ottosson 2003) with combinatorial
+// cuts (Codato and Fischetti 2006):
+//   - the master problem is the time bound's relaxation with the loss as its only cut
+//     (bounds/time_lower_bound.hpp): it picks a K (its k variables at the loss) and its value
+//     is a lower bound on every schedule;
+//   - each K it picks is scored exactly, and a row records "every schedule whose state at the
+//     loss is within K takes at least that": time >= value, unless some data outside K is live;
+//   - the master is solved again, until its value reaches the target (then no schedule is
+//     faster than the target: a plan of that time is optimal), it picks a K whose score was
+//     exact (its value is then the bound), or the time limit.
+// A continuation below the target also gives a schedule where the store-all forward, each op
+// once, reaches its K (as in solvers/loss_state_search.hpp): that schedule's time becomes the
+// target, so the proof is also an exact solver on the graphs it fits.
+// Each answer of the master is a lower bound on the time of every schedule; the result is the
+// largest, so stopping early is still a proof. The time bound's relaxation alone stops below
+// the optimum where it ties many states at the loss whose exact continuations all take longer:
+// on bench_checkmate's 60-op DAG at 60 and 80 % of P_ref it proves 153 and 137; from the
+// heuristics' plans (172, 145) this finds plans of 154 and 138 and proves them optimal in 1.2
+// and 0.1 s. On the milp tests' tiny problems it reaches the exact optimum in 389 of 390 cases
+// (30 s each; 368 in the test's 0.5 s), the loss-only relaxation in 138.
+//
+// Where the budget forces recomputation before the loss, this adds little: the master knows
+// nothing of the memory before the loss, and the exact continuations from its K may not finish.
+// Within the exact search's reach only: at most 128 data and 64 exactly-once ops, no in-place
+// updates, a loss that runs once, and every exactly-once op bound to one side of the loss.
+// Standard library only, plus the MILP backend.
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
-#include <limits>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
 
 // ---- begin remat/milp/backend.hpp ----
@@ -11928,6 +11232,56 @@ concept MilpBackend = requires(const B& backend, const Model& model) {
 
 }  // namespace remat::milp
 // ---- end remat/milp/backend.hpp ----
+// ---- begin remat/bounds/time_lower_bound.hpp ----
+// remat/bounds/time_lower_bound.hpp — a proven lower bound on the time of every schedule that
+// fits a budget: how close a plan is to the optimum when no exact solver finishes.
+//
+// core/bounds.hpp bounds the peak; this header bounds the time. The bound comes from a
+// relaxation of the scheduling problem that keeps only what happens at a few instants the
+// graph fixes, "cuts": the start of the loss (the turn from forward to backward) and the
+// starts of some exactly-once ops after it, chosen along the longest chain of exactly-once
+// ops that must follow one another (each cut must run before the next): spread evenly, or
+// where the op itself holds the most memory. Every valid schedule maps onto the relaxation:
+//   k[d,i] = 1  data d is live when cut i starts;
+//   r[o,i] = 1  op o runs at least once between cut i and cut i+1 (after the last cut: to the end).
+// Rows, all true of every schedule that fits the budget:
+//   - the data a cut reads are live when it starts;
+//   - at each cut, the live data + what must also be live then (below) + the cut's own writes
+//     and overhead fit the budget (docs/formats.md §3: memory while an op runs);
+//   - a data live at cut i+1 was live at cut i or was written between them;
+//   - an op that runs between two cuts read data that were live at the first or were written
+//     in between (by another op);
+//   - the data an exactly-once op after cut i reads were live at cut i or are written after it.
+// What must also be live at a cut: the initial data, the data the cut reads that only ops
+// after the loss write, and every such data an exactly-once op already run wrote and an op
+// still to come (or the end) reads: no op can write it again.
+// The objective, the least time of the runs after the loss, is minimised by a MILP backend
+// (milp/backend.hpp); it is added to what every schedule runs anyway: each exactly-once op
+// once, and, before the loss, a writer of each data the loss needs (shared among the data one
+// op writes). Only ops that run after the loss can be counted in r, and nothing limits the
+// memory between cuts or before the loss, so the bound can be far below the optimum at low
+// budgets on graphs whose recomputation happens in the forward phase; it is tight where the
+// cost is in keeping the loss's and the backward's inputs. Forward cuts (opt-in) add instants
+// before the loss, the first writes of data every schedule makes in one order; there, data
+// not written yet are not live and ops that need them have not run, the runs before the loss
+// become variables too, and the relaxation sees recomputation in the forward phase (exact on
+// a skip that cannot be held, tests/milp/test_time_lower_bound.cpp). When the backend stops at its
+// time limit, its best proven bound on the relaxation is used, which is still a bound.
+//
+// Checkmate (Jain et al., MLSys 2020) proves optimality with the full MILP over every pass;
+// that model does not finish on graphs of hundreds of ops and its LP bound is weak. This
+// relaxation is far smaller (one stage per cut, no op order inside a stage), so it gives a
+// useful bound on thousands of ops in seconds. Standard library only, plus the backend.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
 // ---- begin remat/solvers/checkmate/analysis.hpp ----
 // remat/solvers/checkmate/analysis.hpp — what Checkmate learns about a problem before it
 // chooses a number of passes: the op order, the exactly-once ops and the order the graph
@@ -12840,6 +12194,1044 @@ template <milp::MilpBackend Backend>
 
 }  // namespace remat
 // ---- end remat/bounds/time_lower_bound.hpp ----
+
+namespace remat {
+
+struct LossStateBoundOptions {
+    /// Seconds for the whole proof (master problems and exact continuations together).
+    double time_limit_seconds = 5.0;
+    /// Seconds one state's exact continuation may take at first (within the time limit); one
+    /// that stops there still proves the lower bound it reached, and when the master picks the
+    /// state again, it gets 4 times as many. Most states take milliseconds; a few are far
+    /// harder, and the master often moves past them once their first bound is in.
+    double state_seconds = 0.25;
+    /// States one exact continuation may hold.
+    std::size_t max_states = 2'000'000;
+    ProgressCallback progress;
+};
+
+struct LossStateBound {
+    /// No schedule within the budget takes less (at most the target; at least the loss-only
+    /// relaxation's bound where the proof applies).
+    double time = 0.0;
+    /// time reached the target: no schedule within the budget is faster than the target.
+    bool reached_target = false;
+    /// The problem is within the proof's reach (see the top of this file); otherwise `time` is
+    /// 0 and nothing was tried.
+    bool applicable = false;
+    /// No schedule fits the budget at all (the master has no solution).
+    bool budget_infeasible = false;
+    /// States at the loss scored exactly.
+    std::size_t states_scored = 0;
+    /// A schedule faster than the target found on the way, valid and within the budget: the
+    /// store-all forward, each op once, keeping a scored state, then that state's exact
+    /// continuation. The proof then goes on against its time (`target`).
+    std::optional<Schedule> faster;
+    /// The target the proof ended with: the one given, or the time of `faster`.
+    double target = 0.0;
+    double seconds = 0.0;
+};
+
+namespace detail::loss_state_bound {
+
+// The data whose presence at the loss can matter after it: read by an exactly-once op from the
+// loss on, or final, and what any op reads to write such a data. The others are never read on
+// a way to the end, so dropping them from a state at the loss changes no continuation's time.
+[[nodiscard]] inline std::vector<char> relevant_after_loss(const Problem& p, OpId loss, const time_bound::Phases& ph) {
+    std::vector<char> relevant(p.data_count(), 0);
+    std::vector<std::size_t> stack;
+    const auto use = [&](DataId d) {
+        if (relevant[d.index]) return;
+        relevant[d.index] = 1;
+        stack.push_back(d.index);
+    };
+    for (std::size_t k = 0; k < p.op_count(); ++k) {
+        const Op& op = p.op(OpId{k});
+        if (op.exactly_once && (OpId{k} == loss || ph.after_loss_op[k]))
+            for (const DataId d : op.reads) use(d);
+    }
+    for (const DataId d : p.final_data()) use(d);
+    while (!stack.empty()) {
+        const DataId d{stack.back()};
+        stack.pop_back();
+        for (const OpId w : p.writers(d))
+            for (const DataId r : p.op(w).reads) use(r);
+    }
+    return relevant;
+}
+
+// Why the proof does not apply to `p` (empty: it does).
+[[nodiscard]] inline std::string not_applicable(const Problem& p) {
+    const std::optional<OpId> loss = p.loss();
+    if (!loss || !p.op(*loss).exactly_once) return "no loss that runs once";
+    if (p.has_updates()) return "in-place updates";
+    if (!Exhaustive::handles(p)) return "beyond the exact search (more than 128 data or 64 exactly-once ops)";
+    const time_bound::Phases ph = time_bound::phases(p, *loss);
+    for (std::size_t k = 0; k < p.op_count(); ++k)
+        if (p.op(OpId{k}).exactly_once && OpId{k} != *loss && !ph.after_loss_op[k] &&
+            !time_bound::must_precede(ph, OpId{k}, *loss))
+            return "exactly-once op '" + p.op(OpId{k}).name + "' may run on either side of the loss";
+    return {};
+}
+
+
+// The master problem (see the top of the file): the loss-only relaxation, a slack for the time
+// its runs cannot see, and one row per scored state.
+template <milp::MilpBackend Backend>
+class Master {
+public:
+    Master(const Problem& p, Bytes budget, const Backend& backend)
+        : p_(p), backend_(backend), loss_(*p.loss()), phases_(time_bound::phases(p, loss_)),
+          v_(time_bound::add_variables(model_, p, phases_, {loss_}, {})) {
+        const double unit = static_cast<double>(checkmate::memory_unit(p));
+        feasible_rows_ = time_bound::add_rows(model_, p, phases_, {loss_}, {}, v_, budget, unit);
+        unseen_ = model_.add_var(milp::VarType::continuous, 0.0, 1e12, 1.0, "unseen");
+        model_.set_relative_gap(1e-9);
+        anyway_ = time_bound::time_run_anyway(p, loss_);
+        for (std::size_t k = 0; k < p.op_count(); ++k) {
+            const Op& op = p.op(OpId{k});
+            if (op.exactly_once && (OpId{k} == loss_ || phases_.after_loss_op[k])) from_loss_ += op.time;
+            if (v_.runs[0][k] && !op.exactly_once) runs_after_.push_back({*v_.runs[0][k], op.time});
+        }
+        runs_after_.push_back({unseen_, 1.0});
+    }
+    // Every data a continuation may use has a variable at the loss; otherwise dropping it would
+    // overstate the continuation's time (a repeatable op after the loss that reads it).
+    [[nodiscard]] bool covers_what_continuations_read() const {
+        const std::vector<char> relevant = relevant_after_loss(p_, loss_, phases_);
+        for (std::size_t d = 0; d < p_.data_count(); ++d)
+            if (relevant[d] && !v_.live[0][d] && !p_.is_initial(DataId{d}) && !phases_.after_loss_data[d]) return false;
+        return true;
+    }
+    [[nodiscard]] bool feasible_rows() const noexcept { return feasible_rows_; }
+    // What every schedule runs anyway, and the part of it before the loss.
+    [[nodiscard]] double anyway() const noexcept { return anyway_; }
+    [[nodiscard]] double before_loss() const noexcept { return anyway_ - from_loss_; }
+    [[nodiscard]] milp::Result solve(double seconds) {
+        model_.set_time_limit(std::max(0.0, seconds));
+        return backend_.solve(model_);
+    }
+    // The data live at the loss in a solution (as a mask, with the initial data), and those left out.
+    [[nodiscard]] std::pair<exhaustive::DataMask, std::vector<std::size_t>> state(const milp::Result& r) const {
+        exhaustive::DataMask live;
+        for (const DataId d : p_.initial()) live |= exhaustive::DataMask::bit(d.index);
+        std::vector<std::size_t> left_out;
+        for (std::size_t d = 0; d < p_.data_count(); ++d) {
+            if (!v_.live[0][d]) continue;
+            if (r.values[v_.live[0][d]->index] > 0.5) live |= exhaustive::DataMask::bit(d);
+            else left_out.push_back(d);
+        }
+        return {live, left_out};
+    }
+    // The row of a scored state: the runs the master sees, with its slack, take at least
+    // `beyond` (the score less what runs anyway) unless a data left out is live.
+    void add_score(const std::vector<std::size_t>& left_out, double beyond) {
+        std::vector<milp::Term> row = runs_after_;
+        for (const std::size_t d : left_out) row.push_back({*v_.live[0][d], beyond});
+        model_.add_row(std::move(row), milp::Sense::greater_equal, beyond);
+    }
+
+private:
+    const Problem& p_;
+    const Backend& backend_;
+    OpId loss_;
+    time_bound::Phases phases_;
+    milp::Model model_;
+    time_bound::Variables v_;
+    bool feasible_rows_ = true;
+    milp::Var unseen_{};
+    double anyway_ = 0.0, from_loss_ = 0.0;
+    std::vector<milp::Term> runs_after_;
+};
+
+// Scores states at the loss exactly, and makes schedules of the ones that beat the target.
+class Continuations {
+public:
+    Continuations(const Problem& p, Bytes budget, std::size_t max_states)
+        : p_(p), budget_(budget), max_states_(max_states), loss_(*p.loss()), forward_(loss_state::forward_of(p, loss_)) {
+        const exhaustive::ExhaustiveSearch search(p, options(0.0));
+        const Schedule store_all = store_all_reference(p).schedule;
+        const std::vector<exhaustive::SearchState> states = search.states_along(store_all);
+        const auto at_loss = std::find(store_all.begin(), store_all.end(), Step::run(loss_));
+        done_before_loss_ = states[static_cast<std::size_t>(at_loss - store_all.begin())].done;
+        done_at_end_ = states.back().done;
+        for (const DataId d : p.final_data()) finals_ |= exhaustive::DataMask::bit(d.index);
+    }
+    // The least time of the continuation from `live` when the loss starts, or a lower bound on
+    // it; looked for only below `below`, within `seconds`.
+    [[nodiscard]] exhaustive::ExhaustiveSearch::Result search(exhaustive::DataMask live, double below, double seconds) const {
+        const exhaustive::ExhaustiveSearch continuation(p_, options(seconds));
+        const exhaustive::SearchWindow window{exhaustive::SearchState{live, done_before_loss_}, done_at_end_, finals_, 0.0};
+        return continuation.run(exhaustive::SearchGoal::least_time, budget_, below, &window);
+    }
+    // The store-all forward keeping `live`, then `continuation`: checked by the simulator.
+    [[nodiscard]] std::pair<Schedule, SimulationReport> schedule(exhaustive::DataMask live, const Schedule& continuation) const {
+        std::vector<char> keep(p_.data_count(), 0);
+        for (std::size_t d = 0; d < p_.data_count(); ++d) keep[d] = live.test(d) ? 1 : 0;
+        Schedule steps = loss_state::forward_keeping(p_, forward_, keep);
+        steps.pop_back();  // the loss: the continuation runs it
+        steps.insert(steps.end(), continuation.begin(), continuation.end());
+        steps = tidy_schedule(p_, std::move(steps));
+        SimulationReport report = simulate(p_, steps);
+        return {std::move(steps), std::move(report)};
+    }
+
+private:
+    [[nodiscard]] ExhaustiveOptions options(double seconds) const {
+        ExhaustiveOptions o;
+        o.max_states = max_states_;
+        o.time_limit_seconds = seconds;
+        return o;
+    }
+    const Problem& p_;
+    Bytes budget_;
+    std::size_t max_states_;
+    OpId loss_;
+    loss_state::Forward forward_;
+    std::uint64_t done_before_loss_ = 0, done_at_end_ = 0;
+    exhaustive::DataMask finals_;
+};
+
+}  // namespace detail::loss_state_bound
+
+/// A proven lower bound on the time of every schedule of `problem` within `budget`, raised
+/// towards `target` (typically a plan's time) as described at the top of this file, within
+/// the time limit. reached_target says that no schedule is faster than the final target (the
+/// given one, or the time of a faster schedule found on the way).
+/// Throws InvalidInput on a negative time limit or non-positive state seconds, and what the
+/// backend throws.
+template <milp::MilpBackend Backend>
+[[nodiscard]] LossStateBound loss_state_bound(const Problem& problem, Bytes budget, const Backend& backend, double target,
+                                              const LossStateBoundOptions& options = {}) {
+    namespace lb = detail::loss_state_bound;
+    if (!(options.time_limit_seconds >= 0) || !(options.state_seconds > 0))
+        throw InvalidInput("loss-state bound: time_limit_seconds must be >= 0 and state_seconds > 0");
+    const Stopwatch clock;
+    LossStateBound out;
+    out.target = target;
+    if (const std::string why = lb::not_applicable(problem); !why.empty()) {
+        report_progress(options.progress, "loss-state bound: does not apply to '" + problem.name() + "': " + why);
+        return out;
+    }
+    lb::Master master(problem, budget, backend);
+    if (!master.covers_what_continuations_read()) {
+        report_progress(options.progress, "loss-state bound: does not apply to '" + problem.name() +
+                                              "': an op after the loss reads data the relaxation does not track");
+        return out;
+    }
+    out.applicable = true;
+    const auto finish = [&] {
+        // (a faster schedule found last may already meet the bound proven before it)
+        out.reached_target = out.reached_target || out.time >= out.target * (1 - 1e-9);
+        out.seconds = clock.seconds();
+        return out;
+    };
+    if (!master.feasible_rows()) {  // what the loss itself needs does not fit
+        out.budget_infeasible = out.reached_target = true;
+        out.time = out.target;
+        return finish();
+    }
+    const lb::Continuations continuations(problem, budget, options.max_states);
+    const auto left = [&] { return options.time_limit_seconds - clock.seconds(); };
+    struct Scored {
+        detail::exhaustive::DataMask live;
+        double seconds;  // of its last search
+        bool exact;      // that search finished
+    };
+    std::vector<Scored> scored;
+    for (;;) {
+        const milp::Result r = master.solve(left());
+        if (r.status == milp::Status::infeasible) {  // the rows leave every state a solution: only the budget does this
+            out.budget_infeasible = out.reached_target = true;
+            out.time = out.target;
+            break;
+        }
+        const double proven = master.anyway() + (r.status == milp::Status::optimal ? r.objective : std::max(0.0, r.best_bound));
+        out.time = std::max(out.time, std::min(proven, out.target));
+        if (proven >= out.target * (1 - 1e-9)) break;  // reached
+        if (r.status != milp::Status::optimal || left() <= 0) break;
+        const auto [live, left_out] = master.state(r);
+        auto again = std::find_if(scored.begin(), scored.end(), [&](const Scored& x) { return x.live == live; });
+        if (again != scored.end() && again->exact) break;  // its value is the master's
+        if (again == scored.end()) again = scored.insert(scored.end(), Scored{live, options.state_seconds / 4, false});
+        again->seconds *= 4;
+        const auto found = continuations.search(live, out.target - master.before_loss(), std::min(again->seconds, left()));
+        again->exact = !found.stopped;
+        const double rest = found.found ? found.time : found.stopped ? found.lower_bound : out.target - master.before_loss();
+        ++out.states_scored;
+        report_progress(options.progress, "loss-state bound: state " + std::to_string(out.states_scored) + ": at least " +
+                                              std::to_string(master.before_loss() + rest) + ", bound so far " +
+                                              std::to_string(out.time));
+        if (found.found) {  // below the target: a faster schedule, where the store-all forward reaches the state
+            auto [steps, report] = continuations.schedule(live, found.schedule);
+            if (report.fits(budget) && report.time < out.target) {
+                report_progress(options.progress, "loss-state bound: a schedule of " + std::to_string(report.time) +
+                                                      " (the target was " + std::to_string(out.target) + ")");
+                out.faster = std::move(steps);
+                out.target = report.time;
+            }
+        }
+        const double beyond = master.before_loss() + rest - master.anyway();  // what the row asks of the runs
+        if (!(beyond > r.objective + 1e-9)) {
+            if (again->exact) break;  // the master's value is this state's: nothing to add
+            continue;                 // the master picks it again, and its search gets longer
+        }
+        master.add_score(left_out, beyond);
+    }
+    return finish();
+}
+
+}  // namespace remat
+// ---- end remat/bounds/loss_state_bound.hpp ----
+
+namespace remat {
+
+/// Which solver Auto hands a problem to.
+/// (rotor, Rotor's persistent DP, is not chosen any more: rotor_release's class contains it.)
+enum class AutoChoice { rotor, rockmate, hrockmate, greedy, rotor_release };
+
+[[nodiscard]] constexpr std::string_view to_string(AutoChoice choice) noexcept {
+    switch (choice) {
+        case AutoChoice::rotor: return "rotor";
+        case AutoChoice::rockmate: return "rockmate";
+        case AutoChoice::hrockmate: return "hrockmate";
+        case AutoChoice::greedy: return "greedy";
+        case AutoChoice::rotor_release: return "rotor-release";
+    }
+    return "unknown";
+}
+
+struct AutoOptions {
+    /// Limit of one solve(problem, budget), analysis and planning at the budget together.
+    /// The chain DP (RotorRelease) gets all of it. Rockmate's and H-Rockmate's analyses get
+    /// auto_analysis_share of it (Rockmate's shared by its blocks), and planning at a
+    /// budget what the analysis left, at least the rest of the share (so each budget of a
+    /// sweep gets that much); the greedy's fallback plans within what is then left, its first
+    /// replay (milliseconds) always. None: the chain DP unlimited, Rockmate's analysis
+    /// auto_default_rockmate_seconds in all, H-Rockmate's its own defaults (40 s, and about
+    /// 7 s per budget; HRockmateOptions::budget_time_limit_seconds).
+    std::optional<double> time_limit_seconds;
+    /// Receives the choice and the chosen solver's progress lines.
+    ProgressCallback progress;
+    /// Rockmate is chosen only when every block has at most this many ops (forward and
+    /// backward): larger blocks make its per-block exact searches slow.
+    std::size_t max_block_ops = 64;
+    /// Try the greedy (along the store-all order, then along an order chosen for memory) when
+    /// the chosen solver has no plan.
+    bool greedy_fallback = true;
+    /// The seconds each of those greedies spends on its portfolio and improvement (which run
+    /// until their time is spent, also where no plan fits); none: 1.5 s, within the time limit.
+    std::optional<double> greedy_fallback_seconds;
+    /// Certification (off at 0): on problems of at most exact_fallback_max_data data, the
+    /// exact search, for up to this many seconds (within the time limit), takes the plan as its
+    /// incumbent and looks only for faster schedules. It returns one (optimal), proves the plan
+    /// optimal over all schedules (status optimal, gap 0), or at its limit states the certified
+    /// gap: SolverStats::gap = plan time / proven lower bound - 1. The plan's options say which.
+    /// On by default: on random DAGs of 20-30 data the heuristics' plans were up to 24 % slower
+    /// than the optimum the search finds in milliseconds. Off where a plan is made many times
+    /// (the combined offloading planner, remat-plan's sweeps).
+    double certify_seconds = 1.0;
+    /// The polish (off at 0): on problems within the exact search's reach (at most 128 data
+    /// and 64 exactly-once ops), the plan locally improved (solvers/improve.hpp, a quarter of
+    /// the seconds at most), then its windows searched again exactly, faster ones spliced in
+    /// (solvers/window_search.hpp), for up to this many seconds within the time limit, after
+    /// the exact component (out of its reserve, a quarter of it at most) and before the
+    /// certification. On bench_checkmate's random DAGs of 40 and 60 ops at 50-80 % of P_ref,
+    /// 5 s of window search made the plans 0-8 % faster; after Checkmate, the polish took the
+    /// 40-op DAG at 50 % from 119 to 112. Off where certification is.
+    double window_search_seconds = 1.0;
+    /// An exact component on problems of at most exact_component_max_ops ops, after the
+    /// solvers above: called with the best plan so far and the seconds it may take; a faster
+    /// valid plan it returns replaces that one. The core has no MILP backend, so it is empty by
+    /// default; remat-plan fills it with Checkmate started from the plan
+    /// (CheckmateOptions::start), on the backend it has.
+    std::function<std::optional<Plan>(const Problem&, Bytes, const Plan& incumbent, double seconds)> exact_component;
+    std::size_t exact_component_max_ops = 60;
+    /// The exact component's seconds without a time limit. Under one, it takes what the
+    /// heuristics left of the limit (at least its reserve, exact_component_share), less the
+    /// polish's: a longer limit buys a better plan or a proof.
+    double exact_component_seconds = 10.0;
+    /// Before the exact component, where it runs (at most 128 data): the plan's whole backward
+    /// searched again exactly from what it keeps when the loss runs
+    /// (WindowSearchOptions::backward_max_states), in up to this share of the component's
+    /// seconds; it stops when that search does, and the component starts from its plan. The
+    /// heuristics' backward is often far from the best one from their own state at the loss:
+    /// with `remat-plan --time-limit 10`, bench_checkmate's 60-op DAG at 60 % of P_ref went
+    /// from 171 to 154 (proven bound 153; the search alone gave 159 in 2 s, where Checkmate
+    /// had found nothing in 4 s), the 40-op DAG at 50 % from 112 to 107 (bound 104). 0: off.
+    double backward_search_share = 0.5;
+    /// Then, in up to this share of what is left of the component's seconds, the loss-state
+    /// search (solvers/loss_state_search.hpp): other states at the loss, each with its exact
+    /// best backward, the data named by loss_state_preferred tried first. Its plan, when
+    /// faster, is the one the component starts from. With `remat-plan --time-limit 10`,
+    /// bench_checkmate's 40-op DAG at 60 % of P_ref went from 96 to 93 (the proven time bound:
+    /// optimal), at 70 % from 87 to 85 (optimal too). 0: off.
+    double loss_state_search_share = 0.5;
+    /// The data the loss-state search tries to keep first: remat-plan passes the time lower
+    /// bound's relaxation's choice (TimeLowerBound::live_at_loss).
+    std::vector<std::string> loss_state_preferred;
+    /// A proof first, where the exact component runs: called with the plan's time as the
+    /// target and the seconds it may take (loss_state_proof_share of the component's), it
+    /// proves a lower bound on the time of every schedule within the budget, and may find a
+    /// faster schedule on the way (LossStateBound, bounds/loss_state_bound.hpp). A faster
+    /// schedule replaces the plan; a bound that reaches the plan's time makes it optimal
+    /// (status optimal, gap 0), and Auto returns it at once; a lower one above time_bound
+    /// replaces that for the rest of the solve. Empty by default (it needs a MILP backend);
+    /// remat-plan fills it with loss_state_bound. With `remat-plan --time-limit 10`,
+    /// bench_checkmate's 60-op DAG at 60 and 80 % of P_ref, where the time bound alone leaves a
+    /// gap of one time unit, is proven optimal from the heuristics' plans. 0: off.
+    std::function<LossStateBound(const Problem&, Bytes, double target, double seconds)> loss_state_proof;
+    double loss_state_proof_share = 0.5;
+    /// Under a time limit, the share of it kept for the exact component where it runs (and
+    /// the polish after it; see window_search_seconds): the analyses get auto_analysis_share
+    /// of the rest, and the heuristics plan at the budget within what is left less this
+    /// share. Without it, the analyses and the heuristics took the whole limit on
+    /// bench_checkmate's 40-op DAG (Rockmate's least-peak search on its 36-op block alone
+    /// took 5 s of 10) and the component, which found the best plans there, ran for 0.4 s.
+    double exact_component_share = 0.5;
+    /// Then, on problems of at most exact_fallback_max_data data, the exact search, for at most
+    /// exact_fallback_seconds (and within time_limit_seconds).
+    bool exact_fallback = true;
+    std::size_t exact_fallback_max_data = 64;
+    double exact_fallback_seconds = 10.0;
+    /// A proven lower bound on the time of every schedule within the budget of the next solve
+    /// (bounds/time_lower_bound.hpp; remat-plan proves one by default). A plan that meets it
+    /// is optimal over every schedule: Auto stops there (no second opinion, exact component,
+    /// polish or certification; H-Rockmate skips its remaining components) and
+    /// returns it with status optimal and gap 0. Any other plan gets the certified gap, plan
+    /// time / bound - 1, unless it has a smaller one. The bound holds at one budget only:
+    /// leave it empty where one Auto plans several (a sweep). A plan faster than it shows it is
+    /// no bound at the budget: solve() then throws InvalidInput (naming this option, or
+    /// HRockmateOptions::time_bound, to which Auto passes it on).
+    std::optional<double> time_bound;
+    /// H-Rockmate's plan beside Rotor's or Rockmate's, the faster kept, on problems of at most
+    /// this many ops (0: never). Its analysis shares the time limit with the chosen solver's.
+    std::size_t second_opinion_max_ops = 160;
+    /// Without a time limit: the seconds of the second opinion's analysis (and half of it for
+    /// each budget it plans). On random chains of 8-50 stages, 2 s found plans up to 16 %
+    /// faster than Rotor's; H-Rockmate's own defaults (40 s) rarely add more.
+    double second_opinion_seconds = 2.0;
+};
+
+/// True when the problem is a sequence of at least two blocks of at most `max_block_ops` ops.
+[[nodiscard]] inline bool is_sequence_of_small_blocks(const Problem& problem, std::size_t max_block_ops = 64) {
+    try {
+        const BlockPartition partition = partition_blocks(problem);
+        if (partition.blocks.size() < 2) return false;
+        for (const Block& block : partition.blocks)
+            if (block.forward_ops.size() + block.backward_ops.size() > max_block_ops) return false;
+        return true;
+    } catch (const Error&) {
+        return false;  // no block structure that Rockmate can use
+    }
+}
+
+/// The solver Auto uses for `problem`.
+[[nodiscard]] inline AutoChoice auto_choice(const Problem& problem, std::size_t max_block_ops = 64) {
+    if (as_chain(problem)) return AutoChoice::rotor_release;
+    if (!problem.loss()) return AutoChoice::greedy;  // the block and hierarchy solvers need a loss
+    if (is_sequence_of_small_blocks(problem, max_block_ops)) return AutoChoice::rockmate;
+    return AutoChoice::hrockmate;
+}
+
+/// Rockmate's analysis under Auto when no time limit is given: this many seconds in all, so
+/// that planning stays within a minute. (On a 50-block MobileNet it once took 260 s at 5 s a
+/// block, for 0.8 % less overhead than with 20 s in all.)
+inline constexpr double auto_default_rockmate_seconds = 45.0;
+
+/// The share of AutoOptions::time_limit_seconds that Rockmate's and H-Rockmate's analyses get;
+/// planning at the budget has the rest.
+inline constexpr double auto_analysis_share = 0.75;
+
+/// Seconds for planning at a budget when the time limit is `limit` and the analysis took
+/// `analysed`: what the analysis left, and at least the rest of its share. remat::Auto and
+/// remat-plan's H-Rockmate share a limit so.
+[[nodiscard]] inline double auto_planning_seconds(double limit, double analysed) {
+    return std::max((1 - auto_analysis_share) * limit, limit - analysed);
+}
+
+namespace detail::automatic {
+
+// What one solver Auto tried knows of the smallest budget it plans.
+struct Reach {
+    std::string solver;
+    std::optional<Bytes> least;
+};
+
+// The exact search's proven lower bound on the least peak (its bounds alone, no search), on
+// problems within its limits.
+[[nodiscard]] inline std::optional<Bytes> exact_search_bound(const Problem& problem) {
+    if (problem.data_count() > Exhaustive::max_data) return std::nullopt;
+    try {
+        return Exhaustive{}.least_budget_bound(problem);
+    } catch (const InvalidInput&) {  // more than 64 exactly-once ops
+        return std::nullopt;
+    }
+}
+
+// Why no solver Auto tried has a plan: below the proven lower bound, below the least peak of
+// any schedule (the exact search's proof), or only beyond the reach of the solvers tried,
+// naming the one that reaches lowest. `searched`: exact_search_bound(problem).
+[[nodiscard]] inline Infeasible infeasible(const Problem& problem, Bytes budget, const std::vector<Reach>& tried,
+                                           const std::optional<Bytes>& exact_least, const std::optional<Bytes>& searched) {
+    const MemoryLowerBound bound = memory_lower_bound(problem);
+    const auto show = [](const std::optional<Bytes>& b) { return b ? std::to_string(*b) + " bytes" : std::string("unknown"); };
+    std::string message = "auto: no plan of '" + problem.name() + "' within " + std::to_string(budget) + " bytes: ";
+    std::optional<Bytes> least;
+    const Reach* lowest = nullptr;
+    for (const Reach& r : tried)
+        if (r.least && (!least || *r.least < *least)) {
+            least = r.least;
+            lowest = &r;
+        }
+    if (budget < bound.bytes) {
+        message += "the budget is below a proven lower bound: every schedule needs at least " +
+                   std::to_string(bound.bytes) + " bytes (" + bound.reason + ")";
+    } else if (searched && budget < *searched && !exact_least) {
+        message += "the budget is below a proven lower bound: every schedule needs at least " + std::to_string(*searched) +
+                   " bytes (the exact search's bounds: what exists before an exactly-once op and is needed after it, "
+                   "beside that op, less what can be dropped and written again)";
+    } else if (exact_least) {
+        message += "the budget is below a proven lower bound: the exact search finds no schedule within it, and the "
+                   "least peak of any schedule is " + std::to_string(*exact_least) + " bytes";
+        least = exact_least;
+    } else {
+        message += "the budget is above the proven lower bound of " + std::to_string(bound.bytes) + " bytes (" +
+                   bound.reason + ") but beyond the reach of ";
+        for (std::size_t i = 0; i < tried.size(); ++i)
+            message += (i == 0 ? "" : i + 1 == tried.size() ? " and " : ", ") + tried[i].solver + " (smallest budget " +
+                       show(tried[i].least) + ")";
+        if (lowest && tried.size() > 1) message += "; " + lowest->solver + " reaches lowest";
+        message += "; an exact solver (checkmate, or exhaustive on small problems) may reach further";
+    }
+    return Infeasible(message, budget, least);
+}
+
+[[nodiscard]] inline Infeasible infeasible(const Problem& problem, Bytes budget, const std::vector<Reach>& tried,
+                                           const std::optional<Bytes>& exact_least = std::nullopt) {
+    return infeasible(problem, budget, tried, exact_least, exact_search_bound(problem));
+}
+
+// A budget below the proven lower bound needs no analysis: no solver can meet it. The answer
+// carries the smallest budget `least` says (called only then).
+template <class Least>
+void refuse_below_bound(const Problem& problem, Bytes budget, Least&& least) {
+    const std::optional<Bytes> searched = exact_search_bound(problem);
+    if (budget < memory_lower_bound(problem).bytes || (searched && budget < *searched))
+        throw infeasible(problem, budget, {{"auto", least()}}, std::nullopt, searched);
+}
+
+// The smallest budget known without an analysis: the greedy's, and RotorRelease's on a chain.
+[[nodiscard]] inline Bytes smallest_budget_without_analysis(const Problem& problem) {
+    Bytes least = Greedy(HRockmateOptions::default_greedy()).smallest_budget(problem);
+    if (const auto chain = as_chain(problem)) {
+        try {
+            least = std::min(least, RotorRelease{}.smallest_budget(*chain));
+        } catch (const Error&) {
+            // the greedy's answer stands
+        }
+    }
+    return least;
+}
+
+// Says in the plan's options that auto chose the solver that made it (stats.solver names it).
+[[nodiscard]] inline Plan tagged(Plan plan, std::string_view who) {
+    plan.stats.options = "chose " + std::string(who) + (plan.stats.options.empty() ? "" : ", " + plan.stats.options);
+    return plan;
+}
+
+}  // namespace detail::automatic
+
+/// What Auto derives from a problem before the budget comes in: its choice and the chosen
+/// solver's analysis (Rockmate's blocks or H-Rockmate's clusters), reusable at any budget —
+/// a sweep over budgets analyses once (Auto::analyse, Auto::solve(model, budget)).
+struct AutoModel {
+    Problem problem;
+    AutoChoice choice = AutoChoice::hrockmate;
+    std::optional<RockmateModel> rockmate;    ///< when choice == rockmate
+    /// When choice == hrockmate, or as the second opinion (AutoOptions::second_opinion_max_ops).
+    std::optional<HRockmateModel> hrockmate;
+    double seconds = 0.0;
+};
+
+/// Picks the solver for the problem's shape (see the top of this file) and falls back to
+/// the greedy. Models remat::Solver.
+class Auto {
+public:
+    explicit Auto(AutoOptions options = {}) : options_(std::move(options)) {
+        if (!(options_.exact_component_share >= 0 && options_.exact_component_share < 1))
+            throw InvalidInput("auto: exact_component_share must be at least 0 and below 1 (the share of the time limit "
+                               "kept for the exact component)");
+        if (!(options_.backward_search_share >= 0 && options_.backward_search_share <= 1))
+            throw InvalidInput("auto: backward_search_share must be between 0 and 1 (the share of the exact component's "
+                               "seconds for the backward search before it)");
+        if (!(options_.loss_state_proof_share >= 0 && options_.loss_state_proof_share <= 1))
+            throw InvalidInput("auto: loss_state_proof_share must be between 0 and 1 (the share of the exact component's "
+                               "seconds for the proof by the states at the loss)");
+        if (!(options_.loss_state_search_share >= 0 && options_.loss_state_search_share <= 1))
+            throw InvalidInput("auto: loss_state_search_share must be between 0 and 1 (the share of the exact component's "
+                               "seconds left for the loss-state search before it)");
+    }
+
+    [[nodiscard]] static constexpr std::string_view name() noexcept { return "auto"; }
+    [[nodiscard]] const AutoOptions& options() const noexcept { return options_; }
+
+    [[nodiscard]] AutoModel analyse(const Problem& problem) const {
+        const Stopwatch clock;
+        AutoModel model{problem, auto_choice(problem, options_.max_block_ops), std::nullopt, std::nullopt, 0.0};
+        report_progress(options_.progress,
+                        "auto: " + std::string(to_string(model.choice)) + " for '" + problem.name() + "'");
+        try {
+            if (model.choice == AutoChoice::rockmate)
+                model.rockmate = Rockmate<>(rockmate_options(problem)).analyse(problem);
+            if (model.choice == AutoChoice::hrockmate)
+                model.hrockmate = HRockmate(hrockmate_options(problem, std::nullopt)).analyse(problem);
+        } catch (const Error& e) {
+            // A solver failure, or a valid problem outside the chosen solver's class (a
+            // hierarchy needs forward ops it may recompute): the last resorts still plan, and
+            // solve() says why the chosen solver is missing.
+            report_progress(options_.progress, "auto: the analysis of " + std::string(to_string(model.choice)) +
+                                                   " failed (" + e.what() + "); the last resorts plan alone");
+        }
+        if (wants_second_opinion(model)) {
+            try {
+                HRockmateOptions o = second_opinion_options(problem, std::nullopt, clock.seconds());
+                // Rockmate is auto's own choice here, its blocks analysed already: H-Rockmate
+                // need not analyse them again as its Rockmate component (on a 40-op DAG that
+                // took 2.4 s of a 10-s limit).
+                if (model.rockmate) o.use_rockmate = false;
+                model.hrockmate = HRockmate(o).analyse(problem);
+                report_progress(options_.progress, "auto: hrockmate's analysis for a second opinion");
+            } catch (const Error& e) {
+                report_progress(options_.progress, std::string("auto: no second opinion from hrockmate (") + e.what() + ")");
+            }
+        }
+        model.seconds = clock.seconds();
+        return model;
+    }
+
+    /// A budget below the proven lower bound (core/bounds.hpp) is refused before any analysis.
+    [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
+        detail::automatic::refuse_below_bound(
+            problem, budget, [&] { return detail::automatic::smallest_budget_without_analysis(problem); });
+        AutoModel model = analyse(problem);
+        Plan plan = solve(model, budget);
+        plan.stats.solve_seconds += model.seconds;
+        return plan;
+    }
+
+    /// Plans at `budget` with a model from analyse().
+    [[nodiscard]] Plan solve(const AutoModel& model, Bytes budget) const {
+        const Stopwatch clock;
+        detail::automatic::refuse_below_bound(model.problem, budget, [&] { return smallest_budget(model); });
+        // Seconds left of the planning's share (see AutoOptions::time_limit_seconds).
+        const auto left = [&]() -> std::optional<double> {
+            if (!options_.time_limit_seconds) return std::nullopt;
+            return std::max(0.0, auto_planning_seconds(*options_.time_limit_seconds, model.seconds) - clock.seconds());
+        };
+        // What the heuristics (the chosen solver, the second opinion, the window search) may
+        // take of it: the exact component keeps its reserve.
+        const auto heuristics_left = [&]() -> std::optional<double> {
+            const std::optional<double> all = left();
+            if (!all) return all;
+            return std::max(0.0, *all - exact_reserve(model.problem));
+        };
+        std::vector<detail::automatic::Reach> tried{{std::string(to_string(model.choice)), std::nullopt}};
+        // AutoOptions::time_bound, or the higher one loss_state_proof proves.
+        std::optional<double> time_bound = options_.time_bound;
+        // Whether `plan` meets the time bound (then marked optimal): nothing can beat it.
+        const auto settled = [&](Plan& plan) {
+            if (!time_bound) return false;
+            require_time_bound_holds(plan.time, *time_bound, "AutoOptions::time_bound");
+            return settle_by_time_bound(plan, *time_bound);
+        };
+        std::optional<Plan> chosen;
+        try {
+            chosen = detail::automatic::tagged(solve_chosen(model, budget, heuristics_left()), to_string(model.choice));
+        } catch (const Infeasible& e) {
+            tried.back().least = e.smallest_budget();
+            if (!options_.greedy_fallback && !second_opinion_of(model)) throw;
+        } catch (const SolverError& e) {
+            if (!options_.greedy_fallback && !second_opinion_of(model)) throw;
+            report_progress(options_.progress, "auto: " + std::string(to_string(model.choice)) + " failed (" +
+                                                   e.what() + ")");
+        }
+        if (second_opinion_of(model) && !(chosen && settled(*chosen)))
+            take_second_opinion(model, budget, heuristics_left(), chosen, tried);
+        if (chosen) {
+            // Each step only where the plan so far does not meet the proven time bound. The
+            // polish comes after the exact component, keeping its seconds: Checkmate's plans
+            // were the ones it made faster (see polish()).
+            const auto left_for_exact_component = [&]() -> std::optional<double> {
+                const std::optional<double> all = left();
+                if (!all) return all;
+                return std::max(0.0, *all - polish_seconds(model.problem));
+            };
+            if (!settled(*chosen)) prove_by_loss_states(model.problem, budget, *chosen, time_bound, left_for_exact_component());
+            if (!settled(*chosen)) search_backward(model.problem, budget, *chosen, left_for_exact_component());
+            if (!settled(*chosen)) search_loss_states(model.problem, budget, *chosen, time_bound, left_for_exact_component());
+            if (!settled(*chosen)) improve_by_exact_component(model.problem, budget, *chosen, left_for_exact_component());
+            if (!settled(*chosen)) polish(model.problem, budget, *chosen, left());
+            if (!settled(*chosen)) certify(model.problem, budget, *chosen, left());
+            return finished(std::move(*chosen), clock, time_bound);
+        }
+        if (!options_.greedy_fallback) throw detail::automatic::infeasible(model.problem, budget, tried);
+        for (const GreedyOrder order : {GreedyOrder::store_all, GreedyOrder::memory_aware}) {
+            const std::string who = order == GreedyOrder::store_all ? "greedy" : "greedy (memory-aware order)";
+            tried.push_back({who, std::nullopt});
+            std::optional<double> within = left();
+            if (options_.greedy_fallback_seconds)
+                within = std::min(within.value_or(*options_.greedy_fallback_seconds), *options_.greedy_fallback_seconds);
+            try {
+                return finished(detail::automatic::tagged(Greedy(greedy_options(within, order)).solve(model.problem, budget),
+                                                          who + " (last resort)"),
+                                clock);
+            } catch (const Infeasible& e) {
+                tried.back().least = e.smallest_budget();
+            }
+        }
+        std::optional<Bytes> exact_least;
+        if (const auto exact = exact_search(model.problem, left())) {
+            report_progress(options_.progress, "auto: no heuristic plan; the exact search of '" + model.problem.name() +
+                                                   "' (" + std::to_string(model.problem.data_count()) + " data)");
+            try {
+                return finished(detail::automatic::tagged(exact->solve(model.problem, budget), "exhaustive (last resort)"),
+                                clock);
+            } catch (const Infeasible& e) {
+                exact_least = e.smallest_budget();  // the least peak of any schedule, when found in time
+            } catch (const SolverError& e) {
+                report_progress(options_.progress, std::string("auto: the exact search gave up: ") + e.what());
+            }
+        }
+        throw detail::automatic::infeasible(model.problem, budget, tried, exact_least);
+    }
+
+    /// The smallest budget the chosen solver or the greedy plans (the lower of the two).
+    [[nodiscard]] Bytes smallest_budget(const Problem& problem) const { return smallest_budget(analyse(problem)); }
+    [[nodiscard]] Bytes smallest_budget(const AutoModel& model) const {
+        Bytes least = Greedy(HRockmateOptions::default_greedy()).smallest_budget(model.problem);
+        if (options_.greedy_fallback)
+            least = std::min(least, Greedy(greedy_options(std::nullopt, GreedyOrder::memory_aware)).smallest_budget(model.problem));
+        try {
+            if (model.choice == AutoChoice::rotor)
+                least = std::min(least, Rotor(rotor_options()).smallest_budget(*as_chain(model.problem)));
+            else if (model.choice == AutoChoice::rotor_release)
+                least = std::min(least, RotorRelease(rotor_options()).smallest_budget(*as_chain(model.problem)));
+            else if (model.rockmate)
+                least = std::min(least, Rockmate<>(rockmate_options(model.problem)).smallest_budget(*model.rockmate));
+        } catch (const Error&) {
+            // the greedy's answer stands
+        }
+        try {
+            if (model.hrockmate)
+                least = std::min(least, HRockmate(hrockmate_options(model.problem, std::nullopt)).smallest_budget(*model.hrockmate));
+        } catch (const Error&) {
+            // the others' answer stands
+        }
+        return least;
+    }
+
+private:
+    // H-Rockmate's plan beside the chosen solver's (AutoOptions::second_opinion_max_ops),
+    // within `planning` seconds: it replaces `chosen` where faster.
+    void take_second_opinion(const AutoModel& model, Bytes budget, const std::optional<double>& planning,
+                             std::optional<Plan>& chosen, std::vector<detail::automatic::Reach>& tried) const {
+        tried.push_back({"hrockmate (second opinion)", std::nullopt});
+        try {
+            Plan other = HRockmate(second_opinion_options(model.problem, planning)).solve(*model.hrockmate, budget);
+            if (!chosen || other.time < chosen->time) {
+                const std::string against = chosen ? "faster than " + std::string(to_string(model.choice)) + " by " +
+                                                         format_percent(1.0 - other.time / chosen->time)
+                                                   : std::string(to_string(model.choice)) + " had no plan";
+                chosen = detail::automatic::tagged(std::move(other), "hrockmate (" + against + ")");
+            }
+        } catch (const Infeasible& e) {
+            tried.back().least = e.smallest_budget();
+        } catch (const SolverError& e) {
+            report_progress(options_.progress, std::string("auto: hrockmate's second opinion failed (") + e.what() + ")");
+        }
+    }
+    // The plan as solve() returns it: with its certified gap from AutoOptions::time_bound
+    // (status optimal where it meets it) and the seconds of planning at the budget.
+    // `time_bound`: AutoOptions::time_bound, or the higher one loss_state_proof proved.
+    [[nodiscard]] Plan finished(Plan plan, const Stopwatch& clock) const { return finished(std::move(plan), clock, options_.time_bound); }
+    [[nodiscard]] Plan finished(Plan plan, const Stopwatch& clock, const std::optional<double>& time_bound) const {
+        if (time_bound) {
+            require_time_bound_holds(plan.time, *time_bound, "AutoOptions::time_bound");
+            certify_by_time_bound(plan, *time_bound);
+        }
+        plan.stats.solve_seconds = clock.seconds();
+        return plan;
+    }
+    [[nodiscard]] RotorOptions rotor_options() const {
+        RotorOptions o;
+        o.time_limit_seconds = options_.time_limit_seconds;
+        o.progress = options_.progress;
+        return o;
+    }
+    // The seconds of the time limit kept for the exact component on `problem`
+    // (AutoOptions::exact_component_share; 0 where it does not run).
+    [[nodiscard]] double exact_reserve(const Problem& problem) const {
+        if (!options_.time_limit_seconds || !runs_exact_phase(problem)) return 0.0;
+        return options_.exact_component_share * *options_.time_limit_seconds;
+    }
+    // The analysis' share of the time limit, if any (of what the exact component's reserve leaves).
+    [[nodiscard]] std::optional<double> analysis_seconds(const Problem& problem) const {
+        if (!options_.time_limit_seconds) return std::nullopt;
+        return auto_analysis_share * (*options_.time_limit_seconds - exact_reserve(problem));
+    }
+    // Rockmate's blocks share the analysis' share (auto_default_rockmate_seconds without a
+    // limit), each at most H-Rockmate's per-block default.
+    [[nodiscard]] RockmateOptions rockmate_options(const Problem& problem) const {
+        RockmateOptions o = HRockmateOptions::default_rockmate();
+        o.time_limit_seconds = analysis_seconds(problem).value_or(auto_default_rockmate_seconds);
+        o.progress = options_.progress;
+        return o;
+    }
+    // Whether H-Rockmate also analyses a problem for which auto chose Rotor or Rockmate.
+    [[nodiscard]] bool wants_second_opinion(const AutoModel& model) const {
+        return (model.choice == AutoChoice::rotor || model.choice == AutoChoice::rockmate) && model.problem.loss() &&
+               model.problem.op_count() <= options_.second_opinion_max_ops;
+    }
+    [[nodiscard]] static bool second_opinion_of(const AutoModel& model) {
+        return model.choice != AutoChoice::hrockmate && model.hrockmate.has_value();
+    }
+    // The second opinion's: within what the chosen solver's analysis (`analysed` seconds) left
+    // of the analysis' share, or second_opinion_seconds without a time limit.
+    [[nodiscard]] HRockmateOptions second_opinion_options(const Problem& problem, const std::optional<double>& planning,
+                                                          double analysed = 0.0) const {
+        HRockmateOptions o = hrockmate_options(problem, planning);
+        if (const auto analysis = analysis_seconds(problem)) {
+            o.time_limit_seconds = std::max(*analysis - analysed, 1e-3);
+        } else {
+            o.time_limit_seconds = std::max(options_.second_opinion_seconds, 1e-3);
+            o.budget_time_limit_seconds = std::max(options_.second_opinion_seconds / 2, 1e-3);
+        }
+        return o;
+    }
+    // `planning`: seconds left for planning at a budget (none: H-Rockmate's own limits).
+    [[nodiscard]] HRockmateOptions hrockmate_options(const Problem& problem, const std::optional<double>& planning) const {
+        HRockmateOptions o;
+        o.time_bound = options_.time_bound;
+        if (const auto analysis = analysis_seconds(problem)) o.time_limit_seconds = *analysis;
+        if (planning) o.budget_time_limit_seconds = std::max(*planning, 1e-3);
+        o.progress = options_.progress;
+        return o;
+    }
+    // The greedy's portfolio and improvement within `planning` seconds, if given.
+    [[nodiscard]] static GreedyOptions greedy_options(const std::optional<double>& planning,
+                                                      GreedyOrder order = GreedyOrder::store_all) {
+        GreedyOptions o = HRockmateOptions::default_greedy();
+        o.order = order;
+        return planning ? greedy_within(o, *planning) : o;
+    }
+    // The seconds polish() takes on `problem` at most (0 where the window search cannot run):
+    // where the exact component runs under a time limit, at most a quarter of its reserve.
+    [[nodiscard]] double polish_seconds(const Problem& problem) const {
+        if (problem.data_count() > Exhaustive::max_data) return 0.0;
+        const double seconds = std::max(0.0, options_.window_search_seconds);
+        const double reserve = exact_reserve(problem);
+        return reserve > 0 ? std::min(seconds, 0.25 * reserve) : seconds;
+    }
+    // AutoOptions::window_search_seconds: the plan locally improved (solvers/improve.hpp), then
+    // its windows searched exactly (see there). The improvement takes a quarter of the
+    // seconds at most (milliseconds on 40 ops): Checkmate's plans, rounded from its
+    // relaxation, kept recomputations that the budget no longer needed (on bench_checkmate's
+    // 40-op DAG at 50 % of P_ref, 119 -> 114, and the windows then 114 -> 112).
+    void polish(const Problem& problem, Bytes budget, Plan& plan, const std::optional<double>& planning) const {
+        const double seconds = std::min(polish_seconds(problem), planning.value_or(options_.window_search_seconds));
+        if (!(seconds > 0.01)) return;
+        const Stopwatch clock;
+        ImproveOptions io;
+        io.time_limit_seconds = seconds / 4;
+        Schedule improved = improve_schedule(problem, plan.schedule, budget, io);
+        if (const SimulationReport r = simulate(problem, improved); r.fits(budget) && r.time < plan.time) {
+            const double before = plan.time;
+            plan.schedule = std::move(improved);
+            plan.time = r.time;
+            plan.peak = r.peak;
+            plan.stats.status = SolveStatus::heuristic;  // what its solver proved was about its own plan
+            plan.stats.gap.reset();
+            plan.stats.options += ", locally improved (" + format_percent(1.0 - plan.time / before) + " faster)";
+        }
+        report_progress(options_.progress, "auto: searching the windows of the plan of '" + problem.name() + "' exactly");
+        WindowSearchOptions o;
+        o.time_limit_seconds = std::max(0.0, seconds - clock.seconds());
+        o.progress = options_.progress;
+        plan = window_search(problem, budget, std::move(plan), o).plan;
+    }
+
+    // Whether the exact phase runs on `problem`: the proof, the searches and the exact component,
+    // in the component's reserve of the time limit (where either the proof or the component is given).
+    [[nodiscard]] bool runs_exact_phase(const Problem& problem) const {
+        return (options_.exact_component || options_.loss_state_proof) && problem.op_count() <= options_.exact_component_max_ops;
+    }
+    // The seconds of the exact component (AutoOptions::exact_component_seconds), given what
+    // the time limit leaves it (`planning`, none without a limit).
+    [[nodiscard]] double exact_component_seconds(const std::optional<double>& planning) const {
+        return planning.value_or(options_.exact_component_seconds);
+    }
+    // AutoOptions::backward_search_share: the plan's backward searched whole before the exact
+    // component, where that runs (see there).
+    void search_backward(const Problem& problem, Bytes budget, Plan& plan, const std::optional<double>& planning) const {
+        if (!runs_exact_phase(problem) || problem.data_count() > Exhaustive::max_data) return;
+        const double seconds = options_.backward_search_share * exact_component_seconds(planning);
+        if (!(seconds > 0.01)) return;
+        report_progress(options_.progress, "auto: searching the backward of the plan of '" + problem.name() + "' exactly");
+        WindowSearchOptions o;
+        o.time_limit_seconds = seconds;
+        o.max_states_per_window = 0;  // the backward alone; the sliding windows come in the polish
+        o.progress = options_.progress;
+        plan = window_search(problem, budget, std::move(plan), o).plan;
+    }
+
+    // AutoOptions::loss_state_search_share: other states at the loss, before the exact
+    // component, where that runs (see there).
+    void search_loss_states(const Problem& problem, Bytes budget, Plan& plan, const std::optional<double>& time_bound,
+                            const std::optional<double>& planning) const {
+        if (!runs_exact_phase(problem)) return;
+        const double seconds = options_.loss_state_search_share * exact_component_seconds(planning);
+        if (!(seconds > 0.01)) return;
+        report_progress(options_.progress, "auto: searching the states at the loss of '" + problem.name() + "'");
+        LossStateSearchOptions o;
+        o.time_limit_seconds = seconds;
+        o.preferred = options_.loss_state_preferred;
+        o.time_bound = time_bound;
+        o.progress = options_.progress;
+        plan = loss_state_search(problem, budget, std::move(plan), o).plan;
+    }
+
+    // AutoOptions::loss_state_proof: `plan` replaced by a faster one, proven optimal, or
+    // `time_bound` raised (see there).
+    void prove_by_loss_states(const Problem& problem, Bytes budget, Plan& plan, std::optional<double>& time_bound,
+                              const std::optional<double>& planning) const {
+        if (!options_.loss_state_proof || !runs_exact_phase(problem)) return;
+        const double seconds = options_.loss_state_proof_share * exact_component_seconds(planning);
+        if (!(seconds > 0.01)) return;
+        report_progress(options_.progress, "auto: proving the plan of '" + problem.name() + "' by its states at the loss");
+        try {
+            const LossStateBound proof = options_.loss_state_proof(problem, budget, plan.time, seconds);
+            if (!proof.applicable) return;
+            if (proof.faster) {
+                const SimulationReport checked = simulate(problem, *proof.faster);  // the simulator's figures, not the claim
+                if (checked.fits(budget) && checked.time < plan.time) {
+                    const double before = plan.time;
+                    plan.schedule = *proof.faster;
+                    plan.time = checked.time;
+                    plan.peak = checked.peak;
+                    plan.stats.status = SolveStatus::heuristic;  // what its solver proved was about its own plan
+                    plan.stats.gap.reset();
+                    plan.stats.options += ", a faster state at the loss from the proof (" +
+                                          format_percent(1.0 - plan.time / before) + " faster)";
+                }
+            }
+            if (time_bound && proof.time <= *time_bound) return;
+            require_time_bound_holds(plan.time, proof.time, "AutoOptions::loss_state_proof");
+            time_bound = proof.time;
+            if (settle_by_time_bound(plan, proof.time)) plan.stats.options += ", proven optimal by its states at the loss";
+        } catch (const SolverError& e) {
+            report_progress(options_.progress, std::string("auto: the proof failed (") + e.what() + ")");
+        }
+    }
+
+    // AutoOptions::exact_component: a faster plan from it replaces `plan` (see there).
+    void improve_by_exact_component(const Problem& problem, Bytes budget, Plan& plan,
+                                    const std::optional<double>& planning) const {
+        if (!options_.exact_component || !runs_exact_phase(problem)) return;
+        const double seconds = exact_component_seconds(planning);
+        if (!(seconds > 0.05)) return;
+        report_progress(options_.progress, "auto: the exact component on '" + problem.name() + "', started from the plan");
+        try {
+            std::optional<Plan> other = options_.exact_component(problem, budget, plan, seconds);
+            if (!other) return;
+            const SimulationReport checked = simulate(problem, other->schedule);  // the simulator's figures, not the claim
+            if (!checked.fits(budget) || !(checked.time < plan.time)) {
+                // Nothing faster: where the component proved its optimum, the plan is optimal too.
+                if (checked.fits(budget) && other->stats.status == SolveStatus::optimal && checked.time >= plan.time) {
+                    plan.stats.status = SolveStatus::optimal;
+                    // Checkmate's start met the proven time bound: optimal over every schedule,
+                    // not only within the passes its model allows.
+                    const bool over_every_schedule =
+                        other->stats.options.find("meets the proven time bound") != std::string::npos;
+                    plan.stats.options += ", " + other->stats.solver + " found nothing faster" +
+                                          (over_every_schedule ? " (its time meets the proven time bound: optimal over every schedule)"
+                                                               : " (optimal within its model)");
+                }
+                return;
+            }
+            other->time = checked.time;
+            other->peak = checked.peak;
+            const std::string against = "exact component, faster than " + plan.stats.solver + " by " +
+                                        format_percent(1.0 - other->time / plan.time);
+            plan = detail::automatic::tagged(std::move(*other), other->stats.solver + " (" + against + ")");
+        } catch (const Error& e) {
+            report_progress(options_.progress, std::string("auto: the exact component failed (") + e.what() + ")");
+        }
+    }
+    // AutoOptions::certify_seconds: the exact search against the plan (see there).
+    void certify(const Problem& problem, Bytes budget, Plan& plan, const std::optional<double>& planning) const {
+        if (!(options_.certify_seconds > 0) || problem.data_count() > std::min(options_.exact_fallback_max_data, Exhaustive::max_data))
+            return;
+        const double seconds = std::min(options_.certify_seconds, planning.value_or(options_.certify_seconds));
+        if (!(seconds > 0.01)) return;
+        ExhaustiveOptions o;
+        o.time_limit_seconds = seconds;
+        o.max_states = 2'000'000;
+        report_progress(options_.progress, "auto: certifying the plan of '" + problem.name() + "' by the exact search");
+        try {
+            const Exhaustive::Certificate c = Exhaustive(o).certify(problem, budget, plan.time);
+            if (c.faster) {
+                Plan faster = *c.faster;
+                faster.stats.gap = 0.0;
+                faster.stats.options = "chose exhaustive (certification, faster than " + plan.stats.solver + " by " +
+                                       format_percent(1.0 - faster.time / plan.time) + "), " +
+                                       plan.stats.options;
+                plan = std::move(faster);
+            } else if (c.complete) {
+                plan.stats.status = SolveStatus::optimal;
+                plan.stats.gap = 0.0;
+                plan.stats.options += ", certified optimal by the exact search";
+            } else if (const std::optional<double> gap = certified_gap(plan.time, c.lower_bound);
+                       gap && (!plan.stats.gap || *gap < *plan.stats.gap)) {
+                // (a smaller gap the plan has, Checkmate's, stays)
+                plan.stats.gap = gap;
+                plan.stats.options += ", certified gap " + format_percent(*plan.stats.gap) +
+                                      " (the exact search's bound " + std::to_string(c.lower_bound) + ")";
+            }
+        } catch (const InvalidInput&) {
+            // beyond the exact search's limits (more than 64 exactly-once ops): no certificate
+        }
+    }
+    // The exact search, on a problem small enough and with time left for it.
+    [[nodiscard]] std::optional<Exhaustive> exact_search(const Problem& problem,
+                                                         const std::optional<double>& planning) const {
+        if (!options_.exact_fallback || problem.data_count() > options_.exact_fallback_max_data ||
+            problem.data_count() > Exhaustive::max_data)
+            return std::nullopt;
+        const double seconds = std::min(options_.exact_fallback_seconds, planning.value_or(options_.exact_fallback_seconds));
+        if (!(seconds > 0.01)) return std::nullopt;
+        ExhaustiveOptions o;
+        o.time_limit_seconds = seconds;
+        o.max_states = 2'000'000;
+        return Exhaustive(o);
+    }
+    [[nodiscard]] Plan solve_chosen(const AutoModel& model, Bytes budget, const std::optional<double>& planning) const {
+        if (model.choice == AutoChoice::rotor) return Rotor(rotor_options()).solve(model.problem, budget);
+        if (model.choice == AutoChoice::rotor_release) return RotorRelease(rotor_options()).solve(model.problem, budget);
+        if (model.choice == AutoChoice::greedy) return Greedy(greedy_options(planning)).solve(model.problem, budget);
+        if (model.rockmate) return Rockmate<>(rockmate_options(model.problem)).solve(*model.rockmate, budget);
+        if (model.hrockmate) return HRockmate(hrockmate_options(model.problem, planning)).solve(*model.hrockmate, budget);
+        throw SolverError("auto: " + std::string(to_string(model.choice)) + " has no analysis of '" +
+                          model.problem.name() + "'");
+    }
+
+    AutoOptions options_;
+};
+
+static_assert(Solver<Auto>);
+
+}  // namespace remat
+// ---- end remat/solvers/auto.hpp ----
 // ---- begin remat/exec/report.hpp ----
 // remat/exec/report.hpp — what one executed step cost, measured, next to what its plan
 // predicted (exec/executor.hpp fills it; every framework's executor reports the same way).

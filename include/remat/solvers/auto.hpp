@@ -24,9 +24,12 @@
 // is below a proven bound (core/bounds.hpp, or the exact search's) or only beyond the reach of
 // the solvers tried, and carries the smallest budget they know to work. The plan is then
 // improved by an exact component when one is given (remat-plan's: Checkmate started from the
-// plan), which keeps a share of the time limit for itself, and which starts from the plan
-// with its whole backward searched again exactly (solvers/window_search.hpp) and other states
-// at the loss tried, each with its exact best backward (solvers/loss_state_search.hpp); then, on
+// plan), which keeps a share of the time limit for itself. Before it, in that share: a proof
+// by the states at the loss when one is given (bounds/loss_state_bound.hpp, a logic-based
+// Benders decomposition that may also find a faster plan; a plan it proves optimal ends the
+// solve), the plan's whole backward searched again exactly (solvers/window_search.hpp), and
+// other states at the loss tried, each with its exact best backward
+// (solvers/loss_state_search.hpp); the component starts from that plan. Then, on
 // problems within the exact search's reach, polished: locally improved (solvers/improve.hpp)
 // and its windows searched again exactly (solvers/window_search.hpp, large neighbourhood
 // search, Shaw 1998); and certified by the exact search.
@@ -42,6 +45,7 @@
 #include <utility>
 #include <vector>
 
+#include "../bounds/loss_state_bound.hpp"
 #include "../core/bounds.hpp"
 #include "../core/chain.hpp"
 #include "../core/errors.hpp"
@@ -146,6 +150,18 @@ struct AutoOptions {
     /// The data the loss-state search tries to keep first: remat-plan passes the time lower
     /// bound's relaxation's choice (TimeLowerBound::live_at_loss).
     std::vector<std::string> loss_state_preferred;
+    /// A proof first, where the exact component runs: called with the plan's time as the
+    /// target and the seconds it may take (loss_state_proof_share of the component's), it
+    /// proves a lower bound on the time of every schedule within the budget, and may find a
+    /// faster schedule on the way (LossStateBound, bounds/loss_state_bound.hpp). A faster
+    /// schedule replaces the plan; a bound that reaches the plan's time makes it optimal
+    /// (status optimal, gap 0), and Auto returns it at once; a lower one above time_bound
+    /// replaces that for the rest of the solve. Empty by default (it needs a MILP backend);
+    /// remat-plan fills it with loss_state_bound. With `remat-plan --time-limit 10`,
+    /// bench_checkmate's 60-op DAG at 60 and 80 % of P_ref, where the time bound alone leaves a
+    /// gap of one time unit, is proven optimal from the heuristics' plans. 0: off.
+    std::function<LossStateBound(const Problem&, Bytes, double target, double seconds)> loss_state_proof;
+    double loss_state_proof_share = 0.5;
     /// Under a time limit, the share of it kept for the exact component where it runs (and
     /// the polish after it; see window_search_seconds): the analyses get auto_analysis_share
     /// of the rest, and the heuristics plan at the budget within what is left less this
@@ -329,6 +345,9 @@ public:
         if (!(options_.backward_search_share >= 0 && options_.backward_search_share <= 1))
             throw InvalidInput("auto: backward_search_share must be between 0 and 1 (the share of the exact component's "
                                "seconds for the backward search before it)");
+        if (!(options_.loss_state_proof_share >= 0 && options_.loss_state_proof_share <= 1))
+            throw InvalidInput("auto: loss_state_proof_share must be between 0 and 1 (the share of the exact component's "
+                               "seconds for the proof by the states at the loss)");
         if (!(options_.loss_state_search_share >= 0 && options_.loss_state_search_share <= 1))
             throw InvalidInput("auto: loss_state_search_share must be between 0 and 1 (the share of the exact component's "
                                "seconds left for the loss-state search before it)");
@@ -398,11 +417,13 @@ public:
             return std::max(0.0, *all - exact_reserve(model.problem));
         };
         std::vector<detail::automatic::Reach> tried{{std::string(to_string(model.choice)), std::nullopt}};
-        // Whether `plan` meets AutoOptions::time_bound (then marked optimal): nothing can beat it.
+        // AutoOptions::time_bound, or the higher one loss_state_proof proves.
+        std::optional<double> time_bound = options_.time_bound;
+        // Whether `plan` meets the time bound (then marked optimal): nothing can beat it.
         const auto settled = [&](Plan& plan) {
-            if (!options_.time_bound) return false;
-            require_time_bound_holds(plan.time, *options_.time_bound, "AutoOptions::time_bound");
-            return settle_by_time_bound(plan, *options_.time_bound);
+            if (!time_bound) return false;
+            require_time_bound_holds(plan.time, *time_bound, "AutoOptions::time_bound");
+            return settle_by_time_bound(plan, *time_bound);
         };
         std::optional<Plan> chosen;
         try {
@@ -426,12 +447,13 @@ public:
                 if (!all) return all;
                 return std::max(0.0, *all - polish_seconds(model.problem));
             };
+            if (!settled(*chosen)) prove_by_loss_states(model.problem, budget, *chosen, time_bound, left_for_exact_component());
             if (!settled(*chosen)) search_backward(model.problem, budget, *chosen, left_for_exact_component());
-            if (!settled(*chosen)) search_loss_states(model.problem, budget, *chosen, left_for_exact_component());
+            if (!settled(*chosen)) search_loss_states(model.problem, budget, *chosen, time_bound, left_for_exact_component());
             if (!settled(*chosen)) improve_by_exact_component(model.problem, budget, *chosen, left_for_exact_component());
             if (!settled(*chosen)) polish(model.problem, budget, *chosen, left());
             if (!settled(*chosen)) certify(model.problem, budget, *chosen, left());
-            return finished(std::move(*chosen), clock);
+            return finished(std::move(*chosen), clock, time_bound);
         }
         if (!options_.greedy_fallback) throw detail::automatic::infeasible(model.problem, budget, tried);
         for (const GreedyOrder order : {GreedyOrder::store_all, GreedyOrder::memory_aware}) {
@@ -511,10 +533,12 @@ private:
     }
     // The plan as solve() returns it: with its certified gap from AutoOptions::time_bound
     // (status optimal where it meets it) and the seconds of planning at the budget.
-    [[nodiscard]] Plan finished(Plan plan, const Stopwatch& clock) const {
-        if (options_.time_bound) {
-            require_time_bound_holds(plan.time, *options_.time_bound, "AutoOptions::time_bound");
-            certify_by_time_bound(plan, *options_.time_bound);
+    // `time_bound`: AutoOptions::time_bound, or the higher one loss_state_proof proved.
+    [[nodiscard]] Plan finished(Plan plan, const Stopwatch& clock) const { return finished(std::move(plan), clock, options_.time_bound); }
+    [[nodiscard]] Plan finished(Plan plan, const Stopwatch& clock, const std::optional<double>& time_bound) const {
+        if (time_bound) {
+            require_time_bound_holds(plan.time, *time_bound, "AutoOptions::time_bound");
+            certify_by_time_bound(plan, *time_bound);
         }
         plan.stats.solve_seconds = clock.seconds();
         return plan;
@@ -528,7 +552,7 @@ private:
     // The seconds of the time limit kept for the exact component on `problem`
     // (AutoOptions::exact_component_share; 0 where it does not run).
     [[nodiscard]] double exact_reserve(const Problem& problem) const {
-        if (!options_.time_limit_seconds || !runs_exact_component(problem)) return 0.0;
+        if (!options_.time_limit_seconds || !runs_exact_phase(problem)) return 0.0;
         return options_.exact_component_share * *options_.time_limit_seconds;
     }
     // The analysis' share of the time limit, if any (of what the exact component's reserve leaves).
@@ -617,9 +641,10 @@ private:
         plan = window_search(problem, budget, std::move(plan), o).plan;
     }
 
-    // Whether the exact component runs on `problem` (and the searches before it, in its time).
-    [[nodiscard]] bool runs_exact_component(const Problem& problem) const {
-        return options_.exact_component && problem.op_count() <= options_.exact_component_max_ops;
+    // Whether the exact phase runs on `problem`: the proof, the searches and the exact component,
+    // in the component's reserve of the time limit (where either the proof or the component is given).
+    [[nodiscard]] bool runs_exact_phase(const Problem& problem) const {
+        return (options_.exact_component || options_.loss_state_proof) && problem.op_count() <= options_.exact_component_max_ops;
     }
     // The seconds of the exact component (AutoOptions::exact_component_seconds), given what
     // the time limit leaves it (`planning`, none without a limit).
@@ -629,7 +654,7 @@ private:
     // AutoOptions::backward_search_share: the plan's backward searched whole before the exact
     // component, where that runs (see there).
     void search_backward(const Problem& problem, Bytes budget, Plan& plan, const std::optional<double>& planning) const {
-        if (!runs_exact_component(problem) || problem.data_count() > Exhaustive::max_data) return;
+        if (!runs_exact_phase(problem) || problem.data_count() > Exhaustive::max_data) return;
         const double seconds = options_.backward_search_share * exact_component_seconds(planning);
         if (!(seconds > 0.01)) return;
         report_progress(options_.progress, "auto: searching the backward of the plan of '" + problem.name() + "' exactly");
@@ -642,23 +667,57 @@ private:
 
     // AutoOptions::loss_state_search_share: other states at the loss, before the exact
     // component, where that runs (see there).
-    void search_loss_states(const Problem& problem, Bytes budget, Plan& plan, const std::optional<double>& planning) const {
-        if (!runs_exact_component(problem)) return;
+    void search_loss_states(const Problem& problem, Bytes budget, Plan& plan, const std::optional<double>& time_bound,
+                            const std::optional<double>& planning) const {
+        if (!runs_exact_phase(problem)) return;
         const double seconds = options_.loss_state_search_share * exact_component_seconds(planning);
         if (!(seconds > 0.01)) return;
         report_progress(options_.progress, "auto: searching the states at the loss of '" + problem.name() + "'");
         LossStateSearchOptions o;
         o.time_limit_seconds = seconds;
         o.preferred = options_.loss_state_preferred;
-        o.time_bound = options_.time_bound;
+        o.time_bound = time_bound;
         o.progress = options_.progress;
         plan = loss_state_search(problem, budget, std::move(plan), o).plan;
+    }
+
+    // AutoOptions::loss_state_proof: `plan` replaced by a faster one, proven optimal, or
+    // `time_bound` raised (see there).
+    void prove_by_loss_states(const Problem& problem, Bytes budget, Plan& plan, std::optional<double>& time_bound,
+                              const std::optional<double>& planning) const {
+        if (!options_.loss_state_proof || !runs_exact_phase(problem)) return;
+        const double seconds = options_.loss_state_proof_share * exact_component_seconds(planning);
+        if (!(seconds > 0.01)) return;
+        report_progress(options_.progress, "auto: proving the plan of '" + problem.name() + "' by its states at the loss");
+        try {
+            const LossStateBound proof = options_.loss_state_proof(problem, budget, plan.time, seconds);
+            if (!proof.applicable) return;
+            if (proof.faster) {
+                const SimulationReport checked = simulate(problem, *proof.faster);  // the simulator's figures, not the claim
+                if (checked.fits(budget) && checked.time < plan.time) {
+                    const double before = plan.time;
+                    plan.schedule = *proof.faster;
+                    plan.time = checked.time;
+                    plan.peak = checked.peak;
+                    plan.stats.status = SolveStatus::heuristic;  // what its solver proved was about its own plan
+                    plan.stats.gap.reset();
+                    plan.stats.options += ", a faster state at the loss from the proof (" +
+                                          format_percent(1.0 - plan.time / before) + " faster)";
+                }
+            }
+            if (time_bound && proof.time <= *time_bound) return;
+            require_time_bound_holds(plan.time, proof.time, "AutoOptions::loss_state_proof");
+            time_bound = proof.time;
+            if (settle_by_time_bound(plan, proof.time)) plan.stats.options += ", proven optimal by its states at the loss";
+        } catch (const SolverError& e) {
+            report_progress(options_.progress, std::string("auto: the proof failed (") + e.what() + ")");
+        }
     }
 
     // AutoOptions::exact_component: a faster plan from it replaces `plan` (see there).
     void improve_by_exact_component(const Problem& problem, Bytes budget, Plan& plan,
                                     const std::optional<double>& planning) const {
-        if (!runs_exact_component(problem)) return;
+        if (!options_.exact_component || !runs_exact_phase(problem)) return;
         const double seconds = exact_component_seconds(planning);
         if (!(seconds > 0.05)) return;
         report_progress(options_.progress, "auto: the exact component on '" + problem.name() + "', started from the plan");
