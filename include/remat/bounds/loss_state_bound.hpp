@@ -311,7 +311,9 @@ template <milp::MilpBackend Backend>
         out.time = std::max(out.time, std::min(proven, out.target));
         if (proven >= out.target * (1 - 1e-9)) break;  // reached
         if (r.status != milp::Status::optimal || left() <= 0) break;
-        const auto [live, left_out] = master.state(r);
+        const auto state = master.state(r);  // (no structured binding: a lambda below reads it, which clang 14 refuses)
+        const detail::exhaustive::DataMask& live = state.first;
+        const std::vector<std::size_t>& left_out = state.second;
         auto again = std::find_if(scored.begin(), scored.end(), [&](const Scored& x) { return x.live == live; });
         if (again != scored.end() && again->exact) break;  // its value is the master's
         if (again == scored.end()) again = scored.insert(scored.end(), Scored{live, options.state_seconds / 4, false});
