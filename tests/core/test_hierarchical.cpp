@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <iostream>
 #include <optional>
@@ -941,4 +942,57 @@ TEST_CASE("auto: a budget below the exact search's memory bound is refused as be
         }
     }
     CHECK(between >= 3);
+}
+
+TEST_CASE("auto: on small problems the certification opens the exact phase, before the proof and the component",
+          "[hierarchical][auto]") {
+    const auto [p, budget, optimum] = missed_optimum();
+    std::vector<std::string> called;
+    AutoOptions o;
+    o.second_opinion_seconds = 0.2;
+    o.window_search_seconds = 0.0;
+    o.exact_component = [&](const Problem&, Bytes, const Plan&, double) -> std::optional<Plan> {
+        called.push_back("component");
+        return std::nullopt;
+    };
+    o.loss_state_proof = [&](const Problem&, Bytes, double target, double) {
+        called.push_back("proof");
+        LossStateBound nothing;  // not applicable: nothing proven
+        nothing.target = target;
+        return nothing;
+    };
+    SECTION("its search finishes: the optimum, proven, and nothing runs after it") {
+        const Plan plan = Auto(o).solve(p, budget);
+        CHECK(called.empty());
+        CHECK(plan.time == Approx(optimum));
+        CHECK(plan.stats.status == SolveStatus::optimal);
+        REQUIRE(plan.stats.gap.has_value());
+        CHECK(*plan.stats.gap == 0.0);
+        CHECK(simulate(p, plan.schedule).fits(budget));
+        INFO(plan.stats.options);
+        CHECK((plan.stats.options.starts_with("chose exhaustive (certification first, faster than") ||
+               plan.stats.options.find("certified optimal by the exact search") != std::string::npos));
+    }
+    SECTION("at share 0 the phase runs as before, and the certification at its end still finds the optimum") {
+        o.certify_first_share = 0.0;
+        const Plan plan = Auto(o).solve(p, budget);
+        CHECK(called == std::vector<std::string>{"proof", "component"});
+        CHECK(plan.time == Approx(optimum));
+    }
+    SECTION("nor on problems of more than certify_first_max_data data") {
+        o.certify_first_max_data = p.data_count() - 1;
+        (void)Auto(o).solve(p, budget);
+        CHECK(called == std::vector<std::string>{"proof", "component"});
+    }
+    SECTION("without the certification it does not run either") {
+        o.certify_seconds = 0.0;
+        (void)Auto(o).solve(p, budget);
+        CHECK(called == std::vector<std::string>{"proof", "component"});
+    }
+    SECTION("its share is checked") {
+        o.certify_first_share = 1.5;
+        CHECK_THROWS_AS(Auto(o), InvalidInput);
+        o.certify_first_share = std::nan("");
+        CHECK_THROWS_AS(Auto(o), InvalidInput);
+    }
 }
