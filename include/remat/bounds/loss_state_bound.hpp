@@ -95,32 +95,6 @@ struct LossStateBound {
 
 namespace detail::loss_state_bound {
 
-// The data whose presence at the loss can matter after it: read by an exactly-once op from the
-// loss on, or final, and what any op reads to write such a data. The others are never read on
-// a way to the end, so dropping them from a state at the loss changes no continuation's time.
-[[nodiscard]] inline std::vector<char> relevant_after_loss(const Problem& p, OpId loss, const time_bound::Phases& ph) {
-    std::vector<char> relevant(p.data_count(), 0);
-    std::vector<std::size_t> stack;
-    const auto use = [&](DataId d) {
-        if (relevant[d.index]) return;
-        relevant[d.index] = 1;
-        stack.push_back(d.index);
-    };
-    for (std::size_t k = 0; k < p.op_count(); ++k) {
-        const Op& op = p.op(OpId{k});
-        if (op.exactly_once && (OpId{k} == loss || ph.after_loss_op[k]))
-            for (const DataId d : op.reads) use(d);
-    }
-    for (const DataId d : p.final_data()) use(d);
-    while (!stack.empty()) {
-        const DataId d{stack.back()};
-        stack.pop_back();
-        for (const OpId w : p.writers(d))
-            for (const DataId r : p.op(w).reads) use(r);
-    }
-    return relevant;
-}
-
 // Why the proof does not apply to `p` (empty: it does).
 [[nodiscard]] inline std::string not_applicable(const Problem& p) {
     const std::optional<OpId> loss = p.loss();
@@ -157,9 +131,10 @@ public:
         runs_after_.push_back({unseen_, 1.0});
     }
     // Every data a continuation may use has a variable at the loss; otherwise dropping it would
-    // overstate the continuation's time (a repeatable op after the loss that reads it).
+    // overstate the continuation's time (a repeatable op after the loss that reads it). The
+    // others are never read on a way to the end, so dropping them changes no continuation.
     [[nodiscard]] bool covers_what_continuations_read() const {
-        const std::vector<char> relevant = relevant_after_loss(p_, loss_, phases_);
+        const std::vector<char> relevant = time_bound::useful_from(p_, phases_, loss_, true).data;
         for (std::size_t d = 0; d < p_.data_count(); ++d)
             if (relevant[d] && !v_.live[0][d] && !p_.is_initial(DataId{d}) && !phases_.after_loss_data[d]) return false;
         return true;
@@ -296,7 +271,7 @@ template <milp::MilpBackend Backend>
     const auto left = [&] { return options.time_limit_seconds - clock.seconds(); };
     struct Scored {
         detail::exhaustive::DataMask live;
-        double seconds;  // of its last search
+        double seconds;  // for its next search
         bool exact;      // that search finished
     };
     std::vector<Scored> scored;
@@ -316,9 +291,9 @@ template <milp::MilpBackend Backend>
         const std::vector<std::size_t>& left_out = state.second;
         auto again = std::find_if(scored.begin(), scored.end(), [&](const Scored& x) { return x.live == live; });
         if (again != scored.end() && again->exact) break;  // its value is the master's
-        if (again == scored.end()) again = scored.insert(scored.end(), Scored{live, options.state_seconds / 4, false});
-        again->seconds *= 4;
+        if (again == scored.end()) again = scored.insert(scored.end(), Scored{live, options.state_seconds, false});
         const auto found = continuations.search(live, out.target - master.before_loss(), std::min(again->seconds, left()));
+        again->seconds *= 4;  // if the master picks it again
         again->exact = !found.stopped;
         const double rest = found.found ? found.time : found.stopped ? found.lower_bound : out.target - master.before_loss();
         ++out.states_scored;

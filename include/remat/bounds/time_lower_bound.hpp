@@ -347,12 +347,16 @@ struct Variables {
 // relaxation with those set to 0 breaks no row (a data useful at a later cut is useful at this
 // one, as "must run before" only grows along the cuts; the writers and reads of a useful data
 // are useful), so the bound stays a bound, and the later cuts, deep in the backward, get far
-// fewer variables.
+// fewer variables. `through_writers_after_loss` also follows the writers that run only after
+// the loss (not variables of the relaxation), and the data they read: everything a
+// continuation from the cut may read (bounds/loss_state_bound.hpp checks that the relaxation
+// tracks all of it at the loss).
 struct Useful {
     std::vector<char> data, ops;
 };
 
-[[nodiscard]] inline Useful useful_from(const Problem& p, const Phases& ph, OpId cut) {
+[[nodiscard]] inline Useful useful_from(const Problem& p, const Phases& ph, OpId cut,
+                                        bool through_writers_after_loss = false) {
     Useful u{std::vector<char>(p.data_count(), 0), std::vector<char>(p.op_count(), 0)};
     std::vector<std::size_t> stack;
     const auto use = [&](DataId d) {
@@ -371,7 +375,8 @@ struct Useful {
         const DataId d{stack.back()};
         stack.pop_back();
         for (const OpId w : p.writers(d)) {
-            if (u.ops[w.index] || !ph.can_run[w.index] || ph.after_loss_op[w.index]) continue;
+            if (u.ops[w.index] || !ph.can_run[w.index] || (ph.after_loss_op[w.index] && !through_writers_after_loss))
+                continue;
             u.ops[w.index] = 1;
             for (const DataId r : p.op(w).reads) use(r);
         }
