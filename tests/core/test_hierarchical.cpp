@@ -996,3 +996,39 @@ TEST_CASE("auto: on small problems the certification opens the exact phase, befo
         CHECK_THROWS_AS(Auto(o), InvalidInput);
     }
 }
+
+TEST_CASE("auto's certification first claims no more than the exact optimum on random DAGs", "[hierarchical][auto]") {
+    // With an exact component given (here one that finds nothing), the certification opens the
+    // exact phase; its proofs and bounds must hold against the exact optimum.
+    std::mt19937 rng(7);
+    AutoOptions o;
+    o.second_opinion_seconds = 0.2;
+    o.window_search_seconds = 0.0;
+    o.exact_component = [](const Problem&, Bytes, const Plan&, double) -> std::optional<Plan> { return std::nullopt; };
+    const Auto solver(o);
+    int proven = 0, cases = 0;
+    for (int trial = 0; trial < 32; ++trial) {
+        testing::DagShape shape;
+        shape.forward_ops = 3 + static_cast<std::size_t>(trial % 4);
+        const Problem p = testing::random_dag(rng, shape);
+        const Bytes budget = percent_of(store_all_reference(p).peak, 60 + 5 * (trial % 6));
+        double optimum = 0.0;
+        try {
+            optimum = Exhaustive().solve(p, budget).time;
+        } catch (const Infeasible&) {
+            continue;
+        }
+        const Plan plan = solver.solve(p, budget);
+        ++cases;
+        INFO("trial " << trial << ": " << plan.stats.options);
+        CHECK(simulate(p, plan.schedule).fits(budget));
+        CHECK(plan.time >= optimum - 1e-9);
+        if (plan.stats.status == SolveStatus::optimal && plan.stats.gap && *plan.stats.gap == 0.0) {
+            CHECK(plan.time == Approx(optimum));
+            ++proven;
+        }
+        if (plan.stats.gap) CHECK(plan.time / (1.0 + *plan.stats.gap) <= optimum + 1e-6);  // the bound it certifies
+    }
+    CHECK(cases >= 12);
+    CHECK(proven == cases);  // on graphs this small the search always finishes
+}
