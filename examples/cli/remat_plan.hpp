@@ -493,14 +493,14 @@ inline void print_bound(std::ostream& out, const Reference& ref, const PlanRun& 
     // The plan's own gap where it is smaller: proved after this bound (auto's proof by the states
     // at the loss, or the exact search's certification).
     const std::optional<double> own = run.plan->stats.gap;
-    const double gap = std::min(run.plan->time / std::max(b.time, 1e-300) - 1.0, own.value_or(HUGE_VAL));
+    const double over_bound = run.plan->time / std::max(b.time, 1e-300) - 1.0;
     if (meets_time_bound(run.plan->time, b.time))
         out << "  optimum   this plan is optimal: its time meets the bound\n";
     else if (run.plan->stats.status == SolveStatus::optimal && own && *own <= 0.0)
         out << "  optimum   this plan is optimal: proven after this bound (see its solver line)\n";
     else
-        out << "  optimum   this plan is at most " << number(100.0 * gap, "%.2f") << " % slower than the best schedule"
-            << (own && *own < run.plan->time / std::max(b.time, 1e-300) - 1.0 ? " (a bound proven after this one)" : "")
+        out << "  optimum   this plan is at most " << number(100.0 * std::min(over_bound, own.value_or(HUGE_VAL)), "%.2f")
+            << " % slower than the best schedule" << (own && *own < over_bound ? " (a bound proven after this one)" : "")
             << "\n";
 }
 

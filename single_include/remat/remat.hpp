@@ -13120,10 +13120,8 @@ private:
             const LossStateBound proof = options_.loss_state_proof(problem, budget, plan.time, seconds);
             if (!proof.applicable) return;
             if (proof.faster) adopt_if_faster(problem, budget, plan, *proof.faster, "a faster state at the loss from the proof");
-            if (time_bound && proof.time <= *time_bound) return;
-            require_time_bound_holds(plan.time, proof.time, "AutoOptions::loss_state_proof");
-            time_bound = proof.time;
-            if (settle_by_time_bound(plan, proof.time)) plan.stats.options += ", proven optimal by its states at the loss";
+            raise_time_bound(plan, time_bound, proof.time, "AutoOptions::loss_state_proof",
+                             "proven optimal by its states at the loss");
         } catch (const SolverError& e) {
             report_progress(options_.progress, std::string("auto: the proof failed (") + e.what() + ")");
         }
@@ -13166,34 +13164,24 @@ private:
     // AutoOptions::certify_seconds: the exact search against the plan (see there).
     void certify(const Problem& problem, Bytes budget, Plan& plan, const std::optional<double>& planning) const {
         const double seconds = std::min(options_.certify_seconds, planning.value_or(options_.certify_seconds));
-        try {
-            const std::optional<Exhaustive::Certificate> certificate = certification(problem, budget, plan, seconds);
-            if (!certificate) return;
-            const Exhaustive::Certificate& c = *certificate;
-            if (c.faster) {
-                Plan faster = *c.faster;
-                faster.stats.gap = 0.0;
-                faster.stats.options = "chose exhaustive (certification, faster than " + plan.stats.solver + " by " +
-                                       format_percent(1.0 - faster.time / plan.time) + "), " +
-                                       plan.stats.options;
-                plan = std::move(faster);
-            } else if (c.complete) {
-                plan.stats.status = SolveStatus::optimal;
-                plan.stats.gap = 0.0;
-                plan.stats.options += ", certified optimal by the exact search";
-            } else if (const std::optional<double> gap = certified_gap(plan.time, c.lower_bound);
-                       gap && (!plan.stats.gap || *gap < *plan.stats.gap)) {
-                // (a smaller gap the plan has, Checkmate's, stays)
-                plan.stats.gap = gap;
-                plan.stats.options += ", certified gap " + format_percent(*plan.stats.gap) +
-                                      " (the exact search's bound " + std::to_string(c.lower_bound) + ")";
-            }
-        } catch (const InvalidInput&) {
-            // beyond the exact search's limits (more than 64 exactly-once ops): no certificate
+        const std::optional<Exhaustive::Certificate> c = certification(problem, budget, plan, seconds);
+        if (!c) return;
+        if (c->faster) {
+            adopt_certified(plan, *c->faster, "certification");
+        } else if (c->complete) {
+            plan.stats.status = SolveStatus::optimal;
+            plan.stats.gap = 0.0;
+            plan.stats.options += ", certified optimal by the exact search";
+        } else if (const std::optional<double> gap = certified_gap(plan.time, c->lower_bound);
+                   gap && (!plan.stats.gap || *gap < *plan.stats.gap)) {
+            // (a smaller gap the plan has, Checkmate's, stays)
+            plan.stats.gap = gap;
+            plan.stats.options += ", certified gap " + format_percent(*plan.stats.gap) + " (the exact search's bound " +
+                                  std::to_string(c->lower_bound) + ")";
         }
     }
     // The certification's exact search against `plan` for `seconds`, where it reaches (see
-    // AutoOptions::certify_seconds); throws InvalidInput beyond the search's limits.
+    // AutoOptions::certify_seconds); none where it does not.
     [[nodiscard]] std::optional<Exhaustive::Certificate> certification(const Problem& problem, Bytes budget, const Plan& plan,
                                                                       double seconds) const {
         if (!(options_.certify_seconds > 0) || !(seconds > 0.01) ||
@@ -13203,31 +13191,39 @@ private:
         o.time_limit_seconds = seconds;
         o.max_states = 2'000'000;
         report_progress(options_.progress, "auto: certifying the plan of '" + problem.name() + "' by the exact search");
-        return Exhaustive(o).certify(problem, budget, plan.time);
+        try {
+            return Exhaustive(o).certify(problem, budget, plan.time);
+        } catch (const InvalidInput&) {
+            return std::nullopt;  // beyond the exact search's limits (more than 64 exactly-once ops)
+        }
+    }
+    // The certification's faster schedule (optimal) in place of `plan`, saying which step found it.
+    static void adopt_certified(Plan& plan, Plan faster, std::string_view step) {
+        faster.stats.gap = 0.0;
+        faster.stats.options = "chose exhaustive (" + std::string(step) + ", faster than " + plan.stats.solver + " by " +
+                               format_percent(1.0 - faster.time / plan.time) + "), " + plan.stats.options;
+        plan = std::move(faster);
+    }
+    // A lower bound `proven` on every schedule, from `who`: where above `time_bound`, it becomes
+    // the bound for the rest of the solve, and a plan that meets it is optimal (`note` says why).
+    static void raise_time_bound(Plan& plan, std::optional<double>& time_bound, double proven, std::string_view who,
+                                 std::string_view note) {
+        if (time_bound && proven <= *time_bound) return;
+        require_time_bound_holds(plan.time, proven, who);
+        time_bound = proven;
+        if (settle_by_time_bound(plan, proven)) plan.stats.options += ", " + std::string(note);
     }
     // AutoOptions::certify_first_share: the certification first in the exact phase; what it
     // proves becomes `time_bound` (see there).
     void certify_first(const Problem& problem, Bytes budget, Plan& plan, std::optional<double>& time_bound,
                        const std::optional<double>& planning) const {
         if (!runs_exact_phase(problem) || problem.data_count() > options_.certify_first_max_data) return;
-        try {
-            const std::optional<Exhaustive::Certificate> c =
-                certification(problem, budget, plan, options_.certify_first_share * exact_component_seconds(planning));
-            if (!c) return;
-            if (c->faster) {
-                Plan faster = *c->faster;
-                faster.stats.options = "chose exhaustive (certification first, faster than " + plan.stats.solver + " by " +
-                                       format_percent(1.0 - faster.time / plan.time) + "), " + plan.stats.options;
-                plan = std::move(faster);
-            }
-            const double proven = c->complete ? plan.time : c->lower_bound;
-            if (time_bound && proven <= *time_bound) return;
-            require_time_bound_holds(plan.time, proven, "the certification's exact search");
-            time_bound = proven;
-            if (settle_by_time_bound(plan, proven)) plan.stats.options += ", certified optimal by the exact search";
-        } catch (const InvalidInput&) {
-            // beyond the exact search's limits (more than 64 exactly-once ops): no certificate
-        }
+        const std::optional<Exhaustive::Certificate> c =
+            certification(problem, budget, plan, options_.certify_first_share * exact_component_seconds(planning));
+        if (!c) return;
+        if (c->faster) adopt_certified(plan, *c->faster, "certification first");
+        raise_time_bound(plan, time_bound, c->complete ? plan.time : c->lower_bound, "the certification's exact search",
+                         "certified optimal by the exact search");
     }
     // The exact search, on a problem small enough and with time left for it.
     [[nodiscard]] std::optional<Exhaustive> exact_search(const Problem& problem,
