@@ -357,18 +357,17 @@ public:
         if (!(options_.exact_component_share >= 0 && options_.exact_component_share < 1))
             throw InvalidInput("auto: exact_component_share must be at least 0 and below 1 (the share of the time limit "
                                "kept for the exact component)");
-        if (!(options_.backward_search_share >= 0 && options_.backward_search_share <= 1))
-            throw InvalidInput("auto: backward_search_share must be between 0 and 1 (the share of the exact component's "
-                               "seconds for the backward search before it)");
-        if (!(options_.loss_state_proof_share >= 0 && options_.loss_state_proof_share <= 1))
-            throw InvalidInput("auto: loss_state_proof_share must be between 0 and 1 (the share of the exact component's "
-                               "seconds for the proof by the states at the loss)");
-        if (!(options_.certify_first_share >= 0 && options_.certify_first_share <= 1))
-            throw InvalidInput("auto: certify_first_share must be between 0 and 1 (the share of the exact component's "
-                               "seconds for the exact search that starts the exact phase)");
-        if (!(options_.loss_state_search_share >= 0 && options_.loss_state_search_share <= 1))
-            throw InvalidInput("auto: loss_state_search_share must be between 0 and 1 (the share of the exact component's "
-                               "seconds left for the loss-state search before it)");
+        // The shares of the exact component's seconds for the steps before it.
+        const auto require_share = [](double share, std::string_view name, std::string_view what) {
+            if (!(share >= 0 && share <= 1))
+                throw InvalidInput("auto: " + std::string(name) + " must be between 0 and 1 (the share of the exact "
+                                   "component's seconds for " + std::string(what) + ")");
+        };
+        require_share(options_.backward_search_share, "backward_search_share", "the backward search before it");
+        require_share(options_.loss_state_proof_share, "loss_state_proof_share", "the proof by the states at the loss");
+        require_share(options_.certify_first_share, "certify_first_share", "the exact search that starts the exact phase");
+        require_share(options_.loss_state_search_share, "loss_state_search_share",
+                      "the loss-state search before it (of what is left)");
     }
 
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "auto"; }
