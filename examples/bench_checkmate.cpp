@@ -262,6 +262,7 @@ Outcome solve_with_auto(const Problem& problem, Bytes budget, double seconds, co
     if (time_bound) options.loss_state_preferred = bound->live_at_loss;
     options.exact_component = cli::detail::checkmate_from_plan(time_bound);
     options.loss_state_proof = cli::detail::loss_state_proof();
+    options.bound_from_plan = cli::detail::bound_from_plan();
     return outcome_of([&] { return Auto(options).solve(problem, budget); },
                       {Outcome::Kind::feasible, Outcome::Kind::error, Outcome::Kind::error});
 }

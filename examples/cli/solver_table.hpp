@@ -234,6 +234,23 @@ namespace detail {
 #endif
 }
 
+// AutoOptions::bound_from_plan: the time bound's relaxations (bounds/time_lower_bound.hpp) on
+// the build's preferred backend, up to a cut at every op of the longest chain after the loss,
+// each started from the plan (TimeLowerBoundOptions::start); empty without a backend.
+[[nodiscard]] inline decltype(AutoOptions::bound_from_plan) bound_from_plan() {
+#if defined(REMAT_WITH_CBC) || defined(REMAT_WITH_LPSOLVE)
+    return [](const Problem& problem, Bytes budget, const Plan& plan, double seconds) {
+        TimeLowerBoundOptions o;
+        o.time_limit_seconds = seconds;
+        o.max_cuts = std::max(o.cuts, problem.op_count());  // every op of the chain: the longest has fewer
+        o.start = plan.schedule;
+        return time_lower_bound(problem, budget, milp::Preferred{}, o).time;
+    };
+#else
+    return {};
+#endif
+}
+
 }  // namespace detail
 
 /// What --solver auto picks for a problem (remat::auto_choice, solvers/auto.hpp).
@@ -254,6 +271,7 @@ namespace detail {
     if (o.exact_component) {
         options.exact_component = detail::checkmate_from_plan(o.time_bound);
         options.loss_state_proof = detail::loss_state_proof();
+        options.bound_from_plan = detail::bound_from_plan();
     }
     const Auto solver(std::move(options));
     return [solver, p = std::make_shared<const Problem>(problem), model = std::shared_ptr<const AutoModel>(),

@@ -1024,6 +1024,75 @@ TEST_CASE("auto: on small problems the certification opens the exact phase, befo
     }
 }
 
+TEST_CASE("auto: under a time limit, a bound from the plan ends the solve and raises the time bound",
+          "[hierarchical][auto]") {
+    const auto [p, budget, optimum] = missed_optimum();
+    int calls = 0;
+    double plan_given = 0.0, seconds_given = 0.0;
+    AutoOptions o;
+    o.second_opinion_seconds = 0.2;
+    o.window_search_seconds = 0.0;
+    o.certify_seconds = 0.0;  // else the exact search finds the optimum first
+    o.time_limit_seconds = 5.0;
+    double answer = optimum;  // a true bound: the exact optimum
+    o.bound_from_plan = [&](const Problem&, Bytes, const Plan& plan, double seconds) {
+        ++calls;
+        plan_given = plan.time;
+        seconds_given = seconds;
+        return answer;
+    };
+    SECTION("it is given the plan and the seconds left, and its bound gives the gap or proves the plan") {
+        const Plan plan = Auto(o).solve(p, budget);
+        CHECK(calls == 1);
+        CHECK(plan_given == plan.time);
+        CHECK(seconds_given > 0.0);
+        CHECK(seconds_given <= 5.0);
+        REQUIRE(plan.stats.gap.has_value());
+        CHECK(*plan.stats.gap == Approx(plan.time / optimum - 1.0).margin(1e-12));
+        CHECK((plan.stats.status == SolveStatus::optimal) == (plan.time <= optimum));
+    }
+    SECTION("a bound that meets the plan proves it optimal") {
+        o.bound_from_plan = [&](const Problem&, Bytes, const Plan& plan, double) {
+            ++calls;
+            return plan.time;  // trusted as given: here the plumbing is under test, not the bound
+        };
+        const Plan plan = Auto(o).solve(p, budget);
+        CHECK(calls == 1);
+        CHECK(plan.stats.status == SolveStatus::optimal);
+        REQUIRE(plan.stats.gap.has_value());
+        CHECK(*plan.stats.gap == 0.0);
+        CHECK_THAT(plan.stats.options, Catch::Contains("proven optimal by the time bound from the plan"));
+    }
+    SECTION("a bound above the plan is no bound: refused") {
+        answer = 1e9;
+        CHECK_THROWS_AS(Auto(o).solve(p, budget), InvalidInput);
+    }
+    SECTION("a failing proof leaves the plan as it is") {
+        o.bound_from_plan = [&](const Problem&, Bytes, const Plan&, double) -> double {
+            ++calls;
+            throw SolverError("no backend today");
+        };
+        const Plan plan = Auto(o).solve(p, budget);
+        CHECK(calls == 1);
+        CHECK(simulate(p, plan.schedule).fits(budget));
+        CHECK_FALSE(plan.stats.gap.has_value());
+    }
+    SECTION("not without a time limit, nor above bound_from_plan_max_ops, nor once the plan is proven") {
+        AutoOptions unlimited = o;
+        unlimited.time_limit_seconds.reset();
+        (void)Auto(unlimited).solve(p, budget);
+        AutoOptions small = o;
+        small.bound_from_plan_max_ops = p.op_count() - 1;
+        (void)Auto(small).solve(p, budget);
+        AutoOptions proven = o;
+        proven.time_bound = optimum;
+        proven.certify_seconds = 5.0;  // finds the optimum, which meets the bound
+        const Plan plan = Auto(proven).solve(p, budget);
+        CHECK(plan.time == Approx(optimum));
+        CHECK(calls == 0);
+    }
+}
+
 TEST_CASE("auto's certification first claims no more than the exact optimum on random DAGs", "[hierarchical][auto]") {
     // With an exact component given (here one that finds nothing), the certification opens the
     // exact phase; its proofs and bounds must hold against the exact optimum.
