@@ -12549,9 +12549,9 @@ struct AutoOptions {
     /// optimal over all schedules (status optimal, gap 0), or at its limit states the certified
     /// gap: SolverStats::gap = plan time / proven lower bound - 1, where that bound is above
     /// time_bound (below it, the time bound's gap is the smaller one). The plan's options say
-    /// which. On by default: on random DAGs of 20-30 data the heuristics' plans were up to 24 % slower
-    /// than the optimum the search finds in milliseconds. Off where a plan is made many times
-    /// (the combined offloading planner, remat-plan's sweeps).
+    /// which. On by default: on random DAGs of 20-30 data the heuristics' plans were up to 24 %
+    /// slower than the optimum the search finds in milliseconds. Off where a plan is made many
+    /// times (the combined offloading planner, remat-plan's sweeps).
     double certify_seconds = 1.0;
     /// The polish (off at 0): on problems within the exact search's reach (at most 128 data
     /// and 64 exactly-once ops), the plan locally improved (solvers/improve.hpp, a quarter of
