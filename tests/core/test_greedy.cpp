@@ -5,8 +5,10 @@
 // Infeasible messages; a 2,500-op network planned quickly.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <iostream>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -175,6 +177,47 @@ TEST_CASE("greedy saves memory on chains and networks, and trying both rules is 
     }
     // Recomputation must buy memory on nearly all of these (a chain of one cheap stage may not).
     CHECK(below_ref * 10 >= cases * 9);
+}
+
+TEST_CASE("greedy's writer choice: both are replayed, never slower than either, and the with-grad forward wins on DAGs", "[greedy]") {
+    // A missing output of a layer can be recomputed by its forward without grad (fewest new
+    // bytes) or with grad (which also makes live the saved data its backward reads). On
+    // bench_checkmate's DAGs the second often saves running that forward again.
+    const auto time_of = [](const Problem& p, Bytes budget, GreedyWriter writer) -> std::optional<double> {
+        GreedyOptions o;
+        o.writer = writer;
+        try {
+            return Greedy(o).solve(p, budget).time;
+        } catch (const Infeasible&) {
+            return std::nullopt;
+        }
+    };
+    std::size_t faster = 0, cases = 0;
+    for (const std::size_t ops : {std::size_t{20}, std::size_t{40}, std::size_t{60}}) {
+        const Problem p = testing::bench_dag(ops, 1);
+        const Reference ref = store_all_reference(p);
+        for (const int percent : {40, 50, 60, 70, 80}) {
+            const Bytes budget = ref.peak * percent / 100;
+            const auto fewest = time_of(p, budget, GreedyWriter::fewest_new_bytes);
+            const auto needed = time_of(p, budget, GreedyWriter::most_needed_bytes);
+            const auto both = time_of(p, budget, GreedyWriter::both);
+            INFO(p.name() << " at " << percent << " %");
+            CHECK(both.has_value() == (fewest.has_value() || needed.has_value()));
+            if (!both) continue;
+            ++cases;
+            CHECK(*both == std::min(fewest.value_or(*both), needed.value_or(*both)));
+            if (fewest && *both < *fewest) ++faster;
+        }
+    }
+    std::cout << "greedy writer choice: faster than fewest-new-bytes alone in " << faster << " of " << cases
+              << " DAG budgets\n";
+    CHECK(faster >= 3);
+    // The option is named in the plan's options when the with-grad writer made it.
+    GreedyOptions o;
+    o.writer = GreedyWriter::most_needed_bytes;
+    const Problem p = testing::bench_dag(60, 1);
+    CHECK(Greedy(o).solve(p, store_all_reference(p).peak * 6 / 10).stats.options.find("writer=most-needed-bytes") !=
+          std::string::npos);
 }
 
 TEST_CASE("greedy is never faster than the exact optimum, nor below its smallest budget, on tiny problems", "[greedy]") {

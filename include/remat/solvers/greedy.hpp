@@ -14,6 +14,8 @@
 //    by its cheapest writer that is not exactly-once and whose missing reads can be produced
 //    at a lower production level (graph/production.hpp), which rules out going round in
 //    circles. A missing data that only exactly-once ops write is a failure at that budget.
+//    Among writers of equal cost, the one that allocates least, or the one that also makes
+//    live more data still needed (GreedyScore::prefer_needed_writes): both are replayed.
 //  - While the op would take memory above the budget (live data + what it writes that is
 //    not live + its overhead), a live data is evicted (a free step): not initial, not final,
 //    not read or written by the op, not pinned by the recomputation in progress, and
@@ -38,6 +40,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <limits>
 #include <optional>
@@ -77,6 +80,22 @@ enum class GreedyEviction {
     return "unknown";
 }
 
+/// Which writer recomputes a missing data when several cost the same (GreedyScore::prefer_needed_writes).
+enum class GreedyWriter {
+    fewest_new_bytes,   ///< the one that allocates least (a layer's forward without grad)
+    most_needed_bytes,  ///< the one that makes live the most bytes still needed (its forward with grad)
+    both,               ///< plan with each and keep the faster plan that fits
+};
+
+[[nodiscard]] constexpr std::string_view to_string(GreedyWriter writer) noexcept {
+    switch (writer) {
+        case GreedyWriter::fewest_new_bytes: return "fewest-new-bytes";
+        case GreedyWriter::most_needed_bytes: return "most-needed-bytes";
+        case GreedyWriter::both: return "both";
+    }
+    return "unknown";
+}
+
 /// The order of ops the greedy replays.
 enum class GreedyOrder {
     store_all,     ///< the store-all order (the problem's `autograd` order, or store-all's choice)
@@ -88,6 +107,11 @@ struct GreedyOptions {
     GreedyEviction eviction = GreedyEviction::both;
     /// The order replayed.
     GreedyOrder order = GreedyOrder::store_all;
+    /// The writer that recomputes a missing data among equally costly ones; `both` costs two
+    /// replays per eviction rule and is never slower in plan time. In the portfolio, `both`
+    /// replays the grid with each, and gives three in four noisy replays to the choice of the
+    /// fastest plan so far.
+    GreedyWriter writer = GreedyWriter::both;
     /// How many writers deep the recompute cost of a data counts evicted inputs (DTR's evicted
     /// neighbourhood), for the dtr rule and for choosing among alternative writers. 0 counts
     /// the writer alone; deeper is more precise on long evicted chains and slower.
@@ -117,6 +141,12 @@ struct GreedyScore {
     double noise = 0.0;
     std::uint64_t seed = 0;
     std::size_t depth = 4;
+    /// Which writer recomputes a missing data when several cost the same: by default the one
+    /// that allocates least (a layer's forward without grad); with this, the one that also
+    /// makes live more data still needed (its forward with grad, whose saved data a later
+    /// backward reads), so that the backward does not run that forward again. Neither is
+    /// better on every graph (GreedyOptions::writer).
+    bool prefer_needed_writes = false;
 };
 
 namespace detail::greedy {
@@ -153,6 +183,7 @@ struct Outcome {
     double time = 0.0;
     GreedyEviction rule = GreedyEviction::dtr;
     std::string variant;  // the portfolio's score, when not the plain rule
+    bool prefer_needed_writes = false;  // its score's writer choice
 };
 
 // One replay of the order at one budget with one eviction rule.
@@ -182,7 +213,7 @@ public:
             if (!make_live(d)) return std::nullopt;
         for (std::size_t d = 0; d < live_.size(); ++d)
             if (live_[d] && !p_.is_initial(DataId{d}) && !p_.is_final(DataId{d})) drop(DataId{d});
-        return Outcome{std::move(schedule_), time_, rule_, {}};
+        return Outcome{std::move(schedule_), time_, rule_, {}, score_.prefer_needed_writes};
     }
 
 private:
@@ -263,7 +294,26 @@ private:
         return total;
     }
 
-    // The eligible writer of least estimated cost; ties: fewer new bytes, then lower id.
+    // Bytes op k would make live that are still needed later.
+    [[nodiscard]] Bytes new_needed_bytes(OpId k) {
+        Bytes total = 0;
+        for (const DataId d : p_.op(k).writes)
+            if (!live_[d.index] && needed_later(d)) total += p_.data(d).bytes;
+        return total;
+    }
+
+    // Between two writers of equal estimated cost, whether w is the better one: fewer new
+    // bytes; or, with GreedyScore::prefer_needed_writes, more new bytes still needed (then fewer
+    // new bytes).
+    [[nodiscard]] bool better_tie(OpId w, OpId best) {
+        if (score_.prefer_needed_writes) {
+            const Bytes mine = new_needed_bytes(w), theirs = new_needed_bytes(best);
+            if (mine != theirs) return mine > theirs;
+        }
+        return new_bytes(w) < new_bytes(best);
+    }
+
+    // The eligible writer of least estimated cost; ties: better_tie, then lower id.
     [[nodiscard]] std::optional<OpId> cheapest_writer(DataId d) {
         next_decision();
         std::optional<OpId> best;
@@ -271,7 +321,7 @@ private:
         for (const OpId w : p_.writers(d)) {
             if (!eligible(w, d)) continue;
             const double cost = writer_cost(w, depth_);
-            if (!best || cost < best_cost || (cost == best_cost && new_bytes(w) < new_bytes(*best))) {
+            if (!best || cost < best_cost || (cost == best_cost && better_tie(w, *best))) {
                 best = w;
                 best_cost = cost;
             }
@@ -456,10 +506,30 @@ private:
         return {options_.eviction};
     }
 
-    [[nodiscard]] GreedyScore plain_score() const {
+    // The plain rule's scores, one per writer choice asked for (the default choice first).
+    [[nodiscard]] std::vector<GreedyScore> plain_scores() const {
         GreedyScore score;
         score.depth = options_.neighbourhood_depth;
-        return score;
+        std::vector<GreedyScore> scores;
+        for (const bool needed : {false, true})
+            if (options_.writer == GreedyWriter::both || needed == (options_.writer == GreedyWriter::most_needed_bytes)) {
+                score.prefer_needed_writes = needed;
+                scores.push_back(score);
+            }
+        return scores;
+    }
+
+    // The writer choice of the next noisy replay: the one asked for; with `both`, the one of
+    // the fastest plan so far, and the other every fourth replay. Noise samples plans, and
+    // the choice that plans better on a graph is the one worth sampling more.
+    [[nodiscard]] bool noisy_prefers_needed(std::uint64_t noisy, const std::vector<detail::greedy::Outcome>& found) const {
+        if (options_.writer != GreedyWriter::both) return options_.writer == GreedyWriter::most_needed_bytes;
+        const bool fastest = !found.empty() && found.front().prefer_needed_writes;
+        return noisy % 4 == 3 ? !fastest : fastest;
+    }
+
+    [[nodiscard]] static std::string writer_choice(const GreedyScore& score) {
+        return score.prefer_needed_writes ? " writer=" + std::string(to_string(GreedyWriter::most_needed_bytes)) : "";
     }
 
     // The fastest plan of the rules that fits the budget (ties: the first rule), then of the
@@ -469,8 +539,11 @@ private:
         const Stopwatch clock;
         std::vector<detail::greedy::Outcome> found;
         for (const GreedyEviction rule : rules())
-            if (auto outcome = detail::greedy::Replay(problem, a, budget, rule, plain_score()).run())
-                keep_fastest(found, std::move(*outcome));
+            for (const GreedyScore& score : plain_scores())
+                if (auto outcome = detail::greedy::Replay(problem, a, budget, rule, score).run()) {
+                    outcome->variant = writer_choice(score);
+                    keep_fastest(found, std::move(*outcome));
+                }
         if (options_.portfolio_seconds > 0) portfolio(problem, a, budget, clock, found);
         if (found.empty()) return std::nullopt;
         if (options_.improve_seconds > 0) improve(problem, budget, found);
@@ -486,17 +559,24 @@ private:
             for (const double staleness_power : {0.0, 0.5, 1.0, 2.0})
                 for (const std::size_t depth : {std::size_t{0}, options_.neighbourhood_depth})
                     if (bytes_power != 1.0 || staleness_power != 1.0 || depth != options_.neighbourhood_depth)
-                        grid.push_back({bytes_power, staleness_power, 0.0, 0, depth});
+                        for (const GreedyScore& writer : plain_scores())  // the writer choices asked for
+                            grid.push_back({bytes_power, staleness_power, 0.0, 0, depth, writer.prefer_needed_writes});
+        // Each writer choice numbers its own noisy replays (their seeds and scales of noise),
+        // so that its sequence is the same whatever the other choice does.
+        std::array<std::uint64_t, 2> noisy_count{0, 0};
         for (std::uint64_t i = 0; clock.seconds() < options_.portfolio_seconds; ++i) {
-            const std::uint64_t noisy = i - std::min<std::uint64_t>(i, grid.size());
-            const GreedyScore score = i < grid.size() ? grid[i]
-                                                      : GreedyScore{1.0, 1.0, noisy % 2 == 0 ? 0.3 : 1.0, options_.seed + noisy,
-                                                                    options_.neighbourhood_depth};
+            GreedyScore score = i < grid.size() ? grid[i] : GreedyScore{};
+            if (i >= grid.size()) {
+                const bool needed = noisy_prefers_needed(i - grid.size(), found);
+                const std::uint64_t own = noisy_count[needed ? 1 : 0]++;
+                score = GreedyScore{1.0, 1.0, own % 2 == 0 ? 0.3 : 1.0, options_.seed + own, options_.neighbourhood_depth, needed};
+            }
             auto outcome = detail::greedy::Replay(problem, a, budget, GreedyEviction::dtr, score).run();
             if (!outcome) continue;
             outcome->variant = " bytes^" + std::to_string(score.bytes_power) + " staleness^" +
                                std::to_string(score.staleness_power) + " depth " + std::to_string(score.depth) +
-                               (score.noise > 0 ? " noise " + std::to_string(score.noise) + " seed " + std::to_string(score.seed) : "");
+                               (score.noise > 0 ? " noise " + std::to_string(score.noise) + " seed " + std::to_string(score.seed) : "") +
+                               writer_choice(score);
             keep_fastest(found, std::move(*outcome));
         }
     }
@@ -525,7 +605,8 @@ private:
 
     [[nodiscard]] bool fits(const Problem& problem, const detail::greedy::Analysis& a, Bytes budget) const {
         for (const GreedyEviction rule : rules())
-            if (detail::greedy::Replay(problem, a, budget, rule, plain_score()).run()) return true;
+            for (const GreedyScore& score : plain_scores())
+                if (detail::greedy::Replay(problem, a, budget, rule, score).run()) return true;
         return false;
     }
 
