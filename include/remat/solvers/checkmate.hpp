@@ -112,7 +112,8 @@ struct CheckmateOptions {
     /// Start from the best baseline that fits the budget (store-all; Rotor/periodic on chains).
     bool warm_start = true;
     /// Another solver's schedule, a baseline too (with warm_start): where it is valid within
-    /// the budget the answer is never slower than it (remat::Auto's exact component).
+    /// the budget the answer is never slower than it (remat::Auto's exact component), and a
+    /// baseline only as fast does not replace it.
     std::optional<Schedule> start;
     /// Solve only the LP relaxation and round it (large graphs); never exact.
     bool lp_rounding = false;
@@ -336,6 +337,14 @@ private:
             if (best && best->time <= r.time) return;
             best = Baseline{std::move(s), r.time, std::move(from)};
         };
+        // The caller's start first: a later baseline replaces it only when strictly faster,
+        // so a caller who passes an optimal schedule gets that schedule back.
+        if (options_.start) {
+            try {
+                consider(*options_.start, "the given start");
+            } catch (const Error&) {  // not a schedule of this problem: the other baselines stand
+            }
+        }
         try {
             consider(store_all_reference(problem).schedule, "store-all");
         } catch (const Error&) {
@@ -352,12 +361,6 @@ private:
             } catch (const Error&) {
             }
             for (std::size_t k = 1; k <= chain->length(); ++k) consider(Periodic(k).schedule(*chain), "periodic");
-        }
-        if (options_.start) {
-            try {
-                consider(*options_.start, "the given start");
-            } catch (const Error&) {  // not a schedule of this problem: the other baselines stand
-            }
         }
         return best;
     }
