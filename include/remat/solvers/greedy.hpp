@@ -528,6 +528,15 @@ private:
         return noisy % 4 == 3 ? !fastest : fastest;
     }
 
+    // The score of the next noisy replay of DTR's h: the writer choice above, and that
+    // choice's own count of noisy replays as seed and scale of noise (counted here).
+    [[nodiscard]] GreedyScore noisy_score(std::uint64_t noisy, const std::vector<detail::greedy::Outcome>& found,
+                                          std::array<std::uint64_t, 2>& noisy_count) const {
+        const bool needed = noisy_prefers_needed(noisy, found);
+        const std::uint64_t own = noisy_count[needed ? 1 : 0]++;
+        return GreedyScore{1.0, 1.0, own % 2 == 0 ? 0.3 : 1.0, options_.seed + own, options_.neighbourhood_depth, needed};
+    }
+
     [[nodiscard]] static std::string writer_choice(const GreedyScore& score) {
         return score.prefer_needed_writes ? " writer=" + std::string(to_string(GreedyWriter::most_needed_bytes)) : "";
     }
@@ -565,12 +574,7 @@ private:
         // so that its sequence is the same whatever the other choice does.
         std::array<std::uint64_t, 2> noisy_count{0, 0};
         for (std::uint64_t i = 0; clock.seconds() < options_.portfolio_seconds; ++i) {
-            GreedyScore score = i < grid.size() ? grid[i] : GreedyScore{};
-            if (i >= grid.size()) {
-                const bool needed = noisy_prefers_needed(i - grid.size(), found);
-                const std::uint64_t own = noisy_count[needed ? 1 : 0]++;
-                score = GreedyScore{1.0, 1.0, own % 2 == 0 ? 0.3 : 1.0, options_.seed + own, options_.neighbourhood_depth, needed};
-            }
+            const GreedyScore score = i < grid.size() ? grid[i] : noisy_score(i - grid.size(), found, noisy_count);
             auto outcome = detail::greedy::Replay(problem, a, budget, GreedyEviction::dtr, score).run();
             if (!outcome) continue;
             outcome->variant = " bytes^" + std::to_string(score.bytes_power) + " staleness^" +
