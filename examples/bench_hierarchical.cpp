@@ -14,7 +14,8 @@
 // "rockmate"; "exact": the exact search on small graphs) and its overhead as a ratio of plain
 // DTR's, "hierarchy alone" H-Rockmate with every other component turned off, "bound" the
 // proven lower bound on the overhead of any plan (bounds/time_lower_bound.hpp, budgets up to
-// 60 %; 8 cuts, then 32 and 128, each in a share of the time; "+" where its MILP stopped at
+// 60 %; up to --grown-cuts N cuts (8) grown one at a time by what they prove in half of the
+// time, then 8 cuts, 32 and 128, each in a share of the rest; "+" where its MILP stopped at
 // --bound-limit, with its best proven bound; with --forward-cuts N, a last relaxation also
 // checks memory at N instants before the loss), "floor" that
 // bound as a ratio of DTR's overhead: no solver's ratio can be lower, and "gap" H-Rockmate's
@@ -25,7 +26,7 @@
 // (issue 26's target: all of them).
 //
 //   bench_hierarchical [--quick] [--sizes 200,1000,2500] [--checkmate-limit S] [--bound-limit S]
-//                      [--forward-cuts N] [--refine-limit S] [--no-rockmate]
+//                      [--forward-cuts N] [--grown-cuts N] [--refine-limit S] [--no-rockmate]
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
@@ -62,6 +63,7 @@ struct Options {
     double checkmate_limit = 60.0;
     double bound_limit = 20.0;
     std::size_t forward_cuts = 0;  // TimeLowerBoundOptions::forward_cuts
+    std::size_t grown_cuts = 8;    // TimeLowerBoundOptions::grown_cuts
     double refine_limit = 20.0;
     bool rockmate = true;
 };
@@ -206,6 +208,7 @@ std::string bound_cells(const remat::Problem& p, Bytes budget, int percent, doub
     bo.time_limit_seconds = o.bound_limit;
     bo.max_cuts = 128;  // the whole limit for the tightest bound it can prove
     bo.forward_cuts = o.forward_cuts;
+    bo.grown_cuts = o.grown_cuts;
     const remat::TimeLowerBound b = remat::time_lower_bound(p, budget, remat::milp::Preferred{}, bo);
     char text[96];
     if (b.budget_infeasible) {
@@ -332,6 +335,8 @@ int main(int argc, char** argv) {
             o.bound_limit = std::stod(argv[++i]);
         } else if (a == "--forward-cuts" && i + 1 < argc) {
             o.forward_cuts = static_cast<std::size_t>(std::stoul(argv[++i]));
+        } else if (a == "--grown-cuts" && i + 1 < argc) {
+            o.grown_cuts = static_cast<std::size_t>(std::stoul(argv[++i]));
         } else if (a == "--refine-limit" && i + 1 < argc) {
             o.refine_limit = std::stod(argv[++i]);
         } else if (a == "--no-rockmate") {
@@ -339,7 +344,7 @@ int main(int argc, char** argv) {
         } else {
             std::fprintf(stderr,
                          "usage: bench_hierarchical [--quick] [--sizes 200,1000,2500] [--checkmate-limit S] [--bound-limit S] "
-                         "[--forward-cuts N] [--refine-limit S] [--no-rockmate]\n");
+                         "[--forward-cuts N] [--grown-cuts N] [--refine-limit S] [--no-rockmate]\n");
             return 2;
         }
     }

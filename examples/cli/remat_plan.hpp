@@ -72,7 +72,8 @@ namespace remat::cli {
         "                    how far the plan can be from the optimum (a small integer program; 10 s at most\n"
         "                    unless --time-limit; needs a build with lp_solve or CBC). auto does it by default\n"
         "                    (5 s and half of --time-limit at most): its plan gets the certified gap, or status\n"
-        "                    optimal where it meets it\n"
+        "                    optimal where it meets it. Asked for with --time-limit, it spends that time on a\n"
+        "                    tighter bound (cuts grown one at a time by what they prove)\n"
         "  --no-bound        (--solver auto) skip that bound\n"
         "  --certify S       (--solver auto, problems of at most 64 data) then the exact search, for up to S\n"
         "                    seconds, looks for a faster schedule than the plan: it finds one, proves the plan\n"
@@ -470,6 +471,8 @@ inline void print_plan(std::ostream& out, const PlanArgs& a, const Reference& re
 // The seconds of the proven bound auto's plans get by default (at most half of --time-limit,
 // whose rest, and what the bound leaves of its half, goes to the plan).
 inline constexpr double auto_bound_seconds = 5.0;
+// The cuts grown for --bound and --refine under --time-limit (TimeLowerBoundOptions::grown_cuts).
+inline constexpr std::size_t grown_bound_cuts = 8;
 
 // The plan's certified gap from the proven bound (plan time / bound - 1), unless it has a
 // smaller one; status optimal where its time meets the bound.
@@ -571,7 +574,8 @@ inline int run_plan(const PlanArgs& a, std::ostream& out, std::ostream& err) {
                                      : auto_planner(problem, options);
     // The bound first: Checkmate (by name or as auto's exact component) then starts from it.
     if (a.bound || a.refine) {
-        run.bound = proven_time_bound(problem, run.budget, options);
+        // Asked for with a time limit: that time is spent on the tightest bound (grown cuts).
+        run.bound = proven_time_bound(problem, run.budget, options, options.time_limit ? grown_bound_cuts : 0);
     } else if (solver.name == "auto" && !a.no_bound && run.planning && !a.sweep && have_time_bound_backend) {
         SolveOptions within = options;
         within.time_limit = options.time_limit ? std::min(*options.time_limit / 2, auto_bound_seconds) : auto_bound_seconds;

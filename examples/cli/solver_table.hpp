@@ -523,9 +523,13 @@ inline constexpr bool have_time_bound_backend = milp::have_preferred_backend;
 
 /// The proven lower bound on the time of any schedule within `budget`
 /// (bounds/time_lower_bound.hpp), with the build's preferred MILP backend (milp/preferred.hpp).
-[[nodiscard]] inline TimeLowerBound proven_time_bound(const Problem& problem, Bytes budget, const SolveOptions& options) {
+/// `grown_cuts` (TimeLowerBoundOptions::grown_cuts): 0 for the quick bound that returns once
+/// its default cuts are solved; more spends the time limit on a tighter one.
+[[nodiscard]] inline TimeLowerBound proven_time_bound(const Problem& problem, Bytes budget, const SolveOptions& options,
+                                                      std::size_t grown_cuts = 0) {
     TimeLowerBoundOptions o;
     if (options.time_limit) o.time_limit_seconds = *options.time_limit;
+    o.grown_cuts = grown_cuts;
     o.progress = options.progress;
 #if defined(REMAT_WITH_CBC) || defined(REMAT_WITH_LPSOLVE)
     return time_lower_bound(problem, budget, milp::Preferred{}, o);
