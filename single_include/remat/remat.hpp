@@ -11587,16 +11587,19 @@ struct TimeLowerBoundOptions {
     /// Grown cuts: up to this many cuts after the loss, chosen one at a time by what they prove
     /// (0, the default: none). Each round solves the relaxation with the cuts grown so far and
     /// one more, for each candidate, and keeps the one that proves most; a round where none
-    /// proves more than the round before ends the growth. The first round's candidates are the
-    /// `grow_candidates` ops of the longest chain that hold the most memory (the tightest cuts'
-    /// measure); each later round tries the better half of the ones before. It starts from the
-    /// best of the loss alone and the ladder's first rung (its few tightest cuts), in half of
-    /// the time left when more of the ladder follows (all of it otherwise; time it does not use
-    /// is handed on). A few well-chosen cuts keep the MILP small enough to solve, where more
-    /// cuts placed by rule are tighter only once solved: on the 283-op U-Net of
-    /// bench_hierarchical at 20 % of P_ref, the bound proves +29.7 % over T_ref in 90 s with
-    /// grown cuts, +25.2 % without (the ladder up to 512 cuts, in 60 s); on a 54-data U-Net at
-    /// 40 %, +17.9 %, its optimum, against +12.3 % (docs/design.md §4.10).
+    /// proves more than the round before ends the growth, unless some candidates were not
+    /// tried yet. The first round's candidates are the `grow_candidates` ops of the longest
+    /// chain that hold the most memory (the tightest cuts' measure); each later round tries the
+    /// better half of the ones before, then those not tried. A round tries only as many as can
+    /// each get twice the time the start took per cut, times its cuts: an unsolved relaxation
+    /// proves little before its root is solved. It starts from the best of the loss alone and
+    /// the ladder's first rung (its few tightest cuts), in half of the time left when more of
+    /// the ladder follows (all of it otherwise; time it does not use is handed on). A few
+    /// well-chosen cuts keep the MILP small enough to solve, where more cuts placed by rule are
+    /// tighter only once solved: on the 283-op U-Net of bench_hierarchical at 20 % of P_ref, the
+    /// bound proves +28.1 % over T_ref in 20 s with grown cuts, +25.2 % without (the ladder up
+    /// to 512 cuts, in 60 s); on a 54-data U-Net at 40 %, +17.9 %, its optimum, against +12.3 %
+    /// (docs/design.md §4.10).
     std::size_t grown_cuts = 0;
     /// The ops tried at the growth's first round (see grown_cuts), each one relaxation.
     std::size_t grow_candidates = 24;
@@ -12149,6 +12152,7 @@ struct Stage {
     double time = 0.0;
     bool solved = false;
     bool infeasible = false;
+    double seconds = 0.0;       // the backend's wall-clock time on it
     std::vector<OpId> cuts;     // the loss, then the cuts after it
     std::vector<DataId> forward;  // the forward cuts' data
     std::vector<DataId> live_at_loss;  // in the backend's best solution, if any
@@ -12214,6 +12218,7 @@ template <milp::MilpBackend Backend>
             if (const auto& k = v.live[v.forward][d]; k && result.values[k->index] > 0.5) stage.live_at_loss.push_back(DataId{d});
     stage.solved = result.status == milp::Status::optimal || result.status == milp::Status::infeasible;
     stage.infeasible = result.status == milp::Status::infeasible;
+    stage.seconds = clock.seconds();
     // Within the relative gap of the optimum when solved; the backend's proven bound otherwise.
     double extra = std::isfinite(result.best_bound) ? result.best_bound : 0.0;
     if (result.status == milp::Status::optimal)
@@ -12223,7 +12228,7 @@ template <milp::MilpBackend Backend>
     report_progress(progress, "time bound: " + what + ": " +
                                   (stage.infeasible ? std::string("no schedule fits")
                                                     : std::to_string(stage.time) + (stage.solved ? " (solved)" : " (at its limit)")) +
-                                  " in " + std::to_string(clock.seconds()) + " s");
+                                  " in " + std::to_string(stage.seconds) + " s");
     return stage;
 }
 
@@ -12267,10 +12272,16 @@ struct CutSet {
 }
 
 // TimeLowerBoundOptions::grown_cuts: from the cuts of `start` (the best small relaxation so
-// far), one cut at a time, each the candidate whose relaxation proves most, within `seconds`. Every relaxation solved is
-// a bound, so the largest stage seen is returned (an infeasible one at once: no schedule fits).
-// Each candidate gets an equal share of the time left, counting one more round after this one,
-// so that a round never takes the time of the next.
+// far), one cut at a time, each the candidate whose relaxation proves most, within `seconds`.
+// Every relaxation solved is a bound, so the largest stage seen is returned (an infeasible one
+// at once: no schedule fits). Each candidate gets an equal share of the time left, counting one
+// more round after this one, so that a round never takes the time of the next. A round tries
+// only as many candidates, in their order, as can each get twice the time `start` took per cut,
+// times its cuts: a relaxation stopped before its root is solved proves little (the 283-op
+// U-Net of bench_hierarchical at 20 %: in 0.2 s each, no 4-cut relaxation proves more than the
+// loss and 2 tightest cuts' +25.2 % over T_ref; in 1.9 s, the first proves +28.1 %). The others
+// wait for the next round. A round where no candidate proves more ends the growth, unless some
+// were not tried.
 template <milp::MilpBackend Backend>
 [[nodiscard]] Stage grow_cuts(const Problem& p, const Phases& ph, Stage start, Bytes budget, double seconds,
                               const Backend& backend, const TimeLowerBoundOptions& options) {
@@ -12283,33 +12294,48 @@ template <milp::MilpBackend Backend>
     std::vector<std::size_t> position(p.op_count(), 0);  // along the chain, which orders the cuts
     for (std::size_t j = 0; j < chain.size(); ++j) position[chain[j].index] = j + 1;
     std::vector<OpId> grown = start.cuts;
+    const double seconds_per_cut = start.seconds / static_cast<double>(start.cuts.size());
     Stage best = std::move(start);
     double grown_time = best.time;
-    for (std::size_t round = 0; round < options.grown_cuts && !candidates.empty(); ++round) {
+    for (std::size_t added = 0; added < options.grown_cuts && !candidates.empty();) {
+        const double least_share = 2.0 * seconds_per_cut * static_cast<double>(grown.size() + 1);
         std::vector<std::pair<double, OpId>> proven;  // each candidate's bound this round
         std::optional<Stage> pick;
-        for (std::size_t c = 0; c < candidates.size(); ++c) {
+        std::size_t tried = 0;
+        for (; tried < candidates.size(); ++tried) {
             const double left = seconds - clock.seconds();
             if (left <= 0.0) return best;
+            // This candidate and those after it that can still get their least share, keeping
+            // as much for the next round (the first is always tried).
+            const auto after = static_cast<double>(candidates.size() - tried);
+            const auto fit = static_cast<std::size_t>(least_share > 0.0 ? std::min(left / (2.0 * least_share), after) : after);
+            if (fit == 0 && tried > 0) break;
             std::vector<OpId> cuts = grown;
-            cuts.push_back(candidates[c]);
+            cuts.push_back(candidates[tried]);
             std::sort(cuts.begin(), cuts.end(), [&](OpId x, OpId y) { return position[x.index] < position[y.index]; });
-            const double share = left / static_cast<double>(2 * candidates.size() - c);
+            const double share = left / static_cast<double>(2 * std::max<std::size_t>(fit, 1));
             Stage stage = solve_stage(p, ph, std::move(cuts), {}, budget, share, backend, options.progress, "grown", options.start);
             if (stage.infeasible) return stage;
-            proven.emplace_back(stage.time, candidates[c]);
+            proven.emplace_back(stage.time, candidates[tried]);
             if (!pick || stage.time > pick->time) pick = std::move(stage);
         }
-        if (!pick || !(pick->time > grown_time)) break;  // no candidate proves more
+        if (!pick || !(pick->time > grown_time)) {
+            // No candidate proves more: the growth ends, unless some were not tried yet.
+            candidates.erase(candidates.begin(), candidates.begin() + static_cast<std::ptrdiff_t>(tried));
+            continue;
+        }
         grown = pick->cuts;
         grown_time = pick->time;
+        ++added;
         if (pick->time > best.time) best = std::move(*pick);
-        // The next round tries the better half of the others: a cut that proved little beside
-        // these seldom proves much beside more, and the larger relaxations need the time.
+        // The next round tries the better half of the others, then those not tried yet: a cut
+        // that proved little beside these seldom proves much beside more, and the larger
+        // relaxations need the time.
         std::stable_sort(proven.begin(), proven.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
-        candidates.clear();
-        for (std::size_t c = 1; c < proven.size() && candidates.size() < (proven.size() + 1) / 2; ++c)
-            candidates.push_back(proven[c].second);
+        std::vector<OpId> next;
+        for (std::size_t c = 1; c < proven.size() && next.size() < (proven.size() + 1) / 2; ++c) next.push_back(proven[c].second);
+        next.insert(next.end(), candidates.begin() + static_cast<std::ptrdiff_t>(tried), candidates.end());
+        candidates = std::move(next);
     }
     return best;
 }
