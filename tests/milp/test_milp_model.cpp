@@ -1,6 +1,9 @@
 // The backend-neutral MILP model and its lp_solve and CBC backends.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <chrono>
+
 #include <remat/milp/lp_solve.hpp>
 #ifdef REMAT_WITH_CBC
 #include <remat/milp/cbc.hpp>
@@ -111,6 +114,24 @@ TEST_CASE("lp_solve backend") {
 TEST_CASE("CBC backend") {
     static_assert(MilpBackend<Cbc>);
     check_backend(Cbc{});
+}
+
+TEST_CASE("CBC solves a tiny model in milliseconds every time, never stalling in its threaded tree search") {
+    // With "threads 1", CBC 2.10 runs its tree search in one worker thread and, in about one
+    // solve of 200, waits 10 s to join it (a lost wake-up), past any time limit: a time-limited
+    // knapsack then came back not optimal. The backend turns threads off (0).
+    const Model m = knapsack();
+    double slowest = 0.0;
+    int optimal = 0;
+    const int solves = 1500;
+    for (int i = 0; i < solves; ++i) {
+        const auto start = std::chrono::steady_clock::now();
+        const Result r = Cbc{}.solve(m);
+        slowest = std::max(slowest, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        optimal += r.status == Status::optimal && r.objective == Approx(85) ? 1 : 0;
+    }
+    CHECK(optimal == solves);
+    CHECK(slowest < 2.0);
 }
 #endif
 
