@@ -281,9 +281,10 @@ TEST_CASE("time_lower_bound with max_cuts goes on after unsolved relaxations, ea
         CHECK(backend.sizes->at(0) < backend.sizes->at(1));
         CHECK(backend.sizes->at(1) < backend.sizes->back());
         CHECK_FALSE(bound.relaxation_solved);
-        // The loss alone gets the whole limit; then each an equal share of what is left (these
-        // relaxations solve in well under a second, so the last one gets about all 120 s).
-        CHECK(backend.limits->at(0) == Approx(120.0));
+        // The loss alone gets a quarter of the limit, as larger relaxations follow; then each an
+        // equal share of what is left (these relaxations solve in well under a second, so the
+        // last one gets about all 120 s).
+        CHECK(backend.limits->at(0) == Approx(30.0));
         for (std::size_t i = 1; i < total; ++i)
             CHECK(backend.limits->at(i) == Approx(120.0 / static_cast<double>(total - i)).margin(4.0));
         // Still a bound: the solved relaxation with the same cuts proves 1/0.99 as much extra.
@@ -293,6 +294,36 @@ TEST_CASE("time_lower_bound with max_cuts goes on after unsolved relaxations, ea
         return;
     }
     FAIL("no budget of 30-90 % of P_ref gets an 8-cut bound that improves on 2 cuts");
+}
+
+TEST_CASE("time_lower_bound gives the loss alone the whole limit only when no larger relaxation follows") {
+    testing::UNetShape u;
+    u.levels = 2;
+    u.convs = 1;
+    u.pixels = 16;
+    const Problem p = testing::unet_like(u, "unet-2");
+    const Bytes budget = store_all_reference(p).peak / 2;
+    TimeLowerBoundOptions o;
+    o.time_limit_seconds = 40.0;
+    o.cuts = 0;  // the loss alone
+    const RecordingBackend alone;
+    (void)time_lower_bound(p, budget, alone, o);
+    REQUIRE(alone.limits->size() == 1);
+    CHECK(alone.limits->front() == Approx(40.0));
+    // With cuts to follow (or grown cuts, or forward cuts), a quarter of it: where the loss
+    // alone does not solve, its root bound hardly rises with more time, and the larger
+    // relaxations need it (docs/design.md §4.10).
+    for (const auto& [cuts, grown, forward] : {std::tuple{2, 0, 0}, std::tuple{0, 2, 0}, std::tuple{0, 0, 2}}) {
+        o.cuts = static_cast<std::size_t>(cuts);
+        o.max_cuts = o.cuts;
+        o.grown_cuts = static_cast<std::size_t>(grown);
+        o.forward_cuts = static_cast<std::size_t>(forward);
+        const RecordingBackend first{.solving = 0, .proven = 0.99};  // unsolved, so the others run too
+        (void)time_lower_bound(p, budget, first, o);
+        INFO("cuts " << cuts << ", grown " << grown << ", forward " << forward);
+        REQUIRE(first.limits->size() >= 2);
+        CHECK(first.limits->front() == Approx(10.0));
+    }
 }
 
 TEST_CASE("time_lower_bound's cuts at the tightest ops prove a recomputation the spread ones miss") {
