@@ -4,16 +4,21 @@
 // (coinor-libcbc-dev, pkg-config cbc). Its cutting planes and heuristics often close the
 // gap of scheduling MILPs much faster than plain branch and bound, and it accepts a MIP
 // start. Each solve owns its Cbc_Model through a RAII handle; log levels are 0; the time
-// limit and gaps go through CBC's own parameters ("sec", "ratioGap", "allowableGap"), with
-// threads off ("threads 0": the tree search runs in the calling thread). Include this header
-// only when linking CBC (CMake: remat::cbc).
+// limit and gaps go through CBC's own parameters ("sec", "ratioGap", "allowableGap"). Include
+// this header only when linking CBC (CMake: remat::cbc).
 //
-// Not "threads 1": CBC 2.10 then runs its tree search in one worker thread, and in about one
-// solve of 200 (0.6 % of 3,000 solves of an 8-variable knapsack) the main thread waits 10 s to
-// join it, a lost wake-up in CbcBaseModel::waitForThreadsInTree, whatever the time limit: a
-// 3 s limit took 10 s, a knapsack under a 5 s limit came back "feasible" instead of optimal,
-// and the time bound's tiny relaxations lost their stage's share of the limit. Threads off,
-// 5,000 such solves took at most 6 ms each, with the same results.
+// Threads: "threads 1" in CBC 2.10 is not a serial search but a tree search in one worker
+// thread, and in about one solve of 200 (19 of 3,000 solves of an 8-variable knapsack) the
+// main thread then waits 10 s to join it, a lost wake-up in CbcBaseModel::waitForThreadsInTree,
+// whatever the time limit: a 3 s limit took 10 s, a knapsack under a 5 s limit came back
+// "feasible" instead of optimal, and the time bound's tiny relaxations lost their stage's share
+// of its limit. "threads 0" (serial, in the calling thread) never stalled in 5,000 such solves,
+// each within 6 ms. But on some larger models the serial search is slower: the time bound's
+// 21-cut relaxation of a 61-op chain (920 variables) took 4.4 s serial against 1.3 s threaded.
+// So models of fewer than serial_below_variables variables, which solve in milliseconds and for
+// which a 10 s stall is a thousand times their cost, are solved serially; larger ones keep the
+// one worker thread, and with it the rare stall (a time-limited solve of 1,000 variables or more
+// runs in the child below, killed at the deadline).
 //
 // CBC does not stop inside its root LP and root cut loop, whatever "sec" says (a Checkmate
 // model of 12,000 columns ran 272 s under a 40 s limit), and it overruns "sec" elsewhere too
@@ -153,6 +158,9 @@ public:
     /// "sec": the rest is room for its overruns before the child is killed at the limit (see
     /// above). On bench_checkmate's 20- to 60-op DAGs, 0.8 gave the same plans as the full limit.
     double own_limit_share = 0.8;
+    /// Models with fewer variables than this are solved serially ("threads 0"), larger ones
+    /// with one worker thread ("threads 1"; see the top of this header).
+    std::size_t serial_below_variables = 256;
 
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "cbc"; }
 
@@ -274,7 +282,8 @@ private:
         const auto start = std::chrono::steady_clock::now();
         const detail::cbc::CbcColumns columns = detail::cbc::column_major(model);
         const detail::cbc::CbcHandle cbc = load(model, columns);
-        set_parameters(cbc.get(), model.parameters(), own_limit_seconds.value_or(model.parameters().time_limit_seconds));
+        set_parameters(cbc.get(), model.parameters(), own_limit_seconds.value_or(model.parameters().time_limit_seconds),
+                       model.variable_count() < serial_below_variables);
         const bool use_start = columns.has_integers && model.start().has_value() && model.is_feasible(*model.start());
         if (use_start) set_mip_start(cbc.get(), model);
 
@@ -304,7 +313,7 @@ private:
     }
 
     // The time limit and gaps, both through the API and as CBC's own parameters.
-    static void set_parameters(Cbc_Model* cbc, const Parameters& par, double time_limit_seconds) {
+    static void set_parameters(Cbc_Model* cbc, const Parameters& par, double time_limit_seconds, bool serial) {
         if (std::isfinite(time_limit_seconds)) {
             const double seconds = std::max(0.01, time_limit_seconds);
             Cbc_setMaximumSeconds(cbc, seconds);
@@ -315,7 +324,7 @@ private:
         Cbc_setAllowableGap(cbc, par.absolute_gap);
         Cbc_setParameter(cbc, "ratioGap", detail::cbc::cbc_number(par.relative_gap).c_str());
         Cbc_setParameter(cbc, "allowableGap", detail::cbc::cbc_number(par.absolute_gap).c_str());
-        Cbc_setParameter(cbc, "threads", "0");  // not 1: see the top of this header
+        Cbc_setParameter(cbc, "threads", serial ? "0" : "1");  // see the top of this header
         // CBC 2.10's preprocessing can shrink a model to under three rows, on which its
         // heuristics abort in OsiClpSolverInterface::crunch (coin-or/Cbc#684).
         Cbc_setParameter(cbc, "preprocess", "off");
