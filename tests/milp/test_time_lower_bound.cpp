@@ -252,12 +252,18 @@ TEST_CASE("time_lower_bound with max_cuts solves relaxations with 4 times as man
     CHECK(widened.cuts == by_default->cuts);
 }
 
-TEST_CASE("time_lower_bound with max_cuts goes on after unsolved relaxations, each in a share of the time") {
+// A U-Net of two levels of one convolution on 16 pixels, whose relaxations all solve in a
+// fraction of a second.
+Problem small_unet() {
     testing::UNetShape u;
     u.levels = 2;
     u.convs = 1;
     u.pixels = 16;
-    const Problem p = testing::unet_like(u, "unet-2");
+    return testing::unet_like(u, "unet-2");
+}
+
+TEST_CASE("time_lower_bound with max_cuts goes on after unsolved relaxations, each in a share of the time") {
+    const Problem p = small_unet();
     const Bytes peak = store_all_reference(p).peak;
     TimeLowerBoundOptions o;
     o.time_limit_seconds = 120.0;
@@ -297,11 +303,7 @@ TEST_CASE("time_lower_bound with max_cuts goes on after unsolved relaxations, ea
 }
 
 TEST_CASE("time_lower_bound gives the loss alone the whole limit only when no larger relaxation follows") {
-    testing::UNetShape u;
-    u.levels = 2;
-    u.convs = 1;
-    u.pixels = 16;
-    const Problem p = testing::unet_like(u, "unet-2");
+    const Problem p = small_unet();
     const Bytes budget = store_all_reference(p).peak / 2;
     TimeLowerBoundOptions o;
     o.time_limit_seconds = 40.0;
