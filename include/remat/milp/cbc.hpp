@@ -17,8 +17,10 @@
 // 21-cut relaxation of a 61-op chain (920 variables) took 4.4 s serial against 1.3 s threaded.
 // So models of fewer than serial_below_variables variables, which solve in milliseconds and for
 // which a 10 s stall is a thousand times their cost, are solved serially; larger ones keep the
-// one worker thread, and with it the rare stall (a time-limited solve of 1,000 variables or more
-// runs in the child below, killed at the deadline).
+// one worker thread, and with it the rare stall (1 of 3,000 solves of a 300-variable knapsack,
+// 3 of 3,000 in CBC's deterministic mode, "threads 101"). Under a time limit such a solve runs
+// in the child process below, whatever its size, so that the deadline holds: a stalled child
+// is killed at the limit, and the answer is the MIP start or "no solution in time".
 //
 // CBC does not stop inside its root LP and root cut loop, whatever "sec" says (a Checkmate
 // model of 12,000 columns ran 272 s under a 40 s limit), and it overruns "sec" elsewhere too
@@ -26,11 +28,11 @@
 // child process (POSIX fork) and the result comes back through a pipe. CBC's "sec" there is
 // own_limit_share of the limit, so that it usually stops by itself, with its incumbent and
 // its proven bound; a child still running at the limit is killed and the answer is "no
-// solution in time" (or the MIP start, when one was given). A model of fewer than
-// in_process_below_variables variables is solved in this process all the same: its root LP
-// and cut loop take milliseconds, while a fork costs about 25 ms, and far more in a large
-// process (under AddressSanitizer, the time bound's test on 78 tiny problems took 408 s with a
-// fork per solve, 76 s without). Set hard_deadline = false to solve every model in-process.
+// solution in time" (or the MIP start, when one was given). A serial model of fewer than
+// in_process_below_variables variables stays in this process: its root LP and cut loop take
+// milliseconds, while a fork costs about 25 ms, and far more in a large process (under
+// AddressSanitizer, the time bound's test on 78 tiny problems took 408 s with a fork per
+// solve, 76 s without). Set hard_deadline = false to solve every model in-process.
 #pragma once
 
 #include <algorithm>
@@ -152,21 +154,27 @@ class Cbc {
 public:
     /// Run a time-limited solve in a child process killed at its hard deadline (see above).
     bool hard_deadline = true;
-    /// Models with fewer variables than this are solved in-process even with a hard deadline.
+    /// Serial models with fewer variables than this are solved in-process even with a hard
+    /// deadline (threaded ones never are: see serial_below_variables).
     std::size_t in_process_below_variables = 1000;
     /// With the hard deadline, the share of the time limit (in (0, 1]) given to CBC's own
     /// "sec": the rest is room for its overruns before the child is killed at the limit (see
     /// above). On bench_checkmate's 20- to 60-op DAGs, 0.8 gave the same plans as the full limit.
     double own_limit_share = 0.8;
     /// Models with fewer variables than this are solved serially ("threads 0"), larger ones
-    /// with one worker thread ("threads 1"; see the top of this header).
+    /// with one worker thread ("threads 1"), and under a time limit with the hard deadline
+    /// in the child process, which honours the limit even when CBC stalls (see the top of
+    /// this header).
     std::size_t serial_below_variables = 256;
 
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "cbc"; }
 
     [[nodiscard]] Result solve(const Model& model) const {
+        // A threaded solve may stall 10 s past any limit (see above): under a limit it runs in
+        // the child, which the deadline kills, whatever its size.
+        const bool threaded = model.variable_count() >= serial_below_variables;
         if (hard_deadline && std::isfinite(model.parameters().time_limit_seconds) &&
-            model.variable_count() >= in_process_below_variables)
+            (threaded || model.variable_count() >= in_process_below_variables))
             return solve_in_child(model);
         return solve_here(model);
     }
