@@ -32,12 +32,14 @@
 #include <ctime>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <remat/core/bounds.hpp>
+#include <remat/core/solver.hpp>
 #include <remat/core/timing.hpp>
 #include <remat/io/budget.hpp>
 #include <remat/solvers/greedy.hpp>
@@ -220,7 +222,8 @@ std::string bound_cells(const remat::Problem& p, Bytes budget, int percent, doub
     std::string gap = "      -";
     std::string refined = "                 |       -";
     if (plan.overhead) {
-        double certified = (1.0 + *plan.overhead) / (1.0 + *lower.overhead) - 1.0;
+        // remat::certified_gap: a plan that meets the bound up to rounding shows 0.0 %, not -0.0 %.
+        double certified = remat::certified_gap(plan.plan->time, b.time).value_or(std::numeric_limits<double>::infinity());
         gap = gap_text(certified);
         const bool counted = percent >= 20 && percent <= 50;
         if (counted) {
