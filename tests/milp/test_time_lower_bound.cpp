@@ -252,6 +252,8 @@ TEST_CASE("time_lower_bound with max_cuts solves relaxations with 4 times as man
     CHECK(widened.cuts == by_default->cuts);
 }
 
+namespace {
+
 // A U-Net of two levels of one convolution on 16 pixels, whose relaxations all solve in a
 // fraction of a second.
 Problem small_unet() {
@@ -261,6 +263,8 @@ Problem small_unet() {
     u.pixels = 16;
     return testing::unet_like(u, "unet-2");
 }
+
+}  // namespace
 
 TEST_CASE("time_lower_bound with max_cuts goes on after unsolved relaxations, each in a share of the time") {
     const Problem p = small_unet();
