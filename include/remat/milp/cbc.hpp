@@ -172,14 +172,18 @@ public:
     [[nodiscard]] Result solve(const Model& model) const {
         // A threaded solve may stall 10 s past any limit (see above): under a limit it runs in
         // the child, which the deadline kills, whatever its size.
-        const bool threaded = model.variable_count() >= serial_below_variables;
         if (hard_deadline && std::isfinite(model.parameters().time_limit_seconds) &&
-            (threaded || model.variable_count() >= in_process_below_variables))
+            (threaded(model) || model.variable_count() >= in_process_below_variables))
             return solve_in_child(model);
         return solve_here(model);
     }
 
 private:
+    // Whether CBC runs this model's tree search in its worker thread (serial_below_variables).
+    [[nodiscard]] bool threaded(const Model& model) const noexcept {
+        return model.variable_count() >= serial_below_variables;
+    }
+
     // Forks; the child solves and writes its Result; the parent reads it until the deadline.
     [[nodiscard]] Result solve_in_child(const Model& model) const {
         const auto start = std::chrono::steady_clock::now();
@@ -291,7 +295,7 @@ private:
         const detail::cbc::CbcColumns columns = detail::cbc::column_major(model);
         const detail::cbc::CbcHandle cbc = load(model, columns);
         set_parameters(cbc.get(), model.parameters(), own_limit_seconds.value_or(model.parameters().time_limit_seconds),
-                       model.variable_count() < serial_below_variables);
+                       !threaded(model));
         const bool use_start = columns.has_integers && model.start().has_value() && model.is_feasible(*model.start());
         if (use_start) set_mip_start(cbc.get(), model);
 
