@@ -100,7 +100,7 @@ struct Workload {
 // fastest of each. One untimed step of each first.
 template <class Probe>
 Measured run(const remat::torch::ScriptExecutor<Probe>& ex, const remat::Plan& plan, const remat::Plan& reference,
-             const Workload& w, int steps) {
+             const Workload& w, int steps, bool time_each_op = false) {
     const auto prepared = ex.prepare(plan);
     const auto prepared_reference = ex.prepare(reference);
     Measured m;
@@ -109,7 +109,7 @@ Measured run(const remat::torch::ScriptExecutor<Probe>& ex, const remat::Plan& p
     double best = 1e300, best_reference = 1e300;
     const auto timed = [&](const remat::torch::ScriptPlan& p, Bytes* peak) {
         const double t0 = step_clock();
-        const auto result = ex.step(p, w.inputs, w.loss);
+        const auto result = ex.step(p, w.inputs, w.loss, time_each_op && peak != nullptr);
         const double t = step_clock() - t0;
         if (peak != nullptr) *peak = std::max(*peak, result.report.measured_peak);
         for (const at::Tensor& param : ex.parameters()) param.mutable_grad() = at::Tensor();
@@ -232,6 +232,12 @@ void bench(Workload w, const Options& o, Probe probe) {
               << " MiB predicted, " << mib(reference.measured_peak) << " MiB measured, step " << reference.seconds
               << clock << " (" << pct(reference.seconds / plain - 1) << " vs plain), solved in " << store_all_solve
               << " s\n";
+    // The executor waits for the device only at the end of each phase; waiting after each op
+    // (time_each_op, to time ops one by one) costs a GPU its queue of kernels.
+    const Measured each_op = run(ex, store_all, store_all, w, o.steps, /*time_each_op=*/true);
+    std::cout << "store-all plan waiting for the device after each op (time_each_op): step " << each_op.seconds << clock
+              << " (" << pct(each_op.seconds / plain - 1) << " vs plain, " << pct(each_op.overhead)
+              << " vs the store-all steps without it)\n";
     const Measured periodic_m = run(ex, periodic, store_all, w, o.steps);
     std::cout << "periodic (every block checkpointed): peak " << mib(periodic_m.predicted_peak) << " MiB predicted ("
               << 100.0 * double(periodic_m.predicted_peak) / double(store_all.peak) << " %), "

@@ -14054,6 +14054,8 @@ private:
 //   - the plan's timeline against measured memory: the probe's peak while each op runs, minus
 //     the parameter gradients collected so far and what the caller holds, on the simulator's
 //     scale (the step's start plus the inputs);
+//   - waiting for the device only at the end of each phase, so that the host queues ops ahead
+//     of an asynchronous device as plain autograd does (time_each_op: after each op, timed);
 //   - parameter gradients handed over only when the step completes (Backend::commit);
 //   - on any failure: rollback (buffers; the generators too in the forward phase, when the
 //     caller has not drawn from them since), everything freed, and an exception naming the
@@ -14097,7 +14099,6 @@ public:
         report_.planned_peak = plan_.planned_peak();
         report_.predicted_time = plan_.predicted_time();
         report_.measured_timeline.assign(plan_.schedule().size(), -1);
-        step_seconds_.assign(plan_.schedule().size(), 0.0);
     }
 
     ExecutionStep(ExecutionStep&&) noexcept = default;
@@ -14107,6 +14108,18 @@ public:
     /// A step dropped half-way frees what it holds; it does not roll back (the forward's
     /// buffer updates stand, as they do when a plain forward is never back-propagated).
     ~ExecutionStep() { backend_.clear(); }
+
+    /// Before forward(): wait for the device after each op and time it on the backend's clock
+    /// (step_seconds()). Off by default, so that on an asynchronous device (CUDA) the host
+    /// queues ops ahead of the device as plain autograd does: the engine then waits only at
+    /// the end of each phase. The measured memory is the same either way (an allocator counts
+    /// at allocation, on the host). What changes is where an asynchronous device error shows:
+    /// at the op that caused it with this on, else at a later op or the phase's end.
+    void time_each_op(bool on) {
+        if (phase_ != StepPhase::ready) throw ExecutionError("step: time_each_op() after forward(); set it before");
+        time_each_op_ = on;
+        step_seconds_.assign(on ? plan_.schedule().size() : 0, 0.0);
+    }
 
     /// Runs the plan up to `loss`.
     void forward() {
@@ -14171,7 +14184,8 @@ public:
 
     [[nodiscard]] StepPhase phase() const noexcept { return phase_; }
     [[nodiscard]] const StepReport& report() const noexcept { return report_; }
-    /// Per schedule step, the seconds its op took on the backend's clock (when it has one).
+    /// Per schedule step, the seconds its op took on the backend's clock (0 where it has none,
+    /// and for frees and the loss); empty unless time_each_op(true) was called.
     [[nodiscard]] const std::vector<double>& step_seconds() const noexcept { return step_seconds_; }
     [[nodiscard]] const ExecutionPlan& plan() const noexcept { return plan_; }
     [[nodiscard]] Backend& backend() noexcept { return backend_; }
@@ -14221,7 +14235,8 @@ private:
         const Bytes outside_before = held_outside();
         probe_->reset_peak();
         double t0 = 0.0;
-        if constexpr (HasClock<Backend>) t0 = backend_.now();
+        if constexpr (HasClock<Backend>)
+            if (time_each_op_) t0 = backend_.now();
         try {
             if (role == ExecOpRole::backward) {
                 runs_.run_backward(backend_, OpId{k}, unit);
@@ -14229,11 +14244,12 @@ private:
                 ++report_.forward_runs;
                 runs_.run_forward(backend_, OpId{k}, unit, *with_grad, std::move(rng_now));
             }
-            backend_.synchronize();
+            if (time_each_op_) backend_.synchronize();
         } catch (...) {
             fail(index, backend_.describe(unit));
         }
-        if constexpr (HasClock<Backend>) step_seconds_[index] = backend_.now() - t0;
+        if constexpr (HasClock<Backend>)
+            if (time_each_op_) step_seconds_[index] = backend_.now() - t0;
         const Bytes during = probe_->peak() - outside_before - reference;
         report_.measured_timeline[index] = during;
         peak = std::max(peak, during);
@@ -14243,7 +14259,9 @@ private:
         try {
             backend_.synchronize();
         } catch (...) {
-            fail(index, " (waiting for the device)");
+            fail(index, time_each_op_ ? " (waiting for the device)"
+                                      : " (waiting for the device: an error an earlier op left there shows now; "
+                                        "time_each_op(true) names that op)");
         }
     }
 
@@ -14289,6 +14307,7 @@ private:
     UnitRuns<Backend> runs_;
     Bytes forward_reference_ = 0;
     StepReport report_;
+    bool time_each_op_ = false;
     std::vector<double> step_seconds_;
 };
 
@@ -17439,7 +17458,8 @@ public:
                 runs_.run_forward(backend_, op, unit, *with_grad_, std::move(rng_now_));
                 break;
         }
-        backend_.synchronize();
+        // No waiting for the device after the op: the transfer backend orders its copies after
+        // the compute through events, and the device's stream orders the rest.
     }
     void release(DataId d) {
         if (d.index < activations_->data_count()) runs_.release(backend_, d);

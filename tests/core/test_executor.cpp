@@ -59,6 +59,8 @@ struct Shared {
     std::optional<Fault> fault;
     std::map<std::string, std::size_t> counts;
     std::vector<char> rollbacks;  // generators_too of each rollback
+    std::size_t synchronizations = 0;
+    double clock = 0.0;  // advances by one second at each reading
 };
 
 class FakeBackend {
@@ -135,7 +137,8 @@ public:
             }
         drop_pending();
     }
-    void synchronize() {}
+    void synchronize() { ++s_->synchronizations; }
+    [[nodiscard]] double now() const { return s_->clock += 1.0; }
     [[nodiscard]] std::string describe(std::size_t unit) const { return " (unit " + std::to_string(unit) + ")"; }
 
     [[nodiscard]] bool holds(DataId d) const { return live_.at(d.index) != 0; }
@@ -270,6 +273,53 @@ TEST_CASE("executor: a step follows the plan and measures what the simulator pre
             CHECK(r.forward_runs >= s.stages);
         }
         for (std::size_t u = 1; u <= s.stages; ++u) CHECK(s.shared.parameter_grads[u] > 0.0);
+    }
+}
+
+TEST_CASE("executor: the device is waited for at the end of each phase, after each op only when ops are timed",
+          "[executor]") {
+    Setup s = chain_setup(3, 5);
+    s.shared.memory.allocate(s.problem.initial_bytes());
+    const Engine engine(s.problem, s.problem, s.table);
+    const Reference ref = store_all_reference(s.problem);
+    const ExecutionPlan plan = engine.prepare(Rotor{}.solve(s.problem, ref.peak * 2 / 3));
+    const auto& schedule = plan.schedule();
+    const auto runs = static_cast<std::size_t>(
+        std::count_if(schedule.begin(), schedule.end(), [&](const Step& step) {
+            return step.is_run() && step.op() != *s.problem.loss();
+        }));
+    for (const bool timed : {false, true}) {
+        INFO("time_each_op " << timed);
+        s.shared.synchronizations = 0;
+        FakeProbe probe{&s.shared.memory};
+        auto step = engine.start(plan, FakeBackend(engine.predicting_problem(), engine.table(), s.shared), probe);
+        step.time_each_op(timed);
+        step.forward();
+        CHECK_THROWS_AS(step.time_each_op(!timed), ExecutionError);  // only before the forward
+        step.backend().give_loss_gradient();
+        step.backward();
+        CHECK(step.report().completed);
+        CHECK(step.report().measured_peak == step.report().predicted_peak);  // the same memory either way
+        if (!timed) {
+            CHECK(s.shared.synchronizations == 2);
+            CHECK(step.step_seconds().empty());
+            continue;
+        }
+        // Every op the engine really runs is waited for and timed (one reading before, one
+        // after: one second on the fake clock); a forward whose outputs are live runs nothing.
+        CHECK(s.shared.synchronizations >= 2 + s.stages);
+        CHECK(s.shared.synchronizations <= 2 + runs);
+        REQUIRE(step.step_seconds().size() == schedule.size());
+        std::size_t timed_ops = 0;
+        for (std::size_t i = 0; i < schedule.size(); ++i) {
+            const double seconds = step.step_seconds()[i];
+            if (!schedule[i].is_run()) CHECK(seconds == 0.0);
+            if (seconds > 0.0) {
+                CHECK(seconds == 1.0);
+                ++timed_ops;
+            }
+        }
+        CHECK(timed_ops == s.shared.synchronizations - 2);
     }
 }
 

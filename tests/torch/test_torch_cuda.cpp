@@ -136,6 +136,48 @@ TEST_CASE("cuda: captured models train on the GPU like plain autograd, within th
     }
 }
 
+// The executor waits for the device only at the end of each phase; time_each_op waits after
+// every op and times it. Both must give the same step, memory included.
+TEST_CASE("cuda: a step that waits for the device after each op is the same step, with each op timed",
+          "[.][torch][cuda][timing]") {
+    REQUIRE(torch::cuda::is_available());
+    deterministic();
+    Case k = resnet_case();
+    const CudaMemoryProbe probe(0);
+    const ScriptCapture cap = capture_script(k.module, k.inputs, quick(k.name), probe);
+    const ScriptExecutor<CudaMemoryProbe> ex(cap, probe);
+    const Bytes budget = std::max(remat::Auto{}.smallest_budget(cap.problem()),
+                                  remat::percent_of(store_all(cap).peak, 50));
+    const auto plan = ex.prepare(remat::Auto{}.solve(cap.problem(), budget));
+    std::vector<remat::torch::ScriptStepResult> results;
+    std::vector<std::vector<at::Tensor>> gradients;
+    for (const bool timed : {false, true}) {
+        for (const at::Tensor& p : ex.parameters()) p.mutable_grad() = at::Tensor();
+        at::manual_seed(11);
+        results.push_back(ex.step(plan, k.inputs, k.loss, timed));
+        std::vector<at::Tensor> g;
+        for (const at::Tensor& p : ex.parameters()) g.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor());
+        gradients.push_back(std::move(g));
+    }
+    CHECK(results[0].step_seconds.empty());
+    REQUIRE(results[1].step_seconds.size() == plan.schedule().size());
+    double total = 0.0;
+    for (const double s : results[1].step_seconds) {
+        CHECK(s >= 0.0);
+        total += s;
+    }
+    CHECK(total > 0.0);
+    // The same memory (up to a workspace cuDNN or cuBLAS may size differently between steps).
+    const Bytes slack = std::max<Bytes>(results[0].report.predicted_peak / 100, Bytes{1} << 20);
+    CHECK(std::abs(results[0].report.measured_peak - results[1].report.measured_peak) <= slack);
+    CHECK(at::allclose(results[0].loss, results[1].loss, cuda_tolerance, 0.0));
+    for (std::size_t i = 0; i < gradients[0].size(); ++i) {
+        INFO("parameter " << i);
+        REQUIRE(gradients[0][i].defined() == gradients[1][i].defined());
+        if (gradients[0][i].defined()) CHECK(at::allclose(gradients[0][i], gradients[1][i], cuda_tolerance, 1e-7));
+    }
+}
+
 TEST_CASE("cuda: dropout recomputed on the device draws the same masks", "[.][torch][cuda][dropout]") {
     REQUIRE(torch::cuda::is_available());
     deterministic();

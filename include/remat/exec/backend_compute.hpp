@@ -103,7 +103,8 @@ public:
                 runs_.run_forward(backend_, op, unit, *with_grad_, std::move(rng_now_));
                 break;
         }
-        backend_.synchronize();
+        // No waiting for the device after the op: the transfer backend orders its copies after
+        // the compute through events, and the device's stream orders the rest.
     }
     void release(DataId d) {
         if (d.index < activations_->data_count()) runs_.release(backend_, d);

@@ -314,7 +314,7 @@ struct ScriptStepResult {
     at::Tensor loss;
     std::vector<at::Tensor> input_grads;
     StepReport report;
-    std::vector<double> step_seconds;  ///< see ScriptStep::step_seconds()
+    std::vector<double> step_seconds;  ///< per plan step, with time_each_op (ScriptStep::step_seconds())
 };
 
 namespace detail::capture {
@@ -455,12 +455,15 @@ public:
     }
 
     /// A whole training step: forward, `loss(outputs)` (with autograd), backward, and the
-    /// parameters' gradients added into their .grad — all or nothing.
+    /// parameters' gradients added into their .grad — all or nothing. `time_each_op`: wait
+    /// for the device after each op and time it (ScriptStep::time_each_op).
     ScriptStepResult step(const ScriptPlan& plan, const std::vector<at::Tensor>& inputs,
-                          const std::function<at::Tensor(const std::vector<at::Tensor>&)>& loss) const {
+                          const std::function<at::Tensor(const std::vector<at::Tensor>&)>& loss,
+                          bool time_each_op = false) const {
         // Not continuous: the backward phase is measured from its own start, so that the loss
         // value and whatever else the loss function keeps count as the caller's.
         ScriptStep<Probe> run = start(plan, inputs, /*continuous=*/false);
+        run.time_each_op(time_each_op);
         ScriptStepResult result;
         result.outputs = run.forward();
         std::vector<at::Tensor> grads;

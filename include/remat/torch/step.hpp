@@ -75,9 +75,16 @@ public:
     /// their values before the step and everything is freed.
     void abort() noexcept { step_.abort(); }
 
+    /// Before forward(): wait for the device after each op and time it (step_seconds()), for
+    /// comparing a plan's predicted times with reality op by op, or to have an asynchronous
+    /// CUDA error named at the op that caused it. Off by default: on a GPU the host then
+    /// queues the ops ahead of the device, as plain autograd does, and the step waits for it
+    /// only at the end of each phase (the measured memory is the same either way).
+    void time_each_op(bool on = true) { step_.time_each_op(on); }
+
     [[nodiscard]] const StepReport& report() const noexcept { return step_.report(); }
     /// Per schedule step, the seconds its op took (0 for frees and the loss) on the clock
-    /// profiling times ops with: for comparing a plan's predicted times with reality op by op.
+    /// profiling times ops with; empty unless time_each_op() was called before forward().
     [[nodiscard]] const std::vector<double>& step_seconds() const noexcept { return step_.step_seconds(); }
 
 private:
