@@ -13813,7 +13813,9 @@ concept ExecutionBackend = requires(B& backend, const B& const_backend, std::siz
     backend.commit();
     { backend.rollback(flag) } noexcept;
     { backend.clear() } noexcept;
-    /// Waits for queued device work (no-op on synchronous frameworks).
+    /// Waits for queued device work (no-op on synchronous frameworks). The engine calls it at
+    /// the end of each phase only (after each op with time_each_op), so the memory reader must
+    /// count when an op is queued, as allocators do on the host, not when the device runs it.
     backend.synchronize();
     /// How messages name a unit: " (stage 3 'fc')".
     { const_backend.describe(unit) } -> std::convertible_to<std::string>;
@@ -14109,8 +14111,8 @@ public:
     /// buffer updates stand, as they do when a plain forward is never back-propagated).
     ~ExecutionStep() { backend_.clear(); }
 
-    /// Before forward(): wait for the device after each op and time it on the backend's clock
-    /// (step_seconds()). Off by default, so that on an asynchronous device (CUDA) the host
+    /// Before forward(): wait for the device before and after each op and time it on the
+    /// backend's clock (step_seconds()). Off by default, so that on an asynchronous device (CUDA) the host
     /// queues ops ahead of the device as plain autograd does: the engine then waits only at
     /// the end of each phase. The measured memory is the same either way (an allocator counts
     /// at allocation, on the host). What changes is where an asynchronous device error shows:
@@ -14235,9 +14237,11 @@ private:
         const Bytes outside_before = held_outside();
         probe_->reset_peak();
         double t0 = 0.0;
-        if constexpr (HasClock<Backend>)
-            if (time_each_op_) t0 = backend_.now();
         try {
+            if (time_each_op_) {
+                backend_.synchronize();  // the work queued before (the caller's loss) is not the op's
+                if constexpr (HasClock<Backend>) t0 = backend_.now();
+            }
             if (role == ExecOpRole::backward) {
                 runs_.run_backward(backend_, OpId{k}, unit);
             } else {
@@ -17098,7 +17102,9 @@ namespace remat {
 /// with prepare(op) is called before each op's measured window, for work that is not the
 /// op's (reading the random generators' state may allocate for a moment); one with
 /// held_outside() says how many bytes the plan freed that someone else still holds (an
-/// output the caller keeps), which are not counted as the plan's.
+/// output the caller keeps), which are not counted as the plan's; one with synchronize() is
+/// waited for at the end of each phase, inside the step, so that an error an asynchronous
+/// device reports late still fails the step and rolls it back.
 template <class C>
 concept StepCompute = requires(C& compute, OpId op, DataId data) {
     compute.run(op);
@@ -17265,6 +17271,13 @@ private:
                 fail(i);
             }
         }
+        if constexpr (requires(Compute& c) { c.synchronize(); }) {
+            try {
+                compute_->synchronize();
+            } catch (...) {
+                fail(end, /*waiting_for_device=*/true);
+            }
+        }
         report_.seconds += clock.seconds();
     }
 
@@ -17311,7 +17324,9 @@ private:
     // Puts the data back as the step found them (the transfer backend waits for the copies in
     // flight first), lets the framework drop the step's activations, then rethrows what is
     // being handled, naming the step.
-    [[noreturn]] void fail(std::size_t index) {
+    // `waiting_for_device`: the error showed when the phase's end waited for the device; an
+    // earlier op left it there.
+    [[noreturn]] void fail(std::size_t index, bool waiting_for_device = false) {
         failed_ = true;
         std::string rollback;
         try {
@@ -17328,8 +17343,10 @@ private:
                 rollback += " (and the framework could not drop the step's activations)";
             }
         }
-        const std::string what = index < schedule_.steps.size() ? offload::describe(*problem_, schedule_.steps[index])
-                                                                : std::string("the end");
+        const std::string what =
+            waiting_for_device ? std::string("waiting for the device at the end of the phase: an earlier op's error")
+            : index < schedule_.steps.size() ? offload::describe(*problem_, schedule_.steps[index])
+                                             : std::string("the end");
         const std::string context = "offloading step of '" + problem_->name() + "': step " + std::to_string(index) + " (" +
                                     what + ") failed" + rollback + ": ";
         try {
@@ -17458,8 +17475,9 @@ public:
                 runs_.run_forward(backend_, op, unit, *with_grad_, std::move(rng_now_));
                 break;
         }
-        // No waiting for the device after the op: the transfer backend orders its copies after
-        // the compute through events, and the device's stream orders the rest.
+        // No waiting for the device after the op (only at the end of each phase, synchronize()):
+        // the transfer backend orders its copies after the compute through events, and the
+        // device's stream orders the rest.
     }
     void release(DataId d) {
         if (d.index < activations_->data_count()) runs_.release(backend_, d);
@@ -17473,6 +17491,8 @@ public:
     }
     /// A failed step: the backend rolls back (the generators too, before the loss: the caller
     /// may have drawn from them after it) and drops what the step holds.
+    /// Waits for the device (the offloading engine calls it at the end of each phase).
+    void synchronize() { backend_.synchronize(); }
     void abort_step() noexcept {
         if (started_) backend_.rollback(!loss_done_);
         backend_.clear();

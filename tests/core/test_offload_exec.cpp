@@ -214,3 +214,44 @@ TEST_CASE("a fault mid-step leaves weights and momentum as they were, on the dev
     CHECK(training.loss() == s.plain_training_step());
     s.check_weights(copies);
 }
+
+TEST_CASE("an error the device reports only when the phase's end waits for it still rolls the step back",
+          "[offload][exec][fault]") {
+    Setup s(35);
+    REQUIRE(s.plan);
+    OffloadTraining training(s.f.model, s.f.memory, s.f.x, s.f.target, s.predicting, lr, mu);
+    remat::CpuTransfers<OffloadTraining> copies(training, s.predicting);
+    AllocatorProbe probe{&s.f.memory};
+    remat::place_for(s.plan->schedule, copies);
+    using LateFault = remat_test::LateFaultCompute<OffloadTraining>;
+    using LateStep = remat::OffloadStep<LateFault, remat::CpuTransfers<OffloadTraining>, AllocatorProbe>;
+    {  // a step without a fault waits twice: at the end of each phase, not after each op
+        LateFault waits_only{&training, std::size_t(-1)};
+        LateStep run(s.predicting, s.plan->schedule, waits_only, copies, probe);
+        run.run();
+        CHECK(run.completed());
+        CHECK(waits_only.waits == 2);
+        (void)s.plain_training_step();
+        training.end_step();
+    }
+    const StateCopy before = state_of(s.predicting, training, copies, s.f.memory);
+    for (const std::size_t wait : {std::size_t{0}, std::size_t{1}}) {
+        INFO((wait == 0 ? "at the end of the forward phase" : "at the end of the backward phase"));
+        LateFault late{&training, wait};
+        LateStep run(s.predicting, s.plan->schedule, late, copies, probe);
+        try {
+            run.run();
+            FAIL("the late fault did not surface");
+        } catch (const remat::ExecutionError& e) {
+            CHECK_THAT(e.what(), Catch::Matchers::Contains("late device fault"));
+            CHECK_THAT(e.what(), Catch::Matchers::Contains("waiting for the device"));
+        }
+        CHECK_FALSE(run.completed());
+        CHECK(state_of(s.predicting, training, copies, s.f.memory) == before);
+        CHECK(copies.rollback_bytes() == 0);
+    }
+    Step run(s.predicting, s.plan->schedule, training, copies, probe);
+    run.run();
+    CHECK(training.loss() == s.plain_training_step());
+    s.check_weights(copies);
+}

@@ -24,4 +24,20 @@ struct FaultyCompute {
     void abort_step() { inner->abort_step(); }
 };
 
+/// Runs `inner`'s ops, and throws "late device fault" at the wait for the device number
+/// `fail_at_wait` (counting from 0), as an asynchronous device (CUDA) reports an op's error
+/// only when the host waits for it; counts the waits.
+template <class Inner>
+struct LateFaultCompute {
+    Inner* inner;
+    std::size_t fail_at_wait;
+    std::size_t waits = 0;
+    void run(remat::OpId op) { inner->run(op); }
+    void release(remat::DataId d) { inner->release(d); }
+    void abort_step() { inner->abort_step(); }
+    void synchronize() {
+        if (waits++ == fail_at_wait) throw std::runtime_error("late device fault");
+    }
+};
+
 }  // namespace remat_test

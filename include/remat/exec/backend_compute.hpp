@@ -103,8 +103,9 @@ public:
                 runs_.run_forward(backend_, op, unit, *with_grad_, std::move(rng_now_));
                 break;
         }
-        // No waiting for the device after the op: the transfer backend orders its copies after
-        // the compute through events, and the device's stream orders the rest.
+        // No waiting for the device after the op (only at the end of each phase, synchronize()):
+        // the transfer backend orders its copies after the compute through events, and the
+        // device's stream orders the rest.
     }
     void release(DataId d) {
         if (d.index < activations_->data_count()) runs_.release(backend_, d);
@@ -118,6 +119,8 @@ public:
     }
     /// A failed step: the backend rolls back (the generators too, before the loss: the caller
     /// may have drawn from them after it) and drops what the step holds.
+    /// Waits for the device (the offloading engine calls it at the end of each phase).
+    void synchronize() { backend_.synchronize(); }
     void abort_step() noexcept {
         if (started_) backend_.rollback(!loss_done_);
         backend_.clear();

@@ -83,8 +83,8 @@ public:
     /// buffer updates stand, as they do when a plain forward is never back-propagated).
     ~ExecutionStep() { backend_.clear(); }
 
-    /// Before forward(): wait for the device after each op and time it on the backend's clock
-    /// (step_seconds()). Off by default, so that on an asynchronous device (CUDA) the host
+    /// Before forward(): wait for the device before and after each op and time it on the
+    /// backend's clock (step_seconds()). Off by default, so that on an asynchronous device (CUDA) the host
     /// queues ops ahead of the device as plain autograd does: the engine then waits only at
     /// the end of each phase. The measured memory is the same either way (an allocator counts
     /// at allocation, on the host). What changes is where an asynchronous device error shows:
@@ -209,9 +209,11 @@ private:
         const Bytes outside_before = held_outside();
         probe_->reset_peak();
         double t0 = 0.0;
-        if constexpr (HasClock<Backend>)
-            if (time_each_op_) t0 = backend_.now();
         try {
+            if (time_each_op_) {
+                backend_.synchronize();  // the work queued before (the caller's loss) is not the op's
+                if constexpr (HasClock<Backend>) t0 = backend_.now();
+            }
             if (role == ExecOpRole::backward) {
                 runs_.run_backward(backend_, OpId{k}, unit);
             } else {

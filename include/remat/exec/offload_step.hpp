@@ -33,7 +33,9 @@ namespace remat {
 /// with prepare(op) is called before each op's measured window, for work that is not the
 /// op's (reading the random generators' state may allocate for a moment); one with
 /// held_outside() says how many bytes the plan freed that someone else still holds (an
-/// output the caller keeps), which are not counted as the plan's.
+/// output the caller keeps), which are not counted as the plan's; one with synchronize() is
+/// waited for at the end of each phase, inside the step, so that an error an asynchronous
+/// device reports late still fails the step and rolls it back.
 template <class C>
 concept StepCompute = requires(C& compute, OpId op, DataId data) {
     compute.run(op);
@@ -200,6 +202,13 @@ private:
                 fail(i);
             }
         }
+        if constexpr (requires(Compute& c) { c.synchronize(); }) {
+            try {
+                compute_->synchronize();
+            } catch (...) {
+                fail(end, /*waiting_for_device=*/true);
+            }
+        }
         report_.seconds += clock.seconds();
     }
 
@@ -246,7 +255,9 @@ private:
     // Puts the data back as the step found them (the transfer backend waits for the copies in
     // flight first), lets the framework drop the step's activations, then rethrows what is
     // being handled, naming the step.
-    [[noreturn]] void fail(std::size_t index) {
+    // `waiting_for_device`: the error showed when the phase's end waited for the device; an
+    // earlier op left it there.
+    [[noreturn]] void fail(std::size_t index, bool waiting_for_device = false) {
         failed_ = true;
         std::string rollback;
         try {
@@ -263,8 +274,10 @@ private:
                 rollback += " (and the framework could not drop the step's activations)";
             }
         }
-        const std::string what = index < schedule_.steps.size() ? offload::describe(*problem_, schedule_.steps[index])
-                                                                : std::string("the end");
+        const std::string what =
+            waiting_for_device ? std::string("waiting for the device at the end of the phase: an earlier op's error")
+            : index < schedule_.steps.size() ? offload::describe(*problem_, schedule_.steps[index])
+                                             : std::string("the end");
         const std::string context = "offloading step of '" + problem_->name() + "': step " + std::to_string(index) + " (" +
                                     what + ") failed" + rollback + ": ";
         try {

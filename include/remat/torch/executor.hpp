@@ -335,6 +335,7 @@ struct StepResult {
     at::Tensor output;
     at::Tensor loss;
     StepReport report;
+    std::vector<double> step_seconds;  ///< per plan step, with time_each_op (ChainStep::step_seconds())
 };
 
 /// Runs schedules of one profiled chain. Copies share the same stages and probe.
@@ -374,10 +375,12 @@ public:
     }
 
     /// A whole training step: forward, `loss(output)` (with autograd), backward, and the
-    /// gradients added into the parameters' .grad — all or nothing.
+    /// gradients added into the parameters' .grad — all or nothing. `time_each_op`: wait for
+    /// the device around each op and time it (ChainStep::time_each_op).
     StepResult step(const ExecutablePlan& plan, const at::Tensor& input,
-                    const std::function<at::Tensor(const at::Tensor&)>& loss) const {
+                    const std::function<at::Tensor(const at::Tensor&)>& loss, bool time_each_op = false) const {
         ChainStep<Probe> run = start(plan, input, /*continuous=*/true);
+        run.time_each_op(time_each_op);
         StepResult result;
         result.output = run.forward();
         at::Tensor grad;
@@ -396,6 +399,7 @@ public:
         StepGradients gradients = run.backward(std::move(grad));
         accumulate_gradients(parameters(), std::move(gradients));
         result.report = run.report();
+        result.step_seconds = run.step_seconds();
         return result;
     }
 

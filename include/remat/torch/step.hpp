@@ -83,8 +83,10 @@ public:
     void time_each_op(bool on = true) { step_.time_each_op(on); }
 
     [[nodiscard]] const StepReport& report() const noexcept { return step_.report(); }
-    /// Per schedule step, the seconds its op took (0 for frees and the loss) on the clock
-    /// profiling times ops with; empty unless time_each_op() was called before forward().
+    /// Per schedule step, the seconds its op took (0 for frees and the loss): the calling
+    /// thread's CPU time on the CPU with one intra-op thread (as profiling times ops there),
+    /// else the wall clock between waits for the device (profiling uses CUDA events on a GPU,
+    /// so there these include the launch); empty unless time_each_op() was called before forward().
     [[nodiscard]] const std::vector<double>& step_seconds() const noexcept { return step_.step_seconds(); }
 
 private:
