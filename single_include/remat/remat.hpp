@@ -13814,7 +13814,7 @@ concept ExecutionBackend = requires(B& backend, const B& const_backend, std::siz
     { backend.rollback(flag) } noexcept;
     { backend.clear() } noexcept;
     /// Waits for queued device work (no-op on synchronous frameworks). The engine calls it at
-    /// the end of each phase only (after each op with time_each_op), so the memory reader must
+    /// the end of each phase only (around each op with time_each_op), so the memory reader must
     /// count when an op is queued, as allocators do on the host, not when the device runs it.
     backend.synchronize();
     /// How messages name a unit: " (stage 3 'fc')".
@@ -14057,7 +14057,7 @@ private:
 //     the parameter gradients collected so far and what the caller holds, on the simulator's
 //     scale (the step's start plus the inputs);
 //   - waiting for the device only at the end of each phase, so that the host queues ops ahead
-//     of an asynchronous device as plain autograd does (time_each_op: after each op, timed);
+//     of an asynchronous device as plain autograd does (time_each_op: around each op, timed);
 //   - parameter gradients handed over only when the step completes (Backend::commit);
 //   - on any failure: rollback (buffers; the generators too in the forward phase, when the
 //     caller has not drawn from them since), everything freed, and an exception naming the
@@ -14112,9 +14112,9 @@ public:
     ~ExecutionStep() { backend_.clear(); }
 
     /// Before forward(): wait for the device before and after each op and time it on the
-    /// backend's clock (step_seconds()). Off by default, so that on an asynchronous device (CUDA) the host
-    /// queues ops ahead of the device as plain autograd does: the engine then waits only at
-    /// the end of each phase. The measured memory is the same either way (an allocator counts
+    /// backend's clock (step_seconds()). Off by default, so that on an asynchronous device
+    /// (CUDA) the host queues ops ahead of the device as plain autograd does: the engine then
+    /// waits only at the end of each phase. The measured memory is the same either way (an allocator counts
     /// at allocation, on the host). What changes is where an asynchronous device error shows:
     /// at the op that caused it with this on, else at a later op or the phase's end.
     void time_each_op(bool on) {
@@ -17489,10 +17489,10 @@ public:
     [[nodiscard]] Bytes held_outside() const {
         return backend_.pending_gradient_bytes() - modeled_gradient_bytes_ + backend_.caller_bytes();
     }
-    /// A failed step: the backend rolls back (the generators too, before the loss: the caller
-    /// may have drawn from them after it) and drops what the step holds.
     /// Waits for the device (the offloading engine calls it at the end of each phase).
     void synchronize() { backend_.synchronize(); }
+    /// A failed step: the backend rolls back (the generators too, before the loss: the caller
+    /// may have drawn from them after it) and drops what the step holds.
     void abort_step() noexcept {
         if (started_) backend_.rollback(!loss_done_);
         backend_.clear();

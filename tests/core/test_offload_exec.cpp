@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <random>
+#include <string>
 
 #include <remat/remat.hpp>
 
@@ -97,6 +98,18 @@ struct Setup {
 };
 
 using Step = remat::OffloadStep<OffloadTraining, remat::CpuTransfers<OffloadTraining>, AllocatorProbe>;
+
+// Runs a step that must fail: an ExecutionError whose message holds `cause` and `where`.
+template <class FailingStep>
+void check_step_fails(FailingStep& run, const std::string& cause, const std::string& where) {
+    try {
+        run.run();
+        FAIL("the fault did not surface: " << cause);
+    } catch (const remat::ExecutionError& e) {
+        CHECK_THAT(e.what(), Catch::Matchers::Contains(cause));
+        CHECK_THAT(e.what(), Catch::Matchers::Contains(where));
+    }
+}
 
 }  // namespace
 
@@ -196,13 +209,7 @@ TEST_CASE("a fault mid-step leaves weights and momentum as they were, on the dev
         FaultyTraining faulty{&training, fail_at};
         remat::OffloadStep<FaultyTraining, remat::CpuTransfers<OffloadTraining>, AllocatorProbe> run(
             s.predicting, s.plan->schedule, faulty, copies, probe);
-        try {
-            run.run();
-            FAIL("the fault did not surface");
-        } catch (const remat::ExecutionError& e) {
-            CHECK_THAT(e.what(), Catch::Matchers::Contains("injected fault"));
-            CHECK_THAT(e.what(), Catch::Matchers::Contains("step "));
-        }
+        check_step_fails(run, "injected fault", "step ");
         CHECK(state_of(s.predicting, training, copies, s.f.memory) == before);
         CHECK(copies.rollback_bytes() == 0);
         CHECK_THROWS_AS(run.backward(), remat::ExecutionError);
@@ -239,13 +246,7 @@ TEST_CASE("an error the device reports only when the phase's end waits for it st
         INFO((wait == 0 ? "at the end of the forward phase" : "at the end of the backward phase"));
         LateFault late{&training, wait};
         LateStep run(s.predicting, s.plan->schedule, late, copies, probe);
-        try {
-            run.run();
-            FAIL("the late fault did not surface");
-        } catch (const remat::ExecutionError& e) {
-            CHECK_THAT(e.what(), Catch::Matchers::Contains("late device fault"));
-            CHECK_THAT(e.what(), Catch::Matchers::Contains("waiting for the device"));
-        }
+        check_step_fails(run, "late device fault", "waiting for the device");
         CHECK_FALSE(run.completed());
         CHECK(state_of(s.predicting, training, copies, s.f.memory) == before);
         CHECK(copies.rollback_bytes() == 0);

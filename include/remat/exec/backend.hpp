@@ -62,7 +62,7 @@ concept ExecutionBackend = requires(B& backend, const B& const_backend, std::siz
     { backend.rollback(flag) } noexcept;
     { backend.clear() } noexcept;
     /// Waits for queued device work (no-op on synchronous frameworks). The engine calls it at
-    /// the end of each phase only (after each op with time_each_op), so the memory reader must
+    /// the end of each phase only (around each op with time_each_op), so the memory reader must
     /// count when an op is queued, as allocators do on the host, not when the device runs it.
     backend.synchronize();
     /// How messages name a unit: " (stage 3 'fc')".

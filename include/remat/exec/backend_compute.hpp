@@ -117,10 +117,10 @@ public:
     [[nodiscard]] Bytes held_outside() const {
         return backend_.pending_gradient_bytes() - modeled_gradient_bytes_ + backend_.caller_bytes();
     }
-    /// A failed step: the backend rolls back (the generators too, before the loss: the caller
-    /// may have drawn from them after it) and drops what the step holds.
     /// Waits for the device (the offloading engine calls it at the end of each phase).
     void synchronize() { backend_.synchronize(); }
+    /// A failed step: the backend rolls back (the generators too, before the loss: the caller
+    /// may have drawn from them after it) and drops what the step holds.
     void abort_step() noexcept {
         if (started_) backend_.rollback(!loss_done_);
         backend_.clear();

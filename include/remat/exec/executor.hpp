@@ -19,7 +19,7 @@
 //     the parameter gradients collected so far and what the caller holds, on the simulator's
 //     scale (the step's start plus the inputs);
 //   - waiting for the device only at the end of each phase, so that the host queues ops ahead
-//     of an asynchronous device as plain autograd does (time_each_op: after each op, timed);
+//     of an asynchronous device as plain autograd does (time_each_op: around each op, timed);
 //   - parameter gradients handed over only when the step completes (Backend::commit);
 //   - on any failure: rollback (buffers; the generators too in the forward phase, when the
 //     caller has not drawn from them since), everything freed, and an exception naming the
@@ -84,9 +84,9 @@ public:
     ~ExecutionStep() { backend_.clear(); }
 
     /// Before forward(): wait for the device before and after each op and time it on the
-    /// backend's clock (step_seconds()). Off by default, so that on an asynchronous device (CUDA) the host
-    /// queues ops ahead of the device as plain autograd does: the engine then waits only at
-    /// the end of each phase. The measured memory is the same either way (an allocator counts
+    /// backend's clock (step_seconds()). Off by default, so that on an asynchronous device
+    /// (CUDA) the host queues ops ahead of the device as plain autograd does: the engine then
+    /// waits only at the end of each phase. The measured memory is the same either way (an allocator counts
     /// at allocation, on the host). What changes is where an asynchronous device error shows:
     /// at the op that caused it with this on, else at a later op or the phase's end.
     void time_each_op(bool on) {

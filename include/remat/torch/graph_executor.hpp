@@ -456,7 +456,7 @@ public:
 
     /// A whole training step: forward, `loss(outputs)` (with autograd), backward, and the
     /// parameters' gradients added into their .grad — all or nothing. `time_each_op`: wait
-    /// for the device after each op and time it (ScriptStep::time_each_op).
+    /// for the device around each op and time it (ScriptStep::time_each_op).
     ScriptStepResult step(const ScriptPlan& plan, const std::vector<at::Tensor>& inputs,
                           const std::function<at::Tensor(const std::vector<at::Tensor>&)>& loss,
                           bool time_each_op = false) const {

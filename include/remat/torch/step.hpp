@@ -75,7 +75,7 @@ public:
     /// their values before the step and everything is freed.
     void abort() noexcept { step_.abort(); }
 
-    /// Before forward(): wait for the device after each op and time it (step_seconds()), for
+    /// Before forward(): wait for the device around each op and time it (step_seconds()), for
     /// comparing a plan's predicted times with reality op by op, or to have an asynchronous
     /// CUDA error named at the op that caused it. Off by default: on a GPU the host then
     /// queues the ops ahead of the device, as plain autograd does, and the step waits for it
