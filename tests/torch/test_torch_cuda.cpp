@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../../examples/torch/models.hpp"
@@ -37,6 +38,7 @@
 #include "../support/faulty_compute.hpp"
 #include "capture_helpers.hpp"
 #include "models.hpp"
+#include "step_threads.hpp"
 
 using namespace capture_test;
 
@@ -176,6 +178,22 @@ TEST_CASE("cuda: a step that waits for the device after each op is the same step
         REQUIRE(gradients[0][i].defined() == gradients[1][i].defined());
         if (gradients[0][i].defined()) CHECK(at::allclose(gradients[0][i], gradients[1][i], cuda_tolerance, 1e-7));
     }
+}
+
+// On a GPU, autograd runs each backward call on its device thread; a call from another thread
+// hands its work over and waits, once per op group. So a step's backward phase runs on that
+// thread as a whole (detail::run_backward_phase): its recomputations run there too, and the
+// step is the store-all one's.
+TEST_CASE("cuda: a step's backward phase, recomputations included, runs on autograd's device thread",
+          "[.][torch][cuda][threads]") {
+    REQUIRE(torch::cuda::is_available());
+    deterministic();
+    at::manual_seed(13);
+    const remat_test::BackwardPhaseThreads t =
+        remat_test::backward_phase_threads(at::Device(at::kCUDA, 0), CudaMemoryProbe(0), cuda_tolerance);
+    REQUIRE_FALSE(t.recomputed_on.empty());  // the tight plan recomputes in the backward phase
+    CHECK(t.recomputed_on.count(std::this_thread::get_id()) == 0);
+    CHECK(t.same_gradients);
 }
 
 TEST_CASE("cuda: dropout recomputed on the device draws the same masks", "[.][torch][cuda][dropout]") {

@@ -18,12 +18,15 @@
 #include <algorithm>
 #include <cstdlib>
 #include <iostream>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../../examples/torch/models.hpp"
 #include "../support/faulty_compute.hpp"
 #include "models.hpp"
+#include "step_threads.hpp"
 
 namespace rt = remat::torch;
 using remat_test::same;
@@ -840,4 +843,16 @@ TEST_CASE("offloading module: a GPT-like chain trained with torch::optim::Adam a
         CHECK(m->last_report().measured_device_peak == m->last_report().predicted_device_peak);
         CHECK(m->last_report().measured_host_peak == m->last_report().predicted_host_peak);
     }
+}
+
+// On the CPU autograd runs every backward on the calling thread: the step's backward phase,
+// recomputations included, runs there directly (the [cuda] twin checks the device thread).
+TEST_CASE("a step's backward phase, recomputations included, runs on the calling thread on the CPU",
+          "[torch][executor]") {
+    torch::manual_seed(13);
+    const remat_test::BackwardPhaseThreads t =
+        remat_test::backward_phase_threads(at::Device(at::kCPU), rt::CpuMemoryProbe{}, 0.0);
+    REQUIRE_FALSE(t.recomputed_on.empty());  // the tight plan recomputes in the backward phase
+    CHECK(t.recomputed_on == std::set<std::thread::id>{std::this_thread::get_id()});
+    CHECK(t.same_gradients);
 }

@@ -396,7 +396,8 @@ public:
             run.abort();
             throw;
         }
-        StepGradients gradients = run.backward(std::move(grad));
+        StepGradients gradients;
+        detail::run_backward_phase(input.device(), [&] { gradients = run.backward(std::move(grad)); });
         accumulate_gradients(parameters(), std::move(gradients));
         result.report = run.report();
         result.step_seconds = run.step_seconds();

@@ -474,7 +474,8 @@ public:
             run.abort();
             throw;
         }
-        ScriptGradients gradients = run.backward(std::move(grads));
+        ScriptGradients gradients;
+        detail::run_backward_phase(capture_.core()->device, [&] { gradients = run.backward(std::move(grads)); });
         StepGradients to_accumulate;
         to_accumulate.parameters = std::move(gradients.parameters);
         accumulate_gradients(parameters(), std::move(to_accumulate));
