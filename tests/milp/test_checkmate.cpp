@@ -322,6 +322,45 @@ TEST_CASE("Checkmate honours its time limit on a 400-op graph and returns the be
     CHECK(plan.time <= Greedy{}.solve(p, budget).time);  // never worse than the greedy it starts from
 }
 
+// Building the integer program of a 400-op graph takes about 0.2 s here (a thousand ops:
+// seconds and gigabytes); the time limit holds while it is built, not only while it is solved.
+namespace {
+struct BuildPastLimit {
+    Problem problem = [] {
+        testing::EncoderDecoderShape shape;
+        shape.encoder = 4;
+        shape.decoder = 3;  // about 400 ops
+        return testing::encoder_decoder_like(shape, "encdec-400");
+    }();
+    Bytes budget = percent_of(store_all_reference(problem).peak, 50);
+    CheckmateOptions options = [] {
+        CheckmateOptions o;
+        o.time_limit_seconds = 0.02;
+        return o;
+    }();
+};
+}  // namespace
+
+TEST_CASE("Checkmate stops building its integer program at the time limit and returns the best known schedule",
+          "[checkmate][time-limit]") {
+    const BuildPastLimit k;
+    const Plan plan = Checkmate<Fast>(k.options).solve(k.problem, k.budget);
+    INFO(plan.stats.options);
+    CHECK_THAT(plan.stats.options, Catch::Contains("ran out while building the MILP") && Catch::Contains("returned=greedy"));
+    CHECK(plan.stats.status == SolveStatus::feasible);
+    CHECK(simulate(k.problem, plan.schedule).fits(k.budget));
+}
+
+// [timing]: a wall-time bound, left out of the sanitizers' run.
+TEST_CASE("Checkmate's time limit holds while its integer program is built", "[checkmate][time-limit][timing]") {
+    const BuildPastLimit k;
+    const Stopwatch clock;
+    const Plan plan = Checkmate<Fast>(k.options).solve(k.problem, k.budget);
+    INFO(plan.stats.options);
+    CHECK(clock.seconds() <= k.options.time_limit_seconds + 0.25);  // the model's release included
+    CHECK(plan.stats.solve_seconds <= k.options.time_limit_seconds + 0.05);
+}
+
 TEST_CASE("Checkmate's memory cap: a model beyond it is not built", "[checkmate][memory]") {
     testing::EncoderDecoderShape shape;
     shape.encoder = shape.decoder = 1;

@@ -195,9 +195,15 @@ public:
         Layout layout = make_layout(problem, a, pre_passes(problem));
         if (const std::size_t runs = run_variables(layout); runs > options_.max_run_variables)
             return beyond_cap(problem, budget, base, runs, start);
-        Formulation f(problem, a, std::move(layout), budget);
+        std::optional<Formulation> built;
+        try {
+            built.emplace(problem, a, std::move(layout), budget, std::vector<DataId>{}, true, deadline(start));
+        } catch (const TooLarge& e) {
+            return out_of_time_building(problem, budget, base, e.what(), start);
+        }
+        Formulation& f = *built;
         if (options_.lp_rounding) return solve_by_rounding(problem, a, f, budget, base, start);
-        const double bound = proven_time_bound(problem, budget);
+        const double bound = proven_time_bound(problem, budget, start);
         if (base && meets_time_bound(base->time, bound)) return proven_start(problem, budget, f, *base, start);
         improve_start(problem, a, f, budget, base, start);
         if (base && options_.warm_start) start_from(a, problem, f, base->schedule);
@@ -272,6 +278,29 @@ private:
         return static_cast<std::size_t>(std::count(layout.allowed.begin(), layout.allowed.end(), char{1}));
     }
 
+    // When the time limit ends, counted from `start` (none without a finite limit).
+    [[nodiscard]] std::optional<std::chrono::steady_clock::time_point> deadline(
+        std::chrono::steady_clock::time_point start) const {
+        if (!std::isfinite(options_.time_limit_seconds)) return std::nullopt;
+        return start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::duration<double>(options_.time_limit_seconds));
+    }
+
+    // The time limit ran out while the MILP was built: the best known schedule, or a clear error.
+    [[nodiscard]] Plan out_of_time_building(const Problem& problem, Bytes budget, const std::optional<Baseline>& base,
+                                            const std::string& why, std::chrono::steady_clock::time_point start) const {
+        if (!base)
+            throw SolverError(why + ", and no baseline schedule fits " + std::to_string(budget) +
+                              " bytes; raise the time limit, or use hrockmate or greedy");
+        say(why, "; returning the ", base->from, " schedule");
+        SolverStats stats{std::string(name()), 0.0, SolveStatus::feasible, std::nullopt,
+                          "backend=" + std::string(backend_.name()) + " time_limit=" +
+                              std::to_string(options_.time_limit_seconds) +
+                              " (ran out while building the MILP) returned=" + base->from};
+        stats.solve_seconds = seconds_since(start);
+        return make_checked_plan(problem, base->schedule, budget, std::move(stats));
+    }
+
     // The model would pass the memory cap: the best known schedule, or a clear error.
     [[nodiscard]] Plan beyond_cap(const Problem& problem, Bytes budget, const std::optional<Baseline>& base,
                                   std::size_t runs, std::chrono::steady_clock::time_point start) const {
@@ -289,9 +318,11 @@ private:
 
     // The proven lower bound on the time (−infinity without one): the given one, or
     // bounds/time_lower_bound.hpp's within its share of the time limit.
-    [[nodiscard]] double proven_time_bound(const Problem& problem, Bytes budget) const {
+    [[nodiscard]] double proven_time_bound(const Problem& problem, Bytes budget,
+                                           std::optional<std::chrono::steady_clock::time_point> start = std::nullopt) const {
         if (options_.time_bound) return *options_.time_bound;
-        const double share = std::min(options_.time_bound_seconds, options_.time_limit_seconds / 10);
+        double share = std::min(options_.time_bound_seconds, options_.time_limit_seconds / 10);
+        if (start) share = std::min(share, options_.time_limit_seconds - seconds_since(*start));  // what building left
         if (!(share > 0)) return -milp::infinity;
         TimeLowerBoundOptions o;
         o.time_limit_seconds = share;
@@ -386,7 +417,14 @@ private:
     void improve_by_one_sweep(const Problem& problem, const detail::checkmate::Analysis& a, Bytes budget,
                               std::optional<Baseline>& base, std::chrono::steady_clock::time_point start) const {
         using namespace detail::checkmate;
-        Formulation one(problem, a, make_layout(problem, a, 0), budget);
+        std::optional<Formulation> built;
+        try {
+            built.emplace(problem, a, make_layout(problem, a, 0), budget, std::vector<DataId>{}, true, deadline(start));
+        } catch (const TooLarge& e) {
+            say(e.what(), "; the one-sweep model is skipped");
+            return;
+        }
+        Formulation& one = *built;
         if (one.infeasible()) return;
         if (base) start_from(a, problem, one, base->schedule);
         // Until a third of the time limit has passed (the roundings may have used some).
@@ -509,7 +547,9 @@ private:
     [[nodiscard]] std::pair<Bytes, bool> least_peak(const Problem& problem, const detail::checkmate::Analysis& a,
                                                     std::chrono::steady_clock::time_point start) const {
         using namespace detail::checkmate;
-        Formulation f(problem, a, make_layout(problem, a, pre_passes(problem)), std::nullopt);
+        // Past the time limit while building: TooLarge, a SolverError (the least peak is unknown).
+        Formulation f(problem, a, make_layout(problem, a, pre_passes(problem)), std::nullopt, std::vector<DataId>{}, true,
+                      deadline(start));
         if (f.infeasible()) throw InvalidInput("problem '" + problem.name() + "' has no valid schedule: " + f.infeasible_reason());
         // Store-all is a valid start when it has few enough passes.
         std::optional<Bytes> start_peak;

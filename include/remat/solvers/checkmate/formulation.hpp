@@ -17,6 +17,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <map>
@@ -25,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "../../core/errors.hpp"
 #include "../../core/problem.hpp"
 #include "../../core/schedule.hpp"
 #include "../../milp/model.hpp"
@@ -56,9 +58,13 @@ public:
     // `budget`: memory rows against it; nullopt: minimise the peak instead (variable P).
     // `movable`: initial data whose device memory is the variable Z[d,i] at each point.
     // `pinned_cuts`: add the pinned-liveness rows (valid inequalities, off only to measure them).
+    // `deadline`: building stops with TooLarge once it has passed. A model of a thousand ops
+    // has hundreds of millions of nonzeros and takes seconds to build: the caller's time limit
+    // must hold while it is built, not only while it is solved.
     Formulation(const Problem& pr, const Analysis& a, Layout layout, std::optional<Bytes> budget,
-                const std::vector<DataId>& movable = {}, bool pinned_cuts = true)
-        : pr_(pr), a_(a), L_(std::move(layout)), fixed_initial_bytes_(a.initial_bytes) {
+                const std::vector<DataId>& movable = {}, bool pinned_cuts = true,
+                std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt)
+        : pr_(pr), a_(a), L_(std::move(layout)), fixed_initial_bytes_(a.initial_bytes), deadline_(deadline) {
         infeasible_ = L_.infeasible;
         reason_ = L_.infeasible_reason;
         add_run_variables();
@@ -369,6 +375,7 @@ private:
     void add_production_cuts() {
         const std::size_t n = a_.n, E = a_.eo_ops.size();
         for (std::size_t e = 0; e < E; ++e) {
+            check_deadline("production cuts");
             const std::size_t k = a_.eo_ops[e];
             const std::size_t pe = a_.pos[k];
             for (const DataId d : pr_.op(OpId{k}).reads) {
@@ -417,6 +424,7 @@ private:
     void add_one_representation_rows() {
         const std::size_t n = a_.n, T = L_.T;
         for (std::size_t t = 0; t + 1 < T; ++t) {
+            check_deadline("one-representation rows");
             if (L_.holds_eo(t) && L_.holds_eo(t + 1)) continue;
             const bool first_free = !L_.holds_eo(t);
             const std::size_t witness_pass = first_free ? t : t + 1;
@@ -446,6 +454,7 @@ private:
     // each such stretch covers the stretch.
     void add_pinned_liveness_cuts() {
         for (std::size_t d = 0; d < a_.m; ++d) {
+            check_deadline("pinned-liveness rows");
             const DataId id{d};
             if (pr_.is_initial(id)) continue;
             const auto writers = pr_.writers(id);
@@ -509,7 +518,8 @@ private:
         const std::size_t n = a_.n, T = L_.T;
         std::vector<std::size_t> seen(a_.m, 0);
         std::vector<milp::Term> terms;  // scratch of the memory rows
-        for (std::size_t t = 0; t < T; ++t)
+        for (std::size_t t = 0; t < T; ++t) {
+            check_deadline("memory rows");
             for (std::size_t p = 0; p < n; ++p) {
                 const std::size_t rv = rvar_[t * n + p];
                 if (rv == none) continue;
@@ -520,6 +530,7 @@ private:
                 add_transition_rows(op, R, seen);
                 advance_segments(op, seen);
             }
+        }
     }
 
     // An op reads only data live just before it.
@@ -618,6 +629,13 @@ private:
                 ++seen[d.index];
     }
 
+    // Between rows of a phase (a pass, an op or a data at a time: milliseconds each).
+    void check_deadline(const char* phase) const {
+        if (deadline_ && std::chrono::steady_clock::now() > *deadline_)
+            throw TooLarge("checkmate: the time limit ran out while building the integer program of '" + pr_.name() +
+                           "' (" + std::to_string(L_.T) + " passes, at its " + phase + ")");
+    }
+
     void fail(std::string why) {
         if (!infeasible_) reason_ = std::move(why);
         infeasible_ = true;
@@ -637,6 +655,7 @@ private:
     std::vector<std::vector<milp::Var>> held_;        // [movable][point] → Z
     // Exactly-once op position → (pass, ran_by variable) for each pass where it may run.
     std::map<std::size_t, std::vector<std::pair<std::size_t, milp::Var>>> ran_by_;
+    std::optional<std::chrono::steady_clock::time_point> deadline_;
     bool infeasible_ = false;
     std::string reason_;
 };
