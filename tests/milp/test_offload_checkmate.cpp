@@ -170,3 +170,22 @@ TEST_CASE("checkmate+offload: options and size cap say what is wrong", "[milp][o
     REQUIRE(iteration);
     CHECK(combined->schedule == iteration->schedule);
 }
+
+TEST_CASE("checkmate+offload: building the MILP stops at the time limit, and the combined planner keeps the "
+          "iteration's plan",
+          "[milp][offload][time-limit]") {
+    std::mt19937 rng(5);
+    const Problem chain = random_training(rng, 8, false);
+    const Bytes budget = store_all_reference(chain).peak * 8 / 10;
+    OffloadCheckmateOptions instant;
+    instant.time_limit_seconds = 1e-6;  // past before the first rows
+    const OffloadMilpResult r = OffloadCheckmate<milp::LpSolve>(instant).solve(chain, budget);
+    CHECK_FALSE(r.plan);
+    CHECK(r.status == milp::Status::time_limit_no_solution);
+    CHECK(r.rows == 0);  // not built, let alone solved
+    const auto combined = plan_with_offload(chain, budget, Rotor{}, OffloadCheckmate<milp::LpSolve>(instant));
+    const auto iteration = plan_with_offload(chain, budget, Rotor{});
+    REQUIRE(combined);
+    REQUIRE(iteration);
+    CHECK(combined->schedule == iteration->schedule);
+}

@@ -742,12 +742,29 @@ public:
         // time rows); the model is built again with it.
         std::optional<std::vector<double>> start_values;
         std::optional<double> horizon;
+        // Building stops at the time limit (TooLarge): then no plan, with the time limit's status.
+        const auto out_of_time = [&](const TooLarge& e) -> OffloadMilpResult& {
+            say(e.what());
+            result.status = milp::Status::time_limit_no_solution;
+            result.seconds = seconds_since(began);
+            return result;
+        };
         if (start) {
-            Built built = build(full, a, movable, transfers, budget, std::nullopt);
-            if (built.formulation->infeasible()) return infeasible(result, built);
-            if (auto x = built.model->assignment(*start)) horizon = built.model->makespan(*x) * (1 + 1e-9) + 1e-12;
+            try {
+                const Built first = build(full, a, movable, transfers, budget, std::nullopt, began);
+                if (first.formulation->infeasible()) return infeasible(result, first);
+                if (auto x = first.model->assignment(*start)) horizon = first.model->makespan(*x) * (1 + 1e-9) + 1e-12;
+            } catch (const TooLarge& e) {
+                return out_of_time(e);
+            }
         }
-        Built built = build(full, a, movable, transfers, budget, horizon);
+        std::optional<Built> made;
+        try {
+            made.emplace(build(full, a, movable, transfers, budget, horizon, began));
+        } catch (const TooLarge& e) {
+            return out_of_time(e);
+        }
+        Built& built = *made;
         if (built.formulation->infeasible()) return infeasible(result, built);
         milp::Model& m = built.formulation->model();
         result.binaries = built.model->binaries();
@@ -800,7 +817,7 @@ private:
     };
     [[nodiscard]] Built build(const Problem& full, const remat::detail::checkmate::Analysis& a,
                               const std::vector<DataId>& movable, const TransferSettings& transfers, Bytes budget,
-                              std::optional<double> horizon) const {
+                              std::optional<double> horizon, std::chrono::steady_clock::time_point began) const {
         using namespace remat::detail::checkmate;
         Built built;
         Layout layout = make_layout(full, a, options_.extra_passes);
@@ -810,7 +827,11 @@ private:
                               std::to_string(binaries) + " binary variables, above max_binary_variables = " +
                               std::to_string(options_.max_binary_variables) +
                               "; use offload::plan_with_offload (the iteration) on graphs this large");
-        built.formulation = std::make_unique<Formulation>(full, a, std::move(layout), budget, movable);
+        std::optional<std::chrono::steady_clock::time_point> deadline;
+        if (std::isfinite(options_.time_limit_seconds))
+            deadline = began + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                   std::chrono::duration<double>(options_.time_limit_seconds));
+        built.formulation = std::make_unique<Formulation>(full, a, std::move(layout), budget, movable, true, deadline);
         if (built.formulation->infeasible()) return built;
         built.model = std::make_unique<detail::offload_milp::Model>(full, *built.formulation, movable, transfers,
                                                                     options_.offload_lag, budget, horizon);
