@@ -67,10 +67,9 @@ public:
         const Parameters& par = model.parameters();
         // The abort callback reads the deadline, which must outlive ::solve.
         detail::lp_solve::LpDeadline deadline;
-        if (std::isfinite(par.time_limit_seconds)) {
+        if (const auto end = deadline_after(start, par.time_limit_seconds)) {  // a negative one has passed
             deadline.limited = true;
-            deadline.end = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                       std::chrono::duration<double>(std::max(0.0, par.time_limit_seconds)));
+            deadline.end = *end;
         }
         const bool use_start = model.start().has_value() && model.is_feasible(*model.start());
         const detail::lp_solve::LpHandle lp = load(model, deadline);

@@ -827,11 +827,8 @@ private:
                               std::to_string(binaries) + " binary variables, above max_binary_variables = " +
                               std::to_string(options_.max_binary_variables) +
                               "; use offload::plan_with_offload (the iteration) on graphs this large");
-        std::optional<std::chrono::steady_clock::time_point> deadline;
-        if (std::isfinite(options_.time_limit_seconds))
-            deadline = began + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                   std::chrono::duration<double>(options_.time_limit_seconds));
-        built.formulation = std::make_unique<Formulation>(full, a, std::move(layout), budget, movable, true, deadline);
+        built.formulation = std::make_unique<Formulation>(full, a, std::move(layout), budget, movable, true,
+                                                          deadline_after(began, options_.time_limit_seconds));
         if (built.formulation->infeasible()) return built;
         built.model = std::make_unique<detail::offload_milp::Model>(full, *built.formulation, movable, transfers,
                                                                     options_.offload_lag, budget, horizon);

@@ -281,9 +281,7 @@ private:
     // When the time limit ends, counted from `start` (none without a finite limit).
     [[nodiscard]] std::optional<std::chrono::steady_clock::time_point> deadline(
         std::chrono::steady_clock::time_point start) const {
-        if (!std::isfinite(options_.time_limit_seconds)) return std::nullopt;
-        return start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                           std::chrono::duration<double>(options_.time_limit_seconds));
+        return deadline_after(start, options_.time_limit_seconds);
     }
 
     // The time limit ran out while the MILP was built: the best known schedule, or a clear error.
