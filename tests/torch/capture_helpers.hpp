@@ -48,6 +48,16 @@ inline torch::jit::Module make_module(const std::string& type, const std::vector
     return m;
 }
 
+// Dropout in place on an activation autograd does not save (a product by a scalar), as
+// nn.Dropout(inplace=True) runs it: forward(x: [N, 64]) -> [N, 64].
+inline torch::jit::Module in_place_dropout_module() {
+    return make_module("InPlaceDropout", {{"w1", at::randn({64, 64}) * 0.125}, {"w2", at::randn({64, 64}) * 0.125}},
+                       "def forward(self, x):\n"
+                       "    h = torch.linear(x, self.w1) * 2.0\n"
+                       "    h = torch.dropout_(h, 0.3, True)\n"
+                       "    return torch.linear(torch.relu(h), self.w2)\n");
+}
+
 inline std::vector<at::Tensor> flatten_output(const c10::IValue& v) {
     std::vector<at::Tensor> out;
     std::function<void(const c10::IValue&)> walk = [&](const c10::IValue& x) {

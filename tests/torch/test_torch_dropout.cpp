@@ -196,6 +196,18 @@ TEST_CASE("dropout models: remat's step is eager PyTorch's, bit for bit, at stor
     }
 }
 
+// The CPU twin of "[cuda][dropout]"'s in-place case: capture runs `dropout_` on a copy, in
+// place (its out-of-place form draws another mask on CUDA); here both draw the same, so this
+// checks the rewrite's step, recomputations included, bit for bit.
+TEST_CASE("dropout models: an in-place dropout is eager PyTorch's, recomputed too", "[torch][dropout]") {
+    at::manual_seed(9);
+    torch::jit::Module m = in_place_dropout_module();
+    const std::vector<at::Tensor> inputs = {at::randn({32, 64})};
+    const ScriptCapture cap = capture_script(m, inputs, quick("in-place-dropout"));  // the replay check included
+    const ScriptExecutor<> ex(cap);
+    (void)check_against_plain(m, cap, ex, recompute_all(cap), inputs, sum_of_squares());
+}
+
 TEST_CASE("dropout models: a plan that runs random ops out of the model's order still draws the model's numbers",
           "[torch][dropout]") {
     // Two independent branches with dropout: running the second branch first must not give it

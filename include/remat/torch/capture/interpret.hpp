@@ -11,7 +11,8 @@
 //   - tuples, lists and dicts are tracked element by element, so that indexing, unpacking,
 //     `append`, item assignment and dict results cost no run-time node;
 //   - in-place ops on activations (`relu_`, `add_`, `div_`, `copy_` into a fresh tensor, …)
-//     become their out-of-place equivalents, and later readers see the new value; a rewrite
+//     become their out-of-place equivalents (`dropout_` runs on a copy: its out-of-place form
+//     draws another mask on CUDA), and later readers see the new value; a rewrite
 //     whose old value is read later through another name (a view) is refused;
 //   - in-place updates of module buffers (batch norm's `num_batches_tracked`) are side
 //     effects that the executor runs on the first forward of their op in a step only.
@@ -690,6 +691,9 @@ private:
         if (schema.name() == "aten::copy_" && schema.arguments().size() == 3) {
             f.operation.emplace(copy_out_of_place());
             f.vararg = false;
+        } else if (schema.name() == "aten::dropout_" && schema.arguments().size() == 3) {
+            f.operation.emplace(dropout_on_a_copy());
+            f.vararg = false;
         } else {
             const std::shared_ptr<jit::Operator> functional = out_of_place_operator(schema);
             if (!functional)
@@ -730,6 +734,20 @@ private:
             const at::Tensor src = jit::pop(stack).toTensor();
             const at::Tensor self = jit::pop(stack).toTensor();
             jit::push(stack, src.to(self.options(), non_blocking).expand_as(self).clone());
+        });
+    }
+
+    // `x.dropout_(p, train)` as `x.clone().dropout_(p, train)`, not as `dropout(x, p, train)`:
+    // on CUDA the out-of-place form runs a fused kernel that draws another mask from the same
+    // generator state, so only the in-place op is eager PyTorch's step (MobileNetV3's and
+    // EfficientNet's classifiers, nn.Dropout(inplace=True)). The CPU has no such kernel.
+    [[nodiscard]] static jit::Operation dropout_on_a_copy() {
+        return jit::Operation([](jit::Stack& stack) {
+            const bool train = jit::pop(stack).toBool();
+            const double p = jit::pop(stack).toDouble();
+            at::Tensor copy = jit::pop(stack).toTensor().clone();
+            at::dropout_(copy, p, train);
+            jit::push(stack, std::move(copy));
         });
     }
 
