@@ -1,10 +1,11 @@
 """Exports the models of the test "[torch][pt2]" with torch.export, in train mode, and what
 eager PyTorch computes for them, so that the C++ test can require remat's steps to be these.
 
-    python export_pt2_models.py OUT_DIR [--only a,b] [--steps N]
+    python export_pt2_models.py OUT_DIR [--only a,b] [--without-torchvision-ok]
 
 Run with the 2.x configuration's Python (torch >= 2.8 with torch.export.save's archive
-format, and torchvision). For each model, OUT_DIR holds NAME.pt2 (torch.export.save) and
+format, and torchvision; --without-torchvision-ok leaves torchvision's models out, saying so,
+where it is not installed, as on a GPU machine with torch alone). For each model, OUT_DIR holds NAME.pt2 (torch.export.save) and
 NAME.expected/ with raw little-endian tensors and an index.json: the inputs, the loss weights
 (one tensor per output leaf), and for each step its seed, loss, outputs, every parameter
 gradient by name, and every buffer after the step. OUT_DIR/manifest.json lists the models.
@@ -156,6 +157,7 @@ def torchvision_model(name, **kwargs):
     def make():
         import torchvision
         return getattr(torchvision.models, name)(**kwargs)
+    make.torchvision = True
     return make
 
 
@@ -342,6 +344,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--only", default="")
+    parser.add_argument("--without-torchvision-ok", action="store_true")
     args = parser.parse_args()
     if not hasattr(torch, "export") or not hasattr(torch.export, "save"):
         print(f"torch {torch.__version__} has no torch.export.save: nothing to export")
@@ -350,8 +353,16 @@ def main():
     torch.set_num_threads(1)
     only = [m for m in args.only.split(",") if m]
     manifest = []
+    try:
+        import torchvision  # noqa: F401
+        have_torchvision = True
+    except ImportError:
+        have_torchvision = False
     for name, (make, specs, *export_args) in MODELS.items():
         if only and name not in only:
+            continue
+        if getattr(make, "torchvision", False) and not have_torchvision and args.without_torchvision_ok:
+            print(f"left out {name}: this Python has no torchvision", flush=True)
             continue
         manifest.append(export(args.out, name, make, specs, *export_args))
         print(f"exported {name} in {manifest[-1]['export_seconds']} s", flush=True)

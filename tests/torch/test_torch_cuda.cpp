@@ -27,6 +27,7 @@
 #include "remat/offload/combined.hpp"
 #include "remat/solvers/rotor.hpp"
 #include "remat/torch/cuda_transfers.hpp"
+#include "remat/torch/exported.hpp"
 #include "remat/torch/memory.hpp"
 #include "remat/torch/offload.hpp"
 #include "remat/torch/offload_module.hpp"
@@ -38,6 +39,7 @@
 #include "../support/faulty_compute.hpp"
 #include "capture_helpers.hpp"
 #include "models.hpp"
+#include "pt2_models.hpp"
 #include "step_threads.hpp"
 
 using namespace capture_test;
@@ -207,6 +209,22 @@ TEST_CASE("cuda: dropout recomputed on the device draws the same masks", "[.][to
     (void)check_against_plain(k.module, cap, ex, recompute_all(cap), k.inputs, k.loss, cuda_tolerance);
 }
 
+// In place, dropout draws another mask on CUDA than out of place (the latter has a fused
+// kernel): capture must keep the in-place op's draws, as nn.Dropout(inplace=True) makes them.
+TEST_CASE("cuda: an in-place dropout recomputed on the device draws eager PyTorch's masks", "[.][torch][cuda][dropout]") {
+    REQUIRE(torch::cuda::is_available());
+    deterministic();
+    at::manual_seed(9);
+    torch::jit::Module m = in_place_dropout_module();
+    m.to(at::kCUDA);
+    const std::vector<at::Tensor> inputs = {at::randn({32, 64}, on_gpu())};
+    const CudaMemoryProbe probe(0);
+    // The replay check of capture compares with the interpreted module, in-place dropout and all.
+    const ScriptCapture cap = capture_script(m, inputs, quick("in-place-dropout"), probe);
+    const ScriptExecutor<CudaMemoryProbe> ex(cap, probe);
+    (void)check_against_plain(m, cap, ex, recompute_all(cap), inputs, sum_of_squares(), cuda_tolerance);
+}
+
 TEST_CASE("cuda: checkpoint() keeps a module on its own device", "[.][torch][cuda][checkpoint]") {
     REQUIRE(torch::cuda::is_available());
     const auto devices = torch::cuda::device_count();
@@ -231,6 +249,138 @@ TEST_CASE("cuda: checkpoint() keeps a module on its own device", "[.][torch][cud
         if (p.requires_grad()) CHECK(p.grad().device() == device);
     }
     CHECK_THROWS_AS(planned->forward({x.cpu()}), remat::InvalidInput);
+}
+
+// ------------------------------------------------------------ torch.export programs on the GPU
+
+namespace {
+
+const c10::Device first_gpu(at::kCUDA, 0);
+
+// The exported example inputs of `e`, on the GPU.
+std::vector<c10::IValue> inputs_on_gpu(const pt2_test::Expected& e) {
+    std::vector<c10::IValue> out;
+    for (const c10::IValue& v : e.inputs()) out.emplace_back(v.toTensor().to(first_gpu));
+    return out;
+}
+
+// Eager PyTorch's loss weights of `e` (one per output leaf, undefined where the output does
+// not count), on the GPU.
+std::vector<at::Tensor> weights_on_gpu(const pt2_test::Expected& e) {
+    std::vector<at::Tensor> out;
+    for (const at::Tensor& w : e.weights()) out.push_back(w.defined() ? w.to(first_gpu) : w);
+    return out;
+}
+
+}  // namespace
+
+// Programs exported on the CPU (scripts/lib/export_pt2_models.py: torch.nn models, and
+// torchvision's where the exporting Python has it), loaded onto the GPU with
+// LoadExportedOptions::device, captured and planned there: every plan's step equals plain
+// autograd on the loaded program, on the same GPU, within the predicted peak.
+TEST_CASE("cuda: torch.export programs exported on the CPU train on the GPU like plain autograd, within the "
+          "predicted peak",
+          "[.][torch][cuda][pt2]") {
+    REQUIRE(torch::cuda::is_available());
+    if (pt2_test::skipped_without_torch_export()) return;
+    deterministic();
+    const std::vector<pt2_test::Expected> models = pt2_test::exported_models();
+    REQUIRE_FALSE(models.empty());
+    remat::AutoOptions quick_plans;
+    quick_plans.time_limit_seconds = 2.0;
+    const remat::Auto solver(quick_plans);
+    for (const pt2_test::Expected& e : models) {
+        // Its attention views the output of the CPU's kernel, whose layout CUDA's does not have:
+        // torch.export recorded no copy where that layout needed none (export it on the GPU).
+        if (e.name == "vit_b_16") continue;
+        INFO(e.name);
+        torch::jit::Module module = remat::torch::load_exported(e.program, {.program = "", .device = first_gpu});
+        for (const at::Tensor& p : module.parameters()) CHECK(p.device() == first_gpu);
+        for (const at::Tensor& b : module.buffers()) CHECK(b.device() == first_gpu);
+        const std::vector<c10::IValue> arguments = inputs_on_gpu(e);
+        const std::vector<at::Tensor> weights = weights_on_gpu(e);
+        const Loss loss = [&weights](const std::vector<at::Tensor>& outputs) {
+            return remat::torch::detail::capture::weighted_loss(outputs, weights);
+        };
+        const CudaMemoryProbe probe(0);
+        const ScriptCapture cap = capture_script(module, arguments, quick(e.name), probe);
+        const ScriptExecutor<CudaMemoryProbe> ex(cap, probe);
+        const remat::Plan full = store_all(cap);
+        for (const double percent : {100.0, 40.0}) {
+            INFO("budget " << percent << " % of the store-all peak");
+            const Bytes budget =
+                std::max(solver.smallest_budget(cap.problem()), remat::percent_of(full.peak, percent));
+            const remat::Plan plan = solver.solve(cap.problem(), budget);
+            const remat::torch::StepReport r =
+                check_against_plain_args(module, cap, ex, plan, arguments, loss, cuda_tolerance);
+            INFO("predicted " << r.predicted_peak << ", measured " << r.measured_peak << ", budget " << budget);
+            const Bytes slack = std::max<Bytes>(r.predicted_peak / 100, Bytes{1} << 20);
+            CHECK(std::abs(r.measured_peak - r.predicted_peak) <= slack);
+            CHECK(r.measured_peak <= budget);
+        }
+    }
+}
+
+// The drop-in module of a .pt2 file, its program loaded onto the GPU, takes two SGD steps as
+// plain autograd does on another copy of the program on the same GPU (nn.Transformer, with
+// dropout: the masks of recomputed ops are drawn again from the same device generator).
+TEST_CASE("cuda: the drop-in module of a .pt2 file trains on the GPU like plain autograd", "[.][torch][cuda][pt2]") {
+    REQUIRE(torch::cuda::is_available());
+    if (pt2_test::skipped_without_torch_export()) return;
+    deterministic();
+    std::size_t tried = 0;
+    for (const pt2_test::Expected& e : pt2_test::exported_models()) {
+        if (e.name != "transformer") continue;
+        ++tried;
+        const remat::torch::LoadExportedOptions on_gpu_load{.program = "", .device = first_gpu};
+        const std::vector<c10::IValue> arguments = inputs_on_gpu(e);
+        const std::vector<at::Tensor> weights = weights_on_gpu(e);
+        remat::torch::ScriptCheckpointOptions options;
+        options.capture = quick(e.name);
+        options.progress = [](const std::string&) {};
+        auto planned = remat::torch::checkpoint(e.program, arguments, remat::budget_percent(30).or_smallest(),
+                                                remat::Auto{}, options, CudaMemoryProbe(0), on_gpu_load);
+        torch::jit::Module plain = remat::torch::load_exported(e.program, on_gpu_load);
+        const auto planned_parameters = pt2_test::named(planned->module().named_parameters(true));
+        const auto plain_parameters = pt2_test::named(plain.named_parameters(true));
+        REQUIRE(planned_parameters.size() == plain_parameters.size());
+        const double lr = e.index["lr"].get<double>();
+        for (int step = 0; step < 2; ++step) {
+            INFO("step " << step << ", budget " << planned->budget() << " of " << planned->store_all_peak());
+            at::manual_seed(100 + step);
+            const at::Tensor planned_loss =
+                remat::torch::detail::capture::weighted_loss(pt2_test::leaves(planned->forward(arguments)), weights);
+            planned_loss.backward();
+            const remat::StepReport& report = planned->last_report();
+            REQUIRE(report.completed);
+            at::manual_seed(100 + step);
+            const at::Tensor plain_loss = [&] {
+                const torch::jit::GraphOptimizerEnabledGuard eager(false);
+                return remat::torch::detail::capture::weighted_loss(pt2_test::leaves(plain.forward(arguments)), weights);
+            }();
+            plain_loss.backward();
+            CHECK(relative_diff(planned_loss.detach(), plain_loss.detach()) <= cuda_tolerance);
+            for (const auto& [name, p] : plain_parameters) {
+                INFO("parameter " << name);
+                REQUIRE(planned_parameters.contains(name));
+                const at::Tensor& q = planned_parameters.at(name);
+                CHECK(q.device() == first_gpu);
+                REQUIRE(q.grad().defined() == p.grad().defined());
+                if (p.grad().defined()) CHECK(relative_diff(q.grad(), p.grad()) <= cuda_tolerance);
+            }
+            INFO("predicted peak " << report.predicted_peak << ", measured " << report.measured_peak);
+            CHECK(std::abs(report.measured_peak - report.predicted_peak) <=
+                  std::max<Bytes>(report.predicted_peak / 100, Bytes{1} << 20));
+            const torch::NoGradGuard no_grad;
+            for (const auto* parameters : {&planned_parameters, &plain_parameters})
+                for (const auto& [name, p] : *parameters)
+                    if (p.grad().defined()) {
+                        p.add_(p.grad(), -lr);
+                        p.mutable_grad() = at::Tensor();
+                    }
+        }
+    }
+    CHECK(tried == 1);
 }
 
 // ------------------------------------------------------------ offloading through CudaTransfers

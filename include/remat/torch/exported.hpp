@@ -44,7 +44,10 @@ struct LoadExportedOptions {
     std::string program;
     /// Where the weights, buffers and constants go, with the program's device arguments that
     /// named the device it was exported on (a program exported on the CPU trained on "cuda:0");
-    /// none: where they were saved.
+    /// none: where they were saved. The program keeps the layouts its export saw: a view of a
+    /// tensor whose layout only the other device's kernel produced fails on the example
+    /// inputs, naming the node (torchvision's ViT-B/16 exported on the CPU, on a GPU); export
+    /// on the device you train on.
     std::optional<c10::Device> device;
 };
 
