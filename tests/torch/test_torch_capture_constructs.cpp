@@ -251,6 +251,37 @@ def forward(self, x):
     check_against_plain(m, cap, ex, recompute_all(cap), {x}, sum_of_squares(), 0.0);
 }
 
+// `normal_` has no out-of-place form of the same arguments on 2.x (normal_functional), and
+// `exponential_` none on 1.13: the op itself runs on a copy, eager's draws in memory of its own.
+TEST_CASE("constructs: in-place ops with no out-of-place form run on a copy (Gaussian noise injection)",
+          "[torch][capture][constructs]") {
+    at::manual_seed(66);
+    auto m = make_module("NoiseInjection", {{"w", at::randn({6, 6}) * 0.5}, {"w2", at::randn({6, 6}) * 0.5}}, R"(
+def forward(self, x):
+    h = torch.matmul(x, self.w)
+    noise = torch.empty_like(h).normal_(0.0, 0.1)
+    g = torch.tanh(h + noise)
+    g = torch.matmul(g, self.w2) * 2.0
+    g.exponential_(1.5)
+    return g * h
+)");
+    const at::Tensor x = at::randn({8, 6});
+    const ScriptCapture cap = capture_script(m, {x}, quick("noise"));  // the replay check included
+    std::size_t random = 0;
+    for (const auto& op : cap.ops()) random += op.random ? 1 : 0;
+    CHECK(random == 2);
+    ScriptExecutor<> ex(cap);
+    check_against_plain(m, cap, ex, store_all(cap), {x}, sum_of_squares(), 0.0);
+    check_against_plain(m, cap, ex, recompute_all(cap), {x}, sum_of_squares(), 0.0);
+    // Each step draws afresh: the noise is not frozen at capture.
+    const remat::torch::ScriptPlan plan = ex.prepare(store_all(cap));
+    at::manual_seed(1);
+    const at::Tensor first = ex.start(plan, {x}).forward()[0].clone();
+    at::manual_seed(2);
+    const at::Tensor second = ex.start(plan, {x}).forward()[0].clone();
+    CHECK_FALSE(at::equal(first, second));
+}
+
 TEST_CASE("constructs: an LSTM reading its weights through a list attribute differentiates every one",
           "[torch][capture][constructs]") {
     remat::torch::CpuMemoryProbe probe;

@@ -11,8 +11,9 @@
 //   - tuples, lists and dicts are tracked element by element, so that indexing, unpacking,
 //     `append`, item assignment and dict results cost no run-time node;
 //   - in-place ops on activations (`relu_`, `add_`, `div_`, `copy_` into a fresh tensor, …)
-//     become their out-of-place equivalents (`dropout_` runs on a copy: its out-of-place form
-//     draws another mask on CUDA), and later readers see the new value; a rewrite
+//     become their out-of-place equivalents, or run on a copy where none has the same
+//     arguments (`normal_`) or where it draws other numbers (`dropout_`, on CUDA), and later
+//     readers see the new value; a rewrite
 //     whose old value is read later through another name (a view) is refused;
 //   - in-place updates of module buffers (batch norm's `num_batches_tracked`) are side
 //     effects that the executor runs on the first forward of their op in a step only.
@@ -691,16 +692,16 @@ private:
         if (schema.name() == "aten::copy_" && schema.arguments().size() == 3) {
             f.operation.emplace(copy_out_of_place());
             f.vararg = false;
-        } else if (schema.name() == "aten::dropout_" && schema.arguments().size() == 3) {
-            f.operation.emplace(dropout_on_a_copy());
-            f.vararg = false;
-        } else {
-            const std::shared_ptr<jit::Operator> functional = out_of_place_operator(schema);
-            if (!functional)
-                reject(node, "updates a tensor in place and capture knows no out-of-place '" + schema.name() +
-                                 "' with the same arguments; use an out-of-place op");
+        } else if (const std::shared_ptr<jit::Operator> functional =
+                       runs_on_a_copy(schema) ? nullptr : out_of_place_operator(schema)) {
             f.operation.emplace(functional->getOperation(node));
             f.vararg = functional->schema().is_vararg();
+        } else if (!schema.is_vararg()) {
+            f.operation.emplace(on_a_copy(std::move(*f.operation), written, schema.arguments().size()));
+            f.vararg = false;
+        } else {
+            reject(node, "updates a tensor in place and capture knows no out-of-place '" + schema.name() +
+                             "' with the same arguments; use an out-of-place op");
         }
         f.rewritten_from = kind;
         f.category = category_of(f);
@@ -737,17 +738,23 @@ private:
         });
     }
 
-    // `x.dropout_(p, train)` as `x.clone().dropout_(p, train)`, not as `dropout(x, p, train)`:
-    // on CUDA the out-of-place form runs a fused kernel that draws another mask from the same
-    // generator state, so only the in-place op is eager PyTorch's step (MobileNetV3's and
-    // EfficientNet's classifiers, nn.Dropout(inplace=True)). The CPU has no such kernel.
-    [[nodiscard]] static jit::Operation dropout_on_a_copy() {
-        return jit::Operation([](jit::Stack& stack) {
-            const bool train = jit::pop(stack).toBool();
-            const double p = jit::pop(stack).toDouble();
-            at::Tensor copy = jit::pop(stack).toTensor().clone();
-            at::dropout_(copy, p, train);
-            jit::push(stack, std::move(copy));
+    // An in-place op whose out-of-place form draws other numbers: `dropout_`. On CUDA,
+    // `dropout` runs a fused kernel that draws another mask from the same generator state, so
+    // only the in-place op is eager PyTorch's step (nn.Dropout(inplace=True): MobileNetV3's and
+    // EfficientNet's classifiers). The CPU has no such kernel.
+    [[nodiscard]] static bool runs_on_a_copy(const c10::FunctionSchema& schema) {
+        return schema.name() == "aten::dropout_";
+    }
+
+    // The in-place op itself on a copy of the tensor it writes (argument `written` of
+    // `arguments`): eager's values and draws, in memory of its own. For the ops above, and for
+    // those with no out-of-place form of the same arguments (`normal_`, whose functional form
+    // is `normal_functional` in 2.x).
+    [[nodiscard]] static jit::Operation on_a_copy(jit::Operation in_place, std::size_t written, std::size_t arguments) {
+        return jit::Operation([in_place = std::move(in_place), written, arguments](jit::Stack& stack) mutable {
+            c10::IValue& target = stack[stack.size() - arguments + written];
+            target = target.toTensor().clone();
+            in_place(stack);
         });
     }
 
