@@ -473,6 +473,18 @@ def forward(self, x):
         CHECK(what.find("line 5") != std::string::npos);
         CHECK(what.find("shares") != std::string::npos);
     }
+    SECTION("a module whose own backward fails: an in-place op overwrites what autograd saved") {
+        auto m = make_module("Overwritten", w, R"(
+def forward(self, x):
+    h = torch.relu_(torch.matmul(x, self.w))
+    h.mul_(2.0)
+    return h
+)");
+        const std::string what = message_of([&] { (void)capture_script(m, {x}, quick("overwritten")); });
+        CHECK(what.find("plain autograd's backward") != std::string::npos);
+        CHECK(what.find("does not train as it is") != std::string::npos);
+        CHECK(what.find("inplace operation") != std::string::npos);  // autograd's own reason
+    }
     SECTION("a node kind without an operator") {
         auto m = make_module("Mystery", w, R"(
 def forward(self, x):

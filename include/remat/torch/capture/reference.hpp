@@ -104,9 +104,19 @@ struct ReferenceStep {
         step.loss = weighted_loss(step.outputs, step.weights);
     }
     step.parameter_grads.assign(parameters.size(), at::Tensor());
-    if (step.loss.defined() && step.loss.requires_grad() && !parameters.empty())
-        step.parameter_grads = ::torch::autograd::grad({step.loss}, parameters, {}, /*retain_graph=*/false,
-                                                       /*create_graph=*/false, /*allow_unused=*/true);
+    if (step.loss.defined() && step.loss.requires_grad() && !parameters.empty()) {
+        try {
+            step.parameter_grads = ::torch::autograd::grad({step.loss}, parameters, {}, /*retain_graph=*/false,
+                                                           /*create_graph=*/false, /*allow_unused=*/true);
+        } catch (const std::exception& e) {
+            // The module's own backward fails (an in-place op overwrote what another op saved for
+            // its gradient): it does not train in eager PyTorch either, remat or not.
+            throw InvalidInput(who + ": plain autograd's backward (the module's forward, interpreted, then the "
+                                     "gradient of a loss over its outputs) failed on the example inputs, so the "
+                                     "module does not train as it is, with or without remat: " +
+                               error_message(e));
+        }
+    }
     if (step.loss.defined()) step.loss = step.loss.detach();
     for (at::Tensor& out : step.outputs)
         if (out.defined()) out = out.detach();
