@@ -61,9 +61,20 @@ struct ScriptGradients {
 namespace detail::capture {
 
 /// Scratch copies of each group's buffers for recomputations, allocated once per executor so
-/// that a step's measured memory does not include them.
+/// that a step's measured memory does not include them. A recomputation starts from the
+/// buffers as the group's first run of the step found them (`before_first_run`): its outputs
+/// may read what it updates (spectral norm's power iteration reads u and v after writing
+/// them), and starting from the updated values would iterate once more. Its updates are then
+/// undone: the values it found (`recompute`) are put back.
 struct Scratch {
+    std::vector<BufferSnapshot> before_first_run;
     std::vector<BufferSnapshot> recompute;
+    explicit Scratch(const std::vector<Group>& groups) {
+        for (const Group& g : groups) {
+            before_first_run.emplace_back(g.buffers);
+            recompute.emplace_back(g.buffers);
+        }
+    }
 };
 
 }  // namespace detail::capture
@@ -153,7 +164,14 @@ public:
         inputs.reserve(g.input_data.size());
         for (const DataId d : g.input_data) inputs.push_back(act_[d.index].tensor());
         std::optional<BufferGuard> buffers;
-        if (!first_run && !g.buffers.empty()) buffers.emplace(scratch_->recompute[k], g.buffers);
+        if (!g.buffers.empty()) {
+            if (first_run) {
+                scratch_->before_first_run[k].save(g.buffers);
+            } else {
+                buffers.emplace(scratch_->recompute[k], g.buffers);
+                scratch_->before_first_run[k].restore(g.buffers);
+            }
+        }
         if (with_grad) {
             GroupGraph graph = run_with_grad(*core_, g, inputs);
             for (std::size_t o = 0; o < g.output_data.size(); ++o)
@@ -424,11 +442,9 @@ public:
     explicit ScriptExecutor(ScriptCapture capture, Probe probe = Probe{})
         : capture_(std::move(capture)),
           probe_(std::make_shared<Probe>(std::move(probe))),
-          scratch_(std::make_shared<detail::capture::Scratch>()),
+          scratch_(std::make_shared<detail::capture::Scratch>(capture_.core()->groups)),
           engine_(std::make_shared<const Engine>(capture_.problem(), capture_.problem(),
-                                                 detail::capture::execution_table(*capture_.core()))) {
-        for (const auto& g : capture_.core()->groups) scratch_->recompute.emplace_back(g.buffers);
-    }
+                                                 detail::capture::execution_table(*capture_.core()))) {}
 
     [[nodiscard]] const ScriptCapture& capture() const noexcept { return capture_; }
     [[nodiscard]] const Problem& problem() const noexcept { return capture_.problem(); }

@@ -268,9 +268,8 @@ public:
           probe_(std::move(probe)),
           training_(std::make_unique<ScriptTrainingProblem>(script_training_problem(capture_, options_.transfers))),
           table_(std::make_shared<const ExecutionTable>(detail::capture::execution_table(*capture_.core()))),
-          scratch_(std::make_shared<detail::capture::Scratch>()),
+          scratch_(std::make_shared<detail::capture::Scratch>(capture_.core()->groups)),
           store_(std::make_unique<ScriptParameterStore>(capture_, *training_)) {
-        for (const auto& g : capture_.core()->groups) scratch_->recompute.emplace_back(g.buffers);
         if constexpr (std::is_constructible_v<Transfers, ScriptParameterStore&, const Problem&, c10::Device>)
             transfers_ = std::make_unique<Transfers>(*store_, training_->problem, capture_.core()->device);
         else
