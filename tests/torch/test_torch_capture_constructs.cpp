@@ -325,6 +325,28 @@ def forward(self, x):
     CHECK_FALSE(at::equal(first, second));
 }
 
+// A weight transformed in place (spectral norm's clamp_min_ in its power iteration, a
+// clamped scale): the value, computed from parameters only, is recomputed in every op that
+// reads it, and the in-place op runs out of place like one on an activation.
+TEST_CASE("constructs: in-place ops on values computed from parameters run out of place",
+          "[torch][capture][constructs]") {
+    at::manual_seed(67);
+    auto m = make_module("ClampedWeight", {{"w", at::randn({6, 6}) * 0.5}, {"s", at::randn({6})}}, R"(
+def forward(self, x):
+    w = self.w * 2.0
+    w.clamp_min_(-0.25)
+    scale = self.s.abs()
+    scale.add_(0.5)
+    h = torch.tanh(torch.matmul(x, w)) * scale
+    return torch.matmul(h, w.t()) + scale
+)");
+    const at::Tensor x = at::randn({8, 6});
+    const ScriptCapture cap = capture_script(m, {x}, quick("clamped-weight"));  // the replay check included
+    ScriptExecutor<> ex(cap);
+    check_against_plain(m, cap, ex, store_all(cap), {x}, sum_of_squares(), 0.0);
+    check_against_plain(m, cap, ex, recompute_all(cap), {x}, sum_of_squares(), 0.0);
+}
+
 TEST_CASE("constructs: an LSTM reading its weights through a list attribute differentiates every one",
           "[torch][capture][constructs]") {
     remat::torch::CpuMemoryProbe probe;

@@ -685,8 +685,6 @@ private:
         const ValueRec& old = value(target);
         if (old.input_leaf)
             reject(node, "updates a graph input in place; the input belongs to the caller (clone it first)");
-        if (old.category == Category::state)
-            reject(node, "updates in place a value computed from parameters; use an out-of-place op");
         const std::string kind = node->kind().toQualString();
         const c10::FunctionSchema& schema = node->schema();
         if (schema.name() == "aten::copy_" && schema.arguments().size() == 3) {
