@@ -144,6 +144,30 @@ class Structured(nn.Module):
         return {"parts": list(h.split(4, dim=1)), "masked": (h * mask, torch.tanh(h).view(b * 2, 4))}
 
 
+class NoGradRegion(nn.Module):
+    """A `with torch.no_grad():` block in the forward (torch.export wraps it in
+    wrap_with_set_grad_enabled), with an in-place op inside: a per-row scale that gradients do
+    not flow through."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.b = nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        with torch.no_grad():
+            scale = h.abs().amax(dim=-1, keepdim=True).clamp_min_(1e-3)
+        return self.b(h / scale)
+
+
+def spectral_norm_mlp():
+    """Spectral normalization (torch.nn.utils.parametrizations): its power iteration runs in a
+    no-grad block and writes its buffers u and v with out= ops, once per forward."""
+    return nn.Sequential(nn.utils.parametrizations.spectral_norm(nn.Linear(16, 64)), nn.Tanh(), nn.Linear(64, 64),
+                         nn.Tanh(), nn.Linear(64, 4))
+
+
 def dynamic_batch(*inputs):
     """export's arguments for a dynamic first dimension of `inputs` (made when exporting: a
     torch without torch.export must still load this file)."""
@@ -186,6 +210,8 @@ MODELS = {
     "unet": (UNet, [image(2, 32)]),
     "lstm": (Recurrent, [f(2, 5, 8)]),
     "structured": (Structured, [f(4, 8), f(3)], dynamic_batch(0)),
+    "no_grad_region": (NoGradRegion, [f(4, 16)]),
+    "spectral_norm": (spectral_norm_mlp, [f(32, 16)]),
 }
 
 

@@ -18,6 +18,8 @@
 //     capture evaluates on the example inputs' shapes;
 //   - buffer mutations that the signature lists as outputs are written back with `copy_`, which
 //     capture runs once per step; in-place updates in the graph itself stay as they are.
+//   - a `with torch.no_grad():` block (wrap_with_set_grad_enabled) is inlined, its results
+//     detached;
 // What no single graph can hold — control flow (`cond`, `map`, `while_loop`), custom objects,
 // effect tokens, joint forward-backward programs, mutations of user inputs — is refused with
 // the node and the Python source line that the program's metadata names. The backward is never
@@ -36,6 +38,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -303,7 +306,9 @@ private:
                 const Json& b = spec.at("buffer");
                 const std::string name = b.at("buffer_name").get<std::string>();
                 register_tensor(name, state_tensor(name, false, "buffer"), false);
-                define(b.at("arg").at("name").get<std::string>(), attribute(name));
+                jit::Value* buffer = attribute(name);
+                buffers_.insert(buffer);
+                define(b.at("arg").at("name").get<std::string>(), buffer);
             } else if (spec.contains("tensor_constant")) {
                 const Json& c = spec.at("tensor_constant");
                 const std::string name = c.at("tensor_constant_name").get<std::string>();
@@ -565,6 +570,7 @@ private:
     void translate(const Json& node) {
         const std::string target = node.at("target").get<std::string>();
         if (is_check(target)) return;
+        if (target == "torch.ops.higher_order.wrap_with_set_grad_enabled") return translate_grad_mode_region(node);
         if (target.starts_with("torch.ops.higher_order."))
             reject(node, "is control flow or another higher-order op ('" + target.substr(23) +
                              "'); remat plans one fixed graph of tensor ops: rewrite it without torch.cond / "
@@ -579,6 +585,62 @@ private:
         std::string overload = rest.substr(last_dot + 1);
         if (overload == "default") overload.clear();
         translate_operator(node, qualified, overload);
+    }
+
+    // `with torch.no_grad():` in the forward: torch.export wraps the block in
+    // wrap_with_set_grad_enabled(enabled, subgraph, *arguments). Its ops join the graph in
+    // place of the call; where grad is off, they read their arguments detached, except the
+    // module's buffers (no history, and the block may write them: spectral norm's power
+    // iteration updates u and v with out= ops, once per step as capture runs buffer updates).
+    // So nothing the block computes has history, and an op that autograd refuses with a
+    // gradient (an out= variant) runs as in eager's block. The subgraph's names are its own:
+    // the program's are put back after it, and its results take the call's output names.
+    void translate_grad_mode_region(const Json& node) {
+        const Json& inputs = node.at("inputs");
+        if (inputs.size() < 2 || !inputs[0].at("arg").contains("as_bool") || !inputs[1].at("arg").contains("as_graph"))
+            reject(node, "is a grad-mode block remat cannot read (it expects the mode, a subgraph, then arguments)");
+        const bool enabled = inputs[0].at("arg").at("as_bool").get<bool>();
+        const Json& body = inputs[1].at("arg").at("as_graph").at("graph");
+        const Json& parameters = body.at("inputs");
+        if (parameters.size() + 2 != inputs.size())
+            reject(node, "passes " + std::to_string(inputs.size() - 2) + " arguments to a block of " +
+                             std::to_string(parameters.size()));
+        std::vector<jit::Value*> arguments;
+        for (std::size_t i = 0; i < parameters.size(); ++i) {
+            jit::Value* v = block_value(inputs[i + 2].at("arg"), node);
+            arguments.push_back(enabled || buffers_.contains(v) ? v : detached(v));
+        }
+        const std::unordered_map<std::string, jit::Value*> outer = values_;
+        for (std::size_t i = 0; i < parameters.size(); ++i) define(block_name(parameters[i], node), arguments[i]);
+        for (const Json& inner : body.at("nodes")) translate(inner);
+        std::vector<jit::Value*> results;
+        for (const Json& out : body.at("outputs")) {
+            results.push_back(named(block_name(out, node), node));
+        }
+        values_ = outer;
+        const Json& outputs = node.at("outputs");
+        if (outputs.size() != results.size())
+            reject(node, "has " + std::to_string(outputs.size()) + " outputs where its block returns " +
+                             std::to_string(results.size()));
+        for (std::size_t k = 0; k < results.size(); ++k) define(block_name(outputs[k], node), results[k]);
+    }
+    // `v` without history where it is a tensor (the same memory: an in-place op on it is one
+    // on `v`, as in eager's block), `v` itself otherwise.
+    [[nodiscard]] jit::Value* detached(jit::Value* v) {
+        if (!v->type()->cast<c10::TensorType>()) return v;
+        jit::Node* detach = graph_->insertNode(graph_->create(c10::Symbol::fromQualString("aten::detach"), {v}));
+        detach->output()->setType(v->type());
+        return detach->output();
+    }
+    // The name of a tensor or symbolic integer that a block passes or returns.
+    [[nodiscard]] std::string block_name(const Json& value, const Json& node) const {
+        if (value.contains("as_tensor")) return value.at("as_tensor").at("name").get<std::string>();
+        if (value.contains("as_sym_int") && value.at("as_sym_int").contains("as_name"))
+            return value.at("as_sym_int").at("as_name").get<std::string>();
+        reject(node, "passes a value of a kind remat does not read into or out of a grad-mode block: " + value.dump());
+    }
+    [[nodiscard]] jit::Value* block_value(const Json& value, const Json& node) const {
+        return named(block_name(value, node), node);
     }
 
     [[nodiscard]] std::shared_ptr<jit::Operator> find_operator(const Json& node, const std::string& qualified,
@@ -843,6 +905,7 @@ private:
     jit::Value* self_ = nullptr;
     bool training_ = true;
     std::unordered_map<std::string, jit::Value*> values_;
+    std::unordered_set<const jit::Value*> buffers_;  // the module's buffers, as the graph reads them
     std::map<std::string, jit::Module> modules_;
     std::map<std::string, jit::Value*> attributes_;
     std::set<std::string> registered_;
