@@ -55,6 +55,8 @@ struct Shared {
     std::vector<int> buffers;            // per unit: times its running statistics changed
     std::vector<double> parameter_grads; // committed, per unit
     std::vector<int> draws;              // per unit: the generator's value at its last draw
+    std::vector<int> kept;               // per unit: keep_state_for_reruns calls
+    int kept_after_a_run = 0;            // of those, calls after the unit had run in the step
     int generator = 0;
     std::optional<Fault> fault;
     std::map<std::string, std::size_t> counts;
@@ -87,6 +89,13 @@ public:
         transient(p_->op(op).overhead);
         if (random(unit)) s_->draws[unit] = s_->generator++;
         if (first_run) ++s_->buffers[unit];
+        ran_.resize(std::max(ran_.size(), unit + 1), 0);
+        ran_[unit] = 1;
+    }
+
+    void keep_state_for_reruns(std::size_t unit) {
+        ++s_->kept[unit];
+        if (unit < ran_.size() && ran_[unit]) ++s_->kept_after_a_run;
     }
 
     void backward(std::size_t unit) {
@@ -175,6 +184,7 @@ private:
     const ExecutionTable* t_;
     Shared* s_;
     std::vector<char> live_;
+    std::vector<char> ran_;  // per unit: it ran in this step
     std::vector<double> pending_;
     Bytes pending_bytes_ = 0;
     std::vector<int> saved_buffers_;
@@ -225,6 +235,7 @@ Setup chain_setup(std::uint32_t seed, std::size_t stages) {
     s.shared.buffers.assign(stages + 1, 0);
     s.shared.parameter_grads.assign(stages + 1, 0.0);
     s.shared.draws.assign(stages + 1, -1);
+    s.shared.kept.assign(stages + 1, 0);
     return s;
 }
 
@@ -354,6 +365,13 @@ TEST_CASE("executor: recomputations replay the first run's random numbers", "[ex
     CHECK(s.shared.generator == generator_after_forward);    // and the sequence put back
     for (std::size_t u = 1; u <= s.stages; ++u) CHECK(s.shared.buffers[u] == 1);  // once per step
     CHECK(step.report().forward_runs == 2 * s.stages);
+    // KeepsStateForReruns: once per unit run twice, before its first run; never in a step
+    // that runs every unit once.
+    for (std::size_t u = 1; u <= s.stages; ++u) CHECK(s.shared.kept[u] == 1);
+    CHECK(s.shared.kept_after_a_run == 0);
+    s.shared.kept.assign(s.stages + 1, 0);
+    (void)run_step(engine, s, engine.prepare(StoreAll{}.solve(s.problem, Bytes{1} << 40)));
+    for (std::size_t u = 1; u <= s.stages; ++u) CHECK(s.shared.kept[u] == 0);
 }
 
 // The chain's problem with its forwards without grad given `extra` bytes more overhead than

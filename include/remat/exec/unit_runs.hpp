@@ -123,6 +123,8 @@ public:
         } else if (first && rng_now) {
             rng_[unit] = std::move(rng_now);  // the numbers its later runs replay
         }
+        if constexpr (KeepsStateForReruns<Backend>)
+            if (first && landmarks_.forward_runs[unit] > 1) backend.keep_state_for_reruns(unit);
         backend.forward(unit, with_grad, first);
         for (const DataId d : problem_->op(k).writes)
             if (with_grad || !is_saved(d)) live_[d.index] = 1;

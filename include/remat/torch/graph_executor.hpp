@@ -62,7 +62,8 @@ namespace detail::capture {
 
 /// Scratch copies of each group's buffers for recomputations, allocated once per executor so
 /// that a step's measured memory does not include them. A recomputation starts from the
-/// buffers as the group's first run of the step found them (`before_first_run`): its outputs
+/// buffers as the group's first run of the step found them (`before_first_run`, saved only
+/// when the plan runs the group more than once): its outputs
 /// may read what it updates (spectral norm's power iteration reads u and v after writing
 /// them), and starting from the updated values would iterate once more. Its updates are then
 /// undone: the values it found (`recompute`) are put back.
@@ -158,19 +159,22 @@ public:
     }
     [[nodiscard]] std::size_t draw_rank(std::size_t k) const { return core_->groups[k].draw_rank; }
 
+    // KeepsStateForReruns (exec/backend.hpp): before the first of several runs, the buffers
+    // the group updates, which its recomputations start from.
+    void keep_state_for_reruns(std::size_t k) {
+        const Group& g = core_->groups[k];
+        if (!g.buffers.empty()) scratch_->before_first_run[k].save(g.buffers);
+    }
+
     void forward(std::size_t k, bool with_grad, bool first_run) {
         const Group& g = core_->groups[k];
         std::vector<at::Tensor> inputs;
         inputs.reserve(g.input_data.size());
         for (const DataId d : g.input_data) inputs.push_back(act_[d.index].tensor());
         std::optional<BufferGuard> buffers;
-        if (!g.buffers.empty()) {
-            if (first_run) {
-                scratch_->before_first_run[k].save(g.buffers);
-            } else {
-                buffers.emplace(scratch_->recompute[k], g.buffers);
-                scratch_->before_first_run[k].restore(g.buffers);
-            }
+        if (!first_run && !g.buffers.empty()) {
+            buffers.emplace(scratch_->recompute[k], g.buffers);
+            scratch_->before_first_run[k].restore(g.buffers);
         }
         if (with_grad) {
             GroupGraph graph = run_with_grad(*core_, g, inputs);
