@@ -13842,6 +13842,13 @@ concept DrawsLike = requires(B& backend, const B& const_backend, std::size_t uni
     { const_backend.draw_rank(unit) } -> std::convertible_to<std::size_t>;
 };
 
+/// A backend whose recomputations must start from state the unit's first run changes (the
+/// buffers it updates and then reads): the engine calls keep_state_for_reruns(unit) just
+/// before the first of several forward runs the plan gives a unit in a step, and only then,
+/// so that a step without recomputations copies nothing.
+template <class B>
+concept KeepsStateForReruns = requires(B& backend, std::size_t unit) { backend.keep_state_for_reruns(unit); };
+
 /// A backend that words exceptions itself (e.g. without a framework's backtrace).
 template <class B>
 concept WordsErrors = requires(const B& backend, const std::exception& e) {
@@ -13977,6 +13984,8 @@ public:
         } else if (first && rng_now) {
             rng_[unit] = std::move(rng_now);  // the numbers its later runs replay
         }
+        if constexpr (KeepsStateForReruns<Backend>)
+            if (first && landmarks_.forward_runs[unit] > 1) backend.keep_state_for_reruns(unit);
         backend.forward(unit, with_grad, first);
         for (const DataId d : problem_->op(k).writes)
             if (with_grad || !is_saved(d)) live_[d.index] = 1;
