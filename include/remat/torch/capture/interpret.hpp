@@ -12,9 +12,9 @@
 //     `append`, item assignment and dict results cost no run-time node;
 //   - in-place ops on activations (`relu_`, `add_`, `div_`, `copy_` into a fresh tensor, …)
 //     become their out-of-place equivalents, or run on a copy where none has the same
-//     arguments (`normal_`) or where it draws other numbers (`dropout_`, on CUDA), and later
-//     readers see the new value; a rewrite
-//     whose old value is read later through another name (a view) is refused;
+//     arguments (`normal_`) or where it draws other numbers (`dropout_`, on CUDA); later
+//     readers see the new value, and a rewrite whose old value is read later through another
+//     name (a view) is refused;
 //   - in-place updates of module buffers (batch norm's `num_batches_tracked`) are side
 //     effects that the executor runs on the first forward of their op in a step only.
 // What cannot be kept — control flow on tensor values, updates of parameters or graph
