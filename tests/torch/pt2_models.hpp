@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/jit/api/module.h>
 
 #include <cstdint>
@@ -101,6 +102,17 @@ inline std::map<std::string, at::Tensor> named(const torch::jit::named_parameter
     std::map<std::string, at::Tensor> out;
     for (const auto& p : list) out.emplace(p.name, p.value);
     return out;
+}
+
+// Eager PyTorch's update between its steps: plain SGD at the exported learning rate.
+inline void sgd_like_eager(const Expected& e, const std::map<std::string, at::Tensor>& parameters) {
+    const double lr = e.index["lr"].get<double>();
+    const at::NoGradGuard no_grad;
+    for (const auto& [name, p] : parameters)
+        if (p.grad().defined()) {
+            p.add_(p.grad(), -lr);
+            p.mutable_grad() = at::Tensor();
+        }
 }
 
 }  // namespace pt2_test

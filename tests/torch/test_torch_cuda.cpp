@@ -344,7 +344,6 @@ TEST_CASE("cuda: the drop-in module of a .pt2 file trains on the GPU like plain 
         const auto planned_parameters = pt2_test::named(planned->module().named_parameters(true));
         const auto plain_parameters = pt2_test::named(plain.named_parameters(true));
         REQUIRE(planned_parameters.size() == plain_parameters.size());
-        const double lr = e.index["lr"].get<double>();
         for (int step = 0; step < 2; ++step) {
             INFO("step " << step << ", budget " << planned->budget() << " of " << planned->store_all_peak());
             at::manual_seed(100 + step);
@@ -371,13 +370,8 @@ TEST_CASE("cuda: the drop-in module of a .pt2 file trains on the GPU like plain 
             INFO("predicted peak " << report.predicted_peak << ", measured " << report.measured_peak);
             CHECK(std::abs(report.measured_peak - report.predicted_peak) <=
                   std::max<Bytes>(report.predicted_peak / 100, Bytes{1} << 20));
-            const torch::NoGradGuard no_grad;
-            for (const auto* parameters : {&planned_parameters, &plain_parameters})
-                for (const auto& [name, p] : *parameters)
-                    if (p.grad().defined()) {
-                        p.add_(p.grad(), -lr);
-                        p.mutable_grad() = at::Tensor();
-                    }
+            pt2_test::sgd_like_eager(e, planned_parameters);
+            pt2_test::sgd_like_eager(e, plain_parameters);
         }
     }
     CHECK(tried == 1);

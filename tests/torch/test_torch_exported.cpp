@@ -64,17 +64,6 @@ void require_step_like_eager(const Expected& e, const std::string& step, const a
     for (const auto& b : buffers) require_equal("buffer " + b.name + " after the step", b.value, e.tensor(step + ".buffer." + b.name));
 }
 
-// Eager PyTorch's update between its steps: plain SGD at the exported learning rate.
-void sgd_like_eager(const Expected& e, const std::map<std::string, at::Tensor>& parameters) {
-    const double lr = e.index["lr"].get<double>();
-    const torch::NoGradGuard no_grad;
-    for (const auto& [name, p] : parameters)
-        if (p.grad().defined()) {
-            p.add_(p.grad(), -lr);
-            p.mutable_grad() = at::Tensor();
-        }
-}
-
 }  // namespace
 
 TEST_CASE("pt2: exported models train like eager PyTorch at 50 % and 30 % of the store-all peak", "[torch][pt2]") {
