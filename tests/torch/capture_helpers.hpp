@@ -78,7 +78,10 @@ inline double max_diff(const at::Tensor& a, const at::Tensor& b) {
     if (!a.defined() || !b.defined()) return a.defined() == b.defined() ? 0.0 : 1e30;
     if (a.sizes() != b.sizes()) return 1e30;
     if (a.numel() == 0) return 0.0;
-    return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+    // Equal elements differ by 0, infinities included (an attention mask's -inf).
+    const at::Tensor x = a.to(at::kDouble);
+    const at::Tensor y = b.to(at::kDouble);
+    return at::where(x == y, at::zeros_like(x), x - y).abs().max().item<double>();
 }
 
 // Largest difference relative to the largest magnitude of `b` (gradient contributions may
@@ -160,10 +163,26 @@ remat::torch::StepReport check_against_plain_args(torch::jit::Module& m, const S
                                                          double tolerance = 0.0) {
     const auto& params = cap.parameters();
     const std::vector<at::Tensor> inputs = cap.input_tensors(arguments);
+    // Both steps start from the same buffers: a plain step updates them (batch norm's
+    // statistics, spectral norm's power iteration, whose output reads what it updates).
+    std::vector<at::Tensor> buffers;
+    for (const at::Tensor& b : m.buffers()) buffers.push_back(b);
+    std::vector<at::Tensor> buffers_before;
+    for (const at::Tensor& b : buffers) buffers_before.push_back(b.clone());
     const Plain ref = plain_step_args(m, arguments, inputs, loss, params, 1234);
+    std::vector<at::Tensor> buffers_after_plain;
+    for (std::size_t i = 0; i < buffers.size(); ++i) {
+        buffers_after_plain.push_back(buffers[i].clone());
+        const at::NoGradGuard no_grad;
+        buffers[i].copy_(buffers_before[i]);
+    }
     const auto prepared = ex.prepare(plan);
     at::manual_seed(1234);
     const auto result = ex.step(prepared, inputs, loss);
+    for (std::size_t i = 0; i < buffers.size(); ++i) {
+        INFO("buffer " << i);
+        CHECK(relative_diff(buffers[i], buffers_after_plain[i]) <= tolerance);
+    }
     Grads got = take_grads(params, inputs);
     for (std::size_t i = 0; i < inputs.size(); ++i)
         if (inputs[i].requires_grad()) got.inputs[i] = result.input_grads[i];
