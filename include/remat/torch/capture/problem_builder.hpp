@@ -123,9 +123,13 @@ private:
             const std::size_t id = outputs[o];
             const DataId d = activation_.at(id);
             core_.output_data.push_back(d);
+            // Autograd makes the loss's gradient dense, of the output's shape: not of its
+            // storage, which a kernel may have allocated larger (col2im's is the input's size).
+            const at::Tensor& t = trace_.values[id].value.toTensor();
+            const Bytes gradient_bytes = static_cast<Bytes>(t.numel()) * static_cast<Bytes>(t.element_size());
             if (profile_.requires_grad[id])
                 core_.output_grad[o] =
-                    add_data("g:" + data_name(id) + "<loss", bytes_[d.index], DataEntry{DataRole::gradient, npos, false, o});
+                    add_data("g:" + data_name(id) + "<loss", gradient_bytes, DataEntry{DataRole::gradient, npos, false, o});
         }
         const bool any = std::any_of(core_.output_grad.begin(), core_.output_grad.end(), [](const auto& d) { return d.has_value(); });
         if (!any)
