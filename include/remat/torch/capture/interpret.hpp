@@ -99,9 +99,9 @@ private:
     }
 
     // A tensor value would require grad in a training step when anything it is computed
-    // from does and it is floating point.
-    [[nodiscard]] static bool floating_tensor(const c10::IValue& v) {
-        return v.isTensor() && v.toTensor().defined() && v.toTensor().is_floating_point();
+    // from does and it is floating point or complex.
+    [[nodiscard]] static bool differentiable_tensor(const c10::IValue& v) {
+        return v.isTensor() && v.toTensor().defined() && differentiable_type(v.toTensor());
     }
 
     // ---------------------------------------------------------------- module and arguments
@@ -203,7 +203,7 @@ private:
         if (!t.has_storage()) throw InvalidInput(who_ + ": " + which + " is not a dense tensor");
         const std::size_t id = add_value(name, Category::activation, c10::IValue(t.detach()));
         value(id).input_leaf = trace_.input_leaves.size();
-        value(id).requires_grad = t.requires_grad() && t.is_floating_point();
+        value(id).requires_grad = t.requires_grad() && differentiable_type(t);
         InputInfo info;
         info.name = name;
         info.sizes = t.sizes().vec();
@@ -315,7 +315,7 @@ private:
         for (std::size_t k = 0; k < items.size(); ++k) {
             const std::size_t e = add_value(base + "." + std::to_string(k), category, items[k]);
             value(e).module_tensor = module_tensor && holds_tensors(items[k]);
-            value(e).requires_grad = requires_grad && floating_tensor(items[k]);
+            value(e).requires_grad = requires_grad && differentiable_tensor(items[k]);
             s.elements.push_back(e);
         }
         if (category != Category::constant) {
@@ -811,7 +811,7 @@ private:
             const std::size_t id = add_value(node->outputs()[k], f.category, std::move(results[k]));
             ValueRec& v = value(id);
             v.producer = index;
-            v.requires_grad = requires_grad && (floating_tensor(v.value) || v.value.isTuple() || v.value.isList());
+            v.requires_grad = requires_grad && (differentiable_tensor(v.value) || v.value.isTuple() || v.value.isList());
             if (f.side_effect) {
                 // What an in-place update returns is the buffer itself: read by reference.
                 v.category = Category::constant;

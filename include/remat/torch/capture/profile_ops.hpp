@@ -78,7 +78,7 @@ public:
         profile_.info.assign(core_.groups.size(), CapturedOp{});
         profile_.requires_grad.assign(trace_.values.size(), 0);
         for (std::size_t i = 0; i < trace_.input_leaves.size(); ++i)
-            profile_.requires_grad[trace_.input_leaves[i]] = trace_.inputs[i].requires_grad && input(i).is_floating_point();
+            profile_.requires_grad[trace_.input_leaves[i]] = trace_.inputs[i].requires_grad && differentiable_type(input(i));
         start_ = Clock::now();
         if (!core_.device.is_cpu()) warm_up_backward_thread();
         for (std::size_t k = 0; k < core_.groups.size(); ++k) profile_forward(k);
@@ -155,7 +155,7 @@ private:
         CapturedOp& info = profile_.info[k];
         const std::vector<at::Tensor> inputs = inputs_of(g);
         for (std::size_t i = 0; i < g.inputs.size(); ++i)
-            g.input_differentiable[i] = profile_.requires_grad[g.inputs[i]] && inputs[i].is_floating_point();
+            g.input_differentiable[i] = profile_.requires_grad[g.inputs[i]] && differentiable_type(inputs[i]);
         check_outputs(g, inputs);
         measure_no_grad(g, info, inputs);
         measure_with_grad(g, info, inputs);
@@ -280,12 +280,13 @@ private:
     // on the same storage, so no version counter notices, and put back afterwards.
     bool backward_reads(const Group& g, GroupGraph& graph, const std::vector<std::vector<at::Tensor>>& incoming,
                         const BackwardResult& reference, const at::Tensor& t) const {
-        if (!t.is_floating_point() || !t.has_storage()) return true;
+        if (!differentiable_type(t) || !t.has_storage()) return true;
         const at::NoGradGuard no_grad;
         const c10::Storage storage = t.storage();
         const auto n = static_cast<std::int64_t>(storage.nbytes() / t.element_size());
         at::Tensor raw = at::empty({0}, t.options().requires_grad(false));
         raw.set_(storage, 0, {n}, {1});
+        if (raw.is_complex()) raw = at::view_as_real(raw);  // NaN and random values, part by part
         const at::Tensor original = raw.clone();
         bool used = false;
         for (int pass = 0; pass < 2 && !used; ++pass) {

@@ -73,6 +73,10 @@ inline void check_input_device(const std::optional<c10::Device>& model_device, c
                        model_device->str() + ")), or the model with model->to(device) and checkpoint it again");
 }
 
+/// Whether autograd differentiates a tensor of this type: floating point or complex (an FFT's
+/// spectrum between two real layers).
+[[nodiscard]] inline bool differentiable_type(const at::Tensor& t) { return t.is_floating_point() || t.is_complex(); }
+
 /// Bytes that releasing this tensor's storage gives back.
 [[nodiscard]] inline Bytes storage_bytes(const at::Tensor& t) {
     if (!t.defined() || !t.has_storage()) return 0;
