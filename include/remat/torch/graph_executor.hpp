@@ -60,20 +60,21 @@ struct ScriptGradients {
 
 namespace detail::capture {
 
-/// Scratch copies of each group's buffers for recomputations, allocated once per executor so
+/// Scratch copies of each group's buffers for recomputations (Group::rerun_buffers: those it
+/// updates, and those it reads that a later group updates), allocated once per executor so
 /// that a step's measured memory does not include them. A recomputation starts from the
 /// buffers as the group's first run of the step found them (`before_first_run`, saved only
-/// when the plan runs the group more than once): its outputs
-/// may read what it updates (spectral norm's power iteration reads u and v after writing
-/// them), and starting from the updated values would iterate once more. Its updates are then
-/// undone: the values it found (`recompute`) are put back.
+/// when the plan runs the group more than once): its outputs may read what it updates
+/// (spectral norm's power iteration reads u and v after writing them), and starting from the
+/// updated values would iterate once more. Its updates are then undone: the values it found
+/// (`recompute`) are put back.
 struct Scratch {
     std::vector<BufferSnapshot> before_first_run;
     std::vector<BufferSnapshot> recompute;
     explicit Scratch(const std::vector<Group>& groups) {
         for (const Group& g : groups) {
-            before_first_run.emplace_back(g.buffers);
-            recompute.emplace_back(g.buffers);
+            before_first_run.emplace_back(g.rerun_buffers);
+            recompute.emplace_back(g.rerun_buffers);
         }
     }
 };
@@ -154,7 +155,7 @@ public:
         inputs.reserve(g.input_meta.size());
         for (const TensorMeta& meta : g.input_meta) inputs.push_back(meta.placeholder());
         std::optional<BufferGuard> buffers;
-        if (!g.buffers.empty()) buffers.emplace(scratch_->recompute[k], g.buffers);
+        if (!g.rerun_buffers.empty()) buffers.emplace(scratch_->recompute[k], g.rerun_buffers);
         (void)run_no_grad(*core_, g, inputs);
     }
     [[nodiscard]] std::size_t draw_rank(std::size_t k) const { return core_->groups[k].draw_rank; }
@@ -163,7 +164,7 @@ public:
     // the group updates, which its recomputations start from.
     void keep_state_for_reruns(std::size_t k) {
         const Group& g = core_->groups[k];
-        if (!g.buffers.empty()) scratch_->before_first_run[k].save(g.buffers);
+        if (!g.rerun_buffers.empty()) scratch_->before_first_run[k].save(g.rerun_buffers);
     }
 
     void forward(std::size_t k, bool with_grad, bool first_run) {
@@ -172,9 +173,9 @@ public:
         inputs.reserve(g.input_data.size());
         for (const DataId d : g.input_data) inputs.push_back(act_[d.index].tensor());
         std::optional<BufferGuard> buffers;
-        if (!first_run && !g.buffers.empty()) {
-            buffers.emplace(scratch_->recompute[k], g.buffers);
-            scratch_->before_first_run[k].restore(g.buffers);
+        if (!first_run && !g.rerun_buffers.empty()) {
+            buffers.emplace(scratch_->recompute[k], g.rerun_buffers);
+            scratch_->before_first_run[k].restore(g.rerun_buffers);
         }
         if (with_grad) {
             GroupGraph graph = run_with_grad(*core_, g, inputs);

@@ -401,22 +401,52 @@ private:
         report_progress(options_.op_progress, line.str());
     }
 
-    // A buffer one op updates and another op reads would see its update in the order the
-    // plan runs them, which may not be the module's.
-    void check_buffer_readers() const {
-        for (std::size_t k = 0; k < core_.groups.size(); ++k)
+    // A buffer one op updates and another op reads would see its update in the order the plan
+    // runs them, which may not be the module's. Two cases keep the module's order under every
+    // plan, since a recomputation starts from the buffers its first run found and puts back
+    // those it found (KeepsStateForReruns, rerun_buffers):
+    // - the reader needs the updater's output: each of its runs comes after the update (a
+    //   step counter added to an output);
+    // - the updater needs the reader's output: the reader's first run comes before the update,
+    //   and the buffer joins the reader's rerun_buffers (an average scaled by one op, added to
+    //   by the next).
+    void check_buffer_readers() {
+        for (Group& g : core_.groups) g.rerun_buffers = g.buffers;
+        for (std::size_t k = 0; k < core_.groups.size(); ++k) {
+            if (core_.groups[k].buffers.empty()) continue;
+            const std::vector<bool> after = groups_needing(k);
             for (const at::Tensor& b : core_.groups[k].buffers) {
                 const void* s = storage_of(b);
                 for (std::size_t j = 0; j < core_.groups.size(); ++j) {
-                    if (j == k) continue;
-                    const auto& read = core_.groups[j].frozen_storages;
-                    if (std::find(read.begin(), read.end(), s) != read.end())
-                        throw InvalidInput(who_ + ": op '" + core_.groups[k].name + "' (root " + core_.groups[k].where +
-                                           ") updates a buffer that op '" + core_.groups[j].name + "' (root " +
-                                           core_.groups[j].where + ") also reads; a plan may run them in another order "
-                                           "than the module — update the buffer where it is read");
+                    Group& reader = core_.groups[j];
+                    const auto& read = reader.frozen_storages;
+                    if (j == k || after[j] || std::find(read.begin(), read.end(), s) == read.end()) continue;
+                    if (groups_needing(j)[k]) {
+                        const auto& kept = reader.rerun_buffers;
+                        if (std::none_of(kept.begin(), kept.end(), [&](const at::Tensor& t) { return storage_of(t) == s; }))
+                            reader.rerun_buffers.push_back(b);
+                        continue;
+                    }
+                    throw InvalidInput(who_ + ": op '" + core_.groups[k].name + "' (root " + core_.groups[k].where +
+                                       ") updates a buffer that op '" + reader.name + "' (root " + reader.where +
+                                       ") also reads; a plan may run them in another order than the module — update "
+                                       "the buffer where it is read");
                 }
             }
+        }
+    }
+
+    // The groups that read, directly or through others, an output of group k (groups are in
+    // the module's order: a reader comes after what it reads).
+    [[nodiscard]] std::vector<bool> groups_needing(std::size_t k) const {
+        std::vector<bool> needs(core_.groups.size(), false);
+        std::unordered_set<std::size_t> reached(core_.groups[k].outputs.begin(), core_.groups[k].outputs.end());
+        for (std::size_t j = k + 1; j < core_.groups.size(); ++j) {
+            const Group& g = core_.groups[j];
+            needs[j] = std::any_of(g.inputs.begin(), g.inputs.end(), [&](std::size_t id) { return reached.contains(id); });
+            if (needs[j]) reached.insert(g.outputs.begin(), g.outputs.end());
+        }
+        return needs;
     }
 
     void check_gradient_coverage() const {

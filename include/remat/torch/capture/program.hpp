@@ -224,6 +224,9 @@ struct Group {
     std::vector<std::size_t> parameters;  // indices into Core::parameters
     std::vector<at::Tensor> trainable;    // the same tensors
     std::vector<at::Tensor> buffers;      // buffers its forward updates (once per step)
+    // What a recomputation must find as its first run did: the buffers it updates, and those
+    // it reads that a later op updates.
+    std::vector<at::Tensor> rerun_buffers;
     std::vector<const void*> frozen_storages;  // storages of frozen tensors it reads
     bool random = false;
     /// Where its random numbers come in the module's forward: the position of its first
