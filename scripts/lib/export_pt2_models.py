@@ -161,6 +161,48 @@ class NoGradRegion(nn.Module):
         return self.b(h / scale)
 
 
+class FoldedPatches(nn.Module):
+    """Unfold, a pointwise map and fold (im2col, col2im): col2im returns an output whose memory
+    is the size of its input, ten times its own, and the loss's gradient is of its shape."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        patches = F.unfold(self.conv(x), 3, padding=1)
+        return F.fold(torch.tanh(patches), (8, 8), 3, padding=1)
+
+
+class Spectrum(nn.Module):
+    """A complex value between two linear maps: the magnitude of a real FFT."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.b = nn.Linear(9, 4)
+
+    def forward(self, x):
+        return self.b(torch.fft.rfft(self.a(x)).abs())
+
+
+class RunningState(nn.Module):
+    """Buffers the forward updates itself: a step counter added to the output, and an average
+    scaled in one op and added to in another, which the output reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.register_buffer("steps", torch.zeros(()))
+        self.register_buffer("average", torch.zeros(16))
+
+    def forward(self, x):
+        h = self.a(x)
+        self.steps.add_(1)
+        self.average.mul_(0.9).add_(h.detach().mean(0), alpha=0.1)
+        return h * torch.sigmoid(self.average) + self.steps
+
+
 def spectral_norm_mlp():
     """Spectral normalization (torch.nn.utils.parametrizations): its power iteration runs in a
     no-grad block and writes its buffers u and v with out= ops, once per forward."""
@@ -212,6 +254,9 @@ MODELS = {
     "structured": (Structured, [f(4, 8), f(3)], dynamic_batch(0)),
     "no_grad_region": (NoGradRegion, [f(4, 16)]),
     "spectral_norm": (spectral_norm_mlp, [f(32, 16)]),
+    "folded_patches": (FoldedPatches, [f(2, 3, 8, 8)]),
+    "spectrum": (Spectrum, [f(4, 16)]),
+    "running_state": (RunningState, [f(4, 16)]),
 }
 
 

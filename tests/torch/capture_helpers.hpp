@@ -268,4 +268,17 @@ inline bool contains(const std::vector<std::string>& v, const std::string& s) {
     return std::find(v.begin(), v.end(), s) != v.end();
 }
 
+// A recompute-all plan in which the forward of `op` (an op with no backward) also runs again
+// right after the loss, its output freed there: a recomputation after every op's first run.
+inline remat::Plan rerun_after_loss(const ScriptCapture& cap, const std::string& op) {
+    const remat::Problem& problem = cap.problem();
+    remat::Schedule s = recompute_all(cap).schedule;
+    const auto loss_step =
+        std::find_if(s.begin(), s.end(), [&](const remat::Step& step) { return !step.is_free() && step.op() == *problem.loss(); });
+    REQUIRE(loss_step != s.end());
+    s.insert(std::next(loss_step), {remat::Step::free(problem.data_id(op)), remat::Step::run(problem.op_id("F:" + op))});
+    REQUIRE(remat::simulate(problem, s).valid);
+    return remat::hand_written_plan(std::move(s));
+}
+
 }  // namespace capture_test

@@ -10,6 +10,7 @@
 #include <torch/csrc/jit/api/module.h>
 
 #include <string>
+#include <tuple>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -149,6 +150,69 @@ def forward(self, x):
         for (std::size_t i = 0; i < buffers.size(); ++i) CHECK(max_diff(buffers[i], after_plain[i]) == 0.0);
     }
     restore(buffers, start);
+}
+
+// Buffers the forward updates itself, read by other ops: a step counter added to the output
+// (its reader needs the updater's output), and an average scaled in one op and added to in
+// a later one, which reads the first op's output. Every plan runs them in the module's order,
+// and a recomputation of the first op must start from the average as the step found it.
+TEST_CASE("constructs: buffers updated by one op and read by another train as in the module, recomputed too",
+          "[torch][capture][constructs]") {
+    at::manual_seed(64);
+    torch::jit::Module net("RunningState");
+    net.register_attribute("training", c10::BoolType::get(), true);
+    net.register_parameter("w", (at::randn({6, 6}) * 0.4).requires_grad_(true), false);
+    net.register_buffer("steps", at::zeros({}));
+    net.register_buffer("average", at::randn({6}));
+    net.define(R"(
+def forward(self, x):
+    h = torch.matmul(x, self.w)
+    self.steps.add_(1.0)
+    self.average.mul_(0.9).add_(h.detach().mean(0), alpha=0.1)
+    return torch.tanh(h * torch.sigmoid(self.average) + self.steps)
+)");
+    const at::Tensor x = at::randn({5, 6});
+    const ScriptCapture cap = capture_script(net, {x}, quick("running-state"));
+    // The op that scales the average (and reads it) runs again after the loss, after the op
+    // that adds to it.
+    std::string scaling;
+    for (const auto& op : cap.ops())
+        if (contains(op.nodes, "aten::mul_")) scaling = op.name;
+    REQUIRE_FALSE(scaling.empty());
+    ScriptExecutor<> ex(cap);
+    for (const remat::Plan& plan : {store_all(cap), recompute_all(cap), rerun_after_loss(cap, scaling)})
+        for (int step = 0; step < 2; ++step) {
+            INFO("step " << step << ", " << plan.schedule.size() << " steps in the plan");
+            check_against_plain(net, cap, ex, plan, {x}, sum_of_squares(), 0.0);
+        }
+}
+
+// Outputs and values of other kinds than a dense float tensor of their own: fold (col2im)
+// returns memory the size of its input, ten times its own, and the loss's gradient is of its
+// shape; an FFT's complex spectrum lies between two real layers.
+TEST_CASE("constructs: an output larger in memory than its shape, and a complex value, train with exact memory",
+          "[torch][capture][constructs]") {
+    at::manual_seed(65);
+    auto folded = make_module("Folded", {{"w", at::randn({4, 3, 1, 1}) * 0.5}}, R"(
+def forward(self, x):
+    patches = torch.im2col(torch.conv2d(x, self.w), [3, 3], [1, 1], [1, 1], [1, 1])
+    return torch.col2im(torch.tanh(patches), [8, 8], [3, 3], [1, 1], [1, 1], [1, 1])
+)");
+    auto spectrum = make_module("Spectrum", {{"a", at::randn({16, 16}) * 0.3}, {"b", at::randn({9, 4}) * 0.3}}, R"(
+def forward(self, x):
+    return torch.matmul(torch.fft_rfft(torch.matmul(x, self.a)).abs(), self.b)
+)");
+    const at::Tensor image = at::randn({2, 3, 8, 8}).requires_grad_(true);
+    const at::Tensor rows = at::randn({4, 16}).requires_grad_(true);
+    for (auto& [m, x, name] : {std::tuple{&folded, image, "folded"}, std::tuple{&spectrum, rows, "spectrum"}}) {
+        INFO(name);
+        const ScriptCapture cap = capture_script(*m, {x}, quick(name));
+        ScriptExecutor<> ex(cap);
+        for (const remat::Plan& plan : {store_all(cap), recompute_all(cap)}) {
+            const remat::torch::StepReport r = check_against_plain(*m, cap, ex, plan, {x}, sum_of_squares(), 0.0);
+            CHECK(r.measured_peak == r.predicted_peak);
+        }
+    }
 }
 
 TEST_CASE("constructs: loops, string formatting and shape checks are evaluated at capture",

@@ -24,6 +24,7 @@
 #include "remat/torch/exported.hpp"
 #include "remat/torch/offload_script.hpp"
 
+#include "capture_helpers.hpp"
 #include "pt2_models.hpp"
 
 namespace {
@@ -192,6 +193,31 @@ TEST_CASE("pt2: a program keeps its parameters' identity, ties and training mode
         CHECK(found);
         CHECK_THROWS_WITH(planned->eval(), Catch::Contains("exported in train mode") && Catch::Contains("export it again"));
     }
+}
+
+// torch.export keeps an in-place scale of a buffer apart from the op that adds to it: the
+// scaling op reads the buffer the adding op updates. Recomputed after that update, it must read
+// the buffer as its first run did (Group::rerun_buffers).
+TEST_CASE("pt2: an op that reads a buffer a later op updates recomputes from the value it first read", "[torch][pt2]") {
+    if (skipped_without_torch_export()) return;
+    std::size_t tried = 0;
+    for (const Expected& e : exported_models()) {
+        if (e.name != "running_state") continue;
+        ++tried;
+        torch::jit::Module m = remat::torch::load_exported(e.program);
+        std::vector<at::Tensor> inputs;
+        for (const c10::IValue& v : e.inputs()) inputs.push_back(v.toTensor());
+        const capture_test::ScriptCapture cap = capture_test::capture_script(m, inputs, capture_test::quick(e.name));
+        std::string scaling;
+        for (const auto& op : cap.ops())
+            if (capture_test::contains(op.nodes, "aten::mul_") && !op.has_backward) scaling = op.name;
+        REQUIRE_FALSE(scaling.empty());
+        const capture_test::ScriptExecutor<> ex(cap);
+        for (const remat::Plan& plan : {capture_test::store_all(cap), capture_test::rerun_after_loss(cap, scaling)})
+            for (int step = 0; step < 2; ++step)
+                capture_test::check_against_plain(m, cap, ex, plan, inputs, capture_test::sum_of_squares(), 0.0);
+    }
+    CHECK(tried == 1);
 }
 
 TEST_CASE("pt2: malformed and unsupported archives are refused by name", "[torch][pt2]") {
