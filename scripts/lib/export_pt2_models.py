@@ -203,6 +203,28 @@ class RunningState(nn.Module):
         return h * torch.sigmoid(self.average) + self.steps
 
 
+class Autocast(nn.Module):
+    """A torch.autocast region (bfloat16 on the CPU): saved after run_decompositions({}), which
+    writes autocast's casts into the graph; without it, capture refuses the region."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.b = nn.Linear(16, 4)
+
+    def forward(self, x):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+            h = torch.relu(self.a(x))
+        return self.b(h.float())
+
+
+def autocast_model():
+    return Autocast()
+
+
+autocast_model.decompose = True
+
+
 def spectral_norm_mlp():
     """Spectral normalization (torch.nn.utils.parametrizations): its power iteration runs in a
     no-grad block and writes its buffers u and v with out= ops, once per forward."""
@@ -257,6 +279,7 @@ MODELS = {
     "folded_patches": (FoldedPatches, [f(2, 3, 8, 8)]),
     "spectrum": (Spectrum, [f(4, 16)]),
     "running_state": (RunningState, [f(4, 16)]),
+    "autocast": (autocast_model, [f(4, 16)]),
 }
 
 
@@ -322,6 +345,8 @@ def export(out, name, make, specs, export_args=None):
             inputs.append(torch.randn(s["shape"]))
     state = {k: v.clone() for k, v in model.state_dict().items()}
     program = torch.export.export(model, tuple(inputs), **(export_args(len(inputs)) if export_args else {}))
+    if getattr(make, "decompose", False):
+        program = program.run_decompositions({})
     torch.export.save(program, os.path.join(out, f"{name}.pt2"))
     model.load_state_dict(state)
     exported = time.time() - start
@@ -409,6 +434,7 @@ def export_refused(out):
     rewritten(good, os.path.join(folder, "schema_99.pt2"), schema_99)
     rewritten(good, os.path.join(folder, "unknown_op.pt2"), unknown_op)
     torch.export.save(torch.export.export(Branching().train(), (x,)), os.path.join(folder, "cond.pt2"))
+    torch.export.save(torch.export.export(Autocast().train(), (torch.randn(2, 16),)), os.path.join(folder, "autocast.pt2"))
 
 
 def main():

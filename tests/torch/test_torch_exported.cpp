@@ -240,5 +240,7 @@ TEST_CASE("pt2: malformed and unsupported archives are refused by name", "[torch
     refuses("unknown_op.pt2", "export_pt2_models.py");  // the node's Python source line
     refuses("cond.pt2", "is control flow");
     refuses("cond.pt2", "'cond'");
+    refuses("autocast.pt2", "torch.autocast region");
+    refuses("autocast.pt2", "run_decompositions({})");
     CHECK_THROWS_WITH(remat::torch::load_exported(refused / "no_such_file.pt2"), Catch::Contains("does not exist"));
 }

@@ -20,6 +20,8 @@
 //     capture runs once per step; in-place updates in the graph itself stay as they are.
 //   - a `with torch.no_grad():` block (wrap_with_set_grad_enabled) is inlined, its results
 //     detached;
+// A torch.autocast region (wrap_with_autocast) is refused with the fix: run_decompositions({})
+// before saving writes its casts into the graph as aten._to_copy ops.
 // What no single graph can hold — control flow (`cond`, `map`, `while_loop`), custom objects,
 // effect tokens, joint forward-backward programs, mutations of user inputs — is refused with
 // the node and the Python source line that the program's metadata names. The backward is never
@@ -571,6 +573,10 @@ private:
         const std::string target = node.at("target").get<std::string>();
         if (is_check(target)) return;
         if (target == "torch.ops.higher_order.wrap_with_set_grad_enabled") return translate_grad_mode_region(node);
+        if (target == "torch.ops.higher_order.wrap_with_autocast")
+            reject(node, "is a torch.autocast region, whose casts torch.export leaves to run time; write them into "
+                         "the graph before saving: program = program.run_decompositions({}) (each cast becomes an "
+                         "aten._to_copy op), then torch.export.save(program, ...)");
         if (target.starts_with("torch.ops.higher_order."))
             reject(node, "is control flow or another higher-order op ('" + target.substr(23) +
                              "'); remat plans one fixed graph of tensor ops: rewrite it without torch.cond / "
