@@ -203,6 +203,19 @@ class RunningState(nn.Module):
         return h * torch.sigmoid(self.average) + self.steps
 
 
+class Siamese(nn.Module):
+    """One encoder with batch norm applied to two inputs on independent branches: both uses
+    update the same running statistics, in the module's order."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(16, 16), nn.BatchNorm1d(16), nn.ReLU())
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x, y):
+        return self.head(self.encoder(x) * self.encoder(y))
+
+
 class Autocast(nn.Module):
     """A torch.autocast region (bfloat16 on the CPU): saved after run_decompositions({}), which
     writes autocast's casts into the graph; without it, capture refuses the region."""
@@ -279,6 +292,7 @@ MODELS = {
     "folded_patches": (FoldedPatches, [f(2, 3, 8, 8)]),
     "spectrum": (Spectrum, [f(4, 16)]),
     "running_state": (RunningState, [f(4, 16)]),
+    "siamese": (Siamese, [f(4, 16), f(4, 16)]),
     "autocast": (autocast_model, [f(4, 16)]),
 }
 

@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "remat/io/budget.hpp"
+#include "remat/solvers/auto.hpp"
 #include "remat/solvers/store_all.hpp"
 #include "remat/torch/graph_executor.hpp"
 #include "remat/torch/script.hpp"
@@ -185,6 +187,54 @@ def forward(self, x):
             INFO("step " << step << ", " << plan.schedule.size() << " steps in the plan");
             check_against_plain(net, cap, ex, plan, {x}, sum_of_squares(), 0.0);
         }
+}
+
+// One batch norm applied to two inputs on independent branches (a Siamese encoder): both
+// uses update the same running statistics and no data orders them, so capture orders their
+// first runs as in the module with a zero-byte datum, and each recomputation starts from the
+// statistics its first run found. Plans that rerun both, in the other order, must end with
+// plain autograd's buffers and gradients.
+TEST_CASE("constructs: one batch norm on two independent branches trains as in the module, recomputed too",
+          "[torch][capture][constructs]") {
+    at::manual_seed(66);
+    torch::jit::Module net("Siamese");
+    net.register_attribute("training", c10::BoolType::get(), true);
+    for (const auto& [name, value] : std::vector<std::pair<std::string, at::Tensor>>{
+             {"w", at::randn({6, 8}) * 0.4}, {"bw", at::rand({8}) + 0.5}, {"bb", at::randn({8})}, {"head", at::randn({8, 3})}})
+        net.register_parameter(name, value.clone().requires_grad_(true), false);
+    net.register_buffer("running_mean", at::zeros({8}));
+    net.register_buffer("running_var", at::ones({8}));
+    net.define(R"(
+def encode(self, x):
+    h = torch.matmul(x, self.w)
+    h = torch.batch_norm(h, self.bw, self.bb, self.running_mean, self.running_var, self.training, 0.1, 1e-5, False)
+    return torch.relu(h)
+
+def forward(self, x, y):
+    return torch.matmul(self.encode(x) * self.encode(y), self.head)
+)");
+    const at::Tensor x = at::randn({5, 6}), y = at::randn({5, 6}) * 2.0 + 1.0;
+    const ScriptCapture cap = capture_script(net, {x, y}, quick("siamese"));
+    std::size_t orders = 0;
+    for (const remat::Data& d : cap.problem().all_data())
+        if (d.name.rfind("order:", 0) == 0) {
+            ++orders;
+            CHECK(d.bytes == 0);
+        }
+    CHECK(orders == 1);
+    ScriptExecutor<> ex(cap);
+    std::vector<remat::Plan> plans{store_all(cap), recompute_all(cap)};
+    const remat::Bytes store_all_peak = store_all(cap).peak;
+    for (const double percent : {60.0, 30.0})
+        plans.push_back(
+            remat::plan_within(remat::Auto{}, cap.problem(), remat::budget_percent(percent).or_smallest(), store_all_peak).plan);
+    for (const remat::Plan& plan : plans) {
+        REQUIRE(remat::simulate(cap.problem(), plan.schedule).valid);
+        for (int step = 0; step < 2; ++step) {
+            INFO("step " << step << ", " << plan.schedule.size() << " steps in the plan");
+            check_against_plain(net, cap, ex, plan, {x, y}, sum_of_squares(), 0.0);
+        }
+    }
 }
 
 // Outputs and values of other kinds than a dense float tensor of their own: fold (col2im)

@@ -6,8 +6,9 @@
 // contributions of G's outputs, `s:G`, and the inputs and outputs its backward really
 // reads, and writes one contribution `g:X<G` per input X it differentiates (or a marker
 // `done:G` when it differentiates none). The loss reads the outputs and writes their
-// gradients `g:X<loss`. The autograd order is every forward with grad, the loss, then
-// every backward from the last: what plain autograd runs.
+// gradients `g:X<loss`. A zero-byte `order:A<B` keeps the module's order of two groups that
+// share a buffer one of them updates (Group::runs_after). The autograd order is every
+// forward with grad, the loss, then every backward from the last: what plain autograd runs.
 #pragma once
 
 #include <algorithm>
@@ -36,6 +37,7 @@ public:
         add_activations();
         add_gradients();
         add_loss_gradients();
+        add_order_data();
         connect_contributions();
         add_ops();
         name_op_data();
@@ -137,6 +139,21 @@ private:
                                       "grad reaches it); there is nothing to train");
     }
 
+    // A zero-byte datum per pair of groups whose first runs must keep the module's order (a
+    // buffer they share, Group::runs_after): the earlier one's forwards write it, the later
+    // one's read it.
+    void add_order_data() {
+        order_writes_.assign(core_.groups.size(), {});
+        order_reads_.assign(core_.groups.size(), {});
+        for (std::size_t later = 0; later < core_.groups.size(); ++later)
+            for (const std::size_t earlier : core_.groups[later].runs_after) {
+                const DataId d = add_data("order:" + core_.groups[earlier].name + "<" + core_.groups[later].name, 0,
+                                          DataEntry{DataRole::marker, earlier, false, 0});
+                order_writes_[earlier].push_back(d);
+                order_reads_[later].push_back(d);
+            }
+    }
+
     // Which contributions each group's backward reads, per output, in the order plain
     // autograd's engine sums them — the loss's first, then the consumers' from the last one —
     // so that a sum of three or more rounds as it does there.
@@ -171,15 +188,18 @@ private:
         for (std::size_t k = 0; k < core_.groups.size(); ++k) {
             Group& g = core_.groups[k];
             const CapturedOp& info = profile_.info[k];
-            g.fwd = add_op(OpSpec{"F:" + g.name, info.forward_time, info.forward_overhead, g.input_data, g.output_data, false},
+            std::vector<DataId> reads = g.input_data;
+            reads.insert(reads.end(), order_reads_[k].begin(), order_reads_[k].end());
+            std::vector<DataId> writes = g.output_data;
+            writes.insert(writes.end(), order_writes_[k].begin(), order_writes_[k].end());
+            g.fwd = add_op(OpSpec{"F:" + g.name, info.forward_time, info.forward_overhead, reads, writes, false},
                            OpEntry{OpRole::forward, k});
             if (!g.has_backward) {
                 order.push_back(*g.fwd);
                 continue;
             }
-            std::vector<DataId> writes = g.output_data;
             writes.push_back(*g.saved);
-            g.fwd_grad = add_op(OpSpec{"F+:" + g.name, info.forward_grad_time, info.forward_grad_overhead, g.input_data,
+            g.fwd_grad = add_op(OpSpec{"F+:" + g.name, info.forward_grad_time, info.forward_grad_overhead, std::move(reads),
                                        std::move(writes), false},
                                 OpEntry{OpRole::forward_grad, k});
             order.push_back(*g.fwd_grad);
@@ -237,6 +257,7 @@ private:
     std::vector<DataEntry> data_;
     std::vector<Bytes> bytes_;
     std::vector<OpEntry> ops_;
+    std::vector<std::vector<DataId>> order_writes_, order_reads_;  // per group: the order data of add_order_data
 };
 
 }  // namespace remat::torch::detail::capture

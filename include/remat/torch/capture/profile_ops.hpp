@@ -90,7 +90,7 @@ public:
         profile_.backward_reads.assign(core_.groups.size(), {});
         for (std::size_t k = core_.groups.size(); k-- > 0;) profile_backward(k);
         for (std::size_t k = 0; k < core_.groups.size(); ++k) describe(k);
-        check_buffer_readers();
+        order_shared_buffers();
         check_gradient_coverage();
         return std::move(profile_);
     }
@@ -401,16 +401,20 @@ private:
         report_progress(options_.op_progress, line.str());
     }
 
-    // A buffer one op updates and another op reads would see its update in the order the plan
-    // runs them, which may not be the module's. Two cases keep the module's order under every
-    // plan, since a recomputation starts from the buffers its first run found and puts back
-    // those it found (KeepsStateForReruns, rerun_buffers):
+    // A buffer one op updates and another op reads (or updates too) would see the updates in
+    // the order the plan runs them, which may not be the module's. Every plan keeps the
+    // module's order of their first runs, and a recomputation starts from the buffers its
+    // first run found and puts back those it found (KeepsStateForReruns, rerun_buffers):
     // - the reader needs the updater's output: each of its runs comes after the update (a
     //   step counter added to an output);
-    // - the updater needs the reader's output: the reader's first run comes before the update,
-    //   and the buffer joins the reader's rerun_buffers (an average scaled by one op, added to
-    //   by the next).
-    void check_buffer_readers() {
+    // - the updater needs the reader's output: the reader's first run comes before the
+    //   update, and the buffer joins the reader's rerun_buffers (an average scaled by one op,
+    //   added to by the next);
+    // - no data orders them (one batch norm applied to two independent branches): the later
+    //   one in the module's order reads a zero-byte datum the earlier one writes
+    //   (Group::runs_after), and the buffer joins the earlier one's rerun_buffers when the
+    //   later one updates it.
+    void order_shared_buffers() {
         for (Group& g : core_.groups) g.rerun_buffers = g.buffers;
         for (std::size_t k = 0; k < core_.groups.size(); ++k) {
             if (core_.groups[k].buffers.empty()) continue;
@@ -421,19 +425,23 @@ private:
                     Group& reader = core_.groups[j];
                     const auto& read = reader.frozen_storages;
                     if (j == k || after[j] || std::find(read.begin(), read.end(), s) == read.end()) continue;
-                    if (groups_needing(j)[k]) {
-                        const auto& kept = reader.rerun_buffers;
-                        if (std::none_of(kept.begin(), kept.end(), [&](const at::Tensor& t) { return storage_of(t) == s; }))
-                            reader.rerun_buffers.push_back(b);
-                        continue;
-                    }
-                    throw InvalidInput(who_ + ": op '" + core_.groups[k].name + "' (root " + core_.groups[k].where +
-                                       ") updates a buffer that op '" + reader.name + "' (root " + reader.where +
-                                       ") also reads; a plan may run them in another order than the module — update "
-                                       "the buffer where it is read");
+                    if (!groups_needing(j)[k]) order_first_runs(std::min(j, k), std::max(j, k));
+                    if (j < k) keep_for_reruns(reader, b);
                 }
             }
         }
+    }
+
+    static void keep_for_reruns(Group& reader, const at::Tensor& buffer) {
+        const void* s = storage_of(buffer);
+        auto& kept = reader.rerun_buffers;
+        if (std::none_of(kept.begin(), kept.end(), [&](const at::Tensor& t) { return storage_of(t) == s; }))
+            kept.push_back(buffer);
+    }
+
+    void order_first_runs(std::size_t earlier, std::size_t later) {
+        auto& list = core_.groups[later].runs_after;
+        if (std::find(list.begin(), list.end(), earlier) == list.end()) list.push_back(earlier);
     }
 
     // The groups that read, directly or through others, an output of group k (groups are in

@@ -228,6 +228,9 @@ struct Group {
     // it reads that a later op updates.
     std::vector<at::Tensor> rerun_buffers;
     std::vector<const void*> frozen_storages;  // storages of frozen tensors it reads
+    // Groups whose forward must first run before this group's (they share a buffer with it
+    // that one of the two updates, and no data orders them): a zero-byte datum each orders it.
+    std::vector<std::size_t> runs_after;
     bool random = false;
     /// Where its random numbers come in the module's forward: the position of its first
     /// random node (of its root when it has none); groups draw in increasing order.
