@@ -216,6 +216,19 @@ class Siamese(nn.Module):
         return self.head(self.encoder(x) * self.encoder(y))
 
 
+class Reused(nn.Module):
+    """A value read twice by one op (a Gram matrix) and once by another: autograd adds the
+    three contributions to its gradient in one order, and a sum's gradient is expanded."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.a(x)
+        return torch.mm(h.t(), h).sum(0) + F.softplus(h).sum(0)
+
+
 class Autocast(nn.Module):
     """A torch.autocast region (bfloat16 on the CPU): saved after run_decompositions({}), which
     writes autocast's casts into the graph; without it, capture refuses the region."""
@@ -293,6 +306,7 @@ MODELS = {
     "spectrum": (Spectrum, [f(4, 16)]),
     "running_state": (RunningState, [f(4, 16)]),
     "siamese": (Siamese, [f(4, 16), f(4, 16)]),
+    "reused": (Reused, [f(5, 16)]),
     "autocast": (autocast_model, [f(4, 16)]),
 }
 

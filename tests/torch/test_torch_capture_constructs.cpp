@@ -237,6 +237,34 @@ def forward(self, x, y):
     }
 }
 
+// A value read twice by one op (a Gram matrix, through a transposed view) and once by
+// another: plain autograd adds the other op's contribution to its gradient first, then the
+// Gram matrix's two, one by one; and the gradient of a sum reaches softplus expanded, which
+// its kernel reads by another path than a dense copy. Both round differently when changed.
+TEST_CASE("constructs: a value read twice by one op and once by another gets plain autograd's gradient, bit for bit",
+          "[torch][capture][constructs]") {
+    at::manual_seed(67);
+    auto m = make_module("Reused", {{"w", at::randn({16, 16}) * 0.5}}, R"(
+def forward(self, x):
+    h = torch.matmul(x, self.w)
+    return torch.sum(torch.mm(h.t(), h), [0]) + torch.sum(torch.softplus(h, 1.0, 20.0), [0])
+)");
+    const at::Tensor x = at::randn({5, 16});
+    const ScriptCapture cap = capture_script(m, {x}, quick("reused"));
+    // The Gram matrix's backward adds softplus's contribution to its own.
+    bool seeded = false;
+    for (const auto& op : cap.ops())
+        if (contains(op.nodes, "aten::mm")) {
+            const remat::Op& backward = cap.problem().op(cap.problem().op_id("B:" + op.name));
+            for (const remat::DataId d : backward.reads)
+                seeded = seeded || cap.problem().data(d).name.find("<softplus") != std::string::npos;
+        }
+    CHECK(seeded);
+    ScriptExecutor<> ex(cap);
+    for (const remat::Plan& plan : {store_all(cap), recompute_all(cap)})
+        for (const at::Tensor& input : {x, at::randn({5, 16}) * 3.0}) check_against_plain(m, cap, ex, plan, {input}, sum_of_squares(), 0.0);
+}
+
 // Outputs and values of other kinds than a dense float tensor of their own: fold (col2im)
 // returns memory the size of its input, ten times its own, and the loss's gradient is of its
 // shape; an FFT's complex spectrum lies between two real layers.

@@ -197,8 +197,12 @@ public:
         std::vector<std::vector<at::Tensor>> incoming(g.outputs.size());
         for (std::size_t o = 0; o < g.outputs.size(); ++o)
             for (const DataId d : g.incoming[o]) incoming[o].push_back(grad_[d.index]);
-        BackwardResult r = run_backward(g, graph_[k], incoming);
+        std::vector<std::vector<at::Tensor>> seeds(g.seed.size());
+        for (std::size_t i = 0; i < g.seed.size(); ++i)
+            for (const DataId d : g.seed[i]) seeds[i].push_back(grad_[d.index]);
+        BackwardResult r = run_backward(g, graph_[k], incoming, /*retain_graph=*/false, seeds);
         incoming.clear();
+        seeds.clear();
         graph_[k].clear();  // consumed; the plan's `free s:G` finds nothing left to drop
         for (std::size_t i = 0; i < g.inputs.size(); ++i)
             if (g.input_grad[i]) grad_[g.input_grad[i]->index] = std::move(r.input_grads[i]);

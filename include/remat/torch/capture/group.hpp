@@ -380,6 +380,11 @@ private:
         }
         group.clone_output.assign(group.outputs.size(), 0);
         group.input_differentiable.assign(group.inputs.size(), 0);
+        group.input_uses.assign(group.inputs.size(), 0);
+        for (const Instr& instr : group.program)
+            for (const Arg& arg : instr.args)
+                for (std::size_t i = 0; i < group.input_slots.size(); ++i)
+                    if (!arg.frozen && group.input_slots[i] == arg.index) ++group.input_uses[i];
         group.output_requires_grad.assign(group.outputs.size(), 0);
         for (const std::size_t p : parameters) {
             group.parameters.push_back(p);

@@ -156,7 +156,9 @@ private:
 
     // Which contributions each group's backward reads, per output, in the order plain
     // autograd's engine sums them — the loss's first, then the consumers' from the last one —
-    // so that a sum of three or more rounds as it does there.
+    // so that a sum of three or more rounds as it does there. A consumer that reads the value
+    // more than once adds the contributions before its own itself (Group::seed), between
+    // which the engine adds its uses one by one.
     void connect_contributions() {
         std::unordered_map<std::size_t, std::pair<std::size_t, std::size_t>> producer;  // value → (group, output)
         for (std::size_t k = 0; k < core_.groups.size(); ++k) {
@@ -171,16 +173,28 @@ private:
         for (std::size_t o = 0; o < grouping_.output_values.size(); ++o)
             if (core_.output_grad[o]) deliver(grouping_.output_values[o], *core_.output_grad[o]);
         for (std::size_t k = core_.groups.size(); k-- > 0;) {
-            const Group& g = core_.groups[k];
+            Group& g = core_.groups[k];
+            g.seed.assign(g.inputs.size(), {});
             for (std::size_t i = 0; i < g.inputs.size(); ++i) {
                 if (!g.input_grad[i]) continue;
                 const std::size_t id = g.inputs[i];
-                if (const auto leaf = trace_.values[id].input_leaf)
-                    core_.inputs[*leaf].grads.push_back(*g.input_grad[i]);
-                else
-                    deliver(id, *g.input_grad[i]);
+                std::vector<DataId>& so_far = contributions_so_far(id, producer);
+                if (profile_.seeds.contains({k, i})) {
+                    // Its backward adds those first, and writes the sum (Profile::seeds).
+                    g.seed[i] = std::move(so_far);
+                    so_far.clear();
+                }
+                so_far.push_back(*g.input_grad[i]);
             }
         }
+    }
+
+    // The contributions to a value's gradient delivered so far, in the order they are added.
+    std::vector<DataId>& contributions_so_far(std::size_t id,
+                                              const std::unordered_map<std::size_t, std::pair<std::size_t, std::size_t>>& producer) {
+        if (const auto leaf = trace_.values[id].input_leaf) return core_.inputs[*leaf].grads;
+        const auto [k, o] = producer.at(id);
+        return core_.groups[k].incoming[o];
     }
 
     void add_ops() {
@@ -222,6 +236,7 @@ private:
         CapturedOp& info = profile_.info[k];
         std::vector<DataId> reads;
         for (const auto& list : g.incoming) reads.insert(reads.end(), list.begin(), list.end());
+        for (const auto& list : g.seed) reads.insert(reads.end(), list.begin(), list.end());
         reads.push_back(*g.saved);
         for (const std::size_t id : profile_.backward_reads[k]) {
             const DataId d = activation_.at(id);

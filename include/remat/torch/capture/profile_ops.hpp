@@ -46,6 +46,9 @@ struct Profile {
     std::vector<std::vector<std::size_t>> backward_reads;      // per group: value ids its backward reads
     std::map<std::pair<std::size_t, std::size_t>, Bytes> grad_bytes;  // (group, input) → bytes
     std::vector<char> requires_grad;                           // per value id
+    // (group, input) → how many contributions of other consumers its backward adds first
+    // (Group::seed): where the group reads the input more than once, and others read it too.
+    std::map<std::pair<std::size_t, std::size_t>, std::size_t> seeds;
 };
 
 [[nodiscard]] inline Bytes distinct_bytes(const std::vector<at::Tensor>& tensors) {
@@ -253,6 +256,24 @@ private:
         return incoming;
     }
 
+    // Contributions like those the group's backward adds first (Profile::seeds), per input.
+    [[nodiscard]] std::vector<std::vector<at::Tensor>> seeds_for(std::size_t k, const std::vector<at::Tensor>& inputs) const {
+        const Group& g = core_.groups[k];
+        std::vector<std::vector<at::Tensor>> seeds(g.inputs.size());
+        const at::NoGradGuard no_grad;
+        for (std::size_t i = 0; i < g.inputs.size(); ++i) {
+            const auto found = profile_.seeds.find({k, i});
+            if (found == profile_.seeds.end()) continue;
+            const auto& layouts = contribution_layouts_.at(g.inputs[i]);
+            for (std::size_t c = 0; c < found->second; ++c) {
+                const std::optional<TensorMeta>& layout = layouts[c];
+                seeds[i].push_back(layout && layout->sizes == inputs[i].sizes().vec() ? random_in(*layout)
+                                                                                      : at::randn_like(inputs[i]));
+            }
+        }
+        return seeds;
+    }
+
     // Random values in a tensor of this layout, filled through its whole storage (the strides
     // may overlap, as an expanded gradient's do).
     [[nodiscard]] static at::Tensor random_in(const TensorMeta& layout) {
@@ -326,6 +347,11 @@ private:
             auto& reads = profile_.backward_reads[k];
             for (std::size_t i = 0; i < g.inputs.size(); ++i) {
                 if (reference.input_grads[i].defined()) {
+                    // Autograd's engine adds every contribution of a value in one order (the
+                    // loss's, then its consumers' from the last node); a group that reads it
+                    // twice adds the others' first, or the sum rounds otherwise.
+                    const std::size_t earlier = contributions_[g.inputs[i]].size();
+                    if (g.input_uses[i] >= 2 && earlier > 0) profile_.seeds[{k, i}] = earlier;
                     contributions_[g.inputs[i]].push_back(k);
                     contribution_layouts_[g.inputs[i]].push_back(TensorMeta::of(reference.input_grads[i]));
                 }
@@ -343,9 +369,10 @@ private:
         {
             GroupGraph graph = run_with_grad(core_, g, inputs);
             const auto incoming = incoming_for(g, graph.outputs);
+            const auto seeds = seeds_for(k, inputs);
             const Bytes c0 = probe_.current();
             probe_.reset_peak();
-            const BackwardResult r = run_backward(g, graph, incoming);
+            const BackwardResult r = run_backward(g, graph, incoming, /*retain_graph=*/false, seeds);
             const Bytes written = distinct_bytes(r.input_grads);
             profile_.info[k].backward_overhead = std::max<Bytes>(probe_.peak() - c0 - written, 0);
             for (std::size_t i = 0; i < g.inputs.size(); ++i)
@@ -365,10 +392,11 @@ private:
             GroupGraph graph = run_with_grad(core_, g, inputs);
             const double forward_seconds = timer.stop();
             const auto incoming = incoming_for(g, graph.outputs);
+            const auto seeds = seeds_for(k, inputs);
             double backward_seconds = 0.0;
             timer.start();
             {
-                const BackwardResult result = run_backward(g, graph, incoming);
+                const BackwardResult result = run_backward(g, graph, incoming, /*retain_graph=*/false, seeds);
                 backward_seconds = timer.stop();
             }
             if (timed(r)) {

@@ -220,6 +220,7 @@ struct Group {
     std::vector<std::size_t> outputs;       // ... and of those it writes
     std::vector<char> clone_output;
     std::vector<char> input_differentiable;
+    std::vector<std::size_t> input_uses;  // per input: the arguments of its program that read it
     std::vector<char> output_requires_grad;
     std::vector<std::size_t> parameters;  // indices into Core::parameters
     std::vector<at::Tensor> trainable;    // the same tensors
@@ -243,6 +244,9 @@ struct Group {
     std::optional<DataId> saved, marker;
     std::vector<std::vector<DataId>> incoming;      // per output: contributions B reads
     std::vector<std::optional<DataId>> input_grad;  // per input: the contribution B writes
+    // Per input: the contributions of other consumers that autograd adds before this group's
+    // (Profile::seeds); B reads them, adds its own and writes the sum as input_grad.
+    std::vector<std::vector<DataId>> seed;
 };
 
 /// One tensor leaf of the module's arguments.
@@ -437,6 +441,17 @@ struct BackwardResult {
     std::vector<at::Tensor> parameter_grads;  // per group parameter
 };
 
+/// A copy of `t` in memory of its own, with its strides: an expanded gradient stays expanded
+/// (the bytes of its storage, not of its shape), and the kernels that read it take the path
+/// they take in eager PyTorch (elementwise kernels round differently on strided inputs).
+[[nodiscard]] inline at::Tensor copy_with_layout(const at::Tensor& t) {
+    const at::NoGradGuard no_grad;
+    if (t.is_non_overlapping_and_dense()) return t.clone(at::MemoryFormat::Preserve);
+    const auto elements = static_cast<std::int64_t>(t.storage().nbytes() / t.element_size());
+    const at::Tensor whole = at::empty({0}, t.options()).set_(t.storage(), 0, {elements}, {1});
+    return whole.clone().as_strided(t.sizes(), t.strides(), t.storage_offset());
+}
+
 /// The summed incoming contributions of each output that needs a gradient: autograd's roots.
 struct BackwardRoots {
     std::vector<at::Tensor> roots, grads;
@@ -466,13 +481,33 @@ struct BackwardRoots {
 /// summed here. Input gradients that share memory with an incoming gradient or with each
 /// other (autograd passes some through unchanged) are copied, so that every contribution
 /// owns the bytes the problem gives it; parameter gradients likewise.
+///
+/// `seeds[i]`: contributions to input i's gradient that autograd's engine adds before this
+/// group's own (those of consumers it runs first, Group::seed). Their sum enters as the
+/// gradient of an alias of the input made now, so the last node in the engine's order: the
+/// engine adds it first, then the group's uses one by one, as eager PyTorch adds them all.
 [[nodiscard]] inline BackwardResult run_backward(const Group& g, GroupGraph& graph,
                                                  const std::vector<std::vector<at::Tensor>>& incoming,
-                                                 bool retain_graph = false) {
+                                                 bool retain_graph = false,
+                                                 const std::vector<std::vector<at::Tensor>>& seeds = {}) {
     BackwardResult result;
     result.input_grads.assign(g.inputs.size(), at::Tensor());
     result.parameter_grads.assign(g.trainable.size(), at::Tensor());
     BackwardRoots roots = backward_roots(graph, incoming);
+    for (std::size_t i = 0; i < seeds.size() && i < graph.leaves.size(); ++i) {
+        if (seeds[i].empty() || !graph.leaves[i].requires_grad()) continue;
+        at::Tensor sum;
+        {
+            const at::NoGradGuard no_grad;
+            for (const at::Tensor& c : seeds[i]) {
+                roots.taken.insert(storage_of(c));
+                sum = sum.defined() ? sum + c : c;
+            }
+        }
+        const at::AutoGradMode with_grad(true);
+        roots.roots.push_back(graph.leaves[i].view_as(graph.leaves[i]));
+        roots.grads.push_back(std::move(sum));
+    }
     std::vector<at::Tensor> wrt;
     std::vector<std::size_t> wrt_input;
     for (std::size_t i = 0; i < graph.leaves.size(); ++i)
@@ -488,7 +523,7 @@ struct BackwardRoots {
     const at::NoGradGuard no_grad;
     const auto own = [&taken = roots.taken](at::Tensor t) {
         if (!t.defined()) return t;
-        if (const void* s = storage_of(t); s != nullptr && !taken.insert(s).second) t = t.clone();
+        if (const void* s = storage_of(t); s != nullptr && !taken.insert(s).second) t = copy_with_layout(t);
         taken.insert(storage_of(t));
         return t;
     };
