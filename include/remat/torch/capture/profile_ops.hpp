@@ -351,7 +351,10 @@ private:
                     // loss's, then its consumers' from the last node); a group that reads it
                     // twice adds the others' first, or the sum rounds otherwise.
                     const std::size_t earlier = contributions_[g.inputs[i]].size();
-                    if (g.input_uses[i] >= 2 && earlier > 0) profile_.seeds[{k, i}] = earlier;
+                    if (g.input_uses[i] >= 2 && earlier > 0) {
+                        profile_.seeds[{k, i}] = earlier;
+                        core_.groups[k].input_seeded[i] = 1;
+                    }
                     contributions_[g.inputs[i]].push_back(k);
                     contribution_layouts_[g.inputs[i]].push_back(TensorMeta::of(reference.input_grads[i]));
                 }

@@ -221,6 +221,7 @@ struct Group {
     std::vector<char> clone_output;
     std::vector<char> input_differentiable;
     std::vector<std::size_t> input_uses;  // per input: the arguments of its program that read it
+    std::vector<char> input_seeded;       // per input: its backward adds others' contributions first (seed)
     std::vector<char> output_requires_grad;
     std::vector<std::size_t> parameters;  // indices into Core::parameters
     std::vector<at::Tensor> trainable;    // the same tensors
@@ -405,10 +406,14 @@ inline void execute(const Instr& instr, const std::vector<c10::IValue>& frozen, 
 struct GroupGraph {
     std::vector<at::Tensor> leaves;
     std::vector<at::Tensor> outputs;
+    // Per seeded input (Group::input_seeded): a view of its leaf made after the group's nodes,
+    // so the last in autograd's order on every thread: the seeds enter through it.
+    std::vector<at::Tensor> aliases;
     [[nodiscard]] bool live() const noexcept { return !outputs.empty(); }
     void clear() noexcept {
         leaves.clear();
         outputs.clear();
+        aliases.clear();
     }
 };
 
@@ -429,6 +434,9 @@ struct GroupGraph {
         graph.leaves.push_back(std::move(leaf));
     }
     graph.outputs = run_program(core, g, graph.leaves);
+    graph.aliases.resize(graph.leaves.size());
+    for (std::size_t i = 0; i < g.input_seeded.size(); ++i)
+        if (g.input_seeded[i] && graph.leaves[i].requires_grad()) graph.aliases[i] = graph.leaves[i].view_as(graph.leaves[i]);
     return graph;
 }
 
@@ -484,8 +492,9 @@ struct BackwardRoots {
 ///
 /// `seeds[i]`: contributions to input i's gradient that autograd's engine adds before this
 /// group's own (those of consumers it runs first, Group::seed). Their sum enters as the
-/// gradient of an alias of the input made now, so the last node in the engine's order: the
-/// engine adds it first, then the group's uses one by one, as eager PyTorch adds them all.
+/// gradient of a view of the input made after the group's nodes (GroupGraph::aliases), the
+/// first node in the engine's order: the engine adds it first, then the group's uses one by
+/// one, as eager PyTorch adds them all.
 [[nodiscard]] inline BackwardResult run_backward(const Group& g, GroupGraph& graph,
                                                  const std::vector<std::vector<at::Tensor>>& incoming,
                                                  bool retain_graph = false,
@@ -504,8 +513,12 @@ struct BackwardRoots {
                 sum = sum.defined() ? sum + c : c;
             }
         }
-        const at::AutoGradMode with_grad(true);
-        roots.roots.push_back(graph.leaves[i].view_as(graph.leaves[i]));
+        if (i < graph.aliases.size() && graph.aliases[i].defined()) {
+            roots.roots.push_back(graph.aliases[i]);
+        } else {  // a graph made before the group was seeded (profiling)
+            const at::AutoGradMode with_grad(true);
+            roots.roots.push_back(graph.leaves[i].view_as(graph.leaves[i]));
+        }
         roots.grads.push_back(std::move(sum));
     }
     std::vector<at::Tensor> wrt;
