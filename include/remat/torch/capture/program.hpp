@@ -449,12 +449,15 @@ struct BackwardResult {
     std::vector<at::Tensor> parameter_grads;  // per group parameter
 };
 
-/// A copy of `t` in memory of its own, with its strides: an expanded gradient stays expanded
-/// (the bytes of its storage, not of its shape), and the kernels that read it take the path
-/// they take in eager PyTorch (elementwise kernels round differently on strided inputs).
+/// A copy of `t` in memory of its own, with its strides where its storage is no larger than
+/// a dense copy: an expanded gradient stays expanded (the bytes of its storage, not of its
+/// shape), and the kernels that read it take the path they take in eager PyTorch
+/// (elementwise kernels round differently on an expanded input than on a dense one). A view
+/// into a larger storage (a slice of a concatenation's gradient) is copied densely.
 [[nodiscard]] inline at::Tensor copy_with_layout(const at::Tensor& t) {
     const at::NoGradGuard no_grad;
-    if (t.is_non_overlapping_and_dense()) return t.clone(at::MemoryFormat::Preserve);
+    const auto dense_bytes = static_cast<std::size_t>(t.numel()) * t.element_size();
+    if (t.is_non_overlapping_and_dense() || t.storage().nbytes() > dense_bytes) return t.clone(at::MemoryFormat::Preserve);
     const auto elements = static_cast<std::int64_t>(t.storage().nbytes() / t.element_size());
     const at::Tensor whole = at::empty({0}, t.options()).set_(t.storage(), 0, {elements}, {1});
     return whole.clone().as_strided(t.sizes(), t.strides(), t.storage_offset());
