@@ -67,14 +67,16 @@ namespace remat::cli {
         "  --sweep-csv FILE  write the sweep as CSV (budget, % of P_ref, time, overhead, peak)\n"
         "  --sweep-svg FILE  draw the sweep: overhead against budget, the curve to choose a budget from\n"
         "  --explain         the plan per layer: what is recomputed, at what cost, and what is kept\n"
-        "  --time-limit S    give up after S seconds (solvers that search; also the limit of --bound)\n"
+        "  --time-limit S    give up after S seconds (solvers that search; also the limit of --bound). auto\n"
+        "                    spends what its plan leaves of S on faster plans while the plan's certified gap\n"
+        "                    to the bound is above 3 %\n"
         "  --bound           also prove a lower bound on the time of any schedule within the budget, and say\n"
         "                    how far the plan can be from the optimum (a small integer program; 10 s at most\n"
         "                    unless --time-limit; needs a build with lp_solve or CBC). auto does it by default\n"
         "                    (5 s and half of --time-limit at most): its plan gets the certified gap, or status\n"
         "                    optimal where it meets it. Asked for with --time-limit, it spends that time on a\n"
         "                    tighter bound (cuts grown one at a time by what they prove)\n"
-        "  --no-bound        (--solver auto) skip that bound\n"
+        "  --no-bound        (--solver auto) skip that bound (and the refinement under --time-limit)\n"
         "  --certify S       (--solver auto, problems of at most 64 data) then the exact search, for up to S\n"
         "                    seconds, looks for a faster schedule than the plan: it finds one, proves the plan\n"
         "                    optimal (gap 0 %), or prints the gap to the lower bound it proved\n"
@@ -469,7 +471,8 @@ inline void print_plan(std::ostream& out, const PlanArgs& a, const Reference& re
 }
 
 // The seconds of the proven bound auto's plans get by default (at most half of --time-limit,
-// whose rest, and what the bound leaves of its half, goes to the plan).
+// whose rest, and what the bound leaves of its half, goes to the plan; on problems of more than
+// 128 ops, a third of a --time-limit above 15 s, with grown cuts).
 inline constexpr double auto_bound_seconds = 5.0;
 // The cuts grown for --bound and --refine under --time-limit (TimeLowerBoundOptions::grown_cuts).
 inline constexpr std::size_t grown_bound_cuts = 8;
@@ -579,8 +582,16 @@ inline int run_plan(const PlanArgs& a, std::ostream& out, std::ostream& err) {
     } else if (solver.name == "auto" && !a.no_bound && run.planning && !a.sweep && have_time_bound_backend) {
         SolveOptions within = options;
         within.time_limit = options.time_limit ? std::min(*options.time_limit / 2, auto_bound_seconds) : auto_bound_seconds;
+        // Beyond the bound from the plan (AutoOptions::bound_from_plan_max_ops), auto proves no
+        // bound after planning: there a long limit buys a tighter one first, in a third of it.
+        std::size_t grown = 0;
+        if (options.time_limit && problem.op_count() > AutoOptions{}.bound_from_plan_max_ops &&
+            *options.time_limit / 3 > auto_bound_seconds) {
+            within.time_limit = *options.time_limit / 3;
+            grown = grown_bound_cuts;
+        }
         const Stopwatch clock;
-        run.bound = proven_time_bound(problem, run.budget, within);
+        run.bound = proven_time_bound(problem, run.budget, within, grown);
         // --time-limit covers the whole command (plan_at reads `options` when it plans).
         if (options.time_limit) options.time_limit = std::max(*options.time_limit - clock.seconds(), 1e-3);
     }

@@ -933,6 +933,67 @@ TEST_CASE("auto and hrockmate stop once a plan meets the proven time bound, and 
 }
 
 // [timing]: the default certification has 1 s (the sanitized build is slower than that).
+// Under a time limit, H-Rockmate returned its plan of bench_hierarchical's 283-op U-Net at
+// 20 % of P_ref after about 3 s, whatever the limit: `remat-plan --time-limit 60` answered in
+// 8 s with a certified gap of 11.4 %. Auto now refines such a plan with the seconds left.
+TEST_CASE("auto under a time limit refines a plan whose certified gap is open, until the target or the limit",
+          "[hierarchical][auto][timing]") {
+    const Problem p = unet_like(UNetShape{}, "unet-200");
+    const Reference ref = store_all_reference(p);
+    const Bytes budget = percent_of(ref.peak, 20);
+    AutoOptions o;
+    o.time_limit_seconds = 4.0;
+    o.time_bound = ref.time;  // every schedule takes at least T_ref: the gap is the overhead
+    std::vector<std::string> lines;
+    o.progress = [&lines](const std::string& line) { lines.push_back(line); };
+    const AutoModel model = Auto(o).analyse(p);
+    const auto refining = [](const std::vector<std::string>& said) {
+        return std::find_if(said.begin(), said.end(), [](const std::string& l) {
+            return l.rfind("auto: refining the plan", 0) == 0;
+        });
+    };
+    SECTION("the gap open: the rest of the limit refines the plan, which is never slower for it") {
+        const Stopwatch clock;
+        const Plan plan = Auto(o).solve(model, budget);
+        const double seconds = clock.seconds();
+        INFO(plan.stats.options << " in " << seconds << " s");
+        CHECK(simulate(p, plan.schedule).fits(budget));
+        CHECK(seconds + model.seconds <= 4.0 * 1.1 + 0.2);
+        const auto line = refining(lines);
+        REQUIRE(line != lines.end());
+        CHECK_THAT(plan.stats.options, Catch::Contains("refined in"));
+        // The gap it started from, as the line states it ("certified gap 39.39 %"), is no smaller.
+        const std::size_t at = line->find("certified gap ");
+        REQUIRE(at != std::string::npos);
+        const double before = std::stod(line->substr(at + 14)) / 100.0;
+        REQUIRE(plan.stats.gap);
+        CHECK(*plan.stats.gap <= before + 1e-4);
+        CHECK(*plan.stats.gap == Approx(plan.time / ref.time - 1.0));
+    }
+    SECTION("a gap already within the target, no time bound, or refine off: nothing is refined") {
+        AutoOptions within = o;
+        within.refine_target_gap = 1.0;  // 100 %: met by H-Rockmate's plan (+39 %)
+        AutoOptions unbounded = o;
+        unbounded.time_bound.reset();
+        AutoOptions off = o;
+        off.refine = false;
+        for (const AutoOptions& options : {within, unbounded, off}) {
+            lines.clear();
+            const Plan plan = Auto(options).solve(model, budget);
+            INFO(plan.stats.options);
+            CHECK(refining(lines) == lines.end());
+            CHECK_THAT(plan.stats.options, !Catch::Contains("refined in"));
+        }
+    }
+    SECTION("a target that is not a number or negative is refused") {
+        AutoOptions bad = o;
+        bad.refine_target_gap = -0.01;
+        CHECK_THROWS_AS(Auto(bad), InvalidInput);
+        bad.refine_target_gap = std::nan("");
+        CHECK_THROWS_WITH(Auto(bad), Catch::Contains("refine_target_gap"));
+    }
+}
+
 TEST_CASE("auto: by default the certification's exact search finds the optimum the heuristics miss",
           "[hierarchical][auto][timing]") {
     const auto [p, budget, optimum] = missed_optimum();

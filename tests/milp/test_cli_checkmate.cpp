@@ -109,6 +109,34 @@ TEST_CASE("remat-plan with auto proves the time bound by default: the certified 
                     .contains("time_lower_bound"));
 }
 
+// On graphs beyond the bound from the plan (more than 128 ops), auto under --time-limit 30
+// answered bench_hierarchical's 283-op U-Net at 20 % of P_ref after 8 s: a 5 s bound (+25.2 %
+// over T_ref) and H-Rockmate's plan (+39.4 %), a certified gap of 11.4 %. A limit above 15 s
+// now gives the bound a third of it, with grown cuts, and the plan the rest, refined while the
+// gap is open (AutoOptions::refine).
+TEST_CASE("remat-plan with auto: a long --time-limit on a large graph buys a grown bound and a refined plan",
+          "[cli][auto][timing]") {
+    const std::filesystem::path file = std::filesystem::temp_directory_path() / "remat_test_cli_unet200_long.json";
+    std::ofstream(file) << remat::io::to_json(remat::testing::unet_like(remat::testing::UNetShape{}, "unet-200"));
+    const remat::Stopwatch clock;
+    const CliResult r = remat_plan({file.string(), "--budget", "20%", "--time-limit", "18", "--json", "--quiet"});
+    const double seconds = clock.seconds();
+    std::filesystem::remove(file);
+    INFO("exit code " << r.code << " in " << seconds << " s; " << r.err);
+    REQUIRE(r.code == 0);
+    CHECK(seconds <= 18.0 * 1.1 + 0.2);
+    CHECK(seconds >= 18.0 * 0.9);  // the plan's gap stays open: the limit is spent on it
+    const auto line = nlohmann::json::parse(r.out);
+    const auto& bound = line.at("time_lower_bound");
+    // A third of the limit (6 s), where the default took 5 s at most ...
+    CHECK(bound.at("seconds").get<double>() > 5.0);
+    CHECK(bound.at("seconds").get<double>() <= 6.0 * 1.1 + 0.1);
+    // ... and more than the default's +25.2 % (4.1646): grown cuts prove +28.1 % (4.2621).
+    CHECK(bound.at("time").get<double>() > 4.2);
+    CHECK(line.at("time").get<double>() >= bound.at("time").get<double>());
+    CHECK(line.at("gap").get<double>() == Approx(line.at("time").get<double>() / bound.at("time").get<double>() - 1.0));
+}
+
 // The bound auto proves by default once took all of --time-limit (at most 5 s) before the
 // plan took the limit again: 6.2 s for --time-limit 4 on this U-Net, whose bound does not
 // solve within seconds.
