@@ -381,7 +381,7 @@ private:
         group.clone_output.assign(group.outputs.size(), 0);
         group.input_differentiable.assign(group.inputs.size(), 0);
         group.input_uses.assign(group.inputs.size(), 0);
-        group.input_seeded.assign(group.inputs.size(), 0);
+        group.input_seeds.assign(group.inputs.size(), 0);
         for (const Instr& instr : group.program)
             for (const Arg& arg : instr.args)
                 for (std::size_t i = 0; i < group.input_slots.size(); ++i)

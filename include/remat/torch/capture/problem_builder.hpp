@@ -179,8 +179,8 @@ private:
                 if (!g.input_grad[i]) continue;
                 const std::size_t id = g.inputs[i];
                 std::vector<DataId>& so_far = contributions_so_far(id, producer);
-                if (profile_.seeds.contains({k, i})) {
-                    // Its backward adds those first, and writes the sum (Profile::seeds).
+                if (g.input_seeds[i] > 0) {
+                    // Its backward adds those first, and writes the sum (Group::input_seeds).
                     g.seed[i] = std::move(so_far);
                     so_far.clear();
                 }

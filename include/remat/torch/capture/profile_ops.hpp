@@ -46,9 +46,6 @@ struct Profile {
     std::vector<std::vector<std::size_t>> backward_reads;      // per group: value ids its backward reads
     std::map<std::pair<std::size_t, std::size_t>, Bytes> grad_bytes;  // (group, input) → bytes
     std::vector<char> requires_grad;                           // per value id
-    // (group, input) → how many contributions of other consumers its backward adds first
-    // (Group::seed): where the group reads the input more than once, and others read it too.
-    std::map<std::pair<std::size_t, std::size_t>, std::size_t> seeds;
 };
 
 [[nodiscard]] inline Bytes distinct_bytes(const std::vector<at::Tensor>& tensors) {
@@ -256,16 +253,15 @@ private:
         return incoming;
     }
 
-    // Contributions like those the group's backward adds first (Profile::seeds), per input.
+    // Contributions like those the group's backward adds first (Group::input_seeds), per input.
     [[nodiscard]] std::vector<std::vector<at::Tensor>> seeds_for(std::size_t k, const std::vector<at::Tensor>& inputs) const {
         const Group& g = core_.groups[k];
         std::vector<std::vector<at::Tensor>> seeds(g.inputs.size());
         const at::NoGradGuard no_grad;
         for (std::size_t i = 0; i < g.inputs.size(); ++i) {
-            const auto found = profile_.seeds.find({k, i});
-            if (found == profile_.seeds.end()) continue;
+            if (g.input_seeds[i] == 0) continue;
             const auto& layouts = contribution_layouts_.at(g.inputs[i]);
-            for (std::size_t c = 0; c < found->second; ++c) {
+            for (std::size_t c = 0; c < g.input_seeds[i]; ++c) {
                 const std::optional<TensorMeta>& layout = layouts[c];
                 seeds[i].push_back(layout && layout->sizes == inputs[i].sizes().vec() ? random_in(*layout)
                                                                                       : at::randn_like(inputs[i]));
@@ -351,10 +347,7 @@ private:
                     // loss's, then its consumers' from the last node); a group that reads it
                     // twice adds the others' first, or the sum rounds otherwise.
                     const std::size_t earlier = contributions_[g.inputs[i]].size();
-                    if (g.input_uses[i] >= 2 && earlier > 0) {
-                        profile_.seeds[{k, i}] = earlier;
-                        core_.groups[k].input_seeded[i] = 1;
-                    }
+                    if (g.input_uses[i] >= 2 && earlier > 0) core_.groups[k].input_seeds[i] = earlier;
                     contributions_[g.inputs[i]].push_back(k);
                     contribution_layouts_[g.inputs[i]].push_back(TensorMeta::of(reference.input_grads[i]));
                 }

@@ -221,7 +221,9 @@ struct Group {
     std::vector<char> clone_output;
     std::vector<char> input_differentiable;
     std::vector<std::size_t> input_uses;  // per input: the arguments of its program that read it
-    std::vector<char> input_seeded;       // per input: its backward adds others' contributions first (seed)
+    // Per input: how many contributions of other consumers its backward adds first (`seed`),
+    // where it reads the input more than once and others read it too; 0: none.
+    std::vector<std::size_t> input_seeds;
     std::vector<char> output_requires_grad;
     std::vector<std::size_t> parameters;  // indices into Core::parameters
     std::vector<at::Tensor> trainable;    // the same tensors
@@ -246,7 +248,7 @@ struct Group {
     std::vector<std::vector<DataId>> incoming;      // per output: contributions B reads
     std::vector<std::optional<DataId>> input_grad;  // per input: the contribution B writes
     // Per input: the contributions of other consumers that autograd adds before this group's
-    // (Profile::seeds); B reads them, adds its own and writes the sum as input_grad.
+    // (input_seeds); B reads them, adds its own and writes the sum as input_grad.
     std::vector<std::vector<DataId>> seed;
 };
 
@@ -406,7 +408,7 @@ inline void execute(const Instr& instr, const std::vector<c10::IValue>& frozen, 
 struct GroupGraph {
     std::vector<at::Tensor> leaves;
     std::vector<at::Tensor> outputs;
-    // Per seeded input (Group::input_seeded): a view of its leaf made after the group's nodes,
+    // Per seeded input (Group::input_seeds): a view of its leaf made after the group's nodes,
     // so the last in autograd's order on every thread: the seeds enter through it.
     std::vector<at::Tensor> aliases;
     [[nodiscard]] bool live() const noexcept { return !outputs.empty(); }
@@ -435,8 +437,8 @@ struct GroupGraph {
     }
     graph.outputs = run_program(core, g, graph.leaves);
     graph.aliases.resize(graph.leaves.size());
-    for (std::size_t i = 0; i < g.input_seeded.size(); ++i)
-        if (g.input_seeded[i] && graph.leaves[i].requires_grad()) graph.aliases[i] = graph.leaves[i].view_as(graph.leaves[i]);
+    for (std::size_t i = 0; i < g.input_seeds.size(); ++i)
+        if (g.input_seeds[i] > 0 && graph.leaves[i].requires_grad()) graph.aliases[i] = graph.leaves[i].view_as(graph.leaves[i]);
     return graph;
 }
 
