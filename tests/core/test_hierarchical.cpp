@@ -938,6 +938,7 @@ TEST_CASE("auto and hrockmate stop once a plan meets the proven time bound, and 
 // 8 s with a certified gap of 11.4 %. Auto now refines such a plan with the seconds left.
 TEST_CASE("auto under a time limit refines a plan whose certified gap is open, until the target or the limit",
           "[hierarchical][auto][timing]") {
+    // One analysis for every solve below (no sections: each would analyse again).
     const Problem p = unet_like(UNetShape{}, "unet-200");
     const Reference ref = store_all_reference(p);
     const Bytes budget = percent_of(ref.peak, 20);
@@ -952,7 +953,9 @@ TEST_CASE("auto under a time limit refines a plan whose certified gap is open, u
             return l.rfind("auto: refining the plan", 0) == 0;
         });
     };
-    SECTION("the gap open: the rest of the limit refines the plan, which is never slower for it") {
+    {
+        INFO("the gap open: the rest of the limit refines the plan, which is never slower for it");
+        lines.clear();
         const Stopwatch clock;
         const Plan plan = Auto(o).solve(model, budget);
         const double seconds = clock.seconds();
@@ -970,28 +973,28 @@ TEST_CASE("auto under a time limit refines a plan whose certified gap is open, u
         CHECK(*plan.stats.gap <= before + 1e-4);
         CHECK(*plan.stats.gap == Approx(plan.time / ref.time - 1.0));
     }
-    SECTION("a gap already within the target, no time bound, or refine off: nothing is refined") {
-        AutoOptions within = o;
-        within.refine_target_gap = 1.0;  // 100 %: met by H-Rockmate's plan (+39 %)
-        AutoOptions unbounded = o;
-        unbounded.time_bound.reset();
-        AutoOptions off = o;
-        off.refine = false;
-        for (const AutoOptions& options : {within, unbounded, off}) {
-            lines.clear();
-            const Plan plan = Auto(options).solve(model, budget);
-            INFO(plan.stats.options);
-            CHECK(refining(lines) == lines.end());
-            CHECK_THAT(plan.stats.options, !Catch::Contains("refined in"));
-        }
+    // A gap already within the target, no time bound, or refine off: nothing is refined.
+    AutoOptions within = o;
+    within.refine_target_gap = 1.0;  // 100 %: met by H-Rockmate's plan (+39 %)
+    AutoOptions unbounded = o;
+    unbounded.time_bound.reset();
+    AutoOptions off = o;
+    off.refine = false;
+    for (const AutoOptions& options : {within, unbounded, off}) {
+        lines.clear();
+        const Plan plan = Auto(options).solve(model, budget);
+        INFO(plan.stats.options);
+        CHECK(refining(lines) == lines.end());
+        CHECK_THAT(plan.stats.options, !Catch::Contains("refined in"));
     }
-    SECTION("a target that is not a number or negative is refused") {
-        AutoOptions bad = o;
-        bad.refine_target_gap = -0.01;
-        CHECK_THROWS_AS(Auto(bad), InvalidInput);
-        bad.refine_target_gap = std::nan("");
-        CHECK_THROWS_WITH(Auto(bad), Catch::Contains("refine_target_gap"));
-    }
+}
+
+TEST_CASE("auto refuses a refinement target that is negative or not a number", "[hierarchical][auto]") {
+    AutoOptions bad;
+    bad.refine_target_gap = -0.01;
+    CHECK_THROWS_AS(Auto(bad), InvalidInput);
+    bad.refine_target_gap = std::nan("");
+    CHECK_THROWS_WITH(Auto(bad), Catch::Contains("refine_target_gap"));
 }
 
 TEST_CASE("auto: by default the certification's exact search finds the optimum the heuristics miss",
