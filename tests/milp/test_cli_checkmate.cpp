@@ -109,6 +109,26 @@ TEST_CASE("remat-plan with auto proves the time bound by default: the certified 
                     .contains("time_lower_bound"));
 }
 
+namespace {
+
+// remat-plan (auto, --json) on bench_hierarchical's 283-op U-Net at 20 % of P_ref under
+// --time-limit `limit`, and the seconds it took.
+struct TimedCliResult {
+    CliResult result;
+    double seconds = 0.0;
+};
+TimedCliResult auto_on_unet200(const std::string& limit) {
+    const std::filesystem::path file = std::filesystem::temp_directory_path() / ("remat_test_cli_unet200_" + limit + ".json");
+    std::ofstream(file) << remat::io::to_json(remat::testing::unet_like(remat::testing::UNetShape{}, "unet-200"));
+    const remat::Stopwatch clock;
+    TimedCliResult run{remat_plan({file.string(), "--budget", "20%", "--time-limit", limit, "--json", "--quiet"}), 0.0};
+    run.seconds = clock.seconds();
+    std::filesystem::remove(file);
+    return run;
+}
+
+}  // namespace
+
 // On graphs beyond the bound from the plan (more than 128 ops), auto under --time-limit 30
 // answered bench_hierarchical's 283-op U-Net at 20 % of P_ref after 8 s: a 5 s bound (+25.2 %
 // over T_ref) and H-Rockmate's plan (+39.4 %), a certified gap of 11.4 %. A limit above 15 s
@@ -116,12 +136,7 @@ TEST_CASE("remat-plan with auto proves the time bound by default: the certified 
 // gap is open (AutoOptions::refine).
 TEST_CASE("remat-plan with auto: a long --time-limit on a large graph buys a grown bound and a refined plan",
           "[cli][auto][timing]") {
-    const std::filesystem::path file = std::filesystem::temp_directory_path() / "remat_test_cli_unet200_long.json";
-    std::ofstream(file) << remat::io::to_json(remat::testing::unet_like(remat::testing::UNetShape{}, "unet-200"));
-    const remat::Stopwatch clock;
-    const CliResult r = remat_plan({file.string(), "--budget", "20%", "--time-limit", "18", "--json", "--quiet"});
-    const double seconds = clock.seconds();
-    std::filesystem::remove(file);
+    const auto [r, seconds] = auto_on_unet200("18");
     INFO("exit code " << r.code << " in " << seconds << " s; " << r.err);
     REQUIRE(r.code == 0);
     CHECK(seconds <= 18.0 * 1.1 + 0.2);
@@ -141,12 +156,7 @@ TEST_CASE("remat-plan with auto: a long --time-limit on a large graph buys a gro
 // plan took the limit again: 6.2 s for --time-limit 4 on this U-Net, whose bound does not
 // solve within seconds.
 TEST_CASE("remat-plan with auto: --time-limit covers the default bound and the plan together", "[cli][auto][timing]") {
-    const std::filesystem::path file = std::filesystem::temp_directory_path() / "remat_test_cli_unet200.json";
-    std::ofstream(file) << remat::io::to_json(remat::testing::unet_like(remat::testing::UNetShape{}, "unet-200"));
-    const remat::Stopwatch clock;
-    const CliResult r = remat_plan({file.string(), "--budget", "20%", "--time-limit", "4", "--json", "--quiet"});
-    const double seconds = clock.seconds();
-    std::filesystem::remove(file);
+    const auto [r, seconds] = auto_on_unet200("4");
     INFO("exit code " << r.code << " in " << seconds << " s; " << r.err);
     REQUIRE(r.code == 0);
     CHECK(seconds <= 4.0 * 1.1 + 0.2);
