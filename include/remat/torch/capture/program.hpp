@@ -518,12 +518,12 @@ struct BackwardRoots {
                 sum = sum.defined() ? sum + c : c;
             }
         }
-        if (i < graph.aliases.size() && graph.aliases[i].defined()) {
-            roots.roots.push_back(graph.aliases[i]);
-        } else {  // a graph made before the group was seeded (profiling)
-            const at::AutoGradMode with_grad(true);
-            roots.roots.push_back(graph.leaves[i].view_as(graph.leaves[i]));
-        }
+        // run_with_grad made the view for every seeded input; a graph without it was made
+        // before input_seeds was set, and the seed would enter in the wrong order.
+        if (i >= graph.aliases.size() || !graph.aliases[i].defined())
+            throw ExecutionError("capture: the backward of an op is seeded but its graph has no view of input " +
+                                 std::to_string(i) + " to seed it through (a bug in remat; please report it)");
+        roots.roots.push_back(graph.aliases[i]);
         roots.grads.push_back(std::move(sum));
     }
     std::vector<at::Tensor> wrt;
