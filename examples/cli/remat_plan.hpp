@@ -273,14 +273,21 @@ inline PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     };
 }
 
-// After an infeasible budget: below the proven lower bound, or only beyond this solver's reach
-// (and the greedy's smallest budget when it reaches lower).
-inline void explain_infeasible(std::ostream& err, const Problem& problem, Bytes budget, const std::string& solver,
-                               const std::optional<Bytes>& smallest) {
+// After an infeasible budget: below the proven lower bound, proven too small by the solver
+// itself (an exact search that found no schedule), or only beyond this solver's reach (and the
+// greedy's smallest budget when it reaches lower).
+inline void explain_infeasible(std::ostream& err, const Problem& problem, const Infeasible& infeasible,
+                               const std::string& solver, const std::optional<Bytes>& smallest) {
+    const Bytes budget = infeasible.budget();
     const MemoryLowerBound bound = memory_lower_bound(problem);
     if (budget < bound.bytes) {
         err << "remat-plan: the budget is below a proven lower bound: every schedule needs at least "
             << bytes_both(bound.bytes) << " (" << bound.reason << ")\n";
+        return;
+    }
+    if (infeasible.proven()) {
+        err << "remat-plan: the budget is below a proven lower bound: no schedule at all fits it, as " << solver
+            << " proves (the memory lower bound, " << bytes_both(bound.bytes) << ", is weaker)\n";
         return;
     }
     err << "remat-plan: the budget is above the proven lower bound of " << bytes_both(bound.bytes) << " ("
@@ -406,7 +413,14 @@ struct PlanRun {
     std::optional<TimeLowerBound> bound;  // with --bound
 };
 
-inline void print_json(std::ostream& out, const PlanArgs& a, const Reference& ref, const PlanRun& run) {
+// Whether no schedule at all fits the infeasible budget: the solver proved it, or it is below
+// the proven memory lower bound.
+[[nodiscard]] inline bool no_schedule_fits(const Problem& problem, const Infeasible& infeasible) {
+    return infeasible.proven() || infeasible.budget() < memory_lower_bound(problem).bytes;
+}
+
+inline void print_json(std::ostream& out, const PlanArgs& a, const Problem& problem, const Reference& ref,
+                       const PlanRun& run) {
     using nlohmann::ordered_json;
     const auto plan_fields = [](ordered_json& j, const std::optional<Plan>& plan) {
         j["time"] = plan ? ordered_json(plan->time) : ordered_json(nullptr);
@@ -426,10 +440,13 @@ inline void print_json(std::ostream& out, const PlanArgs& a, const Reference& re
         line["status"] = run.plan ? std::string(to_string(run.plan->stats.status)) : std::string("infeasible");
         line["gap"] = run.plan && run.plan->stats.gap ? ordered_json(*run.plan->stats.gap) : ordered_json(nullptr);
     }
+    if (run.planning && run.infeasible) line["no_schedule_fits"] = no_schedule_fits(problem, *run.infeasible);
     if (run.bound) {
+        // What the solver proved counts too: an infeasible budget has no time to bound.
+        const bool none_fits = run.bound->budget_infeasible || (run.infeasible && no_schedule_fits(problem, *run.infeasible));
         ordered_json b;
-        b["time"] = run.bound->budget_infeasible ? ordered_json(nullptr) : ordered_json(run.bound->time);
-        b["no_schedule_fits"] = run.bound->budget_infeasible;
+        b["time"] = none_fits ? ordered_json(nullptr) : ordered_json(run.bound->time);
+        b["no_schedule_fits"] = none_fits;
         b["relaxation_solved"] = run.bound->relaxation_solved;
         b["seconds"] = run.bound->seconds;
         line["time_lower_bound"] = std::move(b);
@@ -491,6 +508,10 @@ inline void print_bound(std::ostream& out, const Reference& ref, const PlanRun& 
                             ", " + std::to_string(b.cuts.size()) + (b.cuts.size() == 1 ? " cut, " : " cuts, ") + number(b.seconds, "%.2f") + " s";
     if (b.budget_infeasible) {
         out << "  bound     no schedule fits this budget (proven)" << how << "\n";
+        return;
+    }
+    if (run.infeasible && run.infeasible->proven()) {  // the relaxation did not see it; the solver proved it
+        out << "  bound     no schedule fits this budget (proven by " << run.solver_name << ")\n";
         return;
     }
     out << "  bound     time >= " << number(b.time) << ", overhead >= " << signed_percent(b.time, ref.time)
@@ -639,14 +660,14 @@ inline int run_plan(const PlanArgs& a, std::ostream& out, std::ostream& err) {
     if (a.sweep_svg) io::write_file(*a.sweep_svg, sweep_svg(run.rows, ref, problem.name() + ": " + run.solver_name));
     if (run.plan && a.out) io::write_file(*a.out, io::to_json(problem, *run.plan));
     if (run.plan && a.svg) io::write_file(*a.svg, timeline_svg(problem, *run.plan, ref.peak, unit_labels(a.file)));
-    if (a.json) print_json(out, a, ref, run);
+    if (a.json) print_json(out, a, problem, ref, run);
     else print_summary(out, a, problem, ref, run);
     if (!run.infeasible) return exit_ok;
     err << "remat-plan: infeasible: " << run.infeasible->what() << "\n";
     if (run.smallest)
         err << "remat-plan: the smallest feasible budget for " << run.solver_name << " is " << bytes_both(*run.smallest)
             << " = " << percent(double(*run.smallest), double(ref.peak)) << " of P_ref; try --budget " << *run.smallest << "\n";
-    if (run.planning) explain_infeasible(err, problem, run.budget, run.solver_name, run.smallest);
+    if (run.planning) explain_infeasible(err, problem, *run.infeasible, run.solver_name, run.smallest);
     return exit_infeasible;
 }
 

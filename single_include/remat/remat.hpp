@@ -102,15 +102,26 @@ public:
     using Error::Error;
 };
 
-/// The budget is below what any schedule (that this solver can produce) needs.
-/// `smallest_budget()` is the smallest budget the solver knows to work, when it knows one.
+/// Why a budget is infeasible: a proof that no schedule at all fits it (below a proven lower
+/// bound, or an exact search over every schedule found none), or only that the solver that
+/// threw has no plan within it (another solver may have one).
+enum class InfeasibleBecause { beyond_solver, no_schedule_fits };
+
+/// The budget is below what any schedule (that this solver can produce) needs; `proven()`
+/// says which. `smallest_budget()` is the smallest budget the solver knows to work, when it
+/// knows one.
 class Infeasible : public Error {
 public:
     /// `store_all_peak`: P_ref, when the thrower knows it (front ends add it), so that the
     /// smallest budget can also be read as a percentage of it.
     Infeasible(std::string message, Bytes budget, std::optional<Bytes> smallest_budget,
-               std::optional<Bytes> store_all_peak = std::nullopt)
-        : Error(std::move(message)), budget_(budget), smallest_budget_(smallest_budget), store_all_peak_(store_all_peak) {}
+               std::optional<Bytes> store_all_peak = std::nullopt,
+               InfeasibleBecause because = InfeasibleBecause::beyond_solver)
+        : Error(std::move(message)), budget_(budget), smallest_budget_(smallest_budget), store_all_peak_(store_all_peak),
+          because_(because) {}
+    /// The same, with the reason given and the store-all peak unknown.
+    Infeasible(std::string message, Bytes budget, std::optional<Bytes> smallest_budget, InfeasibleBecause because)
+        : Infeasible(std::move(message), budget, smallest_budget, std::nullopt, because) {}
 
     [[nodiscard]] Bytes budget() const noexcept { return budget_; }
     /// The smallest budget the solver knows to work, when it knows one.
@@ -119,6 +130,9 @@ public:
         return smallest_budget_;
     }
     [[nodiscard]] std::optional<Bytes> store_all_peak() const noexcept { return store_all_peak_; }
+    /// No schedule at all fits the budget (a proof), not only none of this solver's.
+    [[nodiscard]] bool proven() const noexcept { return because_ == InfeasibleBecause::no_schedule_fits; }
+    [[nodiscard]] InfeasibleBecause because() const noexcept { return because_; }
     /// The smallest budget as a percentage of the store-all peak, when both are known.
     [[nodiscard]] std::optional<double> smallest_percent() const noexcept {
         if (!smallest_budget_ || !store_all_peak_ || *store_all_peak_ <= 0) return std::nullopt;
@@ -129,6 +143,7 @@ private:
     Bytes budget_;
     std::optional<Bytes> smallest_budget_;
     std::optional<Bytes> store_all_peak_;
+    InfeasibleBecause because_;
 };
 
 /// A solver back-end failed (a MILP library error, a time limit reached with no solution).
@@ -3415,7 +3430,7 @@ public:
         const auto start = std::chrono::steady_clock::now();
         const detail::exhaustive::ExhaustiveSearch search(problem, options_);
         auto result = search.run(detail::exhaustive::SearchGoal::least_time, budget);
-        if (!result.found) {
+        if (!result.found) {  // the search went through every schedule (its limits throw TooLarge): a proof
             // The smallest budget, in the time that is left (the limit covers every search).
             const std::string none = "no schedule of '" + problem.name() + "' fits " + std::to_string(budget) + " bytes";
             const LeastPeak smallest = least_peak(problem, budget + 1, start);
@@ -3426,9 +3441,9 @@ public:
                                                               " bytes (a schedule fits it)"
                                                         : std::string()) +
                                      ", and the search's limits ran out before the exact one was found",
-                                 budget, smallest.feasible);
+                                 budget, smallest.feasible, InfeasibleBecause::no_schedule_fits);
             throw Infeasible(none + "; the smallest feasible budget is " + std::to_string(*smallest.peak) + " bytes",
-                             budget, smallest.peak);
+                             budget, smallest.peak, InfeasibleBecause::no_schedule_fits);
         }
         SolverStats stats{std::string(name()), 0.0, options_.weight == 1.0 ? SolveStatus::optimal : SolveStatus::feasible,
                           std::nullopt, options_.weight == 1.0 ? "" : "weight=" + std::to_string(options_.weight)};
@@ -7411,7 +7426,7 @@ private:
         if (budget < a.lower_bound.bytes)
             throw Infeasible(head + ": no schedule at all fits, every schedule needs at least " +
                                  std::to_string(a.lower_bound.bytes) + " bytes (" + a.lower_bound.reason + ")" + tail,
-                             budget, smallest);
+                             budget, smallest, InfeasibleBecause::no_schedule_fits);
         throw Infeasible(head + "; this is only beyond the greedy's reach (the proven lower bound is " +
                              std::to_string(a.lower_bound.bytes) + " bytes, " + a.lower_bound.reason +
                              "): an exact solver (checkmate, rockmate) may fit it" + tail,
@@ -10957,7 +10972,8 @@ private:
               << " reach; an exact solver (checkmate) may plan it";
         if (least != std::numeric_limits<Bytes>::max()) m << "; hrockmate's smallest budget is " << least << " bytes";
         return Infeasible(m.str(), budget,
-                          least != std::numeric_limits<Bytes>::max() ? std::optional<Bytes>(least) : std::nullopt);
+                          least != std::numeric_limits<Bytes>::max() ? std::optional<Bytes>(least) : std::nullopt,
+                          budget < bound.bytes ? InfeasibleBecause::no_schedule_fits : InfeasibleBecause::beyond_solver);
     }
 
     HRockmateOptions options_;
@@ -12956,6 +12972,7 @@ struct Reach {
     const auto show = [](const std::optional<Bytes>& b) { return b ? std::to_string(*b) + " bytes" : std::string("unknown"); };
     std::string message = "auto: no plan of '" + problem.name() + "' within " + std::to_string(budget) + " bytes: ";
     std::optional<Bytes> least;
+    InfeasibleBecause because = InfeasibleBecause::no_schedule_fits;  // but for the last case below
     const Reach* lowest = nullptr;
     for (const Reach& r : tried)
         if (r.least && (!least || *r.least < *least)) {
@@ -12974,6 +12991,7 @@ struct Reach {
                    "least peak of any schedule is " + std::to_string(*exact_least) + " bytes";
         least = exact_least;
     } else {
+        because = InfeasibleBecause::beyond_solver;
         message += "the budget is above the proven lower bound of " + std::to_string(bound.bytes) + " bytes (" +
                    bound.reason + ") but beyond the reach of ";
         for (std::size_t i = 0; i < tried.size(); ++i)
@@ -12982,7 +13000,7 @@ struct Reach {
         if (lowest && tried.size() > 1) message += "; " + lowest->solver + " reaches lowest";
         message += "; an exact solver (checkmate, or exhaustive on small problems) may reach further";
     }
-    return Infeasible(message, budget, least);
+    return Infeasible(message, budget, least, because);
 }
 
 [[nodiscard]] inline Infeasible infeasible(const Problem& problem, Bytes budget, const std::vector<Reach>& tried,
@@ -14479,7 +14497,7 @@ struct BudgetSpec {
             throw Infeasible("a total budget of " + format_bytes(plan_budget + resident) + " is below the " +
                                  format_bytes(resident) +
                                  " that parameters, gradients and optimizer state take alone; raise it above that",
-                             plan_budget + resident, std::nullopt);
+                             plan_budget + resident, std::nullopt, InfeasibleBecause::no_schedule_fits);
         return plan_budget;
     }
     /// The same budget, counting everything the step holds (see Counts::total).
@@ -14675,7 +14693,7 @@ template <Solver S>
             if (least) message += " (smallest budget " + percent_text(*least) + ")";
             if (!spec.fall_back_to_smallest && least)
                 message += "; ask for budget_above_smallest() or .or_smallest() to plan at the smallest budget instead";
-            throw Infeasible(message, budget, least, store_all_peak);
+            throw Infeasible(message, budget, least, store_all_peak, e.because());
         }
         BudgetedPlan out{solver.solve(problem, *least), *least, true, {}};
         out.warning = "remat: the budget " + percent_text(budget) + " is below what " + std::string(solver.name()) +

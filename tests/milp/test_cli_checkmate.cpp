@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <remat/core/timing.hpp>
 #include <remat/io/json.hpp>
+#include <remat/milp/preferred.hpp>
 #include <remat/remat.hpp>
 
 #include "../support/op_level_problems.hpp"
@@ -50,6 +51,35 @@ TEST_CASE("remat-plan --solver checkmate: infeasible budgets exit 3, unknown bac
     CliResult r = remat_plan({diamond, "--budget", "38797311", "--solver", "checkmate", "--json"});
     CHECK(r.code == 3);
     CHECK(nlohmann::json::parse(r.out).at("smallest_budget") == 38797312);
+    // One byte below the least peak of any schedule, which checkmate's exact search of the
+    // smallest budget proves: no schedule fits, not only none of the MILP's passes.
+    CHECK(nlohmann::json::parse(r.out).at("no_schedule_fits") == true);
+    r = remat_plan({diamond, "--budget", "38797311", "--solver", "checkmate"});
+    CHECK_THAT(r.err, Catch::Contains("no schedule at all fits it, as checkmate proves") &&
+                          !Catch::Contains("beyond the reach"));
+    // auto's default time bound: its relaxation misses it (the budget is above the memory lower
+    // bound), so what it would print, a time no schedule within the budget beats, says nothing;
+    // the solver's proof is what the bound line and the --json line report.
+    r = remat_plan({diamond, "--budget", "38797311"});
+    CHECK_THAT(r.out, Catch::Contains("bound     no schedule fits this budget (proven by auto)") &&
+                          !Catch::Contains("time >="));
+    const auto line = nlohmann::json::parse(remat_plan({diamond, "--budget", "38797311", "--json"}).out);
+    CHECK(line.at("time_lower_bound").at("no_schedule_fits") == true);
+    CHECK(line.at("time_lower_bound").at("time") == nullptr);
+    // Without that search (exhaustive_first off), the MILP's infeasibility covers only schedules
+    // of its passes: said so, and not called a proof.
+    const remat::Problem problem = remat::io::load_problem(diamond);
+    for (const bool exhaustive_first : {true, false}) {
+        remat::CheckmateOptions options;
+        options.exhaustive_first = exhaustive_first;
+        try {
+            (void)remat::Checkmate<remat::milp::Preferred>(options).solve(problem, 38797311);
+            FAIL("checkmate planned below the least peak");
+        } catch (const remat::Infeasible& e) {
+            CHECK(e.proven() == exhaustive_first);
+            if (!exhaustive_first) CHECK_THAT(e.what(), Catch::Contains("no schedule of 'diamond' that the MILP models fits"));
+        }
+    }
     r = remat_plan({diamond, "--budget", "50%", "--solver", "checkmate:gurobi"});
     CHECK(r.code == 2);
     CHECK_THAT(r.err, Catch::Contains("checkmate:gurobi") && Catch::Contains("checkmate:lpsolve"));

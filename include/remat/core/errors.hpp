@@ -30,15 +30,26 @@ public:
     using Error::Error;
 };
 
-/// The budget is below what any schedule (that this solver can produce) needs.
-/// `smallest_budget()` is the smallest budget the solver knows to work, when it knows one.
+/// Why a budget is infeasible: a proof that no schedule at all fits it (below a proven lower
+/// bound, or an exact search over every schedule found none), or only that the solver that
+/// threw has no plan within it (another solver may have one).
+enum class InfeasibleBecause { beyond_solver, no_schedule_fits };
+
+/// The budget is below what any schedule (that this solver can produce) needs; `proven()`
+/// says which. `smallest_budget()` is the smallest budget the solver knows to work, when it
+/// knows one.
 class Infeasible : public Error {
 public:
     /// `store_all_peak`: P_ref, when the thrower knows it (front ends add it), so that the
     /// smallest budget can also be read as a percentage of it.
     Infeasible(std::string message, Bytes budget, std::optional<Bytes> smallest_budget,
-               std::optional<Bytes> store_all_peak = std::nullopt)
-        : Error(std::move(message)), budget_(budget), smallest_budget_(smallest_budget), store_all_peak_(store_all_peak) {}
+               std::optional<Bytes> store_all_peak = std::nullopt,
+               InfeasibleBecause because = InfeasibleBecause::beyond_solver)
+        : Error(std::move(message)), budget_(budget), smallest_budget_(smallest_budget), store_all_peak_(store_all_peak),
+          because_(because) {}
+    /// The same, with the reason given and the store-all peak unknown.
+    Infeasible(std::string message, Bytes budget, std::optional<Bytes> smallest_budget, InfeasibleBecause because)
+        : Infeasible(std::move(message), budget, smallest_budget, std::nullopt, because) {}
 
     [[nodiscard]] Bytes budget() const noexcept { return budget_; }
     /// The smallest budget the solver knows to work, when it knows one.
@@ -47,6 +58,9 @@ public:
         return smallest_budget_;
     }
     [[nodiscard]] std::optional<Bytes> store_all_peak() const noexcept { return store_all_peak_; }
+    /// No schedule at all fits the budget (a proof), not only none of this solver's.
+    [[nodiscard]] bool proven() const noexcept { return because_ == InfeasibleBecause::no_schedule_fits; }
+    [[nodiscard]] InfeasibleBecause because() const noexcept { return because_; }
     /// The smallest budget as a percentage of the store-all peak, when both are known.
     [[nodiscard]] std::optional<double> smallest_percent() const noexcept {
         if (!smallest_budget_ || !store_all_peak_ || *store_all_peak_ <= 0) return std::nullopt;
@@ -57,6 +71,7 @@ private:
     Bytes budget_;
     std::optional<Bytes> smallest_budget_;
     std::optional<Bytes> store_all_peak_;
+    InfeasibleBecause because_;
 };
 
 /// A solver back-end failed (a MILP library error, a time limit reached with no solution).

@@ -71,7 +71,7 @@ struct BudgetSpec {
             throw Infeasible("a total budget of " + format_bytes(plan_budget + resident) + " is below the " +
                                  format_bytes(resident) +
                                  " that parameters, gradients and optimizer state take alone; raise it above that",
-                             plan_budget + resident, std::nullopt);
+                             plan_budget + resident, std::nullopt, InfeasibleBecause::no_schedule_fits);
         return plan_budget;
     }
     /// The same budget, counting everything the step holds (see Counts::total).
@@ -267,7 +267,7 @@ template <Solver S>
             if (least) message += " (smallest budget " + percent_text(*least) + ")";
             if (!spec.fall_back_to_smallest && least)
                 message += "; ask for budget_above_smallest() or .or_smallest() to plan at the smallest budget instead";
-            throw Infeasible(message, budget, least, store_all_peak);
+            throw Infeasible(message, budget, least, store_all_peak, e.because());
         }
         BudgetedPlan out{solver.solve(problem, *least), *least, true, {}};
         out.warning = "remat: the budget " + percent_text(budget) + " is below what " + std::string(solver.name()) +

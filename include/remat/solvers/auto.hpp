@@ -306,6 +306,7 @@ struct Reach {
     const auto show = [](const std::optional<Bytes>& b) { return b ? std::to_string(*b) + " bytes" : std::string("unknown"); };
     std::string message = "auto: no plan of '" + problem.name() + "' within " + std::to_string(budget) + " bytes: ";
     std::optional<Bytes> least;
+    InfeasibleBecause because = InfeasibleBecause::no_schedule_fits;  // but for the last case below
     const Reach* lowest = nullptr;
     for (const Reach& r : tried)
         if (r.least && (!least || *r.least < *least)) {
@@ -324,6 +325,7 @@ struct Reach {
                    "least peak of any schedule is " + std::to_string(*exact_least) + " bytes";
         least = exact_least;
     } else {
+        because = InfeasibleBecause::beyond_solver;
         message += "the budget is above the proven lower bound of " + std::to_string(bound.bytes) + " bytes (" +
                    bound.reason + ") but beyond the reach of ";
         for (std::size_t i = 0; i < tried.size(); ++i)
@@ -332,7 +334,7 @@ struct Reach {
         if (lowest && tried.size() > 1) message += "; " + lowest->solver + " reaches lowest";
         message += "; an exact solver (checkmate, or exhaustive on small problems) may reach further";
     }
-    return Infeasible(message, budget, least);
+    return Infeasible(message, budget, least, because);
 }
 
 [[nodiscard]] inline Infeasible infeasible(const Problem& problem, Bytes budget, const std::vector<Reach>& tried,

@@ -189,7 +189,7 @@ public:
         using namespace detail::checkmate;
         const auto start = std::chrono::steady_clock::now();
         const Analysis a = analyse(problem);
-        if (budget < a.lower_bound) throw_infeasible(problem, a, budget, start, a.lower_bound_reason);
+        if (budget < a.lower_bound) throw_infeasible(problem, a, budget, start, a.lower_bound_reason, true);
 
         std::optional<Baseline> base = best_baseline(problem, a, budget);
         Layout layout = make_layout(problem, a, pre_passes(problem));
@@ -208,14 +208,13 @@ public:
         improve_start(problem, a, f, budget, base, start);
         if (base && options_.warm_start) start_from(a, problem, f, base->schedule);
         report(problem, budget, f, base);
-        if (f.infeasible()) throw_infeasible(problem, a, budget, start, f.infeasible_reason());
+        if (f.infeasible()) throw_infeasible(problem, a, budget, start, f.infeasible_reason(), true);
         if (base && meets_time_bound(base->time, bound)) return proven_start(problem, budget, f, *base, start);
         if (std::isfinite(bound)) f.add_time_at_least(bound * (1 - time_bound_tolerance));
 
         milp::Result r = run(f.model(), start);
         if (options_.progress) print_result(r);
-        if (r.status == milp::Status::infeasible && !base)
-            throw_infeasible(problem, a, budget, start, "the MILP has no solution");
+        if (r.status == milp::Status::infeasible && !base) throw_infeasible(problem, a, budget, start, milp_has_none(f), false);
         if (r.status != milp::Status::optimal && std::isfinite(bound)) r.best_bound = std::max(r.best_bound, bound);
         return exact_plan(problem, budget, f, r, base, start);
     }
@@ -228,7 +227,7 @@ public:
     [[nodiscard]] Bytes smallest_budget(const Problem& problem) const {
         const auto start = std::chrono::steady_clock::now();
         const detail::checkmate::Analysis a = detail::checkmate::analyse(problem);
-        return smallest_peak(problem, a, start).first;
+        return smallest_peak(problem, a, start).peak;
     }
 
     /// The root LP bounds of the MILP solve() builds at this budget, before and after its
@@ -240,7 +239,7 @@ public:
         if (budget < a.lower_bound)
             throw Infeasible("checkmate: no schedule of '" + problem.name() + "' fits " + std::to_string(budget) +
                                  " bytes (" + a.lower_bound_reason + ")",
-                             budget, std::nullopt);
+                             budget, std::nullopt, InfeasibleBecause::no_schedule_fits);
         const auto lp = [&](const Formulation& f) {
             if (f.infeasible()) return milp::infinity;
             milp::Model relaxed = f.model().relaxation();
@@ -579,40 +578,65 @@ private:
         return {peak, r.status == milp::Status::optimal};
     }
 
+    // The smallest peak, whether it is proven, and whether over every schedule (the exact
+    // search's) or over the model's passes only (the min-peak MILP's).
+    struct SmallestPeak {
+        Bytes peak = 0;
+        bool proven = false;
+        bool every_schedule = false;
+    };
+
     // The smallest peak: by exact search over all schedules when the problem is small
     // enough for it to finish quickly (it is exact over every schedule, not only those of
     // the model's passes), else by the min-peak MILP.
-    [[nodiscard]] std::pair<Bytes, bool> smallest_peak(const Problem& problem, const detail::checkmate::Analysis& a,
-                                                       std::chrono::steady_clock::time_point start) const {
+    [[nodiscard]] SmallestPeak smallest_peak(const Problem& problem, const detail::checkmate::Analysis& a,
+                                             std::chrono::steady_clock::time_point start) const {
         if (options_.exhaustive_first && problem.data_count() <= 64 && a.eo_ops.size() <= 64) {
             const double left = options_.time_limit_seconds - seconds_since(start);
             ExhaustiveOptions limits;
             limits.max_states = 200'000;
             limits.time_limit_seconds = std::min(2.0, std::max(0.05, left / 4));
             try {
-                return {Exhaustive(limits).smallest_budget(problem), true};
+                return {Exhaustive(limits).smallest_budget(problem), true, true};
             } catch (const SolverError&) {
                 // Too many states: the MILP copes with larger problems.
             }
         }
-        return least_peak(problem, a, start);
+        const auto [peak, proven] = least_peak(problem, a, start);
+        return {peak, proven, false};
     }
 
+    // Why the MILP has no solution: none within its passes, which is not every schedule.
+    [[nodiscard]] static std::string milp_has_none(const detail::checkmate::Formulation& f) {
+        return "the MILP over schedules of at most " + std::to_string(f.layout().T) + " passes has no solution";
+    }
+
+    // Throws Infeasible at `budget` for `why`, with the smallest budget when it can be found in
+    // the time left. `why_is_proof`: `why` holds for every schedule (a proven lower bound, a
+    // cycle); otherwise the budget is proven too small only when the exact search's smallest
+    // peak is above it.
     [[noreturn]] void throw_infeasible(const Problem& problem, const detail::checkmate::Analysis& a, Bytes budget,
-                                       std::chrono::steady_clock::time_point start, const std::string& why) const {
+                                       std::chrono::steady_clock::time_point start, const std::string& why,
+                                       bool why_is_proof) const {
         std::optional<Bytes> smallest;
         std::string how;
+        bool proof = why_is_proof;
         try {
-            const auto [peak, proven] = smallest_peak(problem, a, start);
-            smallest = peak;
-            how = proven ? "the smallest feasible budget is " + std::to_string(peak) + " bytes"
-                         : "a budget of " + std::to_string(peak) + " bytes works (the search for the smallest one ran out of time)";
+            const SmallestPeak found = smallest_peak(problem, a, start);
+            smallest = found.peak;
+            proof = proof || (found.every_schedule && budget < found.peak);
+            how = found.proven ? "the smallest feasible budget is " + std::to_string(found.peak) + " bytes" +
+                                     (found.every_schedule ? "" : " for schedules of the model's passes")
+                               : "a budget of " + std::to_string(found.peak) +
+                                     " bytes works (the search for the smallest one ran out of time)";
         } catch (const Error& e) {
             how = std::string("the smallest feasible budget is unknown: ") + e.what();
         }
-        throw Infeasible("checkmate: no schedule of '" + problem.name() + "' fits " + std::to_string(budget) +
+        throw Infeasible("checkmate: no schedule of '" + problem.name() + "' " +
+                             (proof ? std::string() : "that the MILP models ") + "fits " + std::to_string(budget) +
                              " bytes (" + why + "); " + how,
-                         budget, smallest);
+                         budget, smallest,
+                         proof ? InfeasibleBecause::no_schedule_fits : InfeasibleBecause::beyond_solver);
     }
 
     struct Rounded {
@@ -659,10 +683,13 @@ private:
                                          std::chrono::steady_clock::time_point start) const {
         using namespace detail::checkmate;
         report(problem, budget, f, base);
-        if (f.infeasible()) throw_infeasible(problem, a, budget, start, f.infeasible_reason());
+        if (f.infeasible()) throw_infeasible(problem, a, budget, start, f.infeasible_reason(), true);
         Rounded rounded = round_relaxation(problem, a, f, budget, options_.rounding_trials, options_.time_limit_seconds, start);
         if (rounded.lp.status == milp::Status::infeasible)
-            throw_infeasible(problem, a, budget, start, "even the LP relaxation has no solution");
+            throw_infeasible(problem, a, budget, start,
+                             "even the LP relaxation over schedules of at most " + std::to_string(f.layout().T) +
+                                 " passes has no solution",
+                             false);
         std::optional<Baseline> best = std::move(rounded.best);
         if (base && (!best || base->time < best->time)) best = base;
         SolverStats stats{std::string(name()), 0.0, SolveStatus::feasible, std::nullopt, describe_options(f)};
@@ -670,7 +697,7 @@ private:
             // No rounding fits: the exact search is the only way left.
             say("checkmate: no rounding fits; solving the MILP");
             const milp::Result r = run(f.model(), start);
-            if (r.status == milp::Status::infeasible) throw_infeasible(problem, a, budget, start, "the MILP has no solution");
+            if (r.status == milp::Status::infeasible) throw_infeasible(problem, a, budget, start, milp_has_none(f), false);
             if (!r.has_solution())
                 throw SolverError("checkmate: no LP rounding of '" + problem.name() + "' fits " + std::to_string(budget) +
                                   " bytes and the exact search ran out of time; raise the time limit or the budget");

@@ -69,7 +69,7 @@ public:
         const auto start = std::chrono::steady_clock::now();
         const detail::exhaustive::ExhaustiveSearch search(problem, options_);
         auto result = search.run(detail::exhaustive::SearchGoal::least_time, budget);
-        if (!result.found) {
+        if (!result.found) {  // the search went through every schedule (its limits throw TooLarge): a proof
             // The smallest budget, in the time that is left (the limit covers every search).
             const std::string none = "no schedule of '" + problem.name() + "' fits " + std::to_string(budget) + " bytes";
             const LeastPeak smallest = least_peak(problem, budget + 1, start);
@@ -80,9 +80,9 @@ public:
                                                               " bytes (a schedule fits it)"
                                                         : std::string()) +
                                      ", and the search's limits ran out before the exact one was found",
-                                 budget, smallest.feasible);
+                                 budget, smallest.feasible, InfeasibleBecause::no_schedule_fits);
             throw Infeasible(none + "; the smallest feasible budget is " + std::to_string(*smallest.peak) + " bytes",
-                             budget, smallest.peak);
+                             budget, smallest.peak, InfeasibleBecause::no_schedule_fits);
         }
         SolverStats stats{std::string(name()), 0.0, options_.weight == 1.0 ? SolveStatus::optimal : SolveStatus::feasible,
                           std::nullopt, options_.weight == 1.0 ? "" : "weight=" + std::to_string(options_.weight)};

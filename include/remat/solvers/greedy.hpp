@@ -635,7 +635,7 @@ private:
         if (budget < a.lower_bound.bytes)
             throw Infeasible(head + ": no schedule at all fits, every schedule needs at least " +
                                  std::to_string(a.lower_bound.bytes) + " bytes (" + a.lower_bound.reason + ")" + tail,
-                             budget, smallest);
+                             budget, smallest, InfeasibleBecause::no_schedule_fits);
         throw Infeasible(head + "; this is only beyond the greedy's reach (the proven lower bound is " +
                              std::to_string(a.lower_bound.bytes) + " bytes, " + a.lower_bound.reason +
                              "): an exact solver (checkmate, rockmate) may fit it" + tail,

@@ -911,7 +911,8 @@ private:
               << " reach; an exact solver (checkmate) may plan it";
         if (least != std::numeric_limits<Bytes>::max()) m << "; hrockmate's smallest budget is " << least << " bytes";
         return Infeasible(m.str(), budget,
-                          least != std::numeric_limits<Bytes>::max() ? std::optional<Bytes>(least) : std::nullopt);
+                          least != std::numeric_limits<Bytes>::max() ? std::optional<Bytes>(least) : std::nullopt,
+                          budget < bound.bytes ? InfeasibleBecause::no_schedule_fits : InfeasibleBecause::beyond_solver);
     }
 
     HRockmateOptions options_;
