@@ -466,8 +466,16 @@ TEST_CASE("remat-plan: a budget that an exact search proves too small is not cal
         return std::optional<bool>();
     };
     CHECK(proven(remat::Exhaustive{}) == true);
+    CHECK(proven(remat::HRockmate{}) == true);  // the diamond is not partitioned: its top is the exact search
     CHECK(proven(remat::Auto{}) == true);
     CHECK(proven(remat::Greedy{}) == false);
+    // Once a component has proved it, auto spends nothing on its last resorts (their portfolios
+    // would try for their whole time limit: 2 s here, against milliseconds).
+    std::vector<std::string> lines;
+    remat::AutoOptions watched;
+    watched.progress = [&](const std::string& line) { lines.push_back(line); };
+    CHECK(proven(remat::Auto(watched)) == true);
+    for (const std::string& line : lines) CHECK_THAT(line, !Catch::Contains("no heuristic plan") && !Catch::Contains("greedy done"));
     const Bytes below_bound = remat::memory_lower_bound(problem).bytes - 1;
     try {
         (void)remat::Greedy{}.solve(problem, below_bound);

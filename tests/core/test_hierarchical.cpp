@@ -200,6 +200,7 @@ TEST_CASE("hrockmate: every plan of the greedy and H-Rockmate on random graphs i
             const Bytes smallest = solver.smallest_budget(model);
             const Bytes greedy_smallest = Greedy{}.smallest_budget(p);
             CHECK(smallest >= memory_lower_bound(p).bytes);
+            if (flat && p.data_count() <= o.flat_up_to_data) CHECK(smallest == exact_smallest_budget(p));  // both exact
             CHECK(smallest <= greedy_smallest);
             for (int k = 0; k <= 3; ++k) {
                 const Bytes budget = smallest + (ref.peak - smallest) * k / 3;

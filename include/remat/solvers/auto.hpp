@@ -284,6 +284,7 @@ namespace detail::automatic {
 struct Reach {
     std::string solver;
     std::optional<Bytes> least;
+    bool proven = false;  // its Infeasible proved that no schedule fits (its least is then the least peak)
 };
 
 // The exact search's proven lower bound on the least peak (its bounds alone, no search), on
@@ -324,6 +325,14 @@ struct Reach {
         message += "the budget is below a proven lower bound: the exact search finds no schedule within it, and the "
                    "least peak of any schedule is " + std::to_string(*exact_least) + " bytes";
         least = exact_least;
+    } else if (const auto proof = std::find_if(tried.begin(), tried.end(), [](const Reach& r) { return r.proven; });
+               proof != tried.end()) {
+        // Below the memory lower bound is the case above: a component's proof is its exact search's.
+        message += "the budget is below a proven lower bound: the exact search finds no schedule within it (" +
+                   proof->solver + "'s)" +
+                   (proof->least ? ", and the least peak of any schedule is " + std::to_string(*proof->least) + " bytes"
+                                 : std::string());
+        if (proof->least) least = proof->least;
     } else {
         because = InfeasibleBecause::beyond_solver;
         message += "the budget is above the proven lower bound of " + std::to_string(bound.bytes) + " bytes (" +
@@ -485,6 +494,7 @@ public:
             chosen = detail::automatic::tagged(solve_chosen(model, budget, heuristics_left()), to_string(model.choice));
         } catch (const Infeasible& e) {
             tried.back().least = e.smallest_budget();
+            tried.back().proven = e.proven();
             if (!options_.greedy_fallback && !second_opinion_of(model)) throw;
         } catch (const SolverError& e) {
             if (!options_.greedy_fallback && !second_opinion_of(model)) throw;
@@ -513,7 +523,10 @@ public:
             if (!settled(*chosen)) refine_against_bound(model.problem, budget, *chosen, time_bound, left());
             return finished(std::move(*chosen), clock, time_bound);
         }
-        if (!options_.greedy_fallback) throw detail::automatic::infeasible(model.problem, budget, tried);
+        // A component proved that no schedule fits (H-Rockmate's exact search of an unpartitioned
+        // problem): the last resorts below would only spend the time left trying.
+        const bool proven = std::any_of(tried.begin(), tried.end(), [](const detail::automatic::Reach& r) { return r.proven; });
+        if (!options_.greedy_fallback || proven) throw detail::automatic::infeasible(model.problem, budget, tried);
         for (const GreedyOrder order : {GreedyOrder::store_all, GreedyOrder::memory_aware}) {
             const std::string who = order == GreedyOrder::store_all ? "greedy" : "greedy (memory-aware order)";
             tried.push_back({who, std::nullopt});
@@ -585,6 +598,7 @@ private:
             }
         } catch (const Infeasible& e) {
             tried.back().least = e.smallest_budget();
+            tried.back().proven = e.proven();
         } catch (const SolverError& e) {
             report_progress(options_.progress, std::string("auto: hrockmate's second opinion failed (") + e.what() + ")");
         }

@@ -333,6 +333,11 @@ public:
         // Whether the best plan so far meets the proven time bound: no component can beat it.
         const auto settled = [&] { return best && options_.time_bound && meets_time_bound(best->time, *options_.time_bound); };
         consider("hierarchy", solve_top(model, budget, top_seconds, improve()));
+        // No plan of an unpartitioned problem: the exact search says at once whether any schedule
+        // fits, where the greedy's portfolio would spend its whole share trying.
+        if (flat && !best)
+            if (const std::optional<Bytes> least = flat_least_peak(model, 0.25 * left()); least && budget < *least)
+                throw infeasible(model, budget, left(), least);
         if (!flat && left() > 0 && !settled())
             consider("exact search",
                      exact_plan(model.problem, budget, std::min(options_.exact_component_seconds, 0.5 * left()), improve()));
@@ -355,9 +360,12 @@ public:
     [[nodiscard]] Bytes smallest_budget(const HRockmateModel& model,
                                         double seconds = std::numeric_limits<double>::infinity()) const {
         Bytes least = std::numeric_limits<Bytes>::max();
-        if (const auto top = top_search(model, detail::exhaustive::SearchGoal::least_peak,
-                                        std::numeric_limits<Bytes>::max(), seconds))
+        if (const std::optional<Bytes> exact = flat_least_peak(model, seconds)) {
+            least = *exact;
+        } else if (const auto top = top_search(model, detail::exhaustive::SearchGoal::least_peak,
+                                               std::numeric_limits<Bytes>::max(), seconds)) {
             least = top->peak;
+        }
         if (options_.compare_with_greedy)
             for (const GreedyOrder order : {GreedyOrder::store_all, GreedyOrder::memory_aware})
                 least = std::min(least, Greedy{greedy_along(order)}.smallest_budget(model.problem));
@@ -373,6 +381,23 @@ public:
 private:
     void report(const std::string& line) const {
         if (options_.progress) options_.progress(line);
+    }
+
+    // An unpartitioned problem's least peak by the exact search's own method (its bounds, then a
+    // search below a schedule it found): the plain least-peak search of the top visits every
+    // state below the peak it has, 2 s on the 14-data diamond of examples/problems against
+    // under a millisecond. Nullopt where the problem is partitioned or the limits run out.
+    [[nodiscard]] std::optional<Bytes> flat_least_peak(const HRockmateModel& model, double seconds) const {
+        if (!model.hierarchy.clusters.empty() || model.problem.data_count() > Exhaustive::max_data) return std::nullopt;
+        ExhaustiveOptions limits;
+        limits.max_states = options_.flat_max_states;
+        limits.time_limit_seconds = std::min(options_.flat_time_limit_seconds, seconds);
+        if (!(limits.time_limit_seconds > 1e-3)) return std::nullopt;
+        try {
+            return Exhaustive(limits).smallest_budget(model.problem);
+        } catch (const Error&) {  // beyond its limits (TooLarge), or more than 64 exactly-once ops
+            return std::nullopt;
+        }
     }
 
     [[nodiscard]] detail::hrockmate::SearchLimits limits() const {
@@ -897,22 +922,31 @@ private:
     }
 
     // Within the `seconds` left of the solve's limit: its smallest budget's search gets no more.
-    [[nodiscard]] Infeasible infeasible(const HRockmateModel& model, Bytes budget, double seconds) const {
+    // `least_peak`: the least peak of any schedule, when the exact search found it already.
+    [[nodiscard]] Infeasible infeasible(const HRockmateModel& model, Bytes budget, double seconds,
+                                        std::optional<Bytes> least_peak = std::nullopt) const {
         const MemoryLowerBound bound = memory_lower_bound(model.problem);
-        const Bytes least = smallest_budget(model, seconds);
+        if (!least_peak) least_peak = flat_least_peak(model, seconds);
+        // The exact least peak is what the hierarchy's flat top reaches too.
+        const Bytes least = least_peak ? *least_peak : smallest_budget(model, seconds);
+        const bool proven = budget < bound.bytes || (least_peak && budget < *least_peak);
         std::ostringstream m;
         m << "hrockmate cannot plan '" << model.problem.name() << "' within " << budget << " bytes: ";
         if (budget < bound.bytes)
             m << "the budget is below a proven lower bound: every schedule needs at least " << bound.bytes << " bytes ("
               << bound.reason << ")";
+        else if (proven)
+            m << "the budget is below a proven lower bound: the exact search finds no schedule within it, and the least "
+                 "peak of any schedule is " << *least_peak << " bytes";
         else
             m << "the budget is above the proven lower bound of " << bound.bytes << " bytes (" << bound.reason
               << ") but beyond what the hierarchy, the greedy" << (model.rockmate ? " and Rockmate" : "")
               << " reach; an exact solver (checkmate) may plan it";
-        if (least != std::numeric_limits<Bytes>::max()) m << "; hrockmate's smallest budget is " << least << " bytes";
+        if (least != std::numeric_limits<Bytes>::max() && !(proven && least_peak))
+            m << "; hrockmate's smallest budget is " << least << " bytes";
         return Infeasible(m.str(), budget,
                           least != std::numeric_limits<Bytes>::max() ? std::optional<Bytes>(least) : std::nullopt,
-                          budget < bound.bytes ? InfeasibleBecause::no_schedule_fits : InfeasibleBecause::beyond_solver);
+                          proven ? InfeasibleBecause::no_schedule_fits : InfeasibleBecause::beyond_solver);
     }
 
     HRockmateOptions options_;
