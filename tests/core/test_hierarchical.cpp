@@ -1193,3 +1193,54 @@ TEST_CASE("auto's certification first claims no more than the exact optimum on r
     CHECK(cases >= 12);
     CHECK(proven == cases);  // on graphs this small the search always finishes
 }
+
+TEST_CASE("an Infeasible that says no schedule fits is never wrong: the exact least peak is above its budget",
+          "[hierarchical][auto]") {
+    // Infeasible::proven() is a claim about every schedule; a solver making it at a budget
+    // where one fits would send a user away from a feasible budget. Every solver, on small
+    // random DAGs and op-level graphs, at budgets around the least peak of any schedule.
+    std::mt19937 rng(41);
+    const HRockmateOptions fast = fast_options();
+    AutoOptions quick;
+    quick.time_limit_seconds = 0.5;
+    std::size_t proofs = 0, claims = 0;
+    for (int i = 0; i < 8; ++i) {
+        const Problem p = [&] {
+            if (i % 2 == 0) {
+                DagShape shape;
+                shape.forward_ops = 3 + static_cast<std::size_t>(i % 4);
+                return random_dag(rng, shape, "dag" + std::to_string(i));
+            }
+            OpLevelShape shape;
+            shape.blocks = 2;
+            return random_op_level_problem(rng, shape, "net" + std::to_string(i));
+        }();
+        const Bytes least = exact_smallest_budget(p);
+        const Bytes bound = memory_lower_bound(p).bytes;
+        for (const Bytes budget : {bound - 1, (bound + least) / 2, least - 1, least}) {
+            const auto claim = [&](const std::string& who, const auto& solve) -> std::optional<bool> {
+                try {
+                    (void)solve();
+                } catch (const Infeasible& e) {
+                    INFO(who << " on " << p.name() << " at " << budget << " bytes (least peak " << least << "): " << e.what());
+                    ++claims;
+                    if (e.proven()) ++proofs;
+                    CHECK((!e.proven() || budget < least));
+                    return e.proven();
+                }
+                return std::nullopt;
+            };
+            const auto exhaustive = claim("exhaustive", [&] { return Exhaustive{}.solve(p, budget); });
+            (void)claim("greedy", [&] { return Greedy{}.solve(p, budget); });
+            (void)claim("hrockmate", [&] { return HRockmate(fast).solve(p, budget); });
+            const auto automatic = claim("auto", [&] { return Auto(quick).solve(p, budget); });
+            // Below the least peak, the exact search proves it; so does auto, which runs it.
+            if (budget < least) {
+                CHECK(exhaustive == std::optional<bool>(true));
+                CHECK(automatic == std::optional<bool>(true));
+            }
+        }
+    }
+    CHECK(proofs > 0);
+    CHECK(claims > proofs);  // some claims were only a solver's reach (the greedy's, above the bound)
+}
