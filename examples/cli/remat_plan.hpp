@@ -440,10 +440,11 @@ inline void print_json(std::ostream& out, const PlanArgs& a, const Problem& prob
         line["status"] = run.plan ? std::string(to_string(run.plan->stats.status)) : std::string("infeasible");
         line["gap"] = run.plan && run.plan->stats.gap ? ordered_json(*run.plan->stats.gap) : ordered_json(nullptr);
     }
-    if (run.planning && run.infeasible) line["no_schedule_fits"] = no_schedule_fits(problem, *run.infeasible);
+    const bool proven_infeasible = run.infeasible && no_schedule_fits(problem, *run.infeasible);
+    if (run.planning && run.infeasible) line["no_schedule_fits"] = proven_infeasible;
     if (run.bound) {
         // What the solver proved counts too: an infeasible budget has no time to bound.
-        const bool none_fits = run.bound->budget_infeasible || (run.infeasible && no_schedule_fits(problem, *run.infeasible));
+        const bool none_fits = run.bound->budget_infeasible || proven_infeasible;
         ordered_json b;
         b["time"] = none_fits ? ordered_json(nullptr) : ordered_json(run.bound->time);
         b["no_schedule_fits"] = none_fits;

@@ -10395,10 +10395,13 @@ public:
         const auto settled = [&] { return best && options_.time_bound && meets_time_bound(best->time, *options_.time_bound); };
         consider("hierarchy", solve_top(model, budget, top_seconds, improve()));
         // No plan of an unpartitioned problem: the exact search says at once whether any schedule
-        // fits, where the greedy's portfolio would spend its whole share trying.
-        if (flat && !best)
-            if (const std::optional<Bytes> least = flat_least_peak(model, 0.25 * left()); least && budget < *least)
-                throw infeasible(model, budget, left(), least);
+        // fits, where the greedy's portfolio would spend its whole share trying. Asked once: the
+        // answer also serves the Infeasible at the end.
+        std::optional<Bytes> least_peak;
+        if (flat && !best) {
+            least_peak = flat_least_peak(model, 0.25 * left());
+            if (least_peak && budget < *least_peak) throw infeasible(model, budget, left(), least_peak);
+        }
         if (!flat && left() > 0 && !settled())
             consider("exact search",
                      exact_plan(model.problem, budget, std::min(options_.exact_component_seconds, 0.5 * left()), improve()));
@@ -10406,7 +10409,7 @@ public:
             consider("greedy", greedy_plan(model.problem, budget, 0.5 * left(), improve()));
         if (model.rockmate && (left() > 0 || !best) && !settled())
             consider("rockmate", rockmate_plan(*model.rockmate, budget, improve()));
-        if (!best) throw infeasible(model, budget, left());
+        if (!best) throw infeasible(model, budget, left(), least_peak);
         if (options_.time_bound) {
             require_time_bound_holds(best->time, *options_.time_bound, "HRockmateOptions::time_bound");
             settle_by_time_bound(*best, *options_.time_bound);
@@ -10420,13 +10423,19 @@ public:
     /// skipped), the greedy's and Rockmate's answers, which need no search, stand.
     [[nodiscard]] Bytes smallest_budget(const HRockmateModel& model,
                                         double seconds = std::numeric_limits<double>::infinity()) const {
+        return smallest_budget_given(model, seconds, flat_least_peak(model, seconds));
+    }
+
+private:
+    // smallest_budget() once flat_least_peak() has answered: its least peak, which no component
+    // goes below and the flat top reaches, or the components' smallest budgets.
+    [[nodiscard]] Bytes smallest_budget_given(const HRockmateModel& model, double seconds,
+                                              std::optional<Bytes> least_peak) const {
+        if (least_peak) return *least_peak;
         Bytes least = std::numeric_limits<Bytes>::max();
-        if (const std::optional<Bytes> exact = flat_least_peak(model, seconds)) {
-            least = *exact;
-        } else if (const auto top = top_search(model, detail::exhaustive::SearchGoal::least_peak,
-                                               std::numeric_limits<Bytes>::max(), seconds)) {
+        if (const auto top = top_search(model, detail::exhaustive::SearchGoal::least_peak,
+                                        std::numeric_limits<Bytes>::max(), seconds))
             least = top->peak;
-        }
         if (options_.compare_with_greedy)
             for (const GreedyOrder order : {GreedyOrder::store_all, GreedyOrder::memory_aware})
                 least = std::min(least, Greedy{greedy_along(order)}.smallest_budget(model.problem));
@@ -10439,7 +10448,6 @@ public:
         return least;
     }
 
-private:
     void report(const std::string& line) const {
         if (options_.progress) options_.progress(line);
     }
@@ -10983,13 +10991,11 @@ private:
     }
 
     // Within the `seconds` left of the solve's limit: its smallest budget's search gets no more.
-    // `least_peak`: the least peak of any schedule, when the exact search found it already.
+    // `least_peak`: what flat_least_peak() answered (nullopt also for a partitioned problem).
     [[nodiscard]] Infeasible infeasible(const HRockmateModel& model, Bytes budget, double seconds,
-                                        std::optional<Bytes> least_peak = std::nullopt) const {
+                                        std::optional<Bytes> least_peak) const {
         const MemoryLowerBound bound = memory_lower_bound(model.problem);
-        if (!least_peak) least_peak = flat_least_peak(model, seconds);
-        // The exact least peak is what the hierarchy's flat top reaches too.
-        const Bytes least = least_peak ? *least_peak : smallest_budget(model, seconds);
+        const Bytes least = smallest_budget_given(model, seconds, least_peak);
         const bool proven = budget < bound.bytes || (least_peak && budget < *least_peak);
         std::ostringstream m;
         m << "hrockmate cannot plan '" << model.problem.name() << "' within " << budget << " bytes: ";
