@@ -86,10 +86,31 @@ struct RankOutcome {
     std::string log;
 };
 
+// The folder the ranks write their facts, logs and parameters to; removed with the test's
+// Launch (the logs reach the report through show()), so runs leave nothing in the temp folder.
+class ScratchFolder {
+public:
+    explicit ScratchFolder(fs::path path) : path_(std::move(path)) {
+        fs::remove_all(path_);
+        fs::create_directories(path_);
+    }
+    ScratchFolder(const ScratchFolder&) = delete;
+    ScratchFolder& operator=(const ScratchFolder&) = delete;
+    ~ScratchFolder() {
+        std::error_code ignored;
+        fs::remove_all(path_, ignored);
+    }
+    const fs::path& path() const { return path_; }
+
+private:
+    fs::path path_;
+};
+
 struct Launch {
     std::vector<RankOutcome> ranks;
     double seconds = 0.0;
     bool timed_out = false;
+    std::unique_ptr<const ScratchFolder> folder;
 };
 
 std::string self_path() {
@@ -106,9 +127,9 @@ struct Placement {
 
 Launch launch(const std::string& scenario, int world, std::chrono::seconds deadline = std::chrono::seconds(60),
               const Placement& placement = {}) {
-    const fs::path dir = fs::temp_directory_path() / ("remat-ddp-" + std::to_string(::getpid()) + "-" + scenario);
-    fs::remove_all(dir);
-    fs::create_directories(dir);
+    auto folder = std::make_unique<const ScratchFolder>(fs::temp_directory_path() /
+                                                        ("remat-ddp-" + std::to_string(::getpid()) + "-" + scenario));
+    const fs::path& dir = folder->path();
     rt::distributed::LocalLaunchOptions options;
     options.environment = {"REMAT_DDP_SCENARIO=" + scenario, "REMAT_DDP_DIR=" + dir.string(), "OMP_NUM_THREADS=1"};
     options.log_folder = dir;
@@ -141,13 +162,13 @@ Launch launch(const std::string& scenario, int world, std::chrono::seconds deadl
         std::ifstream log(dir / ("rank" + std::to_string(r) + ".log"));
         out.log.assign(std::istreambuf_iterator<char>(log), {});
     }
+    result.folder = std::move(folder);
     return result;
 }
 
-std::vector<at::Tensor> load_parameters(const std::string& scenario, int rank) {
-    const fs::path dir = fs::temp_directory_path() / ("remat-ddp-" + std::to_string(::getpid()) + "-" + scenario);
+std::vector<at::Tensor> load_parameters(const Launch& launched, int rank) {
     std::vector<at::Tensor> parameters;
-    torch::load(parameters, (dir / ("rank" + std::to_string(rank) + ".pt")).string());
+    torch::load(parameters, (launched.folder->path() / ("rank" + std::to_string(rank) + ".pt")).string());
     return parameters;
 }
 
@@ -294,7 +315,7 @@ TEST_CASE("data-parallel: two ranks train bitwise alike, as one process on the w
                 if (scenario == "train") CHECK(early > 0);
                 if (scenario == "no-overlap") CHECK(early == 0);
             }
-        const std::vector<at::Tensor> p0 = load_parameters(scenario, 0), p1 = load_parameters(scenario, 1);
+        const std::vector<at::Tensor> p0 = load_parameters(l, 0), p1 = load_parameters(l, 1);
         CHECK(all_equal(p0, p1));
         const std::vector<at::Tensor> reference = single_process_training(2);
         REQUIRE(reference.size() == p0.size());
@@ -420,7 +441,7 @@ TEST_CASE("data-parallel: two hosts, each rank in its own network namespace join
         REQUIRE(rank.facts.count("done") == 1);
     }
     CHECK(l.ranks[0].facts.at("fingerprint") == l.ranks[1].facts.at("fingerprint"));
-    const std::vector<at::Tensor> p0 = load_parameters("two-hosts", 0), p1 = load_parameters("two-hosts", 1);
+    const std::vector<at::Tensor> p0 = load_parameters(l, 0), p1 = load_parameters(l, 1);
     CHECK(all_equal(p0, p1));
     const std::vector<at::Tensor> reference = single_process_training(2);
     double largest = 0.0;
