@@ -273,11 +273,30 @@ inline PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     };
 }
 
+// The least peak of any schedule, where a solver found no plan above the memory lower bound and
+// the exact search answers within `seconds` (problems of at most Exhaustive::max_data data):
+// whether the budget is beyond every schedule or only beyond that solver. Milliseconds on the
+// small problems where the memory lower bound is loose (the 14-data diamond: 33 MiB against 37).
+inline constexpr double exact_least_peak_seconds = 1.0;  // at most, and within --time-limit
+inline constexpr std::size_t exact_least_peak_max_states = 2'000'000;  // as H-Rockmate's flat limit
+[[nodiscard]] inline std::optional<Bytes> exact_least_peak_within(const Problem& problem, double seconds) {
+    if (problem.data_count() > Exhaustive::max_data || !(seconds > 1e-3)) return std::nullopt;
+    ExhaustiveOptions limits;
+    limits.time_limit_seconds = seconds;
+    limits.max_states = exact_least_peak_max_states;
+    try {
+        return Exhaustive(limits).smallest_budget(problem);
+    } catch (const Error&) {  // beyond its limits, or more than 64 exactly-once ops
+        return std::nullopt;
+    }
+}
+
 // After an infeasible budget: below the proven lower bound, proven too small by the solver
-// itself (an exact search that found no schedule), or only beyond this solver's reach (and the
-// greedy's smallest budget when it reaches lower).
+// itself or by the exact least peak (`least_peak`), or only beyond this solver's reach (and
+// the exact search's or the greedy's smallest budget when it reaches lower).
 inline void explain_infeasible(std::ostream& err, const Problem& problem, const Infeasible& infeasible,
-                               const std::string& solver, const std::optional<Bytes>& smallest) {
+                               const std::string& solver, const std::optional<Bytes>& smallest,
+                               const std::optional<Bytes>& least_peak) {
     const Bytes budget = infeasible.budget();
     const MemoryLowerBound bound = memory_lower_bound(problem);
     if (budget < bound.bytes) {
@@ -290,8 +309,17 @@ inline void explain_infeasible(std::ostream& err, const Problem& problem, const 
             << " proves (the memory lower bound, " << bytes_both(bound.bytes) << ", is weaker)\n";
         return;
     }
+    if (least_peak && budget < *least_peak) {
+        err << "remat-plan: the budget is below a proven lower bound: no schedule at all fits it, as the exact search "
+               "proves: the least peak of any schedule is "
+            << bytes_both(*least_peak) << " (the memory lower bound, " << bytes_both(bound.bytes) << ", is weaker)\n";
+        return;
+    }
     err << "remat-plan: the budget is above the proven lower bound of " << bytes_both(bound.bytes) << " ("
         << bound.reason << "): it is only beyond the reach of " << solver << "\n";
+    if (least_peak)
+        err << "remat-plan: schedules fit from " << bytes_both(*least_peak)
+            << " on, as the exact search finds (--solver exhaustive, or auto)\n";
     if (solver.rfind("greedy", 0) == 0 || solver == "auto") return;
     try {
         const Bytes greedy = Greedy{}.smallest_budget(problem);
@@ -411,12 +439,18 @@ struct PlanRun {
     std::optional<Bytes> smallest;
     std::vector<SweepPoint> rows;
     std::optional<TimeLowerBound> bound;  // with --bound
+    // Where the solver found no plan and did not prove that none exists: the exact least peak of
+    // any schedule, when the exact search finds it in time (exact_least_peak_within()).
+    std::optional<Bytes> least_peak;
 };
 
-// Whether no schedule at all fits the infeasible budget: the solver proved it, or it is below
-// the proven memory lower bound.
-[[nodiscard]] inline bool no_schedule_fits(const Problem& problem, const Infeasible& infeasible) {
-    return infeasible.proven() || infeasible.budget() < memory_lower_bound(problem).bytes;
+// Whether no schedule at all fits the infeasible budget: the solver proved it, it is below the
+// proven memory lower bound, or below the exact least peak.
+[[nodiscard]] inline bool no_schedule_fits(const Problem& problem, const PlanRun& run) {
+    if (!run.infeasible) return false;
+    const Infeasible& infeasible = *run.infeasible;
+    return infeasible.proven() || infeasible.budget() < memory_lower_bound(problem).bytes ||
+           (run.least_peak && infeasible.budget() < *run.least_peak);
 }
 
 inline void print_json(std::ostream& out, const PlanArgs& a, const Problem& problem, const Reference& ref,
@@ -440,7 +474,7 @@ inline void print_json(std::ostream& out, const PlanArgs& a, const Problem& prob
         line["status"] = run.plan ? std::string(to_string(run.plan->stats.status)) : std::string("infeasible");
         line["gap"] = run.plan && run.plan->stats.gap ? ordered_json(*run.plan->stats.gap) : ordered_json(nullptr);
     }
-    const bool proven_infeasible = run.infeasible && no_schedule_fits(problem, *run.infeasible);
+    const bool proven_infeasible = no_schedule_fits(problem, run);
     if (run.planning && run.infeasible) line["no_schedule_fits"] = proven_infeasible;
     if (run.bound) {
         // What the solver proved counts too: an infeasible budget has no time to bound.
@@ -453,6 +487,7 @@ inline void print_json(std::ostream& out, const PlanArgs& a, const Problem& prob
         line["time_lower_bound"] = std::move(b);
     }
     if (run.infeasible || a.sweep) line["smallest_budget"] = run.smallest ? ordered_json(*run.smallest) : ordered_json(nullptr);
+    if (run.least_peak) line["least_peak"] = *run.least_peak;
     if (a.sweep) {
         ordered_json sweep = ordered_json::array();
         for (const auto& row : run.rows) {
@@ -515,6 +550,11 @@ inline void print_bound(std::ostream& out, const Reference& ref, const PlanRun& 
         out << "  bound     no schedule fits this budget (proven by " << run.solver_name << ")\n";
         return;
     }
+    if (run.least_peak && run.budget < *run.least_peak) {
+        out << "  bound     no schedule fits this budget (proven by the exact search: the least peak is "
+            << bytes_both(*run.least_peak) << ")\n";
+        return;
+    }
     out << "  bound     time >= " << number(b.time) << ", overhead >= " << signed_percent(b.time, ref.time)
         << " vs T_ref for any schedule within the budget" << how << "\n";
     if (!run.plan) return;
@@ -567,6 +607,7 @@ inline void print_summary(std::ostream& out, const PlanArgs& a, const Problem& p
 
 // Plans at the budget and over the sweep; the plan and the schedule files on success.
 inline int run_plan(const PlanArgs& a, std::ostream& out, std::ostream& err) {
+    const Stopwatch command_clock;
     const Problem problem = io::load_problem(a.file);
     SolveOptions options;
     options.time_limit = a.time_limit;
@@ -628,6 +669,10 @@ inline int run_plan(const PlanArgs& a, std::ostream& out, std::ostream& err) {
             run.infeasible = e;
         }
     }
+    if (run.infeasible && !no_schedule_fits(problem, run)) {
+        const double left = a.time_limit ? *a.time_limit - command_clock.seconds() : exact_least_peak_seconds;
+        run.least_peak = exact_least_peak_within(problem, std::min(exact_least_peak_seconds, left));
+    }
     if (run.bound && run.plan) certify_by_bound(*run.plan, *run.bound);
     if (a.refine && run.bound && run.plan && !run.bound->budget_infeasible && run.bound->time > 0) {
         RefineOptions ro;
@@ -668,7 +713,7 @@ inline int run_plan(const PlanArgs& a, std::ostream& out, std::ostream& err) {
     if (run.smallest)
         err << "remat-plan: the smallest feasible budget for " << run.solver_name << " is " << bytes_both(*run.smallest)
             << " = " << percent(double(*run.smallest), double(ref.peak)) << " of P_ref; try --budget " << *run.smallest << "\n";
-    if (run.planning) explain_infeasible(err, problem, *run.infeasible, run.solver_name, run.smallest);
+    if (run.planning) explain_infeasible(err, problem, *run.infeasible, run.solver_name, run.smallest, run.least_peak);
     return exit_infeasible;
 }
 

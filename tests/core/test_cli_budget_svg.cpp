@@ -418,17 +418,21 @@ TEST_CASE("remat-plan says whether an infeasible budget is below a proven bound 
     auto r = cli({diamond(), "--budget", std::to_string(bound.bytes - 1)});
     CHECK(r.code == 3);
     CHECK_THAT(r.err, Catch::Contains("below a proven lower bound") && Catch::Contains(bound.reason));
-    // Above it, but below what the plain DTR rule reaches: only beyond that solver's reach;
-    // the greedy with both rules (or the exact search) may reach lower.
+    // Above it, but below what the plain DTR rule reaches: only beyond that solver's reach where
+    // the exact least peak is lower; here DTR reaches the least peak, so below it no schedule fits.
     remat::GreedyOptions dtr;
     dtr.eviction = remat::GreedyEviction::dtr;
     const Bytes smallest = remat::Greedy(dtr).smallest_budget(problem);
-    if (smallest - 1 >= bound.bytes) {
-        r = cli({diamond(), "--budget", std::to_string(smallest - 1), "--solver", "greedy:dtr"});
-        CHECK(r.code == 3);
+    const Bytes least_peak = remat::Exhaustive{}.smallest_budget(problem);
+    REQUIRE(smallest - 1 >= bound.bytes);
+    r = cli({diamond(), "--budget", std::to_string(smallest - 1), "--solver", "greedy:dtr"});
+    CHECK(r.code == 3);
+    if (smallest - 1 >= least_peak)
         CHECK_THAT(r.err, Catch::Contains("above the proven lower bound") &&
                               Catch::Contains("only beyond the reach of greedy:dtr"));
-    }
+    else
+        CHECK_THAT(r.err, Catch::Contains("no schedule at all fits it, as the exact search proves") &&
+                              !Catch::Contains("beyond the reach"));
     // auto's own message names what it tried.
     r = cli({diamond(), "--budget", std::to_string(bound.bytes - 1), "--solver", "auto", "--quiet"});
     CHECK_THAT(r.err, Catch::Contains("auto: no plan of 'diamond'") && Catch::Contains("below a proven lower bound"));
@@ -452,9 +456,19 @@ TEST_CASE("remat-plan: a budget that an exact search proves too small is not cal
         CHECK(j.at("no_schedule_fits") == true);
         CHECK(j.at("smallest_budget") == least_peak);
     }
-    // The greedy reaches only the least peak here too, but proves nothing: beyond its reach.
-    const auto g = cli({diamond(), "--budget", std::to_string(budget), "--solver", "greedy", "--json"});
-    CHECK(nlohmann::json::parse(g.out).at("no_schedule_fits") == false);
+    // The greedy and Rockmate prove nothing themselves: remat-plan asks the exact least peak,
+    // which says that no schedule fits (once "only beyond the reach of greedy").
+    for (const std::string solver : {"greedy", "rockmate"}) {
+        INFO(solver);
+        const auto r = cli({diamond(), "--budget", std::to_string(budget), "--solver", solver});
+        CHECK(r.code == 3);
+        CHECK_THAT(r.err, Catch::Contains("no schedule at all fits it, as the exact search proves: the least peak of any "
+                                          "schedule is " + std::to_string(least_peak)) &&
+                              !Catch::Contains("beyond the reach") && !Catch::Contains("above the proven lower bound"));
+        const auto j = nlohmann::json::parse(cli({diamond(), "--budget", std::to_string(budget), "--solver", solver, "--json"}).out);
+        CHECK(j.at("no_schedule_fits") == true);
+        CHECK(j.at("least_peak") == least_peak);
+    }
     // The same, from the library: what each solver's Infeasible says.
     const auto proven = [&](const auto& solver) {
         try {
@@ -484,6 +498,29 @@ TEST_CASE("remat-plan: a budget that an exact search proves too small is not cal
         CHECK(e.proven());
         CHECK(e.because() == remat::InfeasibleBecause::no_schedule_fits);
     }
+}
+
+TEST_CASE("remat-plan: a budget beyond one solver that schedules fit is called so, with the least peak", "[cli]") {
+    // Rockmate's block options need 48 MiB on the residual block; schedules fit from 40.3 MiB.
+    const std::string file = (problems / "residual-block.problem.json").string();
+    const auto problem = remat::io::load_problem(file);
+    const Bytes least_peak = remat::Exhaustive{}.smallest_budget(problem);
+    const Bytes rockmate = remat::Rockmate{}.smallest_budget(problem);
+    REQUIRE(least_peak < rockmate);
+    const Bytes budget = (least_peak + rockmate) / 2;
+    const auto r = cli({file, "--budget", std::to_string(budget), "--solver", "rockmate"});
+    CHECK(r.code == 3);
+    CHECK_THAT(r.err, Catch::Contains("it is only beyond the reach of rockmate") &&
+                          Catch::Contains("schedules fit from " + std::to_string(least_peak) + " B") &&
+                          !Catch::Contains("no schedule at all fits"));
+    const auto j = nlohmann::json::parse(cli({file, "--budget", std::to_string(budget), "--solver", "rockmate", "--json"}).out);
+    CHECK(j.at("no_schedule_fits") == false);
+    CHECK(j.at("least_peak") == least_peak);
+    CHECK(j.at("smallest_budget") == rockmate);
+    // A plan, or a proof by the solver or the memory bound, asks nothing more.
+    CHECK_FALSE(nlohmann::json::parse(cli({file, "--budget", std::to_string(rockmate), "--solver", "rockmate", "--json"}).out)
+                    .contains("least_peak"));
+    CHECK_FALSE(nlohmann::json::parse(cli({file, "--budget", "1", "--solver", "rockmate", "--json"}).out).contains("least_peak"));
 }
 
 TEST_CASE("remat-plan progress lines carry the elapsed time", "[cli][hierarchical]") {

@@ -66,6 +66,17 @@ TEST_CASE("remat-plan --solver checkmate: infeasible budgets exit 3, unknown bac
     const auto line = nlohmann::json::parse(remat_plan({diamond, "--budget", "38797311", "--json"}).out);
     CHECK(line.at("time_lower_bound").at("no_schedule_fits") == true);
     CHECK(line.at("time_lower_bound").at("time") == nullptr);
+    // A solver that proves nothing (the greedy): remat-plan's exact least peak proves it, and
+    // the bound line and --json say so the same way.
+    r = remat_plan({diamond, "--budget", "38797311", "--solver", "greedy", "--bound"});
+    CHECK(r.code == 3);
+    CHECK_THAT(r.out, Catch::Contains("bound     no schedule fits this budget (proven by the exact search: the least peak is 38797312 B") &&
+                          !Catch::Contains("time >="));
+    const auto greedy = nlohmann::json::parse(remat_plan({diamond, "--budget", "38797311", "--solver", "greedy", "--bound", "--json"}).out);
+    CHECK(greedy.at("no_schedule_fits") == true);
+    CHECK(greedy.at("least_peak") == 38797312);
+    CHECK(greedy.at("time_lower_bound").at("no_schedule_fits") == true);
+    CHECK(greedy.at("time_lower_bound").at("time") == nullptr);
     // Without that search (exhaustive_first off), the MILP's infeasibility covers only schedules
     // of its passes: said so, and not called a proof.
     const remat::Problem problem = remat::io::load_problem(diamond);
