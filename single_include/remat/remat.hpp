@@ -1534,7 +1534,8 @@ private:
 }  // namespace remat
 // ---- end remat/core/timing.hpp ----
 // ---- begin remat/core/bounds.hpp ----
-// remat/core/bounds.hpp — a proven lower bound on the peak memory of any valid schedule.
+// remat/core/bounds.hpp — proven lower bounds on the peak memory and on the compute time of
+// any valid schedule.
 //
 // Under the simulator of docs/formats.md §3 (simulation semantics), every valid schedule has a peak at least:
 //  - the initial data (the first state);
@@ -1546,7 +1547,12 @@ private:
 //    requirement over its writers, since one of them must run.
 // The bound is what Checkmate (Jain et al., MLSys 2020) uses to reject hopeless budgets at
 // once, and what the greedy solver starts its search for its smallest budget from. The
-// reason names the op or data that forces it, for Infeasible messages. Standard library only.
+// reason names the op or data that forces it, for Infeasible messages.
+//
+// The compute time of every valid schedule is at least that of the ops it must run: every
+// exactly-once op, and the only writer of each data it must compute (the same data as above;
+// where a data has several writers, one of them runs, and none is counted). Standard library
+// only.
 
 #include <algorithm>
 #include <cstddef>
@@ -1600,24 +1606,30 @@ inline void raise(MemoryLowerBound& bound, Bytes bytes, std::string reason) {
     return common;
 }
 
-// The needed-data part of the bound: starting from `stack` (the data marked in `needed`),
-// each data's cheapest writer, then the data all its writers read.
-inline void raise_by_needed_data(const Problem& p, MemoryLowerBound& bound, std::vector<char>& needed,
-                                 std::vector<std::size_t>& stack) {
+// Data that every schedule must compute, in the order found: the reads of exactly-once ops and
+// the final data that are not initial, then, transitively, the data all writers of such a data
+// read (one of them must run).
+[[nodiscard]] inline std::vector<DataId> needed_data(const Problem& p) {
+    std::vector<char> needed(p.data_count(), 0);
+    std::vector<DataId> stack, found;
+    const auto need = [&](DataId d) {
+        if (!p.is_initial(d) && !needed[d.index]) {
+            needed[d.index] = 1;
+            stack.push_back(d);
+        }
+    };
+    for (std::size_t k = 0; k < p.op_count(); ++k)
+        if (p.op(OpId{k}).exactly_once)
+            for (const DataId d : p.op(OpId{k}).reads) need(d);
+    for (const DataId d : p.final_data()) need(d);
     while (!stack.empty()) {
-        const DataId d{stack.back()};
+        const DataId d = stack.back();
         stack.pop_back();
-        const auto writers = p.writers(d);
-        if (writers.empty()) continue;
-        Bytes least = std::numeric_limits<Bytes>::max();
-        for (const OpId w : writers) least = std::min(least, op_requirement(p, w));
-        raise(bound, least, "computing data '" + p.data(d).name + "'");
-        for (const DataId r : common_reads(p, d))
-            if (!p.is_initial(r) && !needed[r.index]) {
-                needed[r.index] = 1;
-                stack.push_back(r.index);
-            }
+        found.push_back(d);
+        if (p.writers(d).empty()) continue;
+        for (const DataId r : common_reads(p, d)) need(r);
     }
+    return found;
 }
 
 }  // namespace detail::bounds
@@ -1631,24 +1643,35 @@ inline void raise_by_needed_data(const Problem& p, MemoryLowerBound& bound, std:
     for (const DataId d : p.final_data())
         if (!p.is_initial(d)) finals += p.data(d).bytes;
     raise(bound, finals, "the initial and final data together");
-
-    std::vector<char> needed(p.data_count(), 0);
-    std::vector<std::size_t> stack;
-    const auto need = [&](DataId d) {
-        if (!p.is_initial(d) && !needed[d.index]) {
-            needed[d.index] = 1;
-            stack.push_back(d.index);
-        }
-    };
-    for (std::size_t k = 0; k < p.op_count(); ++k) {
-        const Op& op = p.op(OpId{k});
-        if (!op.exactly_once) continue;
-        raise(bound, op_requirement(p, OpId{k}), "exactly-once op '" + op.name + "'");
-        for (const DataId d : op.reads) need(d);
+    for (std::size_t k = 0; k < p.op_count(); ++k)
+        if (p.op(OpId{k}).exactly_once)
+            raise(bound, op_requirement(p, OpId{k}), "exactly-once op '" + p.op(OpId{k}).name + "'");
+    // Each data every schedule computes: its cheapest writer.
+    for (const DataId d : needed_data(p)) {
+        const auto writers = p.writers(d);
+        if (writers.empty()) continue;
+        Bytes least = std::numeric_limits<Bytes>::max();
+        for (const OpId w : writers) least = std::min(least, op_requirement(p, w));
+        raise(bound, least, "computing data '" + p.data(d).name + "'");
     }
-    for (const DataId d : p.final_data()) need(d);
-    raise_by_needed_data(p, bound, needed, stack);
     return bound;
+}
+
+/// A lower bound on the compute time of every valid schedule of `problem`: the time of the ops
+/// it must run (every exactly-once op, and the only writer of each data it must compute). At
+/// most T_ref, and equal to it where every op is needed and has no alternative.
+[[nodiscard]] inline double compute_lower_bound(const Problem& problem) {
+    const Problem& p = problem;
+    std::vector<char> runs(p.op_count(), 0);
+    for (std::size_t k = 0; k < p.op_count(); ++k) runs[k] = p.op(OpId{k}).exactly_once ? 1 : 0;
+    for (const DataId d : detail::bounds::needed_data(p)) {
+        const auto writers = p.writers(d);
+        if (writers.size() == 1) runs[writers.front().index] = 1;
+    }
+    double time = 0.0;
+    for (std::size_t k = 0; k < p.op_count(); ++k)
+        if (runs[k]) time += p.op(OpId{k}).time;
+    return time;
 }
 
 }  // namespace remat
@@ -16597,7 +16620,8 @@ inline bool better(const std::optional<OffloadPlan>& candidate, const std::optio
 }  // namespace detail::combined
 
 /// A proven lower bound on the makespan of any schedule of `full` within a device `budget`:
-/// the compute of its exactly-once ops, and the transfers that the state forces. At the start
+/// the compute every schedule runs (compute_lower_bound: the exactly-once ops and the only
+/// writers of what they need), and the transfers that the state forces. At the start
 /// the device holds at most `budget`, so at least (updated offloadable bytes) - (budget - the
 /// initial bytes that cannot leave the device) of updated state starts on the host; each of
 /// those bytes is prefetched before its update (which runs once, with it on the device) and
@@ -16605,8 +16629,7 @@ inline bool better(const std::optional<OffloadPlan>& candidate, const std::optio
 [[nodiscard]] inline double makespan_lower_bound(const Problem& full, Bytes budget,
                                                  std::optional<TransferSettings> transfers = std::nullopt) {
     const TransferSettings t = transfers.value_or(full.transfers());
-    double compute = 0.0;
-    for (const Op& op : full.all_ops()) compute += op.exactly_once ? op.time : 0.0;
+    const double compute = compute_lower_bound(full);
     Bytes updated = 0, resident = 0;
     for (const DataId d : full.initial()) {
         if (!full.data(d).offloadable) resident += full.data(d).bytes;

@@ -106,6 +106,41 @@ TEST_CASE("memory lower bound: what forces it, and never above the exact smalles
     }
 }
 
+TEST_CASE("compute lower bound: the ops every schedule runs, never above the exact optimum", "[bounds]") {
+    // E (exactly-once) needs z and u: Z and W3 are their only writers and run; y, which both
+    // read, has two writers (W1, W2), so neither counts.
+    const Problem tricky = tricky_alternatives();
+    CHECK(compute_lower_bound(tricky) == 3.0);
+    CHECK(compute_lower_bound(tricky) <= Exhaustive{}.solve(tricky, store_all_reference(tricky).peak).time);
+    // A forward op nothing needs does not count: F writes y, which no exactly-once op reads.
+    ProblemBuilder idle("idle");
+    const DataId x = idle.add_data("x", 10), y = idle.add_data("y", 10), g = idle.add_data("g", 1);
+    idle.add_op({"F", 5.0, 0, {x}, {y}, false});
+    idle.add_op({"L", 1.0, 0, {x}, {g}, true});
+    idle.add_initial(x);
+    idle.add_final(g);
+    CHECK(compute_lower_bound(idle.build()) == 1.0);
+
+    std::mt19937 rng(98);
+    for (int trial = 0; trial < 60; ++trial) {
+        testing::DagShape shape;
+        shape.forward_ops = 1 + static_cast<std::size_t>(trial % 3);
+        const Problem dag = testing::random_dag(rng, shape);
+        const Problem chain = to_problem(testing::random_chain(rng, 1 + static_cast<std::size_t>(trial % 3)));
+        for (const Problem& q : {dag, chain}) {
+            INFO(q.name());
+            const double bound = compute_lower_bound(q);
+            const Reference ref = store_all_reference(q);
+            CHECK(bound <= ref.time * (1 + 1e-12));
+            const Bytes smallest = exact_smallest_budget(q);
+            for (const Bytes budget : {smallest, (smallest + ref.peak) / 2, ref.peak})
+                CHECK(bound <= Exhaustive{}.solve(q, budget).time * (1 + 1e-12));
+        }
+        // Every op of a chain is needed and is its data's only writer.
+        CHECK(compute_lower_bound(chain) == Approx(store_all_reference(chain).time).epsilon(1e-12));
+    }
+}
+
 TEST_CASE("greedy at P_ref is store-all, step for step", "[greedy]") {
     std::mt19937 rng(4242);
     for (int trial = 0; trial < 30; ++trial) {

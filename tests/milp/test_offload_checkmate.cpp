@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include <remat/io/json.hpp>
 #include <remat/milp/lp_solve.hpp>
 #include <remat/offload/checkmate.hpp>
 #include <remat/remat.hpp>
@@ -188,4 +189,23 @@ TEST_CASE("checkmate+offload: building the MILP stops at the time limit, and the
     REQUIRE(combined);
     REQUIRE(iteration);
     CHECK(combined->schedule == iteration->schedule);
+}
+
+TEST_CASE("checkmate+offload: a plan at the proven makespan bound is returned without the MILP", "[milp][offload][time-limit]") {
+    // The GPT-like example at 90 % of P_ref: the combined planner's plan takes T_ref, which every
+    // schedule's compute takes too (compute_lower_bound), so the MILP could only spend its limit
+    // proving it (60 s, remat-plan's default, before).
+    const Problem problem =
+        io::load_problem(std::string(REMAT_SOURCE_DIR) + "/examples/problems/gpt-like-training.json");
+    const Reference reference = store_all_reference(problem);
+    const Bytes budget = reference.peak * 9 / 10;
+    CHECK(compute_lower_bound(problem) == Approx(reference.time).epsilon(1e-12));
+    OffloadCheckmateOptions options;
+    options.time_limit_seconds = 30.0;
+    const Stopwatch clock;
+    const auto plan = plan_with_offload(problem, budget, Auto{}, OffloadCheckmate<milp::LpSolve>(options));
+    CHECK(clock.seconds() < 5.0);
+    REQUIRE(plan);
+    CHECK(meets_time_bound(plan->report.makespan, makespan_lower_bound(problem, budget)));
+    CHECK(plan->report.device_peak <= budget);
 }

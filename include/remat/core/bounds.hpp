@@ -1,4 +1,5 @@
-// remat/core/bounds.hpp — a proven lower bound on the peak memory of any valid schedule.
+// remat/core/bounds.hpp — proven lower bounds on the peak memory and on the compute time of
+// any valid schedule.
 //
 // Under the simulator of docs/formats.md §3 (simulation semantics), every valid schedule has a peak at least:
 //  - the initial data (the first state);
@@ -10,7 +11,12 @@
 //    requirement over its writers, since one of them must run.
 // The bound is what Checkmate (Jain et al., MLSys 2020) uses to reject hopeless budgets at
 // once, and what the greedy solver starts its search for its smallest budget from. The
-// reason names the op or data that forces it, for Infeasible messages. Standard library only.
+// reason names the op or data that forces it, for Infeasible messages.
+//
+// The compute time of every valid schedule is at least that of the ops it must run: every
+// exactly-once op, and the only writer of each data it must compute (the same data as above;
+// where a data has several writers, one of them runs, and none is counted). Standard library
+// only.
 #pragma once
 
 #include <algorithm>
@@ -66,24 +72,30 @@ inline void raise(MemoryLowerBound& bound, Bytes bytes, std::string reason) {
     return common;
 }
 
-// The needed-data part of the bound: starting from `stack` (the data marked in `needed`),
-// each data's cheapest writer, then the data all its writers read.
-inline void raise_by_needed_data(const Problem& p, MemoryLowerBound& bound, std::vector<char>& needed,
-                                 std::vector<std::size_t>& stack) {
+// Data that every schedule must compute, in the order found: the reads of exactly-once ops and
+// the final data that are not initial, then, transitively, the data all writers of such a data
+// read (one of them must run).
+[[nodiscard]] inline std::vector<DataId> needed_data(const Problem& p) {
+    std::vector<char> needed(p.data_count(), 0);
+    std::vector<DataId> stack, found;
+    const auto need = [&](DataId d) {
+        if (!p.is_initial(d) && !needed[d.index]) {
+            needed[d.index] = 1;
+            stack.push_back(d);
+        }
+    };
+    for (std::size_t k = 0; k < p.op_count(); ++k)
+        if (p.op(OpId{k}).exactly_once)
+            for (const DataId d : p.op(OpId{k}).reads) need(d);
+    for (const DataId d : p.final_data()) need(d);
     while (!stack.empty()) {
-        const DataId d{stack.back()};
+        const DataId d = stack.back();
         stack.pop_back();
-        const auto writers = p.writers(d);
-        if (writers.empty()) continue;
-        Bytes least = std::numeric_limits<Bytes>::max();
-        for (const OpId w : writers) least = std::min(least, op_requirement(p, w));
-        raise(bound, least, "computing data '" + p.data(d).name + "'");
-        for (const DataId r : common_reads(p, d))
-            if (!p.is_initial(r) && !needed[r.index]) {
-                needed[r.index] = 1;
-                stack.push_back(r.index);
-            }
+        found.push_back(d);
+        if (p.writers(d).empty()) continue;
+        for (const DataId r : common_reads(p, d)) need(r);
     }
+    return found;
 }
 
 }  // namespace detail::bounds
@@ -97,24 +109,35 @@ inline void raise_by_needed_data(const Problem& p, MemoryLowerBound& bound, std:
     for (const DataId d : p.final_data())
         if (!p.is_initial(d)) finals += p.data(d).bytes;
     raise(bound, finals, "the initial and final data together");
-
-    std::vector<char> needed(p.data_count(), 0);
-    std::vector<std::size_t> stack;
-    const auto need = [&](DataId d) {
-        if (!p.is_initial(d) && !needed[d.index]) {
-            needed[d.index] = 1;
-            stack.push_back(d.index);
-        }
-    };
-    for (std::size_t k = 0; k < p.op_count(); ++k) {
-        const Op& op = p.op(OpId{k});
-        if (!op.exactly_once) continue;
-        raise(bound, op_requirement(p, OpId{k}), "exactly-once op '" + op.name + "'");
-        for (const DataId d : op.reads) need(d);
+    for (std::size_t k = 0; k < p.op_count(); ++k)
+        if (p.op(OpId{k}).exactly_once)
+            raise(bound, op_requirement(p, OpId{k}), "exactly-once op '" + p.op(OpId{k}).name + "'");
+    // Each data every schedule computes: its cheapest writer.
+    for (const DataId d : needed_data(p)) {
+        const auto writers = p.writers(d);
+        if (writers.empty()) continue;
+        Bytes least = std::numeric_limits<Bytes>::max();
+        for (const OpId w : writers) least = std::min(least, op_requirement(p, w));
+        raise(bound, least, "computing data '" + p.data(d).name + "'");
     }
-    for (const DataId d : p.final_data()) need(d);
-    raise_by_needed_data(p, bound, needed, stack);
     return bound;
+}
+
+/// A lower bound on the compute time of every valid schedule of `problem`: the time of the ops
+/// it must run (every exactly-once op, and the only writer of each data it must compute). At
+/// most T_ref, and equal to it where every op is needed and has no alternative.
+[[nodiscard]] inline double compute_lower_bound(const Problem& problem) {
+    const Problem& p = problem;
+    std::vector<char> runs(p.op_count(), 0);
+    for (std::size_t k = 0; k < p.op_count(); ++k) runs[k] = p.op(OpId{k}).exactly_once ? 1 : 0;
+    for (const DataId d : detail::bounds::needed_data(p)) {
+        const auto writers = p.writers(d);
+        if (writers.size() == 1) runs[writers.front().index] = 1;
+    }
+    double time = 0.0;
+    for (std::size_t k = 0; k < p.op_count(); ++k)
+        if (runs[k]) time += p.op(OpId{k}).time;
+    return time;
 }
 
 }  // namespace remat

@@ -881,6 +881,9 @@ template <Solver S, milp::MilpBackend Backend>
     const Stopwatch clock;
     std::optional<OffloadPlan> best = plan_with_offload(full, budget, solver, options);
     if (best && milp.binaries(full) > milp.options().max_binary_variables) return best;
+    // A plan at the proven makespan bound (the compute of every op, or the transfers the
+    // budget forces) is optimal: the MILP could only spend its time limit proving it.
+    if (best && meets_time_bound(best->report.makespan, makespan_lower_bound(full, budget, transfers))) return best;
     const double left = std::max(0.01, milp.options().time_limit_seconds - clock.seconds());
     OffloadMilpResult result =
         milp.with_time_limit_at_most(left).solve(full, budget, best ? std::optional(best->schedule) : std::nullopt);

@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "../core/bounds.hpp"
 #include "../core/errors.hpp"
 #include "../core/problem.hpp"
 #include "../core/solver.hpp"
@@ -137,7 +138,8 @@ inline bool better(const std::optional<OffloadPlan>& candidate, const std::optio
 }  // namespace detail::combined
 
 /// A proven lower bound on the makespan of any schedule of `full` within a device `budget`:
-/// the compute of its exactly-once ops, and the transfers that the state forces. At the start
+/// the compute every schedule runs (compute_lower_bound: the exactly-once ops and the only
+/// writers of what they need), and the transfers that the state forces. At the start
 /// the device holds at most `budget`, so at least (updated offloadable bytes) - (budget - the
 /// initial bytes that cannot leave the device) of updated state starts on the host; each of
 /// those bytes is prefetched before its update (which runs once, with it on the device) and
@@ -145,8 +147,7 @@ inline bool better(const std::optional<OffloadPlan>& candidate, const std::optio
 [[nodiscard]] inline double makespan_lower_bound(const Problem& full, Bytes budget,
                                                  std::optional<TransferSettings> transfers = std::nullopt) {
     const TransferSettings t = transfers.value_or(full.transfers());
-    double compute = 0.0;
-    for (const Op& op : full.all_ops()) compute += op.exactly_once ? op.time : 0.0;
+    const double compute = compute_lower_bound(full);
     Bytes updated = 0, resident = 0;
     for (const DataId d : full.initial()) {
         if (!full.data(d).offloadable) resident += full.data(d).bytes;
