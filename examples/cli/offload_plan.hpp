@@ -173,9 +173,12 @@ inline int run_offload(const std::string& file, const std::optional<std::string>
     SolveOptions activation_options = options;
     if (with_milp) activation_options.variant.clear();
     // The combined planner solves the activations at some 25 budgets, each anew: auto's
-    // second opinion (H-Rockmate, about a second each) would multiply its time by a hundred.
+    // second opinion (H-Rockmate, about a second each) would multiply its time by a hundred,
+    // and H-Rockmate's greedy component would spend 2 s at each (as the library's planner
+    // runs it: offload::detail::combined::HRockmateAtManyBudgets).
     activation_options.second_opinion = false;
     activation_options.exact_component = false;
+    activation_options.component_greedy_seconds = offload::many_budgets_greedy_seconds;
     const EntrySolver activations{&activation_entry, &activation_options};
     const std::string activation_label = with_milp ? std::string(activation_entry.name) : solver_label;
     const offload::CombinedOptions combined{offload::GreedyVariant::repeated, 12, transfers};

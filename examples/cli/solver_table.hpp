@@ -56,6 +56,10 @@ struct SolveOptions {
     /// (AutoOptions::exact_component), in builds with a MILP backend; off where one plan costs
     /// too much time to repeat (sweeps, the activations of an offloading plan).
     bool exact_component = true;
+    /// --solver hrockmate: its greedy component's portfolio and improvement, in all at most this
+    /// long (greedy_within); set where one plan is repeated at many budgets (the activations of
+    /// an offloading plan: 2 s each otherwise, as they run until their time is spent).
+    std::optional<double> component_greedy_seconds;
     /// A proven lower bound on the time at this budget (bounds/time_lower_bound.hpp), when
     /// remat-plan has one before planning: Checkmate (by name or as auto's exact component)
     /// uses it instead of proving its own (CheckmateOptions::time_bound), and auto and
@@ -148,6 +152,7 @@ inline HRockmateOptions hrockmate_options(const SolveOptions& o) {
     // --time-limit covers the analysis and the planning at a budget, shared as remat::Auto
     // shares its limit (hrockmate_planner sets the planning's part once the analysis is done).
     if (o.time_limit) options.time_limit_seconds = auto_analysis_share * *o.time_limit;
+    if (o.component_greedy_seconds) options.greedy = greedy_within(options.greedy, *o.component_greedy_seconds);
     options.time_bound = o.time_bound;
     options.progress = o.progress;
     return options;

@@ -5,7 +5,9 @@
 
 #include <chrono>
 #include <random>
+#include <string>
 
+#include <remat/io/json.hpp>
 #include <remat/remat.hpp>
 
 #include "../support/offload_problems.hpp"
@@ -502,4 +504,25 @@ TEST_CASE("combined planner with remat::Auto: analysed once, without per-budget 
     }
     CHECK(planned >= 2);
     CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < 20.0);
+}
+
+TEST_CASE("combined planner with remat::HRockmate: analysed once, its greedy component's portfolio cut short",
+          "[offload][hierarchical][timing]") {
+    // The GPT-like example at 50 % of P_ref: the greedy component's portfolio and improvement
+    // ran until their 1.5 s were spent at each of the ~25 activation budgets (48 s in all); with
+    // them cut to many_budgets_greedy_seconds the plan is the same, given the same options.
+    const Problem full = remat::io::load_problem(std::string(REMAT_SOURCE_DIR) + "/examples/problems/gpt-like-training.json");
+    const Bytes budget = store_all_reference(full).peak / 2;
+    const CombinedOptions options{GreedyVariant::repeated, 12, std::nullopt};
+    HRockmateOptions short_greedy;
+    short_greedy.greedy = greedy_within(short_greedy.greedy, many_budgets_greedy_seconds);
+    const auto start = std::chrono::steady_clock::now();
+    const auto with_default = plan_with_offload(full, budget, HRockmate{}, options);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const auto with_short = plan_with_offload(full, budget, HRockmate(short_greedy), options);
+    REQUIRE(with_default);
+    REQUIRE(with_short);
+    CHECK(with_default->report.makespan == with_short->report.makespan);
+    CHECK(with_default->report.fits(budget, std::nullopt));
+    CHECK(seconds < 15.0);
 }
