@@ -9,6 +9,7 @@
 #include <remat/torch/distributed/data_parallel.hpp>
 #include <remat/torch/distributed/local_launch.hpp>
 #include <remat/torch/module.hpp>
+#include <remat/torch/remove_folder.hpp>
 
 #include <signal.h>
 #include <unistd.h>
@@ -88,17 +89,21 @@ struct RankOutcome {
 
 // The folder the ranks write their facts, logs and parameters to; removed with the test's
 // Launch (the logs reach the report through show()), so runs leave nothing in the temp folder.
+// rt::remove_folder, not fs::remove_all: the latter crashes in programs linked with the pip
+// wheel's LibTorch.
 class ScratchFolder {
 public:
     explicit ScratchFolder(fs::path path) : path_(std::move(path)) {
-        fs::remove_all(path_);
+        std::error_code error;
+        rt::remove_folder(path_, error);
+        if (error) throw std::runtime_error("cannot empty " + path_.string() + ": " + error.message());
         fs::create_directories(path_);
     }
     ScratchFolder(const ScratchFolder&) = delete;
     ScratchFolder& operator=(const ScratchFolder&) = delete;
     ~ScratchFolder() {
         std::error_code ignored;
-        fs::remove_all(path_, ignored);
+        rt::remove_folder(path_, ignored);
     }
     const fs::path& path() const { return path_; }
 

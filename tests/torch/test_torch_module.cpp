@@ -7,8 +7,13 @@
 #include <remat/solvers/periodic.hpp>
 #include <remat/solvers/rotor.hpp>
 #include <remat/torch/module.hpp>
+#include <remat/torch/remove_folder.hpp>
+
+#include <unistd.h>
 
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -678,4 +683,35 @@ TEST_CASE("module: the output's gradient is freed where the plan frees it, on ev
         loss.backward();
         check_timeline();
     }
+}
+
+// In a program linked with the pip wheel's LibTorch, std::filesystem::remove_all dies of
+// SIGSEGV on a folder that is not empty (this executable links it in the 2.x configuration).
+TEST_CASE("remove_folder removes a tree without following its links, where remove_all crashes", "[torch]") {
+    namespace fs = std::filesystem;
+    const fs::path root = fs::temp_directory_path() / ("remat-remove-folder-" + std::to_string(::getpid()));
+    const fs::path tree = root / "tree", outside = root / "outside";
+    std::error_code error;
+    rt::remove_folder(root, error);
+    REQUIRE_FALSE(error);
+    fs::create_directories(tree / "a" / "b");
+    fs::create_directories(outside);
+    for (const fs::path& file : {tree / "x.txt", tree / "a" / "y.txt", tree / "a" / "b" / "z.txt", outside / "kept.txt"})
+        std::ofstream(file) << "data";
+    fs::create_symlink(outside, tree / "a" / "link-to-folder");
+    fs::create_symlink(outside / "kept.txt", tree / "link-to-file");
+
+    // 3 files, 2 links, 2 folders below the tree, and the tree itself.
+    CHECK(rt::remove_folder(tree, error) == 8);
+    CHECK_FALSE(error);
+    CHECK_FALSE(fs::exists(tree));
+    CHECK(fs::exists(outside / "kept.txt"));  // the links were removed, not followed
+
+    CHECK(rt::remove_folder(tree, error) == 0);  // nothing there: nothing to do, no error
+    CHECK_FALSE(error);
+    CHECK(rt::remove_folder(outside / "kept.txt", error) == 1);  // a file on its own
+    CHECK_FALSE(error);
+    CHECK(rt::remove_folder(root, error) == 2);
+    CHECK_FALSE(error);
+    CHECK_FALSE(fs::exists(root));
 }

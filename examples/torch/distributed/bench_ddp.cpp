@@ -17,7 +17,6 @@
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
-#include <ftw.h>
 
 #include <algorithm>
 #include <chrono>
@@ -34,6 +33,7 @@
 #include <remat/torch/distributed/data_parallel.hpp>
 #include <remat/torch/distributed/local_launch.hpp>
 #include <remat/torch/memory.hpp>
+#include <remat/torch/remove_folder.hpp>
 #include <remat/torch/script_module.hpp>
 
 #include "../models.hpp"
@@ -161,14 +161,6 @@ int worker(const Settings& s) {
     return train_rank(s, where, device, group, rt::CpuMemoryProbe{});
 }
 
-// Removes the folder and what it holds. Not std::filesystem::remove_all: a pip wheel's
-// libtorch.so exports its own static copy of std::filesystem, which the dynamic linker picks
-// before libstdc++'s, and its remove_all crashes on a folder that is not empty (torch 2.11).
-void remove_folder(const fs::path& dir) {
-    ::nftw(dir.c_str(), [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }, 16,
-           FTW_DEPTH | FTW_PHYS);
-}
-
 // The last lines of each rank's log, for a row that failed (the folder may be on another machine).
 void print_log_tails(const fs::path& dir, int world) {
     for (int r = 0; r < world; ++r) {
@@ -262,7 +254,10 @@ int launcher(const Settings& s) {
             }
         }
     if (!all_ok) return 1;
-    remove_folder(dir);
+    // Not std::filesystem::remove_all, which crashes in programs linked with the pip wheel's
+    // LibTorch (remat/torch/remove_folder.hpp).
+    std::error_code ignored;
+    rt::remove_folder(dir, ignored);
     return 0;
 }
 
