@@ -175,7 +175,7 @@ inline int run_offload(const std::string& file, const std::optional<std::string>
     // The combined planner solves the activations at some 25 budgets, each anew: auto's
     // second opinion (H-Rockmate, about a second each) would multiply its time by a hundred,
     // and H-Rockmate's greedy component would spend 2 s at each (as the library's planner
-    // runs it: offload::detail::combined::HRockmateAtManyBudgets).
+    // runs it: offload::detail::combined::with_short_greedy).
     activation_options.second_opinion = false;
     activation_options.exact_component = false;
     activation_options.component_greedy_seconds = offload::many_budgets_greedy_seconds;

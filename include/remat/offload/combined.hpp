@@ -64,71 +64,61 @@ inline constexpr double many_budgets_greedy_seconds = 0.05;
 
 namespace detail::combined {
 
-// remat::Auto as the planner runs it at many activation budgets of one problem: analysed once
-// (Rockmate's or H-Rockmate's analysis takes a second or more), without the per-budget second
-// opinion and exact search (up to 10 s), and with the greedy last resorts' portfolios cut
-// from 1.5 s to 50 ms each (they run until their time is spent, also where no plan fits).
-class AutoAtManyBudgets {
+// A solver with an analysis phase (Auto, H-Rockmate: Rockmate's or H-Rockmate's analysis
+// takes a second or more), as the planner runs it at many activation budgets of one problem:
+// analysed once.
+template <class S>
+class AnalysedOnce {
 public:
-    explicit AutoAtManyBudgets(const Auto& solver) : auto_(without_last_resorts(solver.options())) {}
+    explicit AnalysedOnce(S solver) : solver_(std::move(solver)) {}
 
-    [[nodiscard]] static constexpr std::string_view name() noexcept { return Auto::name(); }
-    [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const { return auto_.solve(model_of(problem), budget); }
-    [[nodiscard]] Bytes smallest_budget(const Problem& problem) const { return auto_.smallest_budget(model_of(problem)); }
-
-private:
-    [[nodiscard]] static AutoOptions without_last_resorts(AutoOptions options) {
-        options.second_opinion_max_ops = 0;
-        options.greedy_fallback_seconds = many_budgets_greedy_seconds;
-        options.exact_fallback = false;
-        options.certify_seconds = 0.0;
-        options.window_search_seconds = 0.0;
-        return options;
-    }
-    [[nodiscard]] const AutoModel& model_of(const Problem& problem) const {
-        if (!model_ || !(model_->problem == problem)) model_.emplace(auto_.analyse(problem));
-        return *model_;
-    }
-
-    Auto auto_;
-    mutable std::optional<AutoModel> model_;  // the last problem's analysis
-};
-
-// remat::HRockmate the same way: analysed once, and its greedy component's portfolio and
-// improvement cut from 1 s and 0.5 s to 50 ms in all (they run until their time is spent: 2 s
-// per budget, 48 s for the GPT-like example's 24 budgets, against auto's 0.03 s).
-class HRockmateAtManyBudgets {
-public:
-    explicit HRockmateAtManyBudgets(const HRockmate& solver) : hrockmate_(with_short_greedy(solver.options())) {}
-
-    [[nodiscard]] static constexpr std::string_view name() noexcept { return HRockmate::name(); }
+    [[nodiscard]] static constexpr std::string_view name() noexcept { return S::name(); }
     [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
-        return hrockmate_.solve(model_of(problem), budget);
+        return solver_.solve(model_of(problem), budget);
     }
     [[nodiscard]] Bytes smallest_budget(const Problem& problem) const {
-        return hrockmate_.smallest_budget(model_of(problem));
+        return solver_.smallest_budget(model_of(problem));
     }
 
 private:
-    [[nodiscard]] static HRockmateOptions with_short_greedy(HRockmateOptions options) {
-        options.greedy = greedy_within(options.greedy, many_budgets_greedy_seconds);
-        return options;
-    }
-    [[nodiscard]] const HRockmateModel& model_of(const Problem& problem) const {
-        if (!model_ || !(model_->problem == problem)) model_.emplace(hrockmate_.analyse(problem));
+    using Model = std::remove_cvref_t<decltype(std::declval<const S&>().analyse(std::declval<const Problem&>()))>;
+
+    [[nodiscard]] const Model& model_of(const Problem& problem) const {
+        if (!model_ || !(model_->problem == problem)) model_.emplace(solver_.analyse(problem));
         return *model_;
     }
 
-    HRockmate hrockmate_;
-    mutable std::optional<HRockmateModel> model_;  // the last problem's analysis
+    S solver_;
+    mutable std::optional<Model> model_;  // the last problem's analysis
 };
+
+// Auto without the per-budget second opinion and exact search (up to 10 s), and with the greedy
+// last resorts' portfolios cut from 1.5 s to 50 ms each (they run until their time is spent,
+// also where no plan fits).
+[[nodiscard]] inline AutoOptions without_last_resorts(AutoOptions options) {
+    options.second_opinion_max_ops = 0;
+    options.greedy_fallback_seconds = many_budgets_greedy_seconds;
+    options.exact_fallback = false;
+    options.certify_seconds = 0.0;
+    options.window_search_seconds = 0.0;
+    return options;
+}
+
+// H-Rockmate with its greedy component's portfolio and improvement cut from 1 s and 0.5 s to
+// 50 ms in all (they run until their time is spent: 2 s per budget, 48 s for the GPT-like
+// example's 24 budgets, against auto's 0.03 s).
+[[nodiscard]] inline HRockmateOptions with_short_greedy(HRockmateOptions options) {
+    options.greedy = greedy_within(options.greedy, many_budgets_greedy_seconds);
+    return options;
+}
 
 // The solver as the planner runs it at many activation budgets: Auto and H-Rockmate as above,
 // any other solver as given.
 template <Solver S>
 [[nodiscard]] decltype(auto) for_many_budgets(const S& solver) {
-    if constexpr (std::is_same_v<S, Auto>) return AutoAtManyBudgets(solver);
-    else if constexpr (std::is_same_v<S, HRockmate>) return HRockmateAtManyBudgets(solver);
+    if constexpr (std::is_same_v<S, Auto>) return AnalysedOnce<Auto>(Auto(without_last_resorts(solver.options())));
+    else if constexpr (std::is_same_v<S, HRockmate>)
+        return AnalysedOnce<HRockmate>(HRockmate(with_short_greedy(solver.options())));
     else return (solver);
 }
 
