@@ -7,10 +7,12 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <iostream>
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <remat/remat.hpp>
@@ -31,6 +33,20 @@ Greedy with_rule(GreedyEviction rule) {
     GreedyOptions options;
     options.eviction = rule;
     return Greedy(options);
+}
+
+// Small random problems for the bounds' tests: per trial, a DAG and a chain of 1-3 forward ops.
+std::vector<std::pair<Problem, Problem>> small_dags_and_chains(std::uint32_t seed, int trials) {
+    std::mt19937 rng(seed);
+    std::vector<std::pair<Problem, Problem>> out;
+    for (int trial = 0; trial < trials; ++trial) {
+        testing::DagShape shape;
+        shape.forward_ops = 1 + static_cast<std::size_t>(trial % 3);
+        Problem dag = testing::random_dag(rng, shape);
+        Problem chain = to_problem(testing::random_chain(rng, 1 + static_cast<std::size_t>(trial % 3)));
+        out.emplace_back(std::move(dag), std::move(chain));
+    }
+    return out;
 }
 
 // Plans at budgets from the greedy's smallest to P_ref and checks each with the simulator.
@@ -91,12 +107,7 @@ TEST_CASE("memory lower bound: what forces it, and never above the exact smalles
     CHECK(memory_lower_bound(p).bytes == 100);
     CHECK(memory_lower_bound(p).reason == "the initial data");
 
-    std::mt19937 rng(99);
-    for (int trial = 0; trial < 60; ++trial) {
-        testing::DagShape shape;
-        shape.forward_ops = 1 + static_cast<std::size_t>(trial % 3);
-        const Problem dag = testing::random_dag(rng, shape);
-        const Problem chain = to_problem(testing::random_chain(rng, 1 + static_cast<std::size_t>(trial % 3)));
+    for (const auto& [dag, chain] : small_dags_and_chains(99, 60)) {
         for (const Problem& q : {dag, chain}) {
             const MemoryLowerBound bound = memory_lower_bound(q);
             INFO(q.name() << ": " << bound.reason);
@@ -121,12 +132,7 @@ TEST_CASE("compute lower bound: the ops every schedule runs, never above the exa
     idle.add_final(g);
     CHECK(compute_lower_bound(idle.build()) == 1.0);
 
-    std::mt19937 rng(98);
-    for (int trial = 0; trial < 60; ++trial) {
-        testing::DagShape shape;
-        shape.forward_ops = 1 + static_cast<std::size_t>(trial % 3);
-        const Problem dag = testing::random_dag(rng, shape);
-        const Problem chain = to_problem(testing::random_chain(rng, 1 + static_cast<std::size_t>(trial % 3)));
+    for (const auto& [dag, chain] : small_dags_and_chains(98, 60)) {
         for (const Problem& q : {dag, chain}) {
             INFO(q.name());
             const double bound = compute_lower_bound(q);
