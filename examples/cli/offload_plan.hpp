@@ -32,13 +32,39 @@
 
 namespace remat::cli::detail {
 
-/// A remat-plan solver entry as a remat::Solver, for the combined planner.
-struct EntrySolver {
-    const SolverEntry* entry;
-    const SolveOptions* options;
-    [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const { return solve_with(*entry, problem, budget, *options); }
-    [[nodiscard]] std::string_view name() const { return entry->name; }
+/// A remat-plan solver entry as a remat::Solver, for the combined planner, which plans some 25
+/// activation budgets of one problem: bound to the last problem it was given (planner_for),
+/// so that Rockmate analyses it once.
+class EntrySolver {
+public:
+    EntrySolver(const SolverEntry& entry, const SolveOptions& options) : entry_(&entry), options_(&options) {}
+
+    [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
+        if (!bound_ || !(bound_->problem == problem)) bound_.emplace(Bound{problem, planner_for(*entry_, problem, *options_)});
+        return bound_->plan(budget);
+    }
+    [[nodiscard]] std::string_view name() const { return entry_->name; }
+
+private:
+    struct Bound {
+        Problem problem;
+        std::function<Plan(Bytes)> plan;
+    };
+    const SolverEntry* entry_;
+    const SolveOptions* options_;
+    mutable std::optional<Bound> bound_;
 };
+
+/// Calls `use` with the activations' solver: remat::Auto and remat::HRockmate themselves, so
+/// that the combined planner runs them as it runs every library caller's
+/// (offload::detail::combined::for_many_budgets: analysed once, without what costs seconds
+/// at each budget), and any other entry as an EntrySolver.
+template <class Use>
+decltype(auto) with_activation_solver(const SolverEntry& entry, const SolveOptions& options, Use&& use) {
+    if (entry.name == "auto") return use(Auto(auto_options(options)));
+    if (entry.name == "hrockmate") return use(HRockmate(hrockmate_options(options)));
+    return use(EntrySolver(entry, options));
+}
 
 /// "12GB/s", "900MiB/s" or "1e9": bytes per unit of the problem's time (seconds when profiled).
 inline double parse_bandwidth(const std::string& flag, std::string text) {
@@ -127,10 +153,10 @@ inline TransferSettings offload_settings(const Problem& problem, const std::opti
 /// --offload --solver checkmate[:lpsolve|:cbc]: the combined planner (its activations by the
 /// default solver), then Checkmate's MILP with offload variables started from its plan, within
 /// --time-limit (60 s by default); the faster plan.
-inline std::optional<offload::OffloadPlan> plan_with_offload_milp(const Problem& problem, Bytes budget,
-                                                                  const EntrySolver& activations,
-                                                                  const SolveOptions& options,
-                                                                  const offload::CombinedOptions& combined) {
+template <Solver Activations>
+std::optional<offload::OffloadPlan> plan_with_offload_milp(const Problem& problem, Bytes budget,
+                                                           const Activations& activations, const SolveOptions& options,
+                                                           const offload::CombinedOptions& combined) {
 #ifdef REMAT_WITH_LPSOLVE
     offload::OffloadCheckmateOptions milp;
     milp.time_limit_seconds = options.time_limit.value_or(60.0);
@@ -172,21 +198,15 @@ inline int run_offload(const std::string& file, const std::optional<std::string>
     const SolverEntry& activation_entry = with_milp ? default_solver(split.activations) : entry;
     SolveOptions activation_options = options;
     if (with_milp) activation_options.variant.clear();
-    // The combined planner solves the activations at some 25 budgets, each anew: auto's
-    // second opinion (H-Rockmate, about a second each) would multiply its time by a hundred,
-    // and H-Rockmate's greedy component would spend 2 s at each (as the library's planner
-    // runs it: offload::detail::combined::with_short_greedy).
-    activation_options.second_opinion = false;
-    activation_options.exact_component = false;
-    activation_options.component_greedy_seconds = offload::many_budgets_greedy_seconds;
-    const EntrySolver activations{&activation_entry, &activation_options};
     const std::string activation_label = with_milp ? std::string(activation_entry.name) : solver_label;
     const offload::CombinedOptions combined{offload::GreedyVariant::repeated, 12, transfers};
     const Stopwatch clock;
     const std::optional<offload::OffloadPlan> plan =
-        !transfers_allowed ? offload::plan_remat_only(problem, budget, activations, combined)
-        : with_milp        ? plan_with_offload_milp(problem, budget, activations, options, combined)
-                           : offload::plan_with_offload(problem, budget, activations, combined);
+        with_activation_solver(activation_entry, activation_options, [&](const auto& activations) {
+            return !transfers_allowed ? offload::plan_remat_only(problem, budget, activations, combined)
+                   : with_milp        ? plan_with_offload_milp(problem, budget, activations, options, combined)
+                                      : offload::plan_with_offload(problem, budget, activations, combined);
+        });
     const double seconds = clock.seconds();
     if (plan && out_file)
         io::write_file(*out_file, io::to_json(problem, io::SavedOffloadSchedule{

@@ -631,13 +631,9 @@ inline int run_plan(const PlanArgs& a, std::ostream& out, std::ostream& err) {
     run.budget = run.planning ? parse_budget(*a.budget, ref.peak) : 0;
 
     // In a sweep, Rockmate, H-Rockmate and auto analyse the problem once for every budget.
-    const bool bound =
-        (solver.name == "rockmate" || solver.name == "hrockmate" || solver.name == "auto") && a.sweep.has_value();
     const std::function<Plan(Bytes)> plan_at =
-        !bound ? std::function<Plan(Bytes)>([&](Bytes b) { return solve_with(solver, problem, b, options); })
-        : solver.name == "rockmate"  ? rockmate_planner(problem, options)
-        : solver.name == "hrockmate" ? hrockmate_planner(problem, options)
-                                     : auto_planner(problem, options);
+        a.sweep ? planner_for(solver, problem, options)
+                : std::function<Plan(Bytes)>([&](Bytes b) { return solve_with(solver, problem, b, options); });
     // The bound first: Checkmate (by name or as auto's exact component) then starts from it.
     if (a.bound || a.refine) {
         // Asked for with a time limit: that time is spent on the tightest bound (grown cuts).
@@ -689,7 +685,7 @@ inline int run_plan(const PlanArgs& a, std::ostream& out, std::ostream& err) {
     if (a.sweep) {
         if (run.infeasible && run.infeasible->smallest_budget()) {
             run.smallest = run.infeasible->smallest_budget();
-        } else if (bound) {
+        } else if (analyses_once(solver)) {
             try {  // asked at budget 0, these answer with their smallest budget
                 run.smallest = plan_at(0).peak;
             } catch (const Infeasible& e) {

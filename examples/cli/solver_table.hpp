@@ -56,10 +56,6 @@ struct SolveOptions {
     /// (AutoOptions::exact_component), in builds with a MILP backend; off where one plan costs
     /// too much time to repeat (sweeps, the activations of an offloading plan).
     bool exact_component = true;
-    /// --solver hrockmate: its greedy component's portfolio and improvement, in all at most this
-    /// long (greedy_within); set where one plan is repeated at many budgets (the activations of
-    /// an offloading plan: 2 s each otherwise, as they run until their time is spent).
-    std::optional<double> component_greedy_seconds;
     /// A proven lower bound on the time at this budget (bounds/time_lower_bound.hpp), when
     /// remat-plan has one before planning: Checkmate (by name or as auto's exact component)
     /// uses it instead of proving its own (CheckmateOptions::time_bound), and auto and
@@ -152,7 +148,6 @@ inline HRockmateOptions hrockmate_options(const SolveOptions& o) {
     // --time-limit covers the analysis and the planning at a budget, shared as remat::Auto
     // shares its limit (hrockmate_planner sets the planning's part once the analysis is done).
     if (o.time_limit) options.time_limit_seconds = auto_analysis_share * *o.time_limit;
-    if (o.component_greedy_seconds) options.greedy = greedy_within(options.greedy, *o.component_greedy_seconds);
     options.time_bound = o.time_bound;
     options.progress = o.progress;
     return options;
@@ -261,10 +256,10 @@ namespace detail {
 /// What --solver auto picks for a problem (remat::auto_choice, solvers/auto.hpp).
 [[nodiscard]] inline std::string auto_choice(const Problem& problem) { return std::string(to_string(remat::auto_choice(problem))); }
 
-/// --solver auto bound to one problem: remat::Auto itself (solvers/auto.hpp), the library's
-/// one auto path, with its analysis run once for all the budgets of a sweep — and not at all
-/// for a budget below the proven lower bound, which is answered at once.
-[[nodiscard]] inline std::function<Plan(Bytes)> auto_planner(const Problem& problem, const SolveOptions& o) {
+namespace detail {
+
+/// remat::Auto's options as the command line gives them.
+[[nodiscard]] inline AutoOptions auto_options(const SolveOptions& o) {
     AutoOptions options;
     options.time_limit_seconds = o.time_limit;
     options.time_bound = o.time_bound;
@@ -274,10 +269,20 @@ namespace detail {
     options.certify_seconds = o.certify.value_or(o.exact_component ? options.certify_seconds : 0.0);
     if (!o.exact_component) options.window_search_seconds = 0.0;  // a sweep plans many budgets
     if (o.exact_component) {
-        options.exact_component = detail::checkmate_from_plan(o.time_bound);
-        options.loss_state_proof = detail::loss_state_proof();
-        options.bound_from_plan = detail::bound_from_plan();
+        options.exact_component = checkmate_from_plan(o.time_bound);
+        options.loss_state_proof = loss_state_proof();
+        options.bound_from_plan = bound_from_plan();
     }
+    return options;
+}
+
+}  // namespace detail
+
+/// --solver auto bound to one problem: remat::Auto itself (solvers/auto.hpp), the library's
+/// one auto path, with its analysis run once for all the budgets of a sweep — and not at all
+/// for a budget below the proven lower bound, which is answered at once.
+[[nodiscard]] inline std::function<Plan(Bytes)> auto_planner(const Problem& problem, const SolveOptions& o) {
+    AutoOptions options = detail::auto_options(o);
     const Auto solver(std::move(options));
     return [solver, p = std::make_shared<const Problem>(problem), model = std::shared_ptr<const AutoModel>(),
             first = true](Bytes budget) mutable -> Plan {
@@ -494,6 +499,27 @@ inline void require_applies(const SolverEntry& entry, const Problem& problem) {
                                      const SolveOptions& options) {
     require_applies(entry, problem);
     return entry.solve(problem, budget, options);
+}
+
+/// Whether the entry analyses a problem before planning at a budget (Rockmate, H-Rockmate,
+/// auto): planner_for then analyses once for every budget, and a plan asked at budget 0
+/// answers with the smallest budget.
+[[nodiscard]] inline bool analyses_once(const SolverEntry& entry) {
+    return entry.name == "rockmate" || entry.name == "hrockmate" || entry.name == "auto";
+}
+
+/// The entry bound to one problem, for planning many budgets of it (a sweep, the activations
+/// of an offloading plan): Rockmate, H-Rockmate and auto analyse the problem once, here or at
+/// the first budget; every other entry plans each budget anew, as solve_with does.
+[[nodiscard]] inline std::function<Plan(Bytes)> planner_for(const SolverEntry& entry, const Problem& problem,
+                                                            const SolveOptions& options) {
+    require_applies(entry, problem);
+    if (entry.name == "rockmate") return rockmate_planner(problem, options);
+    if (entry.name == "hrockmate") return hrockmate_planner(problem, options);
+    if (entry.name == "auto") return auto_planner(problem, options);
+    return [&entry, p = std::make_shared<const Problem>(problem), options](Bytes budget) {
+        return entry.solve(*p, budget, options);
+    };
 }
 
 /// The smallest budget at which the entry has a plan: asked at budget 0, the solver answers

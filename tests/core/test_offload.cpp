@@ -4,8 +4,11 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <memory>
+#include <optional>
 #include <random>
 #include <string>
+#include <vector>
 
 #include <remat/io/json.hpp>
 #include <remat/remat.hpp>
@@ -510,12 +513,12 @@ TEST_CASE("combined planner with remat::HRockmate: analysed once, its greedy com
           "[offload][hierarchical][timing]") {
     // The GPT-like example at 50 % of P_ref: the greedy component's portfolio and improvement
     // ran until their 1.5 s were spent at each of the ~25 activation budgets (48 s in all); with
-    // them cut to many_budgets_greedy_seconds the plan is the same, given the same options.
+    // them cut to many_budgets_component_seconds the plan is the same, given the same options.
     const Problem full = remat::io::load_problem(std::string(REMAT_SOURCE_DIR) + "/examples/problems/gpt-like-training.json");
     const Bytes budget = store_all_reference(full).peak / 2;
     const CombinedOptions options{GreedyVariant::repeated, 12, std::nullopt};
     HRockmateOptions short_greedy;
-    short_greedy.greedy = greedy_within(short_greedy.greedy, many_budgets_greedy_seconds);
+    short_greedy.greedy = greedy_within(short_greedy.greedy, many_budgets_component_seconds);
     const auto start = std::chrono::steady_clock::now();
     const auto with_default = plan_with_offload(full, budget, HRockmate{}, options);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -525,4 +528,79 @@ TEST_CASE("combined planner with remat::HRockmate: analysed once, its greedy com
     CHECK(with_default->report.makespan == with_short->report.makespan);
     CHECK(with_default->report.fits(budget, std::nullopt));
     CHECK(seconds < 15.0);
+}
+
+TEST_CASE("combined planner with remat::Auto: a time bound and an exact component given for one budget stay out of "
+          "its activation budgets",
+          "[offload][auto]") {
+    // What remat-plan gives its Auto at one budget: a proven time bound (here one every plan
+    // beats, which Auto refuses as no bound at a budget it was not proven for) and Checkmate as
+    // its exact component (seconds at each of ~25 activation budgets).
+    testing::UNetShape shape;
+    shape.levels = 1;
+    shape.convs = 1;
+    shape.pixels = 16;
+    shape.channels = 4;
+    const Problem full = testing::unet_training(shape, 4096);
+    REQUIRE(split_training_state(full).activations.op_count() <= AutoOptions{}.exact_component_max_ops);
+    auto calls = std::make_shared<int>(0);
+    AutoOptions given;
+    given.time_bound = 1e9;
+    given.exact_component = [calls](const Problem&, Bytes, const Plan& incumbent, double) -> std::optional<Plan> {
+        ++*calls;
+        return incumbent;
+    };
+    const CombinedOptions options{GreedyVariant::repeated, 6, std::nullopt};
+    const Bytes reference = store_all_reference(full).peak;
+    for (const int percent : {90, 60}) {
+        const Bytes budget = reference * percent / 100;
+        INFO(percent << " %");
+        std::optional<OffloadPlan> plan;
+        REQUIRE_NOTHROW(plan = plan_with_offload(full, budget, Auto(given), options));
+        REQUIRE(plan);
+        CHECK(plan->report.fits(budget, std::nullopt));
+        const auto plain = plan_with_offload(full, budget, Auto{}, options);
+        REQUIRE(plain);
+        CHECK(plan->report.makespan == plain->report.makespan);
+    }
+    CHECK(*calls == 0);
+}
+
+TEST_CASE("combined planner with remat::Auto on a graph it plans with H-Rockmate: analysed once, H-Rockmate's greedy "
+          "and exact search cut short at each activation budget",
+          "[offload][auto][hierarchical]") {
+    // Auto ran H-Rockmate's greedy component (1.5 s, until spent) and exact search (2 s, which
+    // seldom finishes) at each activation budget: 4 s per budget on a 94-op U-Net, 67 s in all
+    // on a 283-op one at 40 %.
+    testing::UNetShape shape;
+    shape.levels = 2;
+    shape.convs = 2;
+    shape.pixels = 16;
+    shape.channels = 4;
+    const Problem full = testing::unet_training(shape, 4096);
+    REQUIRE(auto_choice(split_training_state(full).activations) == AutoChoice::hrockmate);
+    std::vector<std::string> lines;
+    AutoOptions watched;
+    watched.progress = [&](const std::string& line) { lines.push_back(line); };
+    const Bytes budget = store_all_reference(full).peak * 6 / 10;
+    const auto plan = plan_with_offload(full, budget, Auto(watched), CombinedOptions{GreedyVariant::repeated, 6, std::nullopt});
+    REQUIRE(plan);
+    CHECK(plan->report.fits(budget, std::nullopt));
+    // Each component's line says when it finished, counted from the budget's start.
+    int analyses = 0, components = 0;
+    double previous = 0.0;
+    for (const std::string& line : lines) {
+        INFO(line);
+        analyses += line.starts_with("hrockmate: analysed");
+        const auto done = line.find(" done after ");
+        if (!line.starts_with("hrockmate: ") || done == std::string::npos) continue;
+        const double at = std::stod(line.substr(done + 12));
+        if (line.starts_with("hrockmate: exact search") || line.starts_with("hrockmate: greedy")) {
+            ++components;
+            CHECK(at - previous < 0.5);  // 2 s and 1.5 s before
+        }
+        previous = at;
+    }
+    CHECK(analyses == 1);
+    CHECK(components >= 6);
 }

@@ -7,6 +7,7 @@
 #include <remat/io/offload_svg.hpp>
 #include <remat/remat.hpp>
 
+#include "../support/offload_problems.hpp"
 #include "../support/random_problems.hpp"
 #include "../support/remat_plan_in_process.hpp"
 
@@ -163,6 +164,35 @@ TEST_CASE("remat-plan --offload --solver hrockmate: seconds, not a minute", "[of
         REQUIRE(r.code == 0);
         CHECK(seconds < 15.0);
     }
+}
+
+TEST_CASE("remat-plan --offload with auto or hrockmate on a graph: the activations analysed once, as the library "
+          "plans them",
+          "[offload][cli]") {
+    // The command line analysed the activations anew at each of the combined planner's ~25
+    // activation budgets, and ran auto with its exact search and H-Rockmate's greedy component
+    // at each: 84 s with auto on a 283-op U-Net at 40 %. Now the planner gets remat::Auto and
+    // remat::HRockmate themselves and runs them as for every library caller.
+    testing::UNetShape shape;
+    shape.levels = 2;
+    shape.convs = 2;
+    shape.pixels = 16;
+    shape.channels = 4;
+    const fs::path file = fs::temp_directory_path() / "remat-offload-unet.json";
+    io::write_file(file, io::to_json(testing::unet_training(shape, 4096)));
+    for (const std::string solver : {"auto", "hrockmate"}) {
+        const auto r = testing::remat_plan({file.string(), "--offload", "--budget", "60%", "--solver", solver, "--verbose"});
+        INFO(solver << ": " << r.err);
+        REQUIRE(r.code == 0);
+        CHECK_THAT(r.out, Catch::Contains("activations by " + solver));
+        std::size_t analyses = 0;
+        for (std::size_t at = r.err.find("hrockmate: analysed"); at != std::string::npos;
+             at = r.err.find("hrockmate: analysed", at + 1))
+            ++analyses;
+        CHECK(analyses == 1);
+        CHECK_THAT(r.err, !Catch::Contains("exact component") && !Catch::Contains("second opinion"));
+    }
+    fs::remove(file);
 }
 
 TEST_CASE("Problem::with_overheads changes the op overheads and nothing else", "[offload]") {

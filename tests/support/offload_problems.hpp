@@ -1,9 +1,16 @@
-// docs/formats.md §11's worked example as a problem, shared by the offloading tests: one layer
-// F (reads x and w), the loss, B (reads w, writes gx and the weight gradient gw) and the
-// update U (reads gw, updates the weight w, 100 B, and its optimizer state m, 200 B).
+// Training problems shared by the offloading tests. one_layer_training(): docs/formats.md §11's
+// worked example, one layer F (reads x and w), the loss, B (reads w, writes gx and the weight
+// gradient gw) and the update U (reads gw, updates the weight w, 100 B, and its optimizer state
+// m, 200 B). unet_training(): a U-Net (op_level_problems.hpp) with a weight per convolution.
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include <remat/core/problem.hpp>
+#include <remat/offload/training_state.hpp>
+
+#include "op_level_problems.hpp"
 
 namespace remat::testing {
 
@@ -23,6 +30,24 @@ inline Problem one_layer_training(TransferSettings transfers = {std::nullopt, 50
     b.add_final(u);
     b.set_transfers(transfers);
     return b.build();
+}
+
+/// The U-Net of `shape` with a weight of `weight_bytes` per convolution, read by its forwards
+/// and its backward, which writes the weight's gradient; updated in the step, offloadable.
+inline Problem unet_training(const UNetShape& shape, Bytes weight_bytes,
+                             TransferSettings transfers = {std::nullopt, 1e9, 1e9}) {
+    const Problem net = unet_like(shape);
+    std::vector<offload::WeightUse> weights;
+    for (const Op& op : net.all_ops()) {
+        const std::string& name = op.name;
+        if (!name.starts_with('F') || name.ends_with('+') || name.find("conv") == std::string::npos) continue;
+        const std::string layer = name.substr(1);
+        const OpId backward = net.op_id("B" + layer);
+        weights.push_back({layer, weight_bytes, {net.op_id(name), net.op_id(name + "+"), backward}, backward});
+    }
+    offload::TrainingStateOptions options;
+    options.transfers = transfers;
+    return offload::training_problem(net, weights, options);
 }
 
 }  // namespace remat::testing

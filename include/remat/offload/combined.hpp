@@ -16,11 +16,13 @@
 #include <algorithm>
 #include <cstddef>
 #include <limits>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "../core/bounds.hpp"
@@ -57,16 +59,53 @@ struct CombinedOptions {
     bool between_steps = true;
 };
 
-/// The greedy portfolios of the solvers the combined planner runs at its many activation
-/// budgets (Auto's last resorts, H-Rockmate's greedy component), in seconds: they run until
-/// their time is spent, also where no plan fits.
-inline constexpr double many_budgets_greedy_seconds = 0.05;
+/// What the solvers the combined planner runs at its many activation budgets spend, at each,
+/// on a component that runs until its time is spent (Auto's greedy last resorts, H-Rockmate's
+/// greedy component, also where no plan fits) or seldom finishes there (H-Rockmate's exact
+/// search), in seconds.
+inline constexpr double many_budgets_component_seconds = 0.05;
+
+/// H-Rockmate as the combined planner runs it at each activation budget: its greedy
+/// component's portfolio and improvement cut from 1 s and 0.5 s to
+/// many_budgets_component_seconds in all (2 s per budget: 48 s for the GPT-like example's 24
+/// budgets, against auto's 0.03 s), its exact search (2 s, on problems of at most 128 data)
+/// too, and no time bound (it holds at one budget only).
+[[nodiscard]] inline HRockmateOptions hrockmate_for_many_budgets(HRockmateOptions options) {
+    options.greedy = greedy_within(options.greedy, many_budgets_component_seconds);
+    options.exact_component_seconds = many_budgets_component_seconds;
+    options.time_bound.reset();
+    return options;
+}
+
+/// Auto as the combined planner runs it at each activation budget: without what costs seconds
+/// at each (the second opinion, the exact search and exact component, up to 10 s, the
+/// certification and the polish), with its greedy last resorts' portfolios cut from 1.5 s to
+/// many_budgets_component_seconds each, and the H-Rockmate it plans with as
+/// hrockmate_for_many_budgets has it (67 s on a 283-op U-Net at 40 % of everything the step
+/// holds, 2 s at each activation budget, before). A proven time bound holds at one budget only:
+/// it is dropped, and with it the refinement that aims at it.
+[[nodiscard]] inline AutoOptions auto_for_many_budgets(AutoOptions options) {
+    options.second_opinion_max_ops = 0;
+    options.greedy_fallback_seconds = many_budgets_component_seconds;
+    options.hrockmate_adjustment = [adjust = std::move(options.hrockmate_adjustment)](HRockmateOptions o) {
+        return hrockmate_for_many_budgets(adjust ? adjust(std::move(o)) : std::move(o));
+    };
+    options.exact_fallback = false;
+    options.certify_seconds = 0.0;
+    options.window_search_seconds = 0.0;
+    options.exact_component = {};
+    options.loss_state_proof = {};
+    options.bound_from_plan = {};
+    options.time_bound.reset();
+    return options;
+}
 
 namespace detail::combined {
 
 // A solver with an analysis phase (Auto, H-Rockmate: Rockmate's or H-Rockmate's analysis
 // takes a second or more), as the planner runs it at many activation budgets of one problem:
-// analysed once.
+// analysed once, and each budget planned once (the grids of plan_remat_only and
+// plan_with_offload share their budgets: H-Rockmate's top search takes up to a second at each).
 template <class S>
 class AnalysedOnce {
 public:
@@ -74,7 +113,17 @@ public:
 
     [[nodiscard]] static constexpr std::string_view name() noexcept { return S::name(); }
     [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
-        return solver_.solve(model_of(problem), budget);
+        const Model& model = model_of(problem);
+        auto made = made_.find(budget);
+        if (made == made_.end()) {
+            try {
+                made = made_.emplace(budget, solver_.solve(model, budget)).first;
+            } catch (const Infeasible& e) {
+                made = made_.emplace(budget, e).first;
+            }
+        }
+        if (const Infeasible* none = std::get_if<Infeasible>(&made->second)) throw *none;
+        return std::get<Plan>(made->second);
     }
     [[nodiscard]] Bytes smallest_budget(const Problem& problem) const {
         return solver_.smallest_budget(model_of(problem));
@@ -84,41 +133,25 @@ private:
     using Model = std::remove_cvref_t<decltype(std::declval<const S&>().analyse(std::declval<const Problem&>()))>;
 
     [[nodiscard]] const Model& model_of(const Problem& problem) const {
-        if (!model_ || !(model_->problem == problem)) model_.emplace(solver_.analyse(problem));
+        if (!model_ || !(model_->problem == problem)) {
+            model_.emplace(solver_.analyse(problem));
+            made_.clear();
+        }
         return *model_;
     }
 
     S solver_;
-    mutable std::optional<Model> model_;  // the last problem's analysis
+    mutable std::optional<Model> model_;                            // the last problem's analysis
+    mutable std::map<Bytes, std::variant<Plan, Infeasible>> made_;  // its plans (or none) by budget
 };
-
-// Auto without the per-budget second opinion and exact search (up to 10 s), and with the greedy
-// last resorts' portfolios cut from 1.5 s to 50 ms each (they run until their time is spent,
-// also where no plan fits).
-[[nodiscard]] inline AutoOptions without_last_resorts(AutoOptions options) {
-    options.second_opinion_max_ops = 0;
-    options.greedy_fallback_seconds = many_budgets_greedy_seconds;
-    options.exact_fallback = false;
-    options.certify_seconds = 0.0;
-    options.window_search_seconds = 0.0;
-    return options;
-}
-
-// H-Rockmate with its greedy component's portfolio and improvement cut from 1 s and 0.5 s to
-// 50 ms in all (they run until their time is spent: 2 s per budget, 48 s for the GPT-like
-// example's 24 budgets, against auto's 0.03 s).
-[[nodiscard]] inline HRockmateOptions with_short_greedy(HRockmateOptions options) {
-    options.greedy = greedy_within(options.greedy, many_budgets_greedy_seconds);
-    return options;
-}
 
 // The solver as the planner runs it at many activation budgets: Auto and H-Rockmate as above,
 // any other solver as given.
 template <Solver S>
 [[nodiscard]] decltype(auto) for_many_budgets(const S& solver) {
-    if constexpr (std::is_same_v<S, Auto>) return AnalysedOnce<Auto>(Auto(without_last_resorts(solver.options())));
+    if constexpr (std::is_same_v<S, Auto>) return AnalysedOnce<Auto>(Auto(auto_for_many_budgets(solver.options())));
     else if constexpr (std::is_same_v<S, HRockmate>)
-        return AnalysedOnce<HRockmate>(HRockmate(with_short_greedy(solver.options())));
+        return AnalysedOnce<HRockmate>(HRockmate(hrockmate_for_many_budgets(solver.options())));
     else return (solver);
 }
 

@@ -108,6 +108,12 @@ struct AutoOptions {
     /// The seconds each of those greedies spends on its portfolio and improvement (which run
     /// until their time is spent, also where no plan fits); none: 1.5 s, within the time limit.
     std::optional<double> greedy_fallback_seconds;
+    /// Applied last to the options of every H-Rockmate Auto plans with (its choice or its
+    /// second opinion), after Auto's own time limits. The combined offloading planner
+    /// (offload/combined.hpp), whose Auto plans some 25 budgets of one problem, cuts there the
+    /// components that run until their time is spent or seldom finish (H-Rockmate's greedy and
+    /// exact search: 4 s at each budget of a 94-op U-Net). Empty: Auto's options as they are.
+    std::function<HRockmateOptions(HRockmateOptions)> hrockmate_adjustment;
     /// Certification (off at 0): on problems of at most exact_fallback_max_data data, the
     /// exact search, for up to this many seconds (within the time limit), takes the plan as its
     /// incumbent and looks only for faster schedules. It returns one (optimal), proves the plan
@@ -668,7 +674,7 @@ private:
         if (const auto analysis = analysis_seconds(problem)) o.time_limit_seconds = *analysis;
         if (planning) o.budget_time_limit_seconds = std::max(*planning, 1e-3);
         o.progress = options_.progress;
-        return o;
+        return options_.hrockmate_adjustment ? options_.hrockmate_adjustment(std::move(o)) : o;
     }
     // The greedy's portfolio and improvement within `planning` seconds, if given.
     [[nodiscard]] static GreedyOptions greedy_options(const std::optional<double>& planning,
