@@ -43,6 +43,14 @@ public:
         if (!bound_ || !(bound_->problem == problem)) bound_.emplace(Bound{problem, planner_for(*entry_, problem, *options_)});
         return bound_->plan(budget);
     }
+    /// Within at most `seconds` (the planner's time limit's rest), where given: an entry that
+    /// analyses once keeps the limit it was bound with; any other gets the smaller limit.
+    [[nodiscard]] Plan solve(const Problem& problem, Bytes budget, std::optional<double> seconds) const {
+        if (!seconds || analyses_once(*entry_)) return solve(problem, budget);
+        SolveOptions within = *options_;
+        within.time_limit = tightened_time_limit(options_->time_limit.value_or(*seconds), *seconds);
+        return solve_with(*entry_, problem, budget, within);
+    }
     [[nodiscard]] std::string_view name() const { return entry_->name; }
 
 private:
@@ -199,7 +207,8 @@ inline int run_offload(const std::string& file, const std::optional<std::string>
     SolveOptions activation_options = options;
     if (with_milp) activation_options.variant.clear();
     const std::string activation_label = with_milp ? std::string(activation_entry.name) : solver_label;
-    const offload::CombinedOptions combined{offload::GreedyVariant::repeated, 12, transfers};
+    offload::CombinedOptions combined{offload::GreedyVariant::repeated, 12, transfers};
+    combined.time_limit_seconds = options.time_limit;  // the whole plan; the MILP's runs in what is left
     const Stopwatch clock;
     const std::optional<offload::OffloadPlan> plan =
         with_activation_solver(activation_entry, activation_options, [&](const auto& activations) {

@@ -3,7 +3,10 @@
 // planner.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <random>
@@ -597,10 +600,67 @@ TEST_CASE("combined planner with remat::Auto on a graph it plans with H-Rockmate
         const double at = std::stod(line.substr(done + 12));
         if (line.starts_with("hrockmate: exact search") || line.starts_with("hrockmate: greedy")) {
             ++components;
-            CHECK(at - previous < 0.5);  // 2 s and 1.5 s before
+            CHECK(at - previous < 0.75);  // 2 s and 1.5 s before
         }
         previous = at;
     }
     CHECK(analyses == 1);
     CHECK(components >= 6);
+}
+
+namespace {
+
+// Greedy{}, recording the limit of each solve (infinity where none was set).
+struct LimitRecordingSolver {
+    std::shared_ptr<std::vector<double>> limits = std::make_shared<std::vector<double>>();
+    double limit = std::numeric_limits<double>::infinity();
+    [[nodiscard]] static constexpr std::string_view name() noexcept { return "recording"; }
+    [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
+        limits->push_back(limit);
+        return Greedy{}.solve(problem, budget);
+    }
+    [[nodiscard]] LimitRecordingSolver with_time_limit_at_most(double seconds) const {
+        LimitRecordingSolver copy = *this;
+        copy.limit = std::min(limit, seconds);
+        return copy;
+    }
+};
+static_assert(TimeBoundedSolver<LimitRecordingSolver>);
+
+}  // namespace
+
+TEST_CASE("combined planner: its time limit stops further activation budgets, and each solve gets at most what is left",
+          "[offload]") {
+    std::mt19937 rng(37);
+    const Problem full = training_problem(testing::random_chain(rng, 6), std::vector<Bytes>(6, 64),
+                                          TrainingStateOptions{2.0, 0.01, true, TransferSettings{std::nullopt, 8.0, 8.0}});
+    const Bytes budget = store_all_reference(full).peak * 6 / 10;
+    CombinedOptions options{GreedyVariant::repeated, 12, std::nullopt};
+
+    const LimitRecordingSolver unlimited;
+    const auto everything = plan_with_offload(full, budget, unlimited, options);
+    REQUIRE(everything);
+    CHECK(unlimited.limits->size() > 12);  // the bisection and both grids
+    CHECK(std::all_of(unlimited.limits->begin(), unlimited.limits->end(), [](double s) { return std::isinf(s); }));
+
+    // A limit already spent: every solve is asked for its quickest plan, and once a plan fits
+    // no further activation budget is tried; but the budget still gets a plan.
+    options.time_limit_seconds = 0.0;
+    const LimitRecordingSolver spent;
+    const auto quick = plan_with_offload(full, budget, spent, options);
+    INFO(spent.limits->size() << " solves, against " << unlimited.limits->size());
+    CHECK(spent.limits->size() <= 4);  // the smallest budget, the top, the smallest again, one more
+    for (const double s : *spent.limits) CHECK(s <= 1e-6);
+    REQUIRE(quick);
+    CHECK(quick->report.fits(budget, std::nullopt));
+    CHECK(quick->report.makespan >= everything->report.makespan);
+
+    // A generous limit changes nothing but the limits passed on.
+    options.time_limit_seconds = 3600.0;
+    const LimitRecordingSolver generous;
+    const auto same = plan_with_offload(full, budget, generous, options);
+    REQUIRE(same);
+    CHECK(same->report.makespan == everything->report.makespan);
+    CHECK(generous.limits->size() == unlimited.limits->size());
+    for (const double s : *generous.limits) CHECK(s <= 3600.0);
 }

@@ -29,6 +29,8 @@
 #include "../core/errors.hpp"
 #include "../core/problem.hpp"
 #include "../core/solver.hpp"
+#include "../core/time_bounded.hpp"
+#include "../core/timing.hpp"
 #include "../io/budget.hpp"
 #include "../solvers/auto.hpp"
 #include "../solvers/store_all.hpp"
@@ -57,6 +59,13 @@ struct CombinedOptions {
     std::optional<TransferSettings> transfers;
     /// Whether weights may spend the time between steps on the host (WeightOffloadOptions).
     bool between_steps = true;
+    /// Seconds for the whole plan; none: no limit. Each solve of the activations gets at most
+    /// what is left (solvers with a time limit: TimeBoundedSolver, Auto and H-Rockmate, which
+    /// still return their quickest plan when it is spent). Once it is spent, the best plan so
+    /// far stands and no further activation budget is planned; while there is none, the
+    /// planner goes on with those quickest plans, so that the limit never turns a budget that
+    /// fits into "no plan".
+    std::optional<double> time_limit_seconds{};
 };
 
 /// What the solvers the combined planner runs at its many activation budgets spend, at each,
@@ -112,12 +121,14 @@ public:
     explicit AnalysedOnce(S solver) : solver_(std::move(solver)) {}
 
     [[nodiscard]] static constexpr std::string_view name() noexcept { return S::name(); }
-    [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
+    [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const { return solve(problem, budget, std::nullopt); }
+    /// Planning at the budget within at most `seconds`, where given.
+    [[nodiscard]] Plan solve(const Problem& problem, Bytes budget, std::optional<double> seconds) const {
         const Model& model = model_of(problem);
         auto made = made_.find(budget);
         if (made == made_.end()) {
             try {
-                made = made_.emplace(budget, solver_.solve(model, budget)).first;
+                made = made_.emplace(budget, within(seconds).solve(model, budget)).first;
             } catch (const Infeasible& e) {
                 made = made_.emplace(budget, e).first;
             }
@@ -131,6 +142,18 @@ public:
 
 private:
     using Model = std::remove_cvref_t<decltype(std::declval<const S&>().analyse(std::declval<const Problem&>()))>;
+
+    // The solver with its limit for planning at one budget tightened to `seconds`.
+    [[nodiscard]] S within(std::optional<double> seconds) const {
+        if (!seconds) return solver_;
+        auto options = solver_.options();
+        if constexpr (std::is_same_v<S, Auto>)
+            options.time_limit_seconds = tightened_time_limit(options.time_limit_seconds.value_or(*seconds), *seconds);
+        else
+            options.budget_time_limit_seconds =
+                tightened_time_limit(options.budget_time_limit_seconds.value_or(*seconds), *seconds);
+        return S(std::move(options));
+    }
 
     [[nodiscard]] const Model& model_of(const Problem& problem) const {
         if (!model_ || !(model_->problem == problem)) {
@@ -155,14 +178,54 @@ template <Solver S>
     else return (solver);
 }
 
+// CombinedOptions::time_limit_seconds, from the planner's start.
+class Deadline {
+public:
+    explicit Deadline(std::optional<double> seconds) : seconds_(seconds) {}
+    [[nodiscard]] bool passed() const { return seconds_ && clock_.seconds() >= *seconds_; }
+    /// Seconds left (none without a limit).
+    [[nodiscard]] std::optional<double> left() const {
+        if (!seconds_) return std::nullopt;
+        return std::max(0.0, *seconds_ - clock_.seconds());
+    }
+
+private:
+    std::optional<double> seconds_;
+    Stopwatch clock_;
+};
+
+// The smallest budget the solver plans for (smallest_budget_of) within at most `seconds`,
+// where given and the solver has a limit.
+template <Solver S>
+std::optional<Bytes> smallest_budget_within(const S& solver, const Problem& problem, std::optional<double> seconds) {
+    if constexpr (TimeBoundedSolver<S>) {
+        if (seconds) return smallest_budget_of(time_bounded(solver, *seconds), problem);
+    }
+    return smallest_budget_of(solver, problem);
+}
+
+// solver.solve(problem, budget) within at most `seconds`, where given and the solver has a limit.
+template <Solver S>
+Plan solve_within(const S& solver, const Problem& problem, Bytes budget, std::optional<double> seconds) {
+    if constexpr (TimeBoundedSolver<S>) {
+        if (seconds) return time_bounded(solver, *seconds).solve(problem, budget);
+    } else if constexpr (requires { solver.solve(problem, budget, seconds); }) {
+        return solver.solve(problem, budget, seconds);
+    }
+    return solver.solve(problem, budget);
+}
+
 // The activation plan at `activation_budget`, with the updates back in; nullopt when the
-// solver has no plan there.
+// solver has no plan there. The solve gets at most `seconds`, where given.
 // Store-all where it fits (a solver that rounds memory may lose a little at P_ref).
 template <Solver S>
-std::optional<Schedule> full_plan(const Problem& full, const TrainingSplit& split, const S& solver, Bytes activation_budget) {
+std::optional<Schedule> full_plan(const Problem& full, const TrainingSplit& split, const S& solver, Bytes activation_budget,
+                                  std::optional<double> seconds = std::nullopt) {
     try {
         const Plan store_all = StoreAll{}.solve(split.activations, std::numeric_limits<Bytes>::max());
-        const Plan plan = store_all.peak <= activation_budget ? store_all : solver.solve(split.activations, activation_budget);
+        const Plan plan = store_all.peak <= activation_budget
+                              ? store_all
+                              : solve_within(solver, split.activations, activation_budget, seconds);
         return with_training_state(full, split, plan.schedule);
     } catch (const Infeasible&) {
         return std::nullopt;
@@ -238,17 +301,21 @@ inline bool better(const std::optional<OffloadPlan>& candidate, const std::optio
     return bound;
 }
 
-/// Rematerialization alone: the largest activation budget whose plan, with every weight and
-/// its state on the device, fits `budget`. nullopt when none does.
+namespace detail::combined {
+
+// plan_remat_only (below). `until_a_plan`: past the time limit, go on while no plan fits (what
+// the public function does); the combined planner, which goes on itself, stops at the limit.
 template <Solver S>
-[[nodiscard]] std::optional<OffloadPlan> plan_remat_only(const Problem& full, Bytes budget, const S& solver,
-                                                         const CombinedOptions& options = {}) {
+[[nodiscard]] std::optional<OffloadPlan> remat_only(const Problem& full, Bytes budget, const S& solver,
+                                                    const CombinedOptions& options, bool until_a_plan) {
+    const Deadline deadline(options.time_limit_seconds);
+    const auto go_on = [&](bool have_plan) { return !deadline.passed() || (until_a_plan && !have_plan); };
     const TransferSettings transfers = options.transfers.value_or(full.transfers());
     const TrainingSplit split = split_training_state(full);
     const Bytes reference = store_all_reference(split.activations).peak;
     const auto& activation_solver = detail::combined::for_many_budgets(solver);
     const auto fitting = [&](Bytes b) -> std::optional<Schedule> {
-        auto plan = detail::combined::full_plan(full, split, activation_solver, b);
+        auto plan = detail::combined::full_plan(full, split, activation_solver, b, deadline.left());
         if (plan && remat::simulate(full, *plan).peak <= budget) return plan;
         return std::nullopt;
     };
@@ -257,7 +324,8 @@ template <Solver S>
     std::optional<std::pair<Bytes, Schedule>> best;
     if (auto plan = fitting(top)) best.emplace(top, std::move(*plan));
     const Bytes tolerance = std::max<Bytes>(1, top / 10000);
-    for (Bytes low = -1, fails = top; !best ? fails - low > 1 : fails - low > tolerance && best->first != top;) {  // low fits (or is -1), fails does not
+    for (Bytes low = -1, fails = top;
+         go_on(best.has_value()) && (!best ? fails - low > 1 : fails - low > tolerance && best->first != top);) {  // low fits (or is -1), fails does not
         const Bytes mid = low + (fails - low) / 2;
         if (auto plan = fitting(mid)) best.emplace(mid, std::move(*plan)), low = mid;
         else fails = mid;
@@ -267,9 +335,10 @@ template <Solver S>
     // fit: a grid from the solver's smallest budget up is tried too, and the fastest plan wins.
     std::optional<OffloadPlan> fastest;
     if (best) fastest = detail::combined::make(full, with_no_transfers(best->second), budget, best->first, "remat", transfers);
-    const Bytes smallest = std::min(top, smallest_budget_of(activation_solver, split.activations).value_or(0));
+    const Bytes smallest =
+        std::min(top, detail::combined::smallest_budget_within(activation_solver, split.activations, deadline.left()).value_or(0));
     const std::size_t points = std::max<std::size_t>(2, options.activation_budgets);
-    for (std::size_t i = 0; i + 1 < points; ++i) {
+    for (std::size_t i = 0; i + 1 < points && go_on(fastest.has_value()); ++i) {
         const Bytes b = detail::combined::grid_budget(smallest, top, i, points);
         if (best && b == best->first) continue;
         if (auto plan = fitting(b)) {
@@ -278,6 +347,16 @@ template <Solver S>
         }
     }
     return fastest;
+}
+
+}  // namespace detail::combined
+
+/// Rematerialization alone: the largest activation budget whose plan, with every weight and
+/// its state on the device, fits `budget`. nullopt when none does.
+template <Solver S>
+[[nodiscard]] std::optional<OffloadPlan> plan_remat_only(const Problem& full, Bytes budget, const S& solver,
+                                                         const CombinedOptions& options = {}) {
+    return detail::combined::remat_only(full, budget, solver, options, true);
 }
 
 /// Weight offloading alone: store-all's activations, and Greedy or Greedy* on the weights.
@@ -299,12 +378,16 @@ template <Solver S>
 template <Solver S>
 [[nodiscard]] std::optional<OffloadPlan> plan_with_offload(const Problem& full, Bytes budget, const S& solver,
                                                            const CombinedOptions& options = {}) {
+    const detail::combined::Deadline deadline(options.time_limit_seconds);
     const TransferSettings transfers = options.transfers.value_or(full.transfers());
     const TrainingSplit split = split_training_state(full);
     const Bytes reference = store_all_reference(split.activations).peak;
     const auto& activation_solver = detail::combined::for_many_budgets(solver);
-    const Bytes smallest = smallest_budget_of(activation_solver, split.activations).value_or(0);
-    std::optional<OffloadPlan> best = plan_remat_only(full, budget, activation_solver, options);
+    const Bytes smallest =
+        detail::combined::smallest_budget_within(activation_solver, split.activations, deadline.left()).value_or(0);
+    CombinedOptions within = options;
+    within.time_limit_seconds = deadline.left();
+    std::optional<OffloadPlan> best = detail::combined::remat_only(full, budget, activation_solver, within, false);
     if (auto offload = plan_offload_only(full, budget, options); detail::combined::better(offload, best))
         best = std::move(offload);
     const std::size_t points = std::max<std::size_t>(2, options.activation_budgets);
@@ -312,9 +395,10 @@ template <Solver S>
     bool moves_activations = false;
     for (std::size_t k = 0; k < full.data_count(); ++k)
         moves_activations = moves_activations || (full.data(DataId{k}).offloadable && !full.is_initial(DataId{k}));
-    for (std::size_t i = 0; i < points; ++i) {
+    for (std::size_t i = 0; i < points && (!best || !deadline.passed()); ++i) {
         const Bytes activation_budget = detail::combined::grid_budget(smallest, reference, i, points);
-        const std::optional<Schedule> plan = detail::combined::full_plan(full, split, activation_solver, activation_budget);
+        const std::optional<Schedule> plan =
+            detail::combined::full_plan(full, split, activation_solver, activation_budget, deadline.left());
         if (!plan) continue;
         // With offloadable activations, also the weights alone: the greedy's choices ignore
         // bandwidth, and moving activations too may cost more time than it saves.
