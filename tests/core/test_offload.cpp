@@ -539,12 +539,7 @@ TEST_CASE("combined planner with remat::Auto: a time bound and an exact componen
     // What remat-plan gives its Auto at one budget: a proven time bound (here one every plan
     // beats, which Auto refuses as no bound at a budget it was not proven for) and Checkmate as
     // its exact component (seconds at each of ~25 activation budgets).
-    testing::UNetShape shape;
-    shape.levels = 1;
-    shape.convs = 1;
-    shape.pixels = 16;
-    shape.channels = 4;
-    const Problem full = testing::unet_training(shape, 4096);
+    const Problem full = testing::small_unet_training(1, 1);
     REQUIRE(split_training_state(full).activations.op_count() <= AutoOptions{}.exact_component_max_ops);
     auto calls = std::make_shared<int>(0);
     AutoOptions given;
@@ -575,12 +570,7 @@ TEST_CASE("combined planner with remat::Auto on a graph it plans with H-Rockmate
     // Auto ran H-Rockmate's greedy component (1.5 s, until spent) and exact search (2 s, which
     // seldom finishes) at each activation budget: 4 s per budget on a 94-op U-Net, 67 s in all
     // on a 283-op one at 40 %.
-    testing::UNetShape shape;
-    shape.levels = 2;
-    shape.convs = 2;
-    shape.pixels = 16;
-    shape.channels = 4;
-    const Problem full = testing::unet_training(shape, 4096);
+    const Problem full = testing::small_unet_training(2, 2);
     REQUIRE(auto_choice(split_training_state(full).activations) == AutoChoice::hrockmate);
     std::vector<std::string> lines;
     AutoOptions watched;

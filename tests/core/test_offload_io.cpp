@@ -173,13 +173,8 @@ TEST_CASE("remat-plan --offload with auto or hrockmate on a graph: the activatio
     // activation budgets, and ran auto with its exact search and H-Rockmate's greedy component
     // at each: 84 s with auto on a 283-op U-Net at 40 %. Now the planner gets remat::Auto and
     // remat::HRockmate themselves and runs them as for every library caller.
-    testing::UNetShape shape;
-    shape.levels = 2;
-    shape.convs = 2;
-    shape.pixels = 16;
-    shape.channels = 4;
     const fs::path file = fs::temp_directory_path() / "remat-offload-unet.json";
-    io::write_file(file, io::to_json(testing::unet_training(shape, 4096)));
+    io::write_file(file, io::to_json(testing::small_unet_training(2, 2)));
     for (const std::string solver : {"auto", "hrockmate"}) {
         const auto r = testing::remat_plan({file.string(), "--offload", "--budget", "60%", "--solver", solver, "--verbose"});
         INFO(solver << ": " << r.err);
@@ -199,13 +194,8 @@ TEST_CASE("remat-plan --offload --time-limit covers the whole plan, not each of 
           "[offload][cli][timing]") {
     // Each activation budget's solve had the whole limit: --time-limit 3 took 9.9 s with auto
     // on a 283-op U-Net at 40 %, and 11.2 s with checkmate at --time-limit 5.
-    testing::UNetShape shape;
-    shape.levels = 3;
-    shape.convs = 1;
-    shape.pixels = 16;
-    shape.channels = 4;
     const fs::path file = fs::temp_directory_path() / "remat-offload-unet-limit.json";
-    io::write_file(file, io::to_json(testing::unet_training(shape, 4096)));
+    io::write_file(file, io::to_json(testing::small_unet_training(3, 1)));
     for (const std::string solver : {"auto", "hrockmate"}) {
         const auto start = std::chrono::steady_clock::now();
         const auto r = testing::remat_plan(

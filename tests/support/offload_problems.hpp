@@ -50,4 +50,15 @@ inline Problem unet_training(const UNetShape& shape, Bytes weight_bytes,
     return offload::training_problem(net, weights, options);
 }
 
+/// A small U-Net's training step (16-pixel images, 4 channels at the top, 4 KiB weights):
+/// `levels` levels of `convs` convolutions per side.
+inline Problem small_unet_training(std::size_t levels, std::size_t convs) {
+    UNetShape shape;
+    shape.levels = levels;
+    shape.convs = convs;
+    shape.pixels = 16;
+    shape.channels = 4;
+    return unet_training(shape, 4096);
+}
+
 }  // namespace remat::testing
