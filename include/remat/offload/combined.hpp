@@ -305,9 +305,11 @@ namespace detail::combined {
 
 // plan_remat_only (below). `until_a_plan`: past the time limit, go on while no plan fits (what
 // the public function does); the combined planner, which goes on itself, stops at the limit.
+// `solver_smallest`: the solver's smallest activation budget, where the caller has it already.
 template <Solver S>
 [[nodiscard]] std::optional<OffloadPlan> remat_only(const Problem& full, Bytes budget, const S& solver,
-                                                    const CombinedOptions& options, bool until_a_plan) {
+                                                    const CombinedOptions& options, bool until_a_plan,
+                                                    std::optional<Bytes> solver_smallest = std::nullopt) {
     const Deadline deadline(options.time_limit_seconds);
     const auto go_on = [&](bool have_plan) { return !deadline.passed() || (until_a_plan && !have_plan); };
     const TransferSettings transfers = options.transfers.value_or(full.transfers());
@@ -335,8 +337,9 @@ template <Solver S>
     // fit: a grid from the solver's smallest budget up is tried too, and the fastest plan wins.
     std::optional<OffloadPlan> fastest;
     if (best) fastest = detail::combined::make(full, with_no_transfers(best->second), budget, best->first, "remat", transfers);
-    const Bytes smallest =
-        std::min(top, detail::combined::smallest_budget_within(activation_solver, split.activations, deadline.left()).value_or(0));
+    if (!solver_smallest)
+        solver_smallest = detail::combined::smallest_budget_within(activation_solver, split.activations, deadline.left());
+    const Bytes smallest = std::min(top, solver_smallest.value_or(0));
     const std::size_t points = std::max<std::size_t>(2, options.activation_budgets);
     for (std::size_t i = 0; i + 1 < points && go_on(fastest.has_value()); ++i) {
         const Bytes b = detail::combined::grid_budget(smallest, top, i, points);
@@ -383,11 +386,14 @@ template <Solver S>
     const TrainingSplit split = split_training_state(full);
     const Bytes reference = store_all_reference(split.activations).peak;
     const auto& activation_solver = detail::combined::for_many_budgets(solver);
-    const Bytes smallest =
-        detail::combined::smallest_budget_within(activation_solver, split.activations, deadline.left()).value_or(0);
+    const std::optional<Bytes> solver_smallest =
+        detail::combined::smallest_budget_within(activation_solver, split.activations, deadline.left());
+    const Bytes smallest = solver_smallest.value_or(0);
     CombinedOptions within = options;
     within.time_limit_seconds = deadline.left();
-    std::optional<OffloadPlan> best = detail::combined::remat_only(full, budget, activation_solver, within, false);
+    // Rematerialization alone, from the same smallest budget (asked once: H-Rockmate searches for it).
+    std::optional<OffloadPlan> best =
+        detail::combined::remat_only(full, budget, activation_solver, within, false, solver_smallest);
     if (auto offload = plan_offload_only(full, budget, options); detail::combined::better(offload, best))
         best = std::move(offload);
     const std::size_t points = std::max<std::size_t>(2, options.activation_budgets);
