@@ -512,6 +512,91 @@ TEST_CASE("combined planner with remat::Auto: analysed once, without per-budget 
     CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < 20.0);
 }
 
+// Greedy, recording each budget it is asked to plan.
+struct BudgetRecordingSolver {
+    std::shared_ptr<std::vector<Bytes>> budgets = std::make_shared<std::vector<Bytes>>();
+    [[nodiscard]] static constexpr std::string_view name() noexcept { return "recording"; }
+    [[nodiscard]] Plan solve(const Problem& problem, Bytes budget) const {
+        budgets->push_back(budget);
+        return Greedy{}.solve(problem, budget);
+    }
+    [[nodiscard]] Bytes smallest_budget(const Problem& problem) const { return Greedy{}.smallest_budget(problem); }
+};
+
+TEST_CASE("combined planner: no activation budget below the solver's smallest is planned", "[offload]") {
+    // Below it the solver has no plan, and Auto and H-Rockmate searched again for their
+    // smallest budget to say so: the bisection of rematerialization alone went down to one
+    // byte where no activation budget fit, 2.5 times the planner's time on a 283-op U-Net.
+    std::mt19937 rng(43);
+    int bisected = 0;
+    for (int trial = 0; trial < 8; ++trial) {
+        const Problem full = training_problem(testing::random_chain(rng, 6), std::vector<Bytes>(6, 64),
+                                              TrainingStateOptions{2.0, 0.01, true, TransferSettings{std::nullopt, 8.0, 8.0}});
+        const Bytes least = Greedy{}.smallest_budget(split_training_state(full).activations);
+        const Bytes reference = store_all_reference(full).peak;
+        for (const int percent : {90, 60, 40}) {
+            const Bytes budget = reference * percent / 100;
+            const CombinedOptions options{GreedyVariant::repeated, 8, std::nullopt};
+            const BudgetRecordingSolver recording;
+            const auto remat_only = plan_remat_only(full, budget, recording, options);
+            INFO("trial " << trial << " at " << percent << " %: " << recording.budgets->size() << " solves");
+            for (const Bytes b : *recording.budgets) CHECK(b >= least);
+            // The top, the smallest, the bisection between them where the smallest fits, the grid.
+            if (recording.budgets->size() > 10) ++bisected;
+            else CHECK(recording.budgets->size() <= 2 + options.activation_budgets);
+            const auto combined = plan_with_offload(full, budget, recording, options);
+            for (const Bytes b : *recording.budgets) CHECK(b >= least);
+            if (remat_only) CHECK(combined);
+        }
+    }
+    CHECK(bisected > 0);
+}
+
+TEST_CASE("combined planner: H-Rockmate plans each activation budget within many_budgets_budget_seconds",
+          "[offload][hierarchical]") {
+    // Its hierarchy's top search took up to 1.2 s at each of some 30 activation budgets on a
+    // 283-op U-Net, where its greedy component's plan was the faster one at every budget.
+    CHECK(hrockmate_for_many_budgets({}).budget_time_limit_seconds == many_budgets_budget_seconds);
+    HRockmateOptions tight;
+    tight.budget_time_limit_seconds = many_budgets_budget_seconds / 4;
+    CHECK(hrockmate_for_many_budgets(tight).budget_time_limit_seconds == many_budgets_budget_seconds / 4);
+    HRockmateOptions loose;
+    loose.budget_time_limit_seconds = 30.0;
+    CHECK(hrockmate_for_many_budgets(loose).budget_time_limit_seconds == many_budgets_budget_seconds);
+    // Auto's H-Rockmate too.
+    const AutoOptions automatic = auto_for_many_budgets({});
+    REQUIRE(automatic.hrockmate_adjustment);
+    CHECK(automatic.hrockmate_adjustment(HRockmateOptions{}).budget_time_limit_seconds == many_budgets_budget_seconds);
+}
+
+TEST_CASE("combined planner: the fastest activation budget is refined; the GPT-like example at 20 % of its memory",
+          "[offload]") {
+    // The makespan is far from smooth in the activation budget: the grid of 12 found 95.9 at
+    // 20 %, the fastest split at 70.9, which a grid of 48 finds too.
+    const Problem full = remat::io::load_problem(std::string(REMAT_SOURCE_DIR) + "/examples/problems/gpt-like-training.json");
+    const Bytes reference = store_all_reference(full).peak;
+    for (const int percent : {20, 25, 30, 40, 60}) {
+        const Bytes budget = reference * percent / 100;
+        CombinedOptions grid{GreedyVariant::repeated, 12, std::nullopt};
+        grid.refinement_rounds = 0;
+        CombinedOptions dense = grid;
+        dense.activation_budgets = 48;
+        const CombinedOptions refined{GreedyVariant::repeated, 12, std::nullopt};
+        REQUIRE(refined.refinement_rounds > 0);
+        const auto coarse = plan_with_offload(full, budget, Auto{}, grid);
+        const auto fine = plan_with_offload(full, budget, Auto{}, dense);
+        const auto plan = plan_with_offload(full, budget, Auto{}, refined);
+        INFO(percent << " %");
+        REQUIRE(coarse);
+        REQUIRE(fine);
+        REQUIRE(plan);
+        CHECK(plan->report.fits(budget, std::nullopt));
+        CHECK(plan->report.makespan <= coarse->report.makespan);  // the grid's budgets are among those tried
+        CHECK(plan->report.makespan <= fine->report.makespan);
+        if (percent == 20) CHECK(plan->report.makespan < 0.8 * coarse->report.makespan);
+    }
+}
+
 TEST_CASE("combined planner with remat::HRockmate: analysed once, its greedy component's portfolio cut short",
           "[offload][hierarchical][timing]") {
     // The GPT-like example at 50 % of P_ref: the greedy component's portfolio and improvement
