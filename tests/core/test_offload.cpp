@@ -562,13 +562,14 @@ TEST_CASE("rematerialization alone: the largest activation budget that fits, as 
     const Bytes least = Auto{}.smallest_budget(split.activations);
     const Bytes reference = store_all_reference(full).peak;
     const Bytes activations = store_all_reference(split.activations).peak;
+    const auto scanning = offload::detail::combined::for_many_budgets(Auto{});  // as the planner runs it
     for (const int percent : {80, 75, 70, 65}) {
         const Bytes budget = reference * percent / 100;
         double scanned = std::numeric_limits<double>::infinity();
         const Bytes top = std::min(activations, budget);
         for (Bytes i = 0; i <= 100; ++i) {
             const Bytes b = least + (top - least) * i / 100;
-            const auto plan = offload::detail::combined::full_plan(full, split, Auto{}, b);
+            const auto plan = offload::detail::combined::full_plan(full, split, scanning, b);
             if (!plan) continue;
             const SimulationReport report = remat::simulate(full, *plan);
             if (report.peak <= budget) scanned = std::min(scanned, report.time);
