@@ -16514,6 +16514,7 @@ inline void free_unmoved_data_first(const Problem& problem, OffloadSchedule& sch
 
 #include <algorithm>
 #include <cstddef>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <optional>

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <optional>
