@@ -11647,91 +11647,26 @@ inline Analysis analyse(const Problem& p) {
 
 }  // namespace remat::detail::checkmate
 // ---- end remat/solvers/checkmate/analysis.hpp ----
+// ---- begin remat/bounds/time_bound/relaxation.hpp ----
+// remat/bounds/time_bound/relaxation.hpp — the relaxation that bounds/time_lower_bound.hpp
+// solves: what the graph fixes (the phases, the order of the exactly-once ops after the loss),
+// the instants where memory is checked (the cuts after the loss, the forward cuts before it),
+// its variables (live data at each cut, runs in each span) and its rows. The header
+// bounds/time_lower_bound.hpp says what the rows mean and why each holds for every schedule;
+// bounds/loss_state_bound.hpp builds its master problem from the same rows. After Checkmate's MILP (Jain et al., MLSys 2020), reduced to
+// one stage per cut. Standard library only, plus the MILP model.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
 
 namespace remat {
-
-struct TimeLowerBoundOptions {
-    /// Exactly-once ops after the loss at which memory is checked, at most, along the longest
-    /// chain of ops that must follow one another: two relaxations, one with the cuts spread
-    /// evenly, one with them at the ops that hold the most memory, after one with a quarter as
-    /// many of the latter; each is a bound, and the largest is kept. More cuts give a tighter
-    /// bound and a larger MILP (about (cuts + 1) × (data + ops) binaries); 0 checks the loss only.
-    std::size_t cuts = 8;
-    /// Above `cuts`: after the relaxation with `cuts` cuts, ones with 4 times as many, and so
-    /// on up to this many, each given an equal share of the time left (a solved one hands its
-    /// unused time on). The largest proven bound is kept. The ladder leaves out the counts
-    /// that the longest chain has no ops for (no more cuts than the count before). The time
-    /// limit is then spent on a tighter bound rather than returning early: on a
-    /// 200-op encoder-decoder at 30 % of P_ref, 8 spread cuts prove +25.7 % in 0.6 s, 32 cuts
-    /// +28.1 % (not solved: its best proven bound); on a 200-op U-Net at 30 %, 8 spread cuts
-    /// prove +5.8 % in 20 s unsolved, 32 cuts +8.3 % in 5 s. At most `cuts` (the default): no
-    /// larger relaxation.
-    std::size_t max_cuts = 8;
-    /// Forward cuts: up to this many instants before the loss that every schedule passes in one
-    /// order (the first write of each data along the longest chain in which every writer of a
-    /// data reads the one before), at which memory is also checked. The relaxation then counts
-    /// every run, so it also sees recomputation that a small budget forces before the loss (the
-    /// skips a U-Net cannot hold through its bottleneck), which the cuts after the loss cannot.
-    /// It is solved last, with the best cuts of the ladder, in the time left; it is larger and
-    /// helps only where it is solved: on a 94-op U-Net at 40 % of P_ref, 8 forward cuts raise
-    /// the bound from +3.6 % to +4.9 % (solved in 5 s); on a 200-op U-Net at 20 %, within 20 s,
-    /// they do not finish. 0 (the default) adds none.
-    std::size_t forward_cuts = 0;
-    /// Grown cuts: up to this many cuts after the loss, chosen one at a time by what they prove
-    /// (0, the default: none). Each round solves the relaxation with the cuts grown so far and
-    /// one more, for each candidate, and keeps the one that proves most; a round where none
-    /// proves more than the round before ends the growth, unless some candidates were not
-    /// tried yet. The first round's candidates are the `grow_candidates` ops of the longest
-    /// chain that hold the most memory (the tightest cuts' measure); each later round tries the
-    /// better half of the ones before, then those not tried. A round tries only as many as can
-    /// each get twice the time the start took per cut, times its cuts: an unsolved relaxation
-    /// proves little before its root is solved. It starts from the best of the loss alone and
-    /// the ladder's first rung (its few tightest cuts), in half of the time left when more of
-    /// the ladder follows (all of it otherwise; time it does not use is handed on). A few
-    /// well-chosen cuts keep the MILP small enough to solve, where more cuts placed by rule are
-    /// tighter only once solved: on the 283-op U-Net of bench_hierarchical at 20 % of P_ref, the
-    /// bound proves +28.1 % over T_ref in 20 s with grown cuts, +25.2 % without (the ladder up
-    /// to 512 cuts, in 60 s); on a 54-data U-Net at 40 %, +17.9 %, its optimum, against +12.3 %
-    /// (docs/design.md §4.10).
-    std::size_t grown_cuts = 0;
-    /// The ops tried at the growth's first round (see grown_cuts), each one relaxation.
-    std::size_t grow_candidates = 24;
-    /// Seconds for all the relaxations together; past them the best bound so far is used
-    /// (at least the loss-only relaxation is always run, to its own proven bound, in a quarter
-    /// of them when larger relaxations follow).
-    double time_limit_seconds = 10.0;
-    /// A schedule within the budget (a plan) that every relaxation after the loss starts from:
-    /// its live data at each cut and its runs in each span are a solution of every relaxation,
-    /// so the backend has that incumbent at once and only has to prove it, or find a lower one.
-    /// The bound stays the same; it is proven sooner. Where the plan is optimal, a relaxation
-    /// with enough cuts proves it so: on a 61-op random chain at 40 % of P_ref (bench_checkmate's
-    /// generator), a cut at each of its 20 backward ops proves RotorRelease's 144 optimal in
-    /// 1.7 s from that plan and in 12 s without it, where the default 9 cuts prove 141. Empty:
-    /// none. (Not used with forward cuts; a start the backend finds infeasible is ignored.)
-    Schedule start;
-    ProgressCallback progress;
-};
-
-struct TimeLowerBound {
-    /// No schedule that fits the budget takes less time (seconds, as the problem's op times).
-    double time = 0.0;
-    /// The relaxation has no solution: no schedule fits the budget at all.
-    bool budget_infeasible = false;
-    /// Whether the backend solved the relaxation to optimality (otherwise `time` uses its best
-    /// proven bound at the time limit, which is lower).
-    bool relaxation_solved = false;
-    /// The cuts of the relaxation that gave `time`, the loss first.
-    std::vector<std::string> cuts;
-    /// The data whose first writes are the forward cuts of that relaxation
-    /// (TimeLowerBoundOptions::forward_cuts), first first.
-    std::vector<std::string> forward_cuts;
-    /// The data live when the loss starts in that relaxation's best solution, where the backend
-    /// found one: not a schedule's (nothing checks memory before the loss), but a hint of what
-    /// an optimal schedule keeps for its backward (LossStateSearchOptions::preferred,
-    /// solvers/loss_state_search.hpp).
-    std::vector<std::string> live_at_loss;
-    double seconds = 0.0;
-};
 
 namespace detail::time_bound {
 
@@ -12238,6 +12173,94 @@ struct CutMemory {
 }
 
 }  // namespace detail::time_bound
+
+}  // namespace remat
+// ---- end remat/bounds/time_bound/relaxation.hpp ----
+
+namespace remat {
+
+struct TimeLowerBoundOptions {
+    /// Exactly-once ops after the loss at which memory is checked, at most, along the longest
+    /// chain of ops that must follow one another: two relaxations, one with the cuts spread
+    /// evenly, one with them at the ops that hold the most memory, after one with a quarter as
+    /// many of the latter; each is a bound, and the largest is kept. More cuts give a tighter
+    /// bound and a larger MILP (about (cuts + 1) × (data + ops) binaries); 0 checks the loss only.
+    std::size_t cuts = 8;
+    /// Above `cuts`: after the relaxation with `cuts` cuts, ones with 4 times as many, and so
+    /// on up to this many, each given an equal share of the time left (a solved one hands its
+    /// unused time on). The largest proven bound is kept. The ladder leaves out the counts
+    /// that the longest chain has no ops for (no more cuts than the count before). The time
+    /// limit is then spent on a tighter bound rather than returning early: on a
+    /// 200-op encoder-decoder at 30 % of P_ref, 8 spread cuts prove +25.7 % in 0.6 s, 32 cuts
+    /// +28.1 % (not solved: its best proven bound); on a 200-op U-Net at 30 %, 8 spread cuts
+    /// prove +5.8 % in 20 s unsolved, 32 cuts +8.3 % in 5 s. At most `cuts` (the default): no
+    /// larger relaxation.
+    std::size_t max_cuts = 8;
+    /// Forward cuts: up to this many instants before the loss that every schedule passes in one
+    /// order (the first write of each data along the longest chain in which every writer of a
+    /// data reads the one before), at which memory is also checked. The relaxation then counts
+    /// every run, so it also sees recomputation that a small budget forces before the loss (the
+    /// skips a U-Net cannot hold through its bottleneck), which the cuts after the loss cannot.
+    /// It is solved last, with the best cuts of the ladder, in the time left; it is larger and
+    /// helps only where it is solved: on a 94-op U-Net at 40 % of P_ref, 8 forward cuts raise
+    /// the bound from +3.6 % to +4.9 % (solved in 5 s); on a 200-op U-Net at 20 %, within 20 s,
+    /// they do not finish. 0 (the default) adds none.
+    std::size_t forward_cuts = 0;
+    /// Grown cuts: up to this many cuts after the loss, chosen one at a time by what they prove
+    /// (0, the default: none). Each round solves the relaxation with the cuts grown so far and
+    /// one more, for each candidate, and keeps the one that proves most; a round where none
+    /// proves more than the round before ends the growth, unless some candidates were not
+    /// tried yet. The first round's candidates are the `grow_candidates` ops of the longest
+    /// chain that hold the most memory (the tightest cuts' measure); each later round tries the
+    /// better half of the ones before, then those not tried. A round tries only as many as can
+    /// each get twice the time the start took per cut, times its cuts: an unsolved relaxation
+    /// proves little before its root is solved. It starts from the best of the loss alone and
+    /// the ladder's first rung (its few tightest cuts), in half of the time left when more of
+    /// the ladder follows (all of it otherwise; time it does not use is handed on). A few
+    /// well-chosen cuts keep the MILP small enough to solve, where more cuts placed by rule are
+    /// tighter only once solved: on the 283-op U-Net of bench_hierarchical at 20 % of P_ref, the
+    /// bound proves +28.1 % over T_ref in 20 s with grown cuts, +25.2 % without (the ladder up
+    /// to 512 cuts, in 60 s); on a 54-data U-Net at 40 %, +17.9 %, its optimum, against +12.3 %
+    /// (docs/design.md §4.10).
+    std::size_t grown_cuts = 0;
+    /// The ops tried at the growth's first round (see grown_cuts), each one relaxation.
+    std::size_t grow_candidates = 24;
+    /// Seconds for all the relaxations together; past them the best bound so far is used
+    /// (at least the loss-only relaxation is always run, to its own proven bound, in a quarter
+    /// of them when larger relaxations follow).
+    double time_limit_seconds = 10.0;
+    /// A schedule within the budget (a plan) that every relaxation after the loss starts from:
+    /// its live data at each cut and its runs in each span are a solution of every relaxation,
+    /// so the backend has that incumbent at once and only has to prove it, or find a lower one.
+    /// The bound stays the same; it is proven sooner. Where the plan is optimal, a relaxation
+    /// with enough cuts proves it so: on a 61-op random chain at 40 % of P_ref (bench_checkmate's
+    /// generator), a cut at each of its 20 backward ops proves RotorRelease's 144 optimal in
+    /// 1.7 s from that plan and in 12 s without it, where the default 9 cuts prove 141. Empty:
+    /// none. (Not used with forward cuts; a start the backend finds infeasible is ignored.)
+    Schedule start;
+    ProgressCallback progress;
+};
+
+struct TimeLowerBound {
+    /// No schedule that fits the budget takes less time (seconds, as the problem's op times).
+    double time = 0.0;
+    /// The relaxation has no solution: no schedule fits the budget at all.
+    bool budget_infeasible = false;
+    /// Whether the backend solved the relaxation to optimality (otherwise `time` uses its best
+    /// proven bound at the time limit, which is lower).
+    bool relaxation_solved = false;
+    /// The cuts of the relaxation that gave `time`, the loss first.
+    std::vector<std::string> cuts;
+    /// The data whose first writes are the forward cuts of that relaxation
+    /// (TimeLowerBoundOptions::forward_cuts), first first.
+    std::vector<std::string> forward_cuts;
+    /// The data live when the loss starts in that relaxation's best solution, where the backend
+    /// found one: not a schedule's (nothing checks memory before the loss), but a hint of what
+    /// an optimal schedule keeps for its backward (LossStateSearchOptions::preferred,
+    /// solvers/loss_state_search.hpp).
+    std::vector<std::string> live_at_loss;
+    double seconds = 0.0;
+};
 
 namespace detail::time_bound {
 
