@@ -11432,7 +11432,8 @@ concept MilpBackend = requires(const B& backend, const Model& model) {
 //   - a data live at cut i+1 was live at cut i or was written between them;
 //   - an op that runs between two cuts read data that were live at the first or were written
 //     in between (by another op);
-//   - the data an exactly-once op after cut i reads were live at cut i or are written after it.
+//   - the data an exactly-once op after cut i reads were live at cut i or are written after it,
+//     before the first cut that must follow the op.
 // What must also be live at a cut: the initial data, the data the cut reads that only ops
 // after the loss write, and every such data an exactly-once op already run wrote and an op
 // still to come (or the end) reads: no op can write it again.
@@ -12153,19 +12154,32 @@ struct CutMemory {
         }
     }
     // Exactly-once ops after the loss (cuts included: their reads are also pinned above) and the
-    // end: the data they read are live at the last cut before them or are written after it.
-    std::vector<std::vector<char>> needed(n, std::vector<char>(p.data_count(), 0));
+    // end: the data they read are live at the last cut before them or are written after it,
+    // and before the first cut that must follow them: a run in a later span cannot serve them
+    // (without that limit, one recomputation late in the backward counted for every op before
+    // it that needs the data). One row per cut and data, with the earliest such limit.
+    std::vector<std::vector<std::size_t>> until(n, std::vector<std::size_t>(p.data_count(), none));
+    const auto need = [&](std::size_t i, DataId d, std::size_t last) {
+        std::size_t& at = until[i][d.index];
+        at = at == none ? last : std::min(at, last);
+    };
     for (std::size_t k = 0; k < p.op_count(); ++k) {
         const Op& op = p.op(OpId{k});
         if (!op.exactly_once || !ph.after_loss_op[k]) continue;
-        const std::size_t i = v.forward + last_cut_before(ph, cuts, OpId{k});
-        for (const DataId d : op.reads) needed[i][d.index] = 1;
+        const std::size_t before = last_cut_before(ph, cuts, OpId{k});
+        std::size_t last = n - 1;
+        for (std::size_t c = before + 1; c < cuts.size(); ++c)
+            if (must_precede(ph, OpId{k}, cuts[c])) {
+                last = v.forward + c - 1;
+                break;
+            }
+        for (const DataId d : op.reads) need(v.forward + before, d, last);
     }
-    for (const DataId d : p.final_data()) needed[n - 1][d.index] = 1;
+    for (const DataId d : p.final_data()) need(n - 1, d, n - 1);
     for (std::size_t i = 0; i < n; ++i)
         for (std::size_t d = 0; d < p.data_count(); ++d) {
-            if (!needed[i][d] || !v.live[i][d]) continue;
-            auto terms = written(p, v, DataId{d}, i, n - 1);
+            if (until[i][d] == none || !v.live[i][d]) continue;
+            auto terms = written(p, v, DataId{d}, i, until[i][d]);
             terms.push_back({*v.live[i][d], 1.0});
             model.add_row(std::move(terms), milp::Sense::greater_equal, 1.0);
         }
@@ -12950,7 +12964,7 @@ struct AutoOptions {
     /// chain after the loss, each started from the plan (TimeLowerBoundOptions::start). On a
     /// 61-op random chain at 40 % of P_ref (bench_checkmate's generator), `remat-plan
     /// --time-limit 10` proves RotorRelease's 144 optimal in 3.8 s, where the bound before
-    /// planning proves 141; on bench_checkmate's own 61-op chain at 40 %, `--time-limit 60`
+    /// planning proves 142; on bench_checkmate's own 61-op chain at 40 %, `--time-limit 60`
     /// proves its 140 in 9.9 s (10 s are too few). The 61 ops are beyond the exact phase's
     /// exact_component_max_ops; the relaxations solve where the exact search does not.
     std::function<double(const Problem&, Bytes, const Plan& plan, double seconds)> bound_from_plan;

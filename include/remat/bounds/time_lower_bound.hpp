@@ -18,7 +18,8 @@
 //   - a data live at cut i+1 was live at cut i or was written between them;
 //   - an op that runs between two cuts read data that were live at the first or were written
 //     in between (by another op);
-//   - the data an exactly-once op after cut i reads were live at cut i or are written after it.
+//   - the data an exactly-once op after cut i reads were live at cut i or are written after it,
+//     before the first cut that must follow the op.
 // What must also be live at a cut: the initial data, the data the cut reads that only ops
 // after the loss write, and every such data an exactly-once op already run wrote and an op
 // still to come (or the end) reads: no op can write it again.

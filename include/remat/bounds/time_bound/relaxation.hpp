@@ -508,19 +508,32 @@ struct CutMemory {
         }
     }
     // Exactly-once ops after the loss (cuts included: their reads are also pinned above) and the
-    // end: the data they read are live at the last cut before them or are written after it.
-    std::vector<std::vector<char>> needed(n, std::vector<char>(p.data_count(), 0));
+    // end: the data they read are live at the last cut before them or are written after it,
+    // and before the first cut that must follow them: a run in a later span cannot serve them
+    // (without that limit, one recomputation late in the backward counted for every op before
+    // it that needs the data). One row per cut and data, with the earliest such limit.
+    std::vector<std::vector<std::size_t>> until(n, std::vector<std::size_t>(p.data_count(), none));
+    const auto need = [&](std::size_t i, DataId d, std::size_t last) {
+        std::size_t& at = until[i][d.index];
+        at = at == none ? last : std::min(at, last);
+    };
     for (std::size_t k = 0; k < p.op_count(); ++k) {
         const Op& op = p.op(OpId{k});
         if (!op.exactly_once || !ph.after_loss_op[k]) continue;
-        const std::size_t i = v.forward + last_cut_before(ph, cuts, OpId{k});
-        for (const DataId d : op.reads) needed[i][d.index] = 1;
+        const std::size_t before = last_cut_before(ph, cuts, OpId{k});
+        std::size_t last = n - 1;
+        for (std::size_t c = before + 1; c < cuts.size(); ++c)
+            if (must_precede(ph, OpId{k}, cuts[c])) {
+                last = v.forward + c - 1;
+                break;
+            }
+        for (const DataId d : op.reads) need(v.forward + before, d, last);
     }
-    for (const DataId d : p.final_data()) needed[n - 1][d.index] = 1;
+    for (const DataId d : p.final_data()) need(n - 1, d, n - 1);
     for (std::size_t i = 0; i < n; ++i)
         for (std::size_t d = 0; d < p.data_count(); ++d) {
-            if (!needed[i][d] || !v.live[i][d]) continue;
-            auto terms = written(p, v, DataId{d}, i, n - 1);
+            if (until[i][d] == none || !v.live[i][d]) continue;
+            auto terms = written(p, v, DataId{d}, i, until[i][d]);
             terms.push_back({*v.live[i][d], 1.0});
             model.add_row(std::move(terms), milp::Sense::greater_equal, 1.0);
         }
