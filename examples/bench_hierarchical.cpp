@@ -17,7 +17,8 @@
 // 60 %; up to --grown-cuts N cuts (8) grown one at a time by what they prove in half of the
 // time, then 8 cuts, 32 and 128, each in a share of the rest; "+" where its MILP stopped at
 // --bound-limit, with its best proven bound; with --forward-cuts N, a last relaxation also
-// checks memory at N instants before the loss), "floor" that
+// checks memory at N instants before the loss; --span-rows N (64) rows per span between cuts
+// check memory inside it, 0 none), "floor" that
 // bound as a ratio of DTR's overhead: no solver's ratio can be lower, and "gap" H-Rockmate's
 // certified gap, its plan's time over the bound's minus 1. Where that gap is above 3 %,
 // "refined" is the plan after solvers/refine.hpp spent up to --refine-limit seconds on faster
@@ -26,7 +27,7 @@
 // (issue 26's target: all of them).
 //
 //   bench_hierarchical [--quick] [--sizes 200,1000,2500] [--checkmate-limit S] [--bound-limit S]
-//                      [--forward-cuts N] [--grown-cuts N] [--refine-limit S] [--no-rockmate]
+//                      [--forward-cuts N] [--grown-cuts N] [--span-rows N] [--refine-limit S] [--no-rockmate]
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
@@ -66,6 +67,7 @@ struct Options {
     double bound_limit = 20.0;
     std::size_t forward_cuts = 0;  // TimeLowerBoundOptions::forward_cuts
     std::size_t grown_cuts = 8;    // TimeLowerBoundOptions::grown_cuts
+    std::size_t span_rows = 64;    // TimeLowerBoundOptions::span_rows
     double refine_limit = 20.0;
     bool rockmate = true;
 };
@@ -211,6 +213,7 @@ std::string bound_cells(const remat::Problem& p, Bytes budget, int percent, doub
     bo.max_cuts = 128;  // the whole limit for the tightest bound it can prove
     bo.forward_cuts = o.forward_cuts;
     bo.grown_cuts = o.grown_cuts;
+    bo.span_rows = o.span_rows;
     const remat::TimeLowerBound b = remat::time_lower_bound(p, budget, remat::milp::Preferred{}, bo);
     char text[96];
     if (b.budget_infeasible) {
@@ -340,6 +343,8 @@ int main(int argc, char** argv) {
             o.forward_cuts = static_cast<std::size_t>(std::stoul(argv[++i]));
         } else if (a == "--grown-cuts" && i + 1 < argc) {
             o.grown_cuts = static_cast<std::size_t>(std::stoul(argv[++i]));
+        } else if (a == "--span-rows" && i + 1 < argc) {
+            o.span_rows = static_cast<std::size_t>(std::stoul(argv[++i]));
         } else if (a == "--refine-limit" && i + 1 < argc) {
             o.refine_limit = std::stod(argv[++i]);
         } else if (a == "--no-rockmate") {
@@ -347,7 +352,7 @@ int main(int argc, char** argv) {
         } else {
             std::fprintf(stderr,
                          "usage: bench_hierarchical [--quick] [--sizes 200,1000,2500] [--checkmate-limit S] [--bound-limit S] "
-                         "[--forward-cuts N] [--grown-cuts N] [--refine-limit S] [--no-rockmate]\n");
+                         "[--forward-cuts N] [--grown-cuts N] [--span-rows N] [--refine-limit S] [--no-rockmate]\n");
             return 2;
         }
     }

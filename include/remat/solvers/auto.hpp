@@ -198,7 +198,7 @@ struct AutoOptions {
     /// chain after the loss, each started from the plan (TimeLowerBoundOptions::start). On a
     /// 61-op random chain at 40 % of P_ref (bench_checkmate's generator), `remat-plan
     /// --time-limit 10` proves RotorRelease's 144 optimal in 3.8 s, where the bound before
-    /// planning proves 141; on bench_checkmate's own 61-op chain at 40 %, `--time-limit 60`
+    /// planning proves 142; on bench_checkmate's own 61-op chain at 40 %, `--time-limit 60`
     /// proves its 140 in 9.9 s (10 s are too few). The 61 ops are beyond the exact phase's
     /// exact_component_max_ops; the relaxations solve where the exact search does not.
     std::function<double(const Problem&, Bytes, const Plan& plan, double seconds)> bound_from_plan;

@@ -1,9 +1,10 @@
 // remat/bounds/time_bound/relaxation.hpp — the relaxation that bounds/time_lower_bound.hpp
 // solves: what the graph fixes (the phases, the order of the exactly-once ops after the loss),
 // the instants where memory is checked (the cuts after the loss, the forward cuts before it),
-// its variables (live data at each cut, runs in each span) and its rows. The header
-// bounds/time_lower_bound.hpp says what the rows mean and why each holds for every schedule;
-// bounds/loss_state_bound.hpp builds its master problem from the same rows. After Checkmate's MILP (Jain et al., MLSys 2020), reduced to
+// its variables (live data at each cut, runs in each span) and its rows, including the span
+// rows that check memory inside a span. bounds/time_lower_bound.hpp says what the rows mean
+// and why each holds for every schedule; bounds/loss_state_bound.hpp builds its master
+// problem from the same rows. After Checkmate's MILP (Jain et al., MLSys 2020), reduced to
 // one stage per cut. Standard library only, plus the MILP model.
 #pragma once
 
@@ -538,6 +539,104 @@ struct CutMemory {
             model.add_row(std::move(terms), milp::Sense::greater_equal, 1.0);
         }
     return true;
+}
+
+// Memory inside the spans between cuts after the loss (TimeLowerBoundOptions::span_rows).
+// Without these rows nothing limits memory between two cuts: a relaxation with few cuts keeps
+// a layer's activations from one cut until their backward late in the span, while the
+// backward of the layers before them recomputes its own, as no schedule has room for both.
+// A data d live when cut i starts, none of whose writers runs in span i, stays live until the
+// last op of the span that reads it. So while an exactly-once op e inside the span runs, d is
+// live if an exactly-once op that must follow e within the span (or the next cut) reads it:
+// kept[d,i] >= k[d,i] - (the writers' runs in span i), and at e, the data so held, with what e
+// holds anyway (footprint), fit the budget. Each span gets rows at the `per_span` ops whose
+// footprint and held data together exceed the budget the most. Where a writer of d can run
+// without a run variable of the span, d gets no such variable (it may be rewritten unseen).
+struct Kept {
+    std::size_t span;  // the live variables' cut, from whose start the span runs
+    DataId data;
+    milp::Var var;
+};
+
+// The exactly-once ops after the loss that must run inside span c (after cut c, before cut c+1;
+// the last span to the end), with the data some exactly-once op after each within the span
+// (or the next cut) reads, that have live variables at the span's cut.
+struct InsideOp {
+    OpId op;
+    Bytes held = 0;  // footprint plus the bytes of `reads_later`
+    std::vector<DataId> reads_later;
+};
+
+[[nodiscard]] inline std::vector<InsideOp> ops_inside_span(const Problem& p, const Phases& ph,
+                                                           const std::vector<OpId>& cuts, const Variables& v,
+                                                           std::size_t c) {
+    const std::size_t i = v.forward + c;
+    const bool last = c + 1 == cuts.size();
+    const auto within = [&](OpId e) {
+        return p.op(e).exactly_once && ph.after_loss_op[e.index] && e != cuts[c] && must_precede(ph, cuts[c], e) &&
+               (last || e == cuts[c + 1] || must_precede(ph, e, cuts[c + 1]));
+    };
+    std::vector<OpId> members;
+    for (std::size_t k = 0; k < p.op_count(); ++k)
+        if (within(OpId{k})) members.push_back(OpId{k});
+    std::vector<InsideOp> out;
+    for (const OpId e : members) {
+        if (!last && e == cuts[c + 1]) continue;  // the next cut has its own row
+        InsideOp inside{e, footprint(p, ph, e), {}};
+        std::vector<char> seen(p.data_count(), 0);
+        const Op& op = p.op(e);
+        for (const DataId d : op.reads) seen[d.index] = 1;  // in its footprint
+        for (const DataId d : op.writes) seen[d.index] = 1;  // allocated by it
+        for (const OpId later : members) {
+            if (!must_precede(ph, e, later)) continue;
+            for (const DataId d : p.op(later).reads) {
+                if (seen[d.index] || !v.live[i][d.index]) continue;
+                seen[d.index] = 1;
+                inside.reads_later.push_back(d);
+                inside.held += p.data(d).bytes;
+            }
+        }
+        out.push_back(std::move(inside));
+    }
+    return out;
+}
+
+[[nodiscard]] inline std::vector<Kept> add_span_rows(milp::Model& model, const Problem& p, const Phases& ph,
+                                                     const std::vector<OpId>& cuts, const Variables& v, Bytes budget,
+                                                     double unit, std::size_t per_span) {
+    std::vector<Kept> out;
+    if (per_span == 0) return out;
+    for (std::size_t c = 0; c < cuts.size(); ++c) {
+        const std::size_t i = v.forward + c;
+        std::vector<InsideOp> inside = ops_inside_span(p, ph, cuts, v, c);
+        std::erase_if(inside, [&](const InsideOp& e) { return e.held <= budget || footprint(p, ph, e.op) > budget; });
+        std::stable_sort(inside.begin(), inside.end(), [](const InsideOp& a, const InsideOp& b) { return a.held > b.held; });
+        if (inside.size() > per_span) inside.resize(per_span);
+        std::vector<std::optional<milp::Var>> kept(p.data_count());
+        for (const InsideOp& e : inside) {
+            std::vector<milp::Term> memory;
+            for (const DataId d : e.reads_later) {
+                if (!kept[d.index]) {
+                    const auto writers = p.writers(d);
+                    if (std::any_of(writers.begin(), writers.end(),
+                                    [&](OpId w) { return ph.can_run[w.index] && !v.runs[i][w.index]; }))
+                        continue;
+                    // A binary: with continuous ones, CBC's LP (Clp) aborted on an assertion
+                    // on a 118-op encoder-decoder's loss-only relaxation.
+                    kept[d.index] = model.add_binary();
+                    auto terms = written(p, v, d, i, i);
+                    terms.push_back({*kept[d.index], 1.0});
+                    terms.push_back({*v.live[i][d.index], -1.0});
+                    model.add_row(std::move(terms), milp::Sense::greater_equal, 0.0);
+                    out.push_back({i, d, *kept[d.index]});
+                }
+                memory.push_back({*kept[d.index], static_cast<double>(p.data(d).bytes) / unit});
+            }
+            const Bytes room = budget - footprint(p, ph, e.op);
+            if (!memory.empty()) model.add_row(std::move(memory), milp::Sense::less_equal, static_cast<double>(room) / unit);
+        }
+    }
+    return out;
 }
 
 }  // namespace detail::time_bound
