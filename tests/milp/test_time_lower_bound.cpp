@@ -10,13 +10,13 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
 #include <utility>
 #include <string>
 #include <string_view>
-#include <map>
 #include <tuple>
 #include <vector>
 
@@ -96,7 +96,7 @@ TEST_CASE("time_lower_bound is never above the exact optimum, and says infeasibl
             // (cuts, forward cuts, grown cuts, span rows)
             for (const auto& [cuts, forward, grown, span_rows] :
                  {std::tuple<std::size_t, std::size_t, std::size_t, std::size_t>{0, 0, 0, 0}, {8, 0, 0, 0}, {8, 8, 0, 0},
-                  {2, 0, 4, 0}, {0, 0, 0, 1000}, {2, 0, 0, 0}, {2, 0, 0, 1000}, {8, 8, 0, 1000}, {2, 0, 4, 4}}) {
+                  {2, 0, 4, 0}, {0, 0, 0, 1000}, {2, 0, 0, 0}, {2, 0, 0, 64}, {8, 8, 0, 1000}, {2, 0, 4, 4}}) {
                 INFO("budget " << budget << ", cuts " << cuts << ", forward cuts " << forward << ", grown cuts " << grown
                                << ", span rows " << span_rows);
                 TimeLowerBoundOptions o;
@@ -122,6 +122,10 @@ TEST_CASE("time_lower_bound is never above the exact optimum, and says infeasibl
         WARN("cuts " << std::get<0>(setting) << ", forward " << std::get<1>(setting) << ", grown " << std::get<2>(setting)
                      << ", span rows " << std::get<3>(setting) << ": " << count);
     CHECK(exact * 2 > compared);  // tight in most cases (844 of 1170 when written, before the grown cuts)
+    // Span rows see memory inside the loss alone's one span, the whole backward: 299 of 390
+    // optima met with them when written, 138 without.
+    using Setting = std::tuple<std::size_t, std::size_t, std::size_t, std::size_t>;
+    CHECK(exact_by_setting[Setting{0, 0, 0, 1000}] >= exact_by_setting[Setting{0, 0, 0, 0}] + 100);
 }
 
 TEST_CASE("time_lower_bound is T_ref at the store-all peak of op-level graphs and below every plan at lower budgets") {
