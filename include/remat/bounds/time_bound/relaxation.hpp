@@ -563,7 +563,8 @@ struct Kept {
 // (or the next cut) reads, that have live variables at the span's cut.
 struct InsideOp {
     OpId op;
-    Bytes held = 0;  // footprint plus the bytes of `reads_later`
+    Bytes footprint = 0;  // what the op holds whatever the schedule (footprint())
+    Bytes held = 0;       // footprint plus the bytes of `reads_later`
     std::vector<DataId> reads_later;
 };
 
@@ -582,7 +583,8 @@ struct InsideOp {
     std::vector<InsideOp> out;
     for (const OpId e : members) {
         if (!last && e == cuts[c + 1]) continue;  // the next cut has its own row
-        InsideOp inside{e, footprint(p, ph, e), {}};
+        const Bytes holds = footprint(p, ph, e);
+        InsideOp inside{e, holds, holds, {}};
         std::vector<char> seen(p.data_count(), 0);
         const Op& op = p.op(e);
         for (const DataId d : op.reads) seen[d.index] = 1;  // in its footprint
@@ -609,7 +611,7 @@ struct InsideOp {
     for (std::size_t c = 0; c < cuts.size(); ++c) {
         const std::size_t i = v.forward + c;
         std::vector<InsideOp> inside = ops_inside_span(p, ph, cuts, v, c);
-        std::erase_if(inside, [&](const InsideOp& e) { return e.held <= budget || footprint(p, ph, e.op) > budget; });
+        std::erase_if(inside, [&](const InsideOp& e) { return e.held <= budget || e.footprint > budget; });
         std::stable_sort(inside.begin(), inside.end(), [](const InsideOp& a, const InsideOp& b) { return a.held > b.held; });
         if (inside.size() > per_span) inside.resize(per_span);
         std::vector<std::optional<milp::Var>> kept(p.data_count());
@@ -632,8 +634,8 @@ struct InsideOp {
                 }
                 memory.push_back({*kept[d.index], static_cast<double>(p.data(d).bytes) / unit});
             }
-            const Bytes room = budget - footprint(p, ph, e.op);
-            if (!memory.empty()) model.add_row(std::move(memory), milp::Sense::less_equal, static_cast<double>(room) / unit);
+            if (!memory.empty())
+                model.add_row(std::move(memory), milp::Sense::less_equal, static_cast<double>(budget - e.footprint) / unit);
         }
     }
     return out;
