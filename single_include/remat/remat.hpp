@@ -12213,7 +12213,8 @@ struct Kept {
 // (or the next cut) reads, that have live variables at the span's cut.
 struct InsideOp {
     OpId op;
-    Bytes held = 0;  // footprint plus the bytes of `reads_later`
+    Bytes footprint = 0;  // what the op holds whatever the schedule (footprint())
+    Bytes held = 0;       // footprint plus the bytes of `reads_later`
     std::vector<DataId> reads_later;
 };
 
@@ -12232,7 +12233,8 @@ struct InsideOp {
     std::vector<InsideOp> out;
     for (const OpId e : members) {
         if (!last && e == cuts[c + 1]) continue;  // the next cut has its own row
-        InsideOp inside{e, footprint(p, ph, e), {}};
+        const Bytes holds = footprint(p, ph, e);
+        InsideOp inside{e, holds, holds, {}};
         std::vector<char> seen(p.data_count(), 0);
         const Op& op = p.op(e);
         for (const DataId d : op.reads) seen[d.index] = 1;  // in its footprint
@@ -12259,7 +12261,7 @@ struct InsideOp {
     for (std::size_t c = 0; c < cuts.size(); ++c) {
         const std::size_t i = v.forward + c;
         std::vector<InsideOp> inside = ops_inside_span(p, ph, cuts, v, c);
-        std::erase_if(inside, [&](const InsideOp& e) { return e.held <= budget || footprint(p, ph, e.op) > budget; });
+        std::erase_if(inside, [&](const InsideOp& e) { return e.held <= budget || e.footprint > budget; });
         std::stable_sort(inside.begin(), inside.end(), [](const InsideOp& a, const InsideOp& b) { return a.held > b.held; });
         if (inside.size() > per_span) inside.resize(per_span);
         std::vector<std::optional<milp::Var>> kept(p.data_count());
@@ -12282,8 +12284,8 @@ struct InsideOp {
                 }
                 memory.push_back({*kept[d.index], static_cast<double>(p.data(d).bytes) / unit});
             }
-            const Bytes room = budget - footprint(p, ph, e.op);
-            if (!memory.empty()) model.add_row(std::move(memory), milp::Sense::less_equal, static_cast<double>(room) / unit);
+            if (!memory.empty())
+                model.add_row(std::move(memory), milp::Sense::less_equal, static_cast<double>(budget - e.footprint) / unit);
         }
     }
     return out;
@@ -12648,6 +12650,10 @@ template <milp::MilpBackend Backend>
         const std::size_t start_span_rows = growing ? 0 : options.span_rows;
         tb::Stage best = tb::solve_stage(problem, ph, {*loss}, {}, budget, loss_alone_seconds, backend, options.progress,
                                          "the loss alone", {}, start_span_rows);
+        // Every relaxation solved is a bound: the largest is kept (an infeasible one at once).
+        const auto keep_tighter = [&best](tb::Stage stage) {
+            if (stage.infeasible || stage.time > best.time) best = std::move(stage);
+        };
         // The grown cuts start from the best of the first (smallest) relaxations: after the
         // ladder's first rung when it is its few tightest cuts, otherwise after the loss alone.
         const std::size_t grow_after = !ladder.empty() && ladder.front().kind == "tightest" ? 1 : 0;
@@ -12663,9 +12669,8 @@ template <milp::MilpBackend Backend>
                 if (span_rows_after_growth && !best.infeasible && after > 0.0) {
                     const double seconds = std::min(after, std::max(after / static_cast<double>(to_come), loss_alone_seconds));
                     --to_come;
-                    tb::Stage stage = tb::solve_stage(problem, ph, {*loss}, {}, budget, seconds, backend, options.progress,
-                                                      "the loss alone, span rows", {}, options.span_rows);
-                    if (stage.infeasible || stage.time > best.time) best = std::move(stage);
+                    keep_tighter(tb::solve_stage(problem, ph, {*loss}, {}, budget, seconds, backend, options.progress,
+                                                 "the loss alone, span rows", {}, options.span_rows));
                 }
             }
             if (rung == ladder.size()) break;
@@ -12678,19 +12683,16 @@ template <milp::MilpBackend Backend>
             // P_ref: 8 spread cuts prove +5.8 % in 20 s, 32 cuts +8.3 % in 5 s), so the ladder
             // goes on to the end or the time limit.
             const double share = left / static_cast<double>(to_come--);
-            tb::Stage stage =
-                tb::solve_stage(problem, ph, std::move(set.cuts), {}, budget, share, backend, options.progress, set.kind,
-                                options.start, rung < grow_after ? start_span_rows : options.span_rows);
-            if (stage.infeasible || stage.time > best.time) best = std::move(stage);
+            keep_tighter(tb::solve_stage(problem, ph, std::move(set.cuts), {}, budget, share, backend, options.progress,
+                                         set.kind, options.start, rung < grow_after ? start_span_rows : options.span_rows));
         }
         // Last, the forward cuts with the best cuts so far, in all the time left: a relaxation
         // that counts every run, so it may prove more than the ladder, and only its own larger
         // bound is kept.
         const double left = options.time_limit_seconds - clock.seconds();
         if (!forward.data.empty() && !best.infeasible && left > 0.0) {
-            tb::Stage stage = tb::solve_stage(problem, ph, best.cuts, forward, budget, left, backend, options.progress, {}, {},
-                                              options.span_rows);
-            if (stage.infeasible || stage.time > best.time) best = std::move(stage);
+            keep_tighter(tb::solve_stage(problem, ph, best.cuts, forward, budget, left, backend, options.progress, {}, {},
+                                         options.span_rows));
         }
         out.time = best.time;
         out.budget_infeasible = best.infeasible;
