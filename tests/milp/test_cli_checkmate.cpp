@@ -285,10 +285,10 @@ TEST_CASE("remat-plan --offload --solver checkmate: the MILP with offload variab
 #ifdef REMAT_WITH_CBC
 // A 61-op chain (20 stages; bench_checkmate's generator, seed 1, aiming at 61 ops) at 40 % of
 // P_ref: RotorRelease's plan (144) is optimal, but the bound proven before planning is 142 (141
-// without span rows) and the proof by the states at the loss reached 142 in 60 s. Under a time limit, auto's bound from
-// the plan (a cut at each backward op, started from the plan) proves it. It stops once proven
-// (about 4 s in an optimised build); the 30 s limit is room for sanitizer builds, where 10 s
-// did not suffice.
+// without span rows) and the proof by the states at the loss reached 142 in 60 s. Under a time
+// limit, auto's bound from the plan (a cut at each backward op, started from the plan) proves
+// it. It stops once proven (about 4 s in an optimised build); the 30 s limit is room for
+// sanitizer builds, where 10 s did not suffice.
 TEST_CASE("remat-plan with auto and --time-limit proves the 61-op chain's plan optimal by the bound from it",
           "[cli][auto]") {
     std::mt19937 rng(static_cast<std::mt19937::result_type>(1 * 7919 + 61 * 2));
